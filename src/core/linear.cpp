@@ -1,0 +1,91 @@
+// The quantized linear layer: fprop/dgrad/wgrad as an explicit autograd
+// function, each operand through the layer's quantizer hook.
+#include "snip/core/linear.h"
+
+#include <stdexcept>
+
+namespace snip {
+
+const char* operand_name(Operand op) {
+  switch (op) {
+    case Operand::kFpropX: return "fprop.x";
+    case Operand::kFpropW: return "fprop.w";
+    case Operand::kDgradDY: return "dgrad.dy";
+    case Operand::kDgradW: return "dgrad.w";
+    case Operand::kWgradDY: return "wgrad.dy";
+    case Operand::kWgradX: return "wgrad.x";
+  }
+  return "?";
+}
+
+namespace {
+
+// t: [rows, K] -> quantized [rows, K] (identity when the layer has no quantizer).
+torch::Tensor q(const QuantLinearImpl& l, const torch::Tensor& t, Operand op) {
+  if (!l.precision.quantizer) return t;
+  QuantKey k = l.key_base;
+  k.layer = l.layer_index;
+  k.operand = op;
+  return l.precision.quantizer->quantize(t.contiguous(), k);
+}
+
+// a: [M, K], b: [N, K] -> a · bᵀ [M, N] in `dtype`, cast back to a's dtype.
+torch::Tensor gemm_nt(const torch::Tensor& a, const torch::Tensor& b, at::ScalarType dtype) {
+  if (dtype == at::ScalarType::Undefined || dtype == a.scalar_type()) return torch::mm(a, b.t());
+  return torch::mm(a.to(dtype), b.to(dtype).t()).to(a.scalar_type());
+}
+
+struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunction> {
+  // x: [T, IN], w: [OUT, IN] -> y [T, OUT]
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, torch::Tensor w,
+                               int64_t layer_ptr) {
+    const auto& l = *reinterpret_cast<const QuantLinearImpl*>(layer_ptr);
+    ctx->save_for_backward({x, w});
+    // The layer outlives the graph of the step it runs in; the pointer is the
+    // only non-tensor state backward needs (its precision at forward time is
+    // the one used: plans change only at step boundaries).
+    ctx->saved_data["layer"] = layer_ptr;
+    return gemm_nt(q(l, x, Operand::kFpropX), q(l, w, Operand::kFpropW), l.precision.gemm_dtype);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto& l = *reinterpret_cast<const QuantLinearImpl*>(ctx->saved_data["layer"].toInt());
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];  // [T, IN]
+    const torch::Tensor& w = saved[1];  // [OUT, IN]
+    const torch::Tensor dy = grads[0].contiguous();  // [T, OUT]
+    const auto dt = l.precision.gemm_dtype;
+    torch::Tensor dx, dw;
+    if (ctx->needs_input_grad(0)) {
+      // dgrad: dX [T, IN] = dY [T, OUT] · W [OUT, IN]; K = OUT, so W goes in as Wᵀ [IN, OUT].
+      dx = gemm_nt(q(l, dy, Operand::kDgradDY), q(l, w.t().contiguous(), Operand::kDgradW), dt);
+    }
+    if (ctx->needs_input_grad(1)) {
+      // wgrad: dW [OUT, IN] = dYᵀ [OUT, T] · X [T, IN]; K = T: dYᵀ [OUT, T], Xᵀ [IN, T].
+      dw = gemm_nt(q(l, dy.t().contiguous(), Operand::kWgradDY), q(l, x.t().contiguous(), Operand::kWgradX),
+                   dt);
+    }
+    return {dx, dw, torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+QuantLinearImpl::QuantLinearImpl(int64_t in, int64_t out, double init_std)
+    : in_features(in), out_features(out) {
+  if (in <= 0 || out <= 0) throw std::invalid_argument("QuantLinear: sizes must be positive");
+  weight = register_parameter("weight", torch::randn({out, in}) * init_std);
+}
+
+torch::Tensor QuantLinearImpl::forward(const torch::Tensor& x) {
+  auto sizes = x.sizes().vec();
+  TORCH_CHECK(sizes.back() == in_features, "QuantLinear ", name, ": expected last dim ", in_features,
+              ", got ", sizes.back());
+  const torch::Tensor x2 = x.reshape({-1, in_features});
+  torch::Tensor y = QuantLinearFunction::apply(x2, weight, reinterpret_cast<int64_t>(this));
+  sizes.back() = out_features;
+  return y.view(sizes);
+}
+
+}  // namespace snip
