@@ -1,0 +1,72 @@
+// Training throughput of the tiny config (configs/tiny.toml shapes) in FP32 and
+// BF16 GEMMs, with the BF16 and FP32 GEMM throughput of the same machine,
+// measured in the same run, as the reference for model FLOPs utilisation.
+//
+//   build/bench/bench_train --benchmark_min_time=5
+//
+// Counters: tokens_per_s (training tokens per second), model_flops_per_s
+// (LlamaConfig::train_flops_per_token x tokens/s) for the step benchmarks;
+// flops_per_s for the GEMM references.
+#include <benchmark/benchmark.h>
+#include <torch/torch.h>
+
+#include "snip/core/llama.h"
+
+namespace {
+
+snip::LlamaConfig tiny() {
+  snip::LlamaConfig c;  // = configs/tiny.toml with the Brown tokenizer
+  c.vocab_size = 8192;
+  c.hidden_size = 256;
+  c.intermediate_size = 688;
+  c.num_hidden_layers = 4;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 4;
+  c.max_position_embeddings = 256;
+  return c;
+}
+
+constexpr int64_t kB = 16, kT = 128;
+
+void BM_TrainStep(benchmark::State& state) {
+  const bool bf16 = state.range(0) == 1;
+  torch::manual_seed(0);
+  snip::LlamaConfig c = tiny();
+  snip::LlamaForCausalLM m(c);
+  const at::ScalarType g = bf16 ? at::kBFloat16 : at::ScalarType::Undefined;
+  m->set_precision(snip::LinearPrecision{nullptr, g});
+  m->head_gemm_dtype = g;
+  torch::optim::AdamW opt(m->parameters(), torch::optim::AdamWOptions(1e-3));
+  torch::Tensor ids = torch::randint(0, c.vocab_size, {kB, kT}, torch::kLong);
+  torch::Tensor tg = torch::randint(0, c.vocab_size, {kB, kT}, torch::kLong);
+  for (auto _ : state) {
+    opt.zero_grad();
+    torch::Tensor loss = snip::LlamaForCausalLMImpl::loss(m(ids), tg);
+    loss.backward();
+    opt.step();
+    benchmark::DoNotOptimize(loss.item<float>());
+  }
+  const double tokens = double(state.iterations()) * kB * kT;
+  state.counters["tokens_per_s"] = benchmark::Counter(tokens, benchmark::Counter::kIsRate);
+  state.counters["model_flops_per_s"] =
+      benchmark::Counter(tokens * c.train_flops_per_token(kT), benchmark::Counter::kIsRate);
+  state.SetLabel(bf16 ? "bf16 GEMMs" : "fp32 GEMMs");
+}
+BENCHMARK(BM_TrainStep)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The reference: one GEMM of the model's typical shape, [B*T, C] x [C, F].
+void BM_Gemm(benchmark::State& state) {
+  const auto dt = state.range(0) == 1 ? at::kBFloat16 : at::kFloat;
+  const int64_t M = kB * kT, K = state.range(1), N = state.range(2);
+  torch::Tensor a = torch::randn({M, K}).to(dt), b = torch::randn({N, K}).to(dt);
+  for (auto _ : state) benchmark::DoNotOptimize(torch::mm(a, b.t()));
+  state.counters["flops_per_s"] =
+      benchmark::Counter(double(state.iterations()) * 2.0 * M * K * N, benchmark::Counter::kIsRate);
+  state.SetLabel(state.range(0) == 1 ? "bf16" : "fp32");
+}
+BENCHMARK(BM_Gemm)->Args({0, 256, 688})->Args({1, 256, 688})->Args({0, 256, 8192})->Args({1, 256, 8192})
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();

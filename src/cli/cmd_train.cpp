@@ -1,0 +1,134 @@
+// `snip train`, `snip eval`, `snip export`.
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+
+#include "commands.h"
+#include "snip/core/config.h"
+#include "snip/core/hf.h"
+#include "snip/core/trainer.h"
+#include "snip/util/error.h"
+
+namespace snip::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string config_options_help() {
+  std::string s = "\nConfiguration options (TOML [section] key, or --set section.key=value):\n";
+  for (const auto& o : option_table()) {
+    s += fmt::format("  {:<34} default {:<14} {}{}\n", o.key, format_option_value(o.def), o.help,
+                     o.unit.empty() ? "" : " [" + o.unit + "]");
+  }
+  return s;
+}
+
+struct TrainArgs {
+  std::string config, run_dir, init_from;
+  std::vector<std::string> sets;
+  bool resume = false;
+};
+
+}  // namespace
+
+void add_train_commands(CLI::App& app) {
+  auto args = std::make_shared<TrainArgs>();
+  CLI::App* train = app.add_subcommand("train", "train a model (see the configuration options below)");
+  train->add_option("--config,-c", args->config, "TOML run configuration (e.g. configs/tiny.toml); "
+                                                  "optional with --resume (the run's config.toml is used)");
+  train->add_option("--set", args->sets, "override one option: section.key=value (repeatable)");
+  train->add_option("--run-dir", args->run_dir, "run directory (default: runs/<config file stem>)");
+  train->add_flag("--resume", args->resume, "continue from the run directory's newest checkpoint");
+  train->add_option("--init-from", args->init_from, "initialise weights from a Hugging Face folder "
+                                                    "(config.json + model.safetensors)");
+  train->footer(config_options_help());
+  train->callback([args] {
+    Config cfg;
+    std::string run_dir = args->run_dir;
+    if (args->resume && args->config.empty()) {
+      if (run_dir.empty()) fail("--resume needs --run-dir or --config");
+      const std::string saved = (fs::path(run_dir) / "config.toml").string();
+      if (!fs::exists(saved)) fail("--resume: ", saved, " does not exist");
+      cfg.load_toml_file(saved);
+    } else {
+      if (args->config.empty()) fail("--config FILE is required (e.g. --config configs/tiny.toml)");
+      cfg.load_toml_file(args->config);
+    }
+    for (const auto& s : args->sets) cfg.set_override(s);
+    if (run_dir.empty()) run_dir = "runs/" + fs::path(args->config).stem().string();
+    TrainOptions opts;
+    opts.run_dir = run_dir;
+    opts.resume = args->resume;
+    opts.init_from = args->init_from;
+    TrainSummary s = snip::train(cfg, opts);
+    std::cout << fmt::format(
+        "\nsummary: {} steps, {} tokens in {:.1f} s ({:.0f} tokens/s)\n"
+        "         train loss {:.4f} | val loss {:.4f} (perplexity {:.1f}) | best val {:.4f}\n"
+        "         run directory {} (metrics.jsonl, summary.json, checkpoints/)\n",
+        s.steps, s.tokens, s.seconds, s.tokens_per_s, s.final_train_loss, s.final_val_loss,
+        std::exp(s.final_val_loss), s.best_val_loss, s.run_dir);
+  });
+
+  struct EvalArgs {
+    std::string run_dir, checkpoint, data;
+    int64_t batches = 0, batch = 16, seq = 0;
+  };
+  auto ea = std::make_shared<EvalArgs>();
+  CLI::App* ev = app.add_subcommand("eval", "validation loss and perplexity of a checkpoint");
+  ev->add_option("--run-dir", ea->run_dir, "run directory (its newest checkpoint and config are used)");
+  ev->add_option("--checkpoint", ea->checkpoint, "a checkpoint folder (default: newest of --run-dir)");
+  ev->add_option("--data", ea->data, "prepared data folder (default: the run's data.dir)");
+  ev->add_option("--batches", ea->batches, "micro-batches to evaluate; 0 = the whole validation split")
+      ->capture_default_str();
+  ev->add_option("--batch-size", ea->batch, "sequences per micro-batch")->capture_default_str();
+  ev->add_option("--seq-len", ea->seq, "tokens per sequence (default: the run's train.seq_len)");
+  ev->callback([ea] {
+    Config cfg;
+    if (!ea->run_dir.empty()) {
+      const std::string saved = (fs::path(ea->run_dir) / "config.toml").string();
+      if (fs::exists(saved)) cfg.load_toml_file(saved);
+    }
+    std::string ckpt = ea->checkpoint;
+    if (ckpt.empty()) {
+      if (ea->run_dir.empty()) fail("give --run-dir or --checkpoint");
+      ckpt = latest_checkpoint(ea->run_dir);
+      if (ckpt.empty()) fail("no complete checkpoint in ", ea->run_dir, "/checkpoints");
+    }
+    const std::string data = ea->data.empty() ? cfg.get_string("data.dir") : ea->data;
+    const int64_t T = ea->seq > 0 ? ea->seq : cfg.get_int("train.seq_len");
+    const std::string val = (fs::path(data) / "val.bin").string();
+    if (!fs::exists(val)) fail("--data: ", val, " does not exist");
+    LlamaForCausalLM model = load_checkpoint_model(ckpt);
+    const double loss = evaluate(model, val, ea->batch, T, ea->batches);
+    std::cout << fmt::format("{}: val loss {:.4f} nats/token, perplexity {:.2f} ({})\n", ckpt, loss,
+                             std::exp(loss), val);
+  });
+
+  struct ExportArgs {
+    std::string run_dir, checkpoint, out, dtype = "float32";
+  };
+  auto xa = std::make_shared<ExportArgs>();
+  CLI::App* ex = app.add_subcommand("export", "write a checkpoint as a Hugging Face folder "
+                                              "(config.json + model.safetensors)");
+  ex->add_option("--run-dir", xa->run_dir, "run directory (its newest checkpoint is used)");
+  ex->add_option("--checkpoint", xa->checkpoint, "a checkpoint folder");
+  ex->add_option("--out", xa->out, "output folder")->required();
+  ex->add_option("--dtype", xa->dtype, "float32 or bfloat16")->capture_default_str()->check(
+      CLI::IsMember({"float32", "bfloat16"}));
+  ex->callback([xa] {
+    std::string ckpt = xa->checkpoint;
+    if (ckpt.empty()) {
+      if (xa->run_dir.empty()) fail("give --run-dir or --checkpoint");
+      ckpt = latest_checkpoint(xa->run_dir);
+      if (ckpt.empty()) fail("no complete checkpoint in ", xa->run_dir, "/checkpoints");
+    }
+    LlamaForCausalLM model = load_checkpoint_model(ckpt);
+    export_hf(model, xa->out, xa->dtype == "bfloat16" ? at::kBFloat16 : at::kFloat);
+    std::cout << "wrote " << xa->out << "/config.json and " << xa->out << "/model.safetensors\n";
+  });
+}
+
+}  // namespace snip::cli

@@ -1,0 +1,307 @@
+// prepare_data end to end on small synthetic corpora: split sizes, shard
+// contents checked by re-encoding the documents, idempotence, determinism,
+// and every error leaving no files behind. Also `snip data prepare` via CLI11.
+#include <gtest/gtest.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "../../src/cli/commands.h"
+#include "snip/data/prepare.h"
+#include "snip/data/shard.h"
+#include "snip/data/tokenizer.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+
+namespace snip::data {
+namespace {
+
+using testing::read_bytes;
+using testing::TempDir;
+using testing::user_error_of;
+using testing::write_text;
+
+PrepareOptions small_options(const TempDir& t, const std::string& out = "out") {
+  PrepareOptions o;
+  o.inputs = {t / "corpus"};
+  o.out_dir = t / out;
+  o.vocab_size = 320;
+  o.val_fraction = 0.05;
+  o.seed = 11;
+  return o;
+}
+
+// Splits a shard into documents at BOS and decodes each.
+std::vector<std::string> decode_docs(const Tokenizer& tok, const std::string& shard) {
+  const ShardReader r(shard);
+  std::vector<std::string> docs;
+  std::vector<int32_t> cur;
+  for (uint64_t i = 0; i < r.size(); ++i) {
+    const auto id = static_cast<int32_t>(r[i]);
+    if (id == tok.bos_id()) {
+      EXPECT_TRUE(cur.empty()) << "BOS must follow EOS";
+      continue;
+    }
+    if (id == tok.eos_id()) {
+      docs.push_back(tok.decode(cur));
+      cur.clear();
+      continue;
+    }
+    cur.push_back(id);
+  }
+  EXPECT_TRUE(cur.empty()) << "shard must end with EOS";
+  return docs;
+}
+
+TEST(Prepare, WritesShardsHoldingEveryDocumentOnce) {
+  TempDir t;
+  testing::write_synthetic_folder(t / "corpus", 200);
+  std::vector<std::string> lines;
+  const PrepareSummary s = prepare_data(small_options(t), [&](const std::string& l) { lines.push_back(l); });
+  EXPECT_FALSE(s.up_to_date);
+  EXPECT_EQ(s.documents, 200u);
+  EXPECT_EQ(s.val_documents, 10u);  // round(0.05 * 200)
+  EXPECT_EQ(s.train_documents, 190u);
+  EXPECT_EQ(s.vocab_size, 320);
+  EXPECT_TRUE(s.tokenizer_trained);
+  EXPECT_GE(lines.size(), 4u);
+
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(t / "out")) files.push_back(e.path().filename().string());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{"meta.json", "tokenizer.model", "train.bin", "val.bin"}));
+
+  const Tokenizer tok = Tokenizer::load(t / "out/tokenizer.model");
+  auto train = decode_docs(tok, t / "out/train.bin");
+  auto val = decode_docs(tok, t / "out/val.bin");
+  EXPECT_EQ(train.size(), 190u);
+  EXPECT_EQ(val.size(), 10u);
+  // Together they are exactly the corpus (order aside), each document once.
+  std::vector<std::string> all = train;
+  all.insert(all.end(), val.begin(), val.end());
+  std::sort(all.begin(), all.end());
+  auto expected = testing::synthetic_docs(200);
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(all, expected);
+  // Token counts: sum of [bos] + pieces + [eos] over the documents.
+  uint64_t total = 0;
+  for (const auto& d : expected) total += tok.encode(d).size() + 2;
+  EXPECT_EQ(s.train_tokens + s.val_tokens, total);
+  EXPECT_EQ(ShardReader(t / "out/train.bin").size(), s.train_tokens);
+
+  const auto meta = nlohmann::json::parse(read_bytes(t / "out/meta.json"));
+  EXPECT_EQ(meta["documents"]["val"], 10);
+  EXPECT_EQ(meta["tokens"]["train"], s.train_tokens);
+  EXPECT_EQ(meta["vocab_size"], 320);
+  EXPECT_EQ(meta["seed"], 11);
+  EXPECT_EQ(meta["tokenizer"]["sha256"], sha256_hex(read_bytes(t / "out/tokenizer.model")));
+  EXPECT_EQ(meta["sources"][0]["documents"], 200);
+  EXPECT_EQ(meta["sources"][0]["kind"], "folder");
+}
+
+TEST(Prepare, SecondRunIsUpToDateAndChangesRebuild) {
+  TempDir t;
+  testing::write_synthetic_folder(t / "corpus", 40);
+  const auto opt = small_options(t);
+  const auto first = prepare_data(opt);
+  const auto mtime = fs::last_write_time(t / "out/train.bin");
+  const auto again = prepare_data(opt);
+  EXPECT_TRUE(again.up_to_date);
+  EXPECT_EQ(again.train_tokens, first.train_tokens);
+  EXPECT_EQ(again.val_documents, first.val_documents);
+  EXPECT_EQ(again.tokenizer_sha256, first.tokenizer_sha256);
+  EXPECT_EQ(fs::last_write_time(t / "out/train.bin"), mtime);
+
+  auto other = opt;
+  other.seed = 12;
+  EXPECT_FALSE(prepare_data(other).up_to_date);
+  write_text(t / "corpus/extra.txt", "a new document about the loader");
+  const auto grown = prepare_data(other);
+  EXPECT_FALSE(grown.up_to_date);
+  EXPECT_EQ(grown.documents, 41u);
+  fs::remove(t / "out/val.bin");
+  EXPECT_FALSE(prepare_data(other).up_to_date) << "missing shard forces a rebuild";
+}
+
+TEST(Prepare, DeterministicBytes) {
+  TempDir t;
+  testing::write_synthetic_folder(t / "corpus", 60);
+  prepare_data(small_options(t, "a"));
+  prepare_data(small_options(t, "b"));
+  for (const char* f : {"tokenizer.model", "train.bin", "val.bin"})
+    EXPECT_EQ(read_bytes(t / (std::string("a/") + f)), read_bytes(t / (std::string("b/") + f))) << f;
+}
+
+TEST(Prepare, ValidationShareRules) {
+  TempDir t;
+  testing::write_synthetic_folder(t / "corpus", 2);
+  auto o = small_options(t);
+  o.vocab_size = 290;
+  o.val_fraction = 0.01;
+  auto s = prepare_data(o);
+  EXPECT_EQ(s.val_documents, 1u) << "at least one validation document when there are >= 2";
+  EXPECT_EQ(s.train_documents, 1u);
+
+  testing::write_synthetic_folder(t / "one", 1);
+  o.inputs = {t / "one"};
+  o.out_dir = t / "out1";
+  s = prepare_data(o);
+  EXPECT_EQ(s.val_documents, 0u);
+  EXPECT_EQ(ShardReader(t / "out1/val.bin").size(), 0u);
+
+  testing::write_synthetic_folder(t / "many", 300);
+  o.inputs = {t / "many"};
+  o.out_dir = t / "out2";
+  o.vocab_size = 320;
+  o.val_fraction = 0.1;
+  s = prepare_data(o);
+  EXPECT_EQ(s.val_documents, 30u);
+  o.val_fraction = 0.0;
+  o.out_dir = t / "out3";
+  EXPECT_EQ(prepare_data(o).val_documents, 0u);
+}
+
+TEST(Prepare, JsonlAndTextFileInputsWithGivenTokenizer) {
+  TempDir t;
+  testing::write_synthetic_folder(t / "corpus", 40);
+  prepare_data(small_options(t));
+  const auto docs = testing::synthetic_docs(6, 99);
+  std::string jsonl, text;
+  for (const auto& d : docs) {
+    jsonl += nlohmann::json{{"body", d}}.dump() + "\n";
+    text += d + "\n\n\n";
+  }
+  write_text(t / "d.jsonl", jsonl);
+  write_text(t / "d.txt", text);
+  PrepareOptions o;
+  o.inputs = {t / "d.jsonl", t / "d.txt"};
+  o.text_field = "body";
+  o.out_dir = t / "out2";
+  o.tokenizer_model = t / "out/tokenizer.model";
+  const auto s = prepare_data(o);
+  EXPECT_FALSE(s.tokenizer_trained);
+  EXPECT_EQ(s.vocab_size, 320);
+  ASSERT_EQ(s.sources.size(), 2u);
+  EXPECT_EQ(s.sources[0].kind, "jsonl");
+  EXPECT_EQ(s.sources[0].documents, 6u);
+  EXPECT_EQ(s.sources[1].kind, "text");
+  EXPECT_EQ(s.sources[1].documents, 6u);
+  EXPECT_EQ(read_bytes(t / "out2/tokenizer.model"), read_bytes(t / "out/tokenizer.model"));
+}
+
+// Errors: one line, and the output folder is left as it was.
+class PrepareErrors : public ::testing::Test {
+ protected:
+  void SetUp() override { testing::write_synthetic_folder(t_ / "corpus", 20); }
+  std::string run(PrepareOptions o) { return user_error_of([&] { prepare_data(o); }); }
+  TempDir t_;
+};
+
+TEST_F(PrepareErrors, MissingInputPath) {
+  auto o = small_options(t_);
+  o.inputs.push_back(t_ / "nope.txt");
+  EXPECT_EQ(run(o), "input path " + (t_ / "nope.txt") + " does not exist");
+  EXPECT_FALSE(fs::exists(t_ / "out"));
+}
+
+TEST_F(PrepareErrors, EmptyCorpus) {
+  write_text(t_ / "blank/a.txt", "   \n\n");
+  write_text(t_ / "blank/b.jsonl", "{\"text\": \" \"}\n");
+  auto o = small_options(t_);
+  o.inputs = {t_ / "blank"};
+  const std::string msg = run(o);
+  EXPECT_NE(msg.find("corpus is empty"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(t_ / "out")) << "out_dir created by the failed call is removed";
+}
+
+TEST_F(PrepareErrors, BadJsonlKeepsExistingFolderUntouched) {
+  write_text(t_ / "out/notes.txt", "user file");
+  write_text(t_ / "bad.jsonl", "{\"text\": \"fine\"}\n{\"text\": \"x\",}\n");
+  auto o = small_options(t_);
+  o.inputs.push_back(t_ / "bad.jsonl");
+  const std::string msg = run(o);
+  EXPECT_NE(msg.find(t_ / "bad.jsonl:2: invalid JSON"), std::string::npos) << msg;
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(t_ / "out")) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, (std::vector<std::string>{"notes.txt"}));
+}
+
+TEST_F(PrepareErrors, VocabTooLargeLeavesNoFiles) {
+  auto o = small_options(t_);
+  o.vocab_size = 50000;
+  const std::string msg = run(o);
+  EXPECT_NE(msg.find("vocab_size 50000 is too large for this corpus"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(t_ / "out"));
+}
+
+TEST_F(PrepareErrors, UnwritableOutDir) {
+  write_text(t_ / "file", "x");
+  auto o = small_options(t_);
+  o.out_dir = t_ / "file/sub";
+  const std::string msg = run(o);
+  EXPECT_NE(msg.find("output directory " + (t_ / "file/sub")), std::string::npos) << msg;
+}
+
+TEST_F(PrepareErrors, BadOptions) {
+  auto o = small_options(t_);
+  o.val_fraction = 1.0;
+  EXPECT_NE(run(o).find("val_fraction"), std::string::npos);
+  o = small_options(t_);
+  o.inputs.clear();
+  EXPECT_NE(run(o).find("no corpus given"), std::string::npos);
+  o = small_options(t_);
+  o.corpus = "wiki";
+  EXPECT_NE(run(o).find("corpus: expected \"brown\""), std::string::npos);
+  o = small_options(t_);
+  o.tokenizer_model = t_ / "corpus/doc000.txt";
+  EXPECT_NE(run(o).find("not a SentencePiece model"), std::string::npos);
+  EXPECT_FALSE(fs::exists(t_ / "out"));
+}
+
+// ---- CLI: snip data prepare
+
+int parse(CLI::App& app, std::vector<std::string> args) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  app.parse(static_cast<int>(argv.size()), argv.data());
+  return 0;
+}
+
+TEST(CliDataPrepare, HelpShowsDefaults) {
+  CLI::App app("snip");
+  cli::add_data_commands(app);
+  const std::string help = app.get_subcommand("data")->get_subcommand("prepare")->help();
+  for (const char* s : {"--input", "--corpus", "brown", "data/brown", "--tokenizer", "8192", "0.01", "1234",
+                        "--text-field", "data/cache"})
+    EXPECT_NE(help.find(s), std::string::npos) << s << "\n" << help;
+}
+
+TEST(CliDataPrepare, RunsPrepare) {
+  TempDir t;
+  testing::write_synthetic_folder(t / "corpus", 30);
+  CLI::App app("snip");
+  cli::add_data_commands(app);
+  ::testing::internal::CaptureStdout();
+  parse(app, {"snip", "data", "prepare", "--input", t / "corpus", "--out", t / "o", "--vocab-size", "300",
+              "--val-fraction", "0.1", "--seed", "3"});
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("documents: 30 (27 train, 3 val)"), std::string::npos) << out;
+  const auto meta = nlohmann::json::parse(read_bytes(t / "o/meta.json"));
+  EXPECT_EQ(meta["vocab_size"], 300);
+  EXPECT_EQ(meta["key"]["corpus"], nullptr) << "--input without --corpus means no Brown";
+}
+
+TEST(CliDataPrepare, UserErrorPropagates) {
+  TempDir t;
+  CLI::App app("snip");
+  cli::add_data_commands(app);
+  const std::string msg = user_error_of([&] { parse(app, {"snip", "data", "prepare", "--input", t / "missing", "--out", t / "o"}); });
+  EXPECT_EQ(msg, "input path " + (t / "missing") + " does not exist");
+}
+
+}  // namespace
+}  // namespace snip::data
