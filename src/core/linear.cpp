@@ -20,7 +20,8 @@ const char* operand_name(Operand op) {
 
 namespace {
 
-// t: [rows, K] -> quantized [rows, K] (identity when the layer has no quantizer).
+// t: [rows, K] (a view; made contiguous only when a quantizer runs) ->
+// quantized [rows, K]. Identity, and no copy, when the layer has no quantizer.
 torch::Tensor q(const QuantLinearImpl& l, const torch::Tensor& t, Operand op) {
   if (!l.precision.quantizer) return t;
   QuantKey k = l.key_base;
@@ -30,6 +31,7 @@ torch::Tensor q(const QuantLinearImpl& l, const torch::Tensor& t, Operand op) {
 }
 
 // a: [M, K], b: [N, K] -> a · bᵀ [M, N] in `dtype`, cast back to a's dtype.
+// Strided views are fine: mm reads transposed operands without copies.
 torch::Tensor gemm_nt(const torch::Tensor& a, const torch::Tensor& b, at::ScalarType dtype) {
   if (dtype == at::ScalarType::Undefined || dtype == a.scalar_type()) return torch::mm(a, b.t());
   return torch::mm(a.to(dtype), b.to(dtype).t()).to(a.scalar_type());
@@ -54,17 +56,16 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor& x = saved[0];  // [T, IN]
     const torch::Tensor& w = saved[1];  // [OUT, IN]
-    const torch::Tensor dy = grads[0].contiguous();  // [T, OUT]
+    const torch::Tensor& dy = grads[0];  // [T, OUT]
     const auto dt = l.precision.gemm_dtype;
     torch::Tensor dx, dw;
     if (ctx->needs_input_grad(0)) {
       // dgrad: dX [T, IN] = dY [T, OUT] · W [OUT, IN]; K = OUT, so W goes in as Wᵀ [IN, OUT].
-      dx = gemm_nt(q(l, dy, Operand::kDgradDY), q(l, w.t().contiguous(), Operand::kDgradW), dt);
+      dx = gemm_nt(q(l, dy, Operand::kDgradDY), q(l, w.t(), Operand::kDgradW), dt);
     }
     if (ctx->needs_input_grad(1)) {
       // wgrad: dW [OUT, IN] = dYᵀ [OUT, T] · X [T, IN]; K = T: dYᵀ [OUT, T], Xᵀ [IN, T].
-      dw = gemm_nt(q(l, dy.t().contiguous(), Operand::kWgradDY), q(l, x.t().contiguous(), Operand::kWgradX),
-                   dt);
+      dw = gemm_nt(q(l, dy.t(), Operand::kWgradDY), q(l, x.t(), Operand::kWgradX), dt);
     }
     return {dx, dw, torch::Tensor()};
   }

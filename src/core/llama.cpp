@@ -173,12 +173,14 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
   if (nkv != nh) {  // KV head j serves query heads j*rep .. (j+1)*rep-1 (HF repeat_kv)
-    k = k.repeat_interleave(nh / nkv, 1);
-    v = v.repeat_interleave(nh / nkv, 1);
+    const int64_t rep = nh / nkv;
+    k = k.unsqueeze(2).expand({B, nkv, rep, T, hd}).reshape({B, nh, T, hd});
+    v = v.unsqueeze(2).expand({B, nkv, rep, T, hd}).reshape({B, nh, T, hd});
   }
-  torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(hd));  // [B, NH, T, T]
-  torch::Tensor mask = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
-  att = att.masked_fill(mask, -std::numeric_limits<double>::infinity()).softmax(-1);
+  // Causal mask as an additive [T, T] bias (0 on/below the diagonal, -inf above).
+  torch::Tensor bias = torch::full({T, T}, -std::numeric_limits<double>::infinity(), q.options()).triu(1);
+  torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)).mul_(1.0 / std::sqrt(double(hd))).add_(bias);
+  att = att.softmax(-1);                    // [B, NH, T, T]
   torch::Tensor y = torch::matmul(att, v);  // [B, NH, T, HD]
   return o_proj(y.transpose(1, 2).reshape({B, T, nh * hd}));
 }

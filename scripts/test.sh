@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Builds and runs the whole test suite (CTest: GoogleTest cases, the float64
+# PyTorch reference, CLI checks). Installs what it needs first (setup.sh).
+#
+# usage: scripts/test.sh [extra ctest arguments, e.g. -R Reference]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+build="${SNIP_BUILD_DIR:-build}"
+exec ctest --test-dir "$build" --output-on-failure -j "$(nproc)" "$@"

@@ -1,0 +1,311 @@
+// `snip formats` and `snip quantize` (snip_formats + snip_io; no LibTorch).
+//
+//   snip formats                      table of every element format
+//   snip formats --json               the same as a JSON array
+//   snip formats --codes e2m1 [--json]  every code of a format of <= 8 bits
+//   snip formats --recipes [--json]   the registered recipes as plain config
+//   snip quantize --scheme fp4 --input in.safetensors --output out.safetensors
+//        [--operand fprop.w] [--seed N] [--json]
+//     fake-quantizes every floating-point tensor along its last dimension
+//     (viewed as [numel / last, last]) with the recipe's spec for the chosen
+//     GEMM operand, writes FP32 tensors (other dtypes are copied unchanged)
+//     and prints per-tensor SQNR (dB) and relative error.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "snip/formats/element_format.h"
+#include "snip/formats/fake_quant.h"
+#include "snip/formats/minifloat.h"
+#include "snip/io/safetensors.h"
+#include "snip/quant/recipe.h"
+#include "snip/util/error.h"
+
+namespace snip::cli {
+namespace {
+
+using formats::ElementFormat;
+using formats::ElementKind;
+
+std::string num(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  std::ostringstream os;
+  os << std::setprecision(9) << v;
+  return os.str();
+}
+
+const char* kind_name(ElementKind k) {
+  return k == ElementKind::kFloat ? "float" : k == ElementKind::kPosit ? "posit" : "int";
+}
+
+const char* nan_name(formats::NanEncoding n) {
+  switch (n) {
+    case formats::NanEncoding::kNone: return "none";
+    case formats::NanEncoding::kAllOnes: return "S.1..1.1..1";
+    case formats::NanEncoding::kIeee: return "exp all ones, M != 0";
+    case formats::NanEncoding::kNaR: return "NaR 10..0";
+  }
+  return "?";
+}
+
+nlohmann::json format_json(const ElementFormat& f) {
+  return {{"name", f.name},           {"kind", kind_name(f.kind)},
+          {"bits", f.bits},           {"exponent_bits", f.kind == ElementKind::kFloat ? f.ebits : 0},
+          {"mantissa_bits", f.mbits}, {"es", f.kind == ElementKind::kPosit ? f.ebits : 0},
+          {"bias", f.bias},           {"max", f.max_value()},
+          {"min_normal", f.min_normal()}, {"min_subnormal", f.min_subnormal()},
+          {"has_inf", f.has_inf},     {"nan", nan_name(f.nan)}};
+}
+
+void print_format_table(std::ostream& out, bool json) {
+  std::ostringstream os;
+  std::vector<ElementFormat> fmts;
+  for (const std::string& n : formats::element_format_names())
+    fmts.push_back(formats::find_element_format(n));
+  if (json) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const ElementFormat& f : fmts) arr.push_back(format_json(f));
+    out << arr.dump(2) << "\n";
+    return;
+  }
+  os << std::left << std::setw(8) << "format" << std::setw(6) << "kind" << std::right
+     << std::setw(5) << "bits" << std::setw(5) << "exp" << std::setw(5) << "man" << std::setw(6)
+     << "bias" << std::setw(15) << "max" << std::setw(15) << "min normal" << std::setw(15)
+     << "min subnormal" << "  " << std::left << std::setw(5) << "inf" << "nan\n";
+  for (const ElementFormat& f : fmts) {
+    const bool fl = f.kind == ElementKind::kFloat;
+    os << std::left << std::setw(8) << f.name << std::setw(6) << kind_name(f.kind) << std::right
+       << std::setw(5) << f.bits << std::setw(5)
+       << (fl ? std::to_string(f.ebits) : f.kind == ElementKind::kPosit ? "es" + std::to_string(f.ebits) : "-")
+       << std::setw(5) << (fl ? std::to_string(f.mbits) : "-") << std::setw(6)
+       << (fl ? std::to_string(f.bias) : "-") << std::setw(15) << num(f.max_value())
+       << std::setw(15) << num(f.min_normal()) << std::setw(15) << num(f.min_subnormal()) << "  "
+       << std::left << std::setw(5) << (f.has_inf ? "yes" : "no") << nan_name(f.nan) << "\n";
+  }
+  out << os.str();
+}
+
+std::string bit_string(uint32_t code, int bits) {
+  std::string s;
+  for (int i = bits - 1; i >= 0; --i) s += ((code >> i) & 1u) ? '1' : '0';
+  return s;
+}
+
+void print_codes(std::ostream& out, const std::string& name, bool json) {
+  std::ostringstream os;
+  const ElementFormat f = formats::find_element_format(name);
+  if (f.bits > 8)
+    fail("--codes ", name, ": expected a format of 8 bits or fewer, got ", f.bits, " bits");
+  nlohmann::json arr = nlohmann::json::array();
+  for (uint32_t c = 0; c < f.num_codes(); ++c) {
+    const float v = formats::decode(f, c);
+    if (json) {
+      nlohmann::json e = {{"code", c}, {"bits", bit_string(c, f.bits)}};
+      if (std::isfinite(v)) {
+        e["value"] = double(v);
+      } else {
+        e["value"] = nullptr;  // JSON has no NaN/Inf
+        e["special"] = std::isnan(v) ? "nan" : (v > 0 ? "+inf" : "-inf");
+      }
+      arr.push_back(e);
+    } else {
+      char hex[16];
+      std::snprintf(hex, sizeof hex, "0x%02x", c);
+      os << hex << "  " << bit_string(c, f.bits) << "  "
+         << (std::signbit(v) && v == 0 ? "-0" : num(v)) << "\n";
+    }
+  }
+  if (json) os << arr.dump(2) << "\n";
+  out << os.str();
+}
+
+void print_recipes(std::ostream& out, bool json) {
+  std::ostringstream os;
+  nlohmann::json arr = nlohmann::json::array();
+  for (const std::string& name : quant::recipe_names()) {
+    const quant::Recipe r = quant::find_recipe(name);
+    if (json) {
+      arr.push_back(quant::to_json(r));
+      continue;
+    }
+    os << r.name << ": " << r.description << "\n";
+    for (int i = 0; i < quant::kNumGemmOperands; ++i)
+      os << "  " << std::left << std::setw(9) << quant::gemm_operand_name(quant::GemmOperand(i))
+         << r.operands[size_t(i)].describe() << "\n";
+  }
+  if (json) os << arr.dump(2) << "\n";
+  out << os.str();
+}
+
+// IEEE binary16, for reading F16 tensors through the generic codec.
+constexpr ElementFormat kFP16{"fp16", ElementKind::kFloat, 16, 5, 10, 15, true,
+                              formats::NanEncoding::kIeee};
+
+// Converts a floating-point record to FP32; false for non-float dtypes.
+bool to_float(const io::TensorRecord& t, std::vector<float>& out) {
+  const size_t n = size_t(t.numel());
+  out.resize(n);
+  const uint8_t* p = t.data.data();
+  switch (t.dtype) {
+    case io::DType::F32:
+      if (n) std::memcpy(out.data(), p, n * 4);
+      return true;
+    case io::DType::F64:
+      for (size_t i = 0; i < n; ++i) {
+        double d;
+        std::memcpy(&d, p + 8 * i, 8);
+        out[i] = float(d);
+      }
+      return true;
+    case io::DType::BF16:
+    case io::DType::F16:
+      for (size_t i = 0; i < n; ++i)
+        out[i] = formats::decode(t.dtype == io::DType::BF16 ? formats::kBF16 : kFP16,
+                                 uint32_t(p[2 * i]) | (uint32_t(p[2 * i + 1]) << 8));
+      return true;
+    case io::DType::F8_E4M3:
+    case io::DType::F8_E5M2:
+      for (size_t i = 0; i < n; ++i)
+        out[i] = formats::decode(t.dtype == io::DType::F8_E4M3 ? formats::kE4M3 : formats::kE5M2,
+                                 p[i]);
+      return true;
+    default:
+      return false;
+  }
+}
+
+struct QuantizeOpts {
+  std::string scheme, input, output, operand = "fprop.w";
+  uint64_t seed = 0;
+  bool json = false;
+};
+
+void run_quantize(const QuantizeOpts& o, std::ostream& out) {
+  std::ostringstream os;  // flushed line by line; std::cout's flags stay untouched
+  auto flush = [&] {
+    out << os.str() << std::flush;
+    os.str("");
+  };
+  const quant::Recipe recipe = quant::find_recipe(o.scheme);
+  const quant::GemmOperand op = quant::parse_gemm_operand(o.operand, "--operand");
+  const formats::QuantSpec spec = recipe[op];
+  const io::SafeTensors in = io::read_safetensors(o.input);
+  io::SafeTensors result;
+  result.metadata = in.metadata;
+  result.metadata["snip.quantize.scheme"] = o.scheme;
+  result.metadata["snip.quantize.operand"] = o.operand;
+  result.metadata["snip.quantize.spec"] = spec.describe();
+  if (!o.json)
+    os << "scheme " << o.scheme << " (" << o.operand << ": " << spec.describe() << ")\n"
+       << std::left << std::setw(40) << "tensor" << std::right << std::setw(16) << "shape"
+       << std::setw(10) << "SQNR dB" << std::setw(12) << "rel err" << std::setw(11) << "underflow"
+       << std::setw(11) << "saturated" << "\n";
+  formats::QuantStats total;
+  std::vector<float> x, y;
+  for (size_t ti = 0; ti < in.tensors.size(); ++ti) {
+    const io::TensorRecord& t = in.tensors[ti];
+    std::string shape = "[";
+    for (size_t d = 0; d < t.shape.size(); ++d) shape += (d ? ", " : "") + std::to_string(t.shape[d]);
+    shape += "]";
+    if (!to_float(t, x)) {
+      result.add(t.name, t.dtype, t.shape, t.data.data());
+      if (!o.json)
+        os << std::left << std::setw(40) << t.name << std::right << std::setw(16) << shape
+           << "  copied (" << io::dtype_name(t.dtype) << " is not floating point)\n";
+      continue;
+    }
+    const int64_t cols = t.shape.empty() ? 1 : t.shape.back();
+    const int64_t rows = cols == 0 ? 0 : t.numel() / cols;
+    y.resize(x.size());
+    formats::QuantStats st;
+    const formats::RoundingKey key{o.seed, 0, uint64_t(ti), uint32_t(static_cast<int>(op))};
+    if (spec.rule == formats::ScaleRule::kDelayed) {
+      formats::DelayedScaling state(spec);  // fresh: the first call uses current scaling
+      formats::fake_quantize(x.data(), y.data(), rows, cols, key, state, &st);
+    } else {
+      formats::fake_quantize(x.data(), y.data(), rows, cols, spec, key, &st);
+    }
+    result.add(t.name, io::DType::F32, t.shape, y.data());
+    total.merge(st);
+    if (o.json) {
+      os << nlohmann::json{{"tensor", t.name},
+                           {"shape", t.shape},
+                           {"sqnr_db", std::isfinite(st.sqnr_db()) ? nlohmann::json(st.sqnr_db()) : nlohmann::json(nullptr)},
+                           {"rel_error", st.rel_error()},
+                           {"underflow_fraction", st.underflow_fraction()},
+                           {"saturated_fraction", st.saturated_fraction()},
+                           {"nonfinite", st.nonfinite}}
+                .dump()
+         << "\n";
+    } else {
+      os << std::left << std::setw(40) << t.name << std::right << std::setw(16) << shape
+         << std::fixed << std::setprecision(2) << std::setw(10) << st.sqnr_db()
+         << std::scientific << std::setprecision(3) << std::setw(12) << st.rel_error()
+         << std::fixed << std::setprecision(4) << std::setw(11) << st.underflow_fraction()
+         << std::setw(11) << st.saturated_fraction() << std::defaultfloat << "\n";
+    }
+    flush();
+  }
+  io::write_safetensors(o.output, result);
+  if (!o.json)
+    os << "all tensors: SQNR " << std::fixed << std::setprecision(2) << total.sqnr_db()
+       << " dB, rel err " << std::scientific << std::setprecision(3) << total.rel_error()
+       << std::defaultfloat << "; wrote " << o.output << "\n";
+  flush();
+}
+
+}  // namespace
+
+void add_format_commands(CLI::App& app) {
+  struct FormatsOpts {
+    std::string codes;
+    bool json = false;
+    bool recipes = false;
+  };
+  auto fo = std::make_shared<FormatsOpts>();
+  CLI::App* formats_cmd = app.add_subcommand(
+      "formats", "List the element formats (bits, range, Inf/NaN), a format's codes, or the recipes");
+  formats_cmd->add_option("--codes", fo->codes,
+                          "print every code of FORMAT (8 bits or fewer) with its value")
+      ->type_name("FORMAT");
+  formats_cmd->add_flag("--recipes", fo->recipes,
+                        "print the registered quantization recipes (per GEMM operand)");
+  formats_cmd->add_flag("--json", fo->json, "print JSON instead of a table");
+  formats_cmd->callback([fo] {
+    if (!fo->codes.empty() && fo->recipes) fail("snip formats: give --codes or --recipes, not both");
+    if (!fo->codes.empty()) {
+      print_codes(std::cout, fo->codes, fo->json);
+    } else if (fo->recipes) {
+      print_recipes(std::cout, fo->json);
+    } else {
+      print_format_table(std::cout, fo->json);
+    }
+  });
+
+  auto qo = std::make_shared<QuantizeOpts>();
+  CLI::App* quantize_cmd = app.add_subcommand(
+      "quantize",
+      "Fake-quantize every tensor of a safetensors file along its last dimension; "
+      "print per-tensor SQNR and relative error");
+  quantize_cmd->add_option("--scheme", qo->scheme, "recipe name (see `snip formats --recipes`)")
+      ->required();
+  quantize_cmd->add_option("--input", qo->input, "input .safetensors")->required();
+  quantize_cmd->add_option("--output", qo->output, "output .safetensors (FP32 tensors)")->required();
+  quantize_cmd->add_option("--operand", qo->operand,
+                           "whose spec to use: fprop.x, fprop.w, dgrad.dy, dgrad.w, wgrad.dy, wgrad.x")
+      ->capture_default_str();
+  quantize_cmd->add_option("--seed", qo->seed, "seed of stochastic rounding")->capture_default_str();
+  quantize_cmd->add_flag("--json", qo->json, "one JSON object per tensor instead of a table");
+  quantize_cmd->callback([qo] { run_quantize(*qo, std::cout); });
+}
+
+}  // namespace snip::cli
