@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Bad input through the real `snip` binary: each case must exit with status 2,
+# print exactly one line `snip: error: ...` naming what is wrong, and leave no
+# partial files behind.
+#
+# usage: cli_errors.sh SNIP_BINARY PREPARED_DATA_DIR
+set -u
+snip="$1"; data="$2"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+pass=0; fail=0
+
+# expect NAME NEEDLE -- command...: exit 2, one stderr line with NEEDLE.
+expect() {
+  local name="$1" needle="$2"; shift 3
+  "$@" >"$tmp/out" 2>"$tmp/err"; local rc=$?
+  local lines; lines=$(wc -l <"$tmp/err")
+  if [ "$rc" -eq 2 ] && [ "$lines" -eq 1 ] && grep -q "^snip: error: .*$needle" "$tmp/err"; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1))
+    echo "FAIL $name: rc=$rc lines=$lines (want 2, 1, '$needle'):" >&2; cat "$tmp/err" >&2
+  fi
+}
+# absent PATH: the failed command left nothing at PATH
+absent() {
+  if [ -e "$1" ]; then fail=$((fail + 1)); echo "FAIL: $1 was left behind" >&2; else pass=$((pass + 1)); fi
+}
+
+cat >"$tmp/ok.toml" <<TOML
+[model]
+hidden_size = 32
+intermediate_size = 64
+num_hidden_layers = 1
+num_attention_heads = 2
+num_key_value_heads = 1
+max_position_embeddings = 32
+[data]
+dir = "$data"
+[train]
+batch_size = 2
+seq_len = 16
+max_steps = 2
+threads = 1
+TOML
+
+expect "missing config" "cannot be read" -- "$snip" train --config "$tmp/nope.toml" --run-dir "$tmp/r0"
+absent "$tmp/r0"
+printf '[train]\nbatch_sise = 4\n' >"$tmp/typo.toml"
+expect "unknown key" "unknown option 'train.batch_sise' (did you mean 'train.batch_size'?" -- \
+  "$snip" train --config "$tmp/typo.toml" --run-dir "$tmp/r1"
+absent "$tmp/r1"
+expect "wrong type" "train.lr: expected a number, got 'fast'" -- \
+  "$snip" train --config "$tmp/ok.toml" --set train.lr=fast --run-dir "$tmp/r2"
+absent "$tmp/r2"
+expect "vocab mismatch" "smaller than the tokenizer's vocabulary" -- \
+  "$snip" train --config "$tmp/ok.toml" --set model.vocab_size=10 --run-dir "$tmp/r3"
+absent "$tmp/r3"
+expect "missing data" "does not exist" -- \
+  "$snip" train --config "$tmp/ok.toml" --set data.dir="$tmp/nodata" --run-dir "$tmp/r4"
+absent "$tmp/r4"
+touch "$tmp/afile"
+expect "unwritable run dir" "not writable" -- "$snip" train --config "$tmp/ok.toml" --run-dir "$tmp/afile/run"
+expect "missing corpus" "" -- "$snip" data prepare --input "$tmp/no-corpus" --out "$tmp/d1"
+absent "$tmp/d1"
+mkdir -p "$tmp/empty"; printf '   \n\n' >"$tmp/empty/a.txt"
+expect "empty corpus" "" -- "$snip" data prepare --input "$tmp/empty" --out "$tmp/d2"
+absent "$tmp/d2"
+
+# A trained run whose checkpoint is then truncated: resume refuses it.
+"$snip" train --config "$tmp/ok.toml" --run-dir "$tmp/run" >/dev/null 2>&1 || { echo "FAIL: tiny run" >&2; fail=$((fail + 1)); }
+w="$tmp/run/checkpoints/step-2/model.safetensors"
+if [ -f "$w" ]; then
+  head -c 100 "$w" >"$tmp/t" && mv "$tmp/t" "$w"
+  expect "truncated checkpoint" "checksum mismatch" -- \
+    "$snip" train --config "$tmp/ok.toml" --set train.max_steps=4 --run-dir "$tmp/run" --resume
+  expect "eval of truncated checkpoint" "checksum mismatch" -- "$snip" eval --run-dir "$tmp/run"
+fi
+expect "resume without checkpoint" "no complete checkpoint" -- \
+  "$snip" train --config "$tmp/ok.toml" --run-dir "$tmp/r5" --resume
+absent "$tmp/r5"
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
