@@ -10,6 +10,7 @@
 // (achieved FP4 share, Σ Q, cost, solver status, solve time), or JSON.
 // Every input problem ends as a snip::UserError (one line, exit status 2).
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <iostream>

@@ -1,0 +1,306 @@
+// snip/policy/planner.h: the precision planner (METHOD.md sections 2, 4, 6).
+//
+// Vocabulary
+//   item      what receives one precision option: a layer (per-layer
+//             granularity, the paper's) or one GEMM of a layer (per-GEMM
+//             granularity: fprop, dgrad, wgrad; METHOD.md section 2).
+//   option    a precision recipe name ("fp4", "fp8", "bf16", or any other).
+//   low       the option whose FLOPs the share budget counts ("fp4" default).
+//   F_i       FLOPs per training step of item i (a GEMM: 2*T*in*out).
+//   Q_i(p)    quality loss of item i at option p (dimensionless, >= 0).
+//   share     Σ_i F_i·[i runs low] / Σ_i F_i, a fraction in [0,1].
+//
+// The integer linear program (METHOD.md section 4), x_{i,p} binary:
+//   minimise    Σ_i Σ_p Q_i(p) x_{i,p}
+//   subject to  Σ_p x_{i,p} = 1                             every item i
+//               share budget:  Σ_i F_i x_{i,low} >= b Σ_i F_i
+//            or cost budget:   Σ_i Σ_p cost_p F_i x_{i,p} <= C Σ_i F_i
+//               x_{i,p} = 1 for pinned (i, p)
+//               per stage s (optional): the same budget row over the items
+//               of stage s alone.
+// Budget rows hold to an absolute tolerance of kBudgetTolerance (1e-9) in
+// share units (resp. cost per FLOP): a plan with share 0.7499999999995 meets
+// b = 0.75.
+//
+// Exactness: before the solver sees the model, the planner (1) fixes pinned
+// items, (2) drops options dominated within an item (another option has
+// Q <= and a resource use at least as good, e.g. in a share budget only the
+// best non-low option can be optimal), and (3) for two-option items that are
+// interchangeable (same FLOPs, same stage, same two options A and B) adds
+// ordering rows y_a >= y_b when Δ_a <= Δ_b, where y = 1 selects B and
+// Δ = Q(B) - Q(A): swapping a and b keeps every budget row unchanged and does
+// not raise the objective, so some optimal plan has this form. None of these
+// changes the optimum. The ordering rows also make near-ties exact: without
+// them, items whose Q differ by less than the LP tolerances could be chosen
+// in a slightly wrong order. The objective handed to the solver is scaled to
+// max |coefficient| = 1; plans are optimal to ~1e-9 of the largest per-item
+// Q difference (tests/policy checks 1e-9 relative against enumeration).
+//
+// Pins (glob patterns, see glob_match and pin_matches):
+//   * A pin "GLOB=OPTION" forces OPTION on every item GLOB matches.
+//   * Conflicting pins are an error: if two pins with DIFFERENT options match
+//     one item, plan() throws naming both. Pins with the same option may
+//     overlap (the first one is credited in messages).
+//   * A pin that matches no item is an error (it is almost always a typo).
+//   * A pin whose option an item does not offer (no Q for it) is an error.
+//   * Stage-boundary pins (PlanOptions::stage_boundary_option) apply to the
+//     first and last layer of every stage that no user pin covers: user pins
+//     take precedence over them, never conflict with them.
+//
+// Errors: every input problem is a snip::UserError with one line (bad
+// budget, unknown option, bad pin, infeasible budget with the pins that cap
+// the share and the maximum achievable share, solver time-out without a
+// plan). Broken internal invariants throw std::logic_error.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace snip::policy {
+
+/// Absolute tolerance on budget rows (share fraction, or cost per FLOP).
+inline constexpr double kBudgetTolerance = 1e-9;
+
+/// Granularity of the choice (METHOD.md section 2).
+enum class Granularity { layer, gemm };
+/// "layer" or "gemm".
+const char* to_string(Granularity g);
+
+/// The three GEMMs of a linear layer, in this order (METHOD.md section 1).
+inline const char* const kGemmNames[3] = {"fprop", "dgrad", "wgrad"};
+
+/// One thing that receives a precision option.
+struct PlanItem {
+  std::string name;   // layer: HF name "model.layers.3.self_attn.q_proj";
+                      // gemm: "<layer>:fprop" | ":dgrad" | ":wgrad"
+  std::string layer;  // the layer's HF name (== name at layer granularity)
+  std::string gemm;   // "" at layer granularity, else "fprop"/"dgrad"/"wgrad"
+  double flops = 0.0;                  // FLOPs per training step, > 0
+  std::map<std::string, double> q;     // option -> Q (>= 0); absent = not offered
+  int stage = -1;                      // pipeline stage index, -1 = none
+  std::map<std::string, double> rel_err;  // option -> relative quantisation
+                                          // error (fraction); optional, used by
+                                          // the min-rel-err heuristic only
+};
+
+/// A planning problem: the items in model order (block order; the order
+/// defines "first" and "last" layers of a stage).
+struct PlanProblem {
+  Granularity granularity = Granularity::layer;
+  std::vector<PlanItem> items;
+};
+
+/// The budget: an FP4 (low-option) FLOPs share or a cost budget.
+struct Budget {
+  enum class Kind { fp4_share, cost };
+  Kind kind = Kind::fp4_share;
+  // fp4_share: b in [0,1], the fraction of FLOPs that must run the low
+  //            option.  cost: C, the mean cost per FLOP allowed, i.e.
+  //            Σ cost_p·F_i·x_{i,p} <= C·Σ F_i (C = 2 means "as fast as
+  //            uniform FP8" with the default costs).
+  double value = 0.75;
+  // Relative cost of one FLOP at each option (dimensionless). Used by cost
+  // budgets and to report plan cost; defaults after METHOD.md section 4.
+  std::map<std::string, double> cost_per_flop = {
+      {"fp4", 1.0}, {"fp8", 2.0}, {"bf16", 4.0}};
+
+  static Budget share(double b) { Budget r; r.kind = Kind::fp4_share; r.value = b; return r; }
+  static Budget cost(double c) { Budget r; r.kind = Kind::cost; r.value = c; return r; }
+};
+
+/// A pin: every item matched by `pattern` runs `option`.
+struct Pin {
+  std::string pattern;  // "LAYERGLOB" or, per GEMM, "LAYERGLOB:GEMMGLOB"
+  std::string option;
+  /// "pattern=option", as written on the command line.
+  std::string text() const { return pattern + "=" + option; }
+};
+
+/// Parses "GLOB=OPTION" (split at the last '='). Throws UserError if either
+/// side is empty or there is no '='.
+Pin parse_pin(const std::string& spec);
+
+/// Shell-style glob, matched against the WHOLE text (fnmatch(3) with no
+/// flags): '*' any run of characters (dots included), '?' one character,
+/// '[abc]' '[a-z]' '[!abc]' one character of/not of a set (']' first in the
+/// set is literal; a '[' without a closing ']' is a literal '['), '\x' the
+/// literal x.
+bool glob_match(const std::string& pattern, const std::string& text);
+
+/// Whether `pin` matches `item`. The layer part of the pattern (before the
+/// first ':') is matched with glob_match against the item's layer name and
+/// against every suffix of it that starts after a '.', so "layers.21.mlp.*"
+/// and "down_proj" match "model.layers.21.mlp.down_proj" while "layers.1.*"
+/// does not match "model.layers.11.mlp.up_proj". A GEMM part (after ':')
+/// is matched against the item's GEMM name; a pattern without one matches
+/// all three GEMMs of a matching layer. Throws UserError for a GEMM part at
+/// layer granularity.
+bool pin_matches(const Pin& pin, const PlanItem& item, Granularity g);
+
+/// All the knobs of plan(), sweep() and the heuristics.
+struct PlanOptions {
+  Budget budget;
+  std::string low_option = "fp4";  // the option the share budget counts
+  // Restrict every item to these options (empty: all options an item
+  // offers). Note that with a share budget only Q decides among the
+  // non-low options: a table with "bf16": 0 sends every non-FP4 item to
+  // BF16 unless bf16 is left out here. UserError if an item offers none.
+  std::vector<std::string> allowed_options;
+  std::vector<Pin> pins;           // user pins (see the header comment)
+  // Each stage meets the budget on its own (needs item.stage >= 0 on every
+  // item). With a share budget: stage share >= b; cost: stage cost <= C.
+  bool per_stage_budget = false;
+  // Non-empty: pin the first and last layer of every stage to this option
+  // (METHOD.md section 4 uses "fp8"). Needs item.stage >= 0 on every item.
+  std::string stage_boundary_option;
+  std::string solver = "cbc";   // make_milp_solver name
+  double time_limit_s = 60.0;   // solver wall-clock limit, seconds
+  int verbosity = 0;            // 0 silent, 1 summary line, 2 solver log
+  // Heuristics: the option non-low items get when they offer it; otherwise
+  // the non-low option with the smallest Q (ties: name order).
+  std::string high_option = "fp8";
+};
+
+/// The option one item ended up with.
+struct PlanChoice {
+  std::string name;    // item name
+  std::string option;  // chosen option
+  double flops = 0;    // item FLOPs per step
+  double q = 0;        // Q of the chosen option
+  int stage = -1;
+};
+
+/// Result of plan(), a heuristic, or one sweep point.
+struct PlanResult {
+  Granularity granularity = Granularity::layer;
+  std::string method;       // "ilp", or the heuristic name
+  Budget budget;            // the budget asked for
+  std::string low_option = "fp4";
+  std::vector<PlanChoice> items;  // [n_items], problem order
+  double objective = 0;     // Σ_i Q_i(chosen), dimensionless
+  double fp4_share = 0;     // achieved low-option FLOPs share, fraction
+  double cost = 0;          // Σ_i cost·F_i, cost units x FLOPs; NaN if an
+                            // option has no cost_per_flop entry
+  double cost_per_flop = 0; // cost / Σ F_i; NaN likewise
+  std::vector<double> stage_fp4_share;  // [n_stages] when items have stages
+  std::string status;       // MilpStatus name ("optimal", ...) or "heuristic"
+  double solve_seconds = 0; // wall-clock seconds of the whole plan() call
+  bool proven_optimal = false;
+
+  /// item name -> option.
+  std::map<std::string, std::string> assignments() const;
+};
+
+/// Per item, the option a pin forces ("" = free), after user pins and
+/// stage-boundary pins; `source[i]` is the index of the user pin credited,
+/// -2 for a stage-boundary pin, -1 for none. Throws UserError on unmatched,
+/// conflicting or unavailable pins (see the header comment).
+struct PinResolution {
+  std::vector<std::string> option;  // [n_items]
+  std::vector<int> source;          // [n_items]
+};
+PinResolution resolve_pins(const PlanProblem& problem, const PlanOptions& options);
+
+/// Largest low-option FLOPs share any plan can reach given the pins (every
+/// free item that offers the low option runs it). With `stage` >= 0, the
+/// share within that stage. Fraction in [0,1]. Validates like plan().
+double max_fp4_share(const PlanProblem& problem, const PlanOptions& options,
+                     int stage = -1);
+
+/// Block index of a HF layer name ("model.layers.12.mlp.up_proj" -> 12), the
+/// integer after the first "layers." component; -1 when there is none.
+int block_index(const std::string& layer_name);
+
+/// Splits the blocks of `problem` into `n_stages` contiguous pipeline stages
+/// as evenly as possible (the first stages get one block more) and sets
+/// item.stage. Items without a block index join the stage of the item before
+/// them (stage 0 if first). Throws UserError if n_stages < 1 or exceeds the
+/// number of blocks.
+void assign_stages(PlanProblem& problem, int n_stages);
+
+/// Solves the ILP exactly (CBC). Returns a proven-optimal plan (status
+/// "optimal"), or the best plan found when the time limit stops the solver
+/// (status "time_limit_feasible", proven_optimal false). Throws UserError
+/// when the budget is infeasible, e.g.
+///   "budget 0.9 is infeasible: pins '*.down_proj=fp8' (22 layers, 35.7% of
+///    FLOPs) cap the FP4 share at 0.643"
+/// (with per-stage budgets the message names the stage), when the solver
+/// finds no plan in time, on any malformed input (empty problem, FLOPs <= 0,
+/// Q < 0 or non-finite, item without options, budget outside [0,1] or <= 0,
+/// missing cost for an option under a cost budget, bad pins).
+PlanResult plan(const PlanProblem& problem, const PlanOptions& options);
+
+/// One point of the quality/FP4-share Pareto front.
+struct ParetoPoint {
+  double budget = 0;  // the share budget b that was solved
+  PlanResult plan;    // its optimal plan (plan.fp4_share >= budget)
+};
+
+/// Budgets 0, 1/steps, ..., 1 (steps >= 1, else UserError).
+std::vector<double> budget_steps(int steps);
+
+/// The Pareto front of Σ Q against achieved share: one plan() per budget in
+/// `budgets` (each in [0,1]; the options' budget kind must be fp4_share,
+/// its value is ignored). Budgets above the maximum achievable share are
+/// replaced by that maximum (solved once). Dominated points (another point
+/// has objective <= and share >= , one strictly) and duplicates are removed;
+/// the result is sorted by fp4_share ascending, with objective
+/// non-decreasing. Throws like plan(); UserError for a cost budget.
+std::vector<ParetoPoint> sweep(const PlanProblem& problem,
+                               const PlanOptions& options,
+                               const std::vector<double>& budgets);
+
+// ---------------------------------------------------------------------------
+// Heuristic baselines (METHOD.md section 6), at the same budget and pins.
+//
+// Every ordered heuristic starts with every free item at its "high" option
+// (PlanOptions::high_option, see there) and switches free items that offer
+// the low option to it, in the heuristic's order, until the budget holds
+// (share >= b, or cost <= C; with per_stage_budget, items of stages already
+// meeting it are skipped until every stage does). Pinned items keep their
+// pin. An unreachable budget throws the same UserError as plan(). Results
+// have status "heuristic", proven_optimal false.
+
+/// Items by rel_err[low] ascending (ties: problem order). Throws UserError
+/// naming the first item without a rel_err entry for the low option.
+PlanResult heuristic_min_rel_err(const PlanProblem& problem, const PlanOptions& options);
+
+/// Default layer-type order of heuristic_layer_type: MLP up-projections
+/// first, then attention projections, down_proj last (the practice of
+/// METHOD.md section 4: down_proj and v_proj are the sensitive ones).
+inline const std::vector<std::string> kDefaultLayerTypeOrder = {
+    "gate_proj", "up_proj", "q_proj", "k_proj", "o_proj", "v_proj", "down_proj"};
+
+/// Items by the rank of their layer type (the last '.'-component of the
+/// layer name) in `type_order`, then problem order; types not listed come
+/// last.
+PlanResult heuristic_layer_type(
+    const PlanProblem& problem, const PlanOptions& options,
+    const std::vector<std::string>& type_order = kDefaultLayerTypeOrder);
+
+/// First and last blocks stay high: items of the inner blocks go low first
+/// (problem order), then the first block, then the last block, then items
+/// without a block index. With b <= the inner blocks' share this is exactly
+/// "first and last blocks FP8, the rest filled in block order".
+PlanResult heuristic_first_last_fp8(const PlanProblem& problem, const PlanOptions& options);
+
+/// Items in a seeded random order (mt19937_64 + Fisher-Yates, identical on
+/// every platform for a seed).
+PlanResult heuristic_random(const PlanProblem& problem, const PlanOptions& options,
+                            uint64_t seed);
+
+/// Every free item runs `option` (pins still apply; the budget is not
+/// enforced, the result reports the share reached). Throws UserError if an
+/// item does not offer `option`.
+PlanResult heuristic_uniform(const PlanProblem& problem, const PlanOptions& options,
+                             const std::string& option);
+
+/// Names accepted by run_heuristic: "min-rel-err", "layer-type",
+/// "first-last-fp8", "random", "uniform-<option>" (e.g. "uniform-fp8").
+/// Throws UserError for any other name.
+PlanResult run_heuristic(const std::string& name, const PlanProblem& problem,
+                         const PlanOptions& options, uint64_t seed = 0);
+
+}  // namespace snip::policy

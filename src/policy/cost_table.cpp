@@ -1,0 +1,307 @@
+// cost_table.cpp: cost-table parsing, plan JSON, atomic writes, Llama layer
+// shapes. Formats are documented in cost_table.h and docs/planner.md.
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "snip/io/atomic_file.h"
+#include "snip/policy/cost_table.h"
+#include "snip/util/error.h"
+
+namespace snip::policy {
+
+using nlohmann::json;
+
+namespace {
+
+// A short, one-line rendering of a JSON value for "got ..." messages.
+std::string show(const json& v) {
+  std::string s = v.dump();
+  if (s.size() > 40) s = s.substr(0, 37) + "...";
+  return s;
+}
+
+struct Ctx {
+  const std::string& source;
+  [[noreturn]] void bad(const std::string& path, const std::string& expected,
+                        const std::string& got) const {
+    fail(source, ": ", path, ": expected ", expected, ", got ", got);
+  }
+};
+
+double number(const Ctx& c, const json& v, const std::string& path, bool positive) {
+  const char* what = positive ? "a finite number > 0" : "a finite number >= 0";
+  if (!v.is_number()) c.bad(path, what, show(v));
+  const double d = v.get<double>();
+  if (!std::isfinite(d) || (positive ? !(d > 0) : !(d >= 0))) c.bad(path, what, show(v));
+  return d;
+}
+
+std::map<std::string, double> option_map(const Ctx& c, const json& v, const std::string& path,
+                                         bool need_one) {
+  if (!v.is_object())
+    c.bad(path, "an object {\"<option>\": <number>, ...}", show(v));
+  if (need_one && v.empty()) c.bad(path, "at least one option", "{}");
+  std::map<std::string, double> m;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    if (it.key().empty()) c.bad(path, "non-empty option names", "\"\"");
+    m[it.key()] = number(c, it.value(), path + "." + it.key(), false);
+  }
+  return m;
+}
+
+void check_keys(const Ctx& c, const json& v, const std::string& path,
+                const std::set<std::string>& allowed, const std::string& list) {
+  for (auto it = v.begin(); it != v.end(); ++it)
+    if (!allowed.count(it.key())) c.bad(path, "only the keys " + list, "'" + it.key() + "'");
+}
+
+GemmCost parse_gemm(const Ctx& c, const json& v, const std::string& path) {
+  if (!v.is_object()) c.bad(path, "an object {\"flops\": .., \"q\": {..}}", show(v));
+  check_keys(c, v, path, {"flops", "q", "rel_err"}, "flops, q, rel_err");
+  GemmCost g;
+  if (!v.contains("flops")) c.bad(path + ".flops", "FLOPs per step", "nothing");
+  g.flops = number(c, v["flops"], path + ".flops", true);
+  if (!v.contains("q")) c.bad(path + ".q", "the quality loss per option", "nothing");
+  g.q = option_map(c, v["q"], path + ".q", true);
+  if (v.contains("rel_err")) g.rel_err = option_map(c, v["rel_err"], path + ".rel_err", false);
+  return g;
+}
+
+}  // namespace
+
+bool CostTable::per_gemm() const {
+  if (layers.empty()) return false;
+  for (const LayerCost& l : layers)
+    if (!l.has_gemms) return false;
+  return true;
+}
+
+CostTable parse_cost_table(const json& j, const std::string& source) {
+  const Ctx c{source};
+  CostTable t;
+  t.source = source;
+  if (!j.is_object()) c.bad("(top level)", "an object {\"layers\": [...]}", show(j));
+  if (!j.contains("layers")) c.bad("layers", "an array of layer entries", "nothing");
+  const json& layers = j["layers"];
+  if (!layers.is_array()) c.bad("layers", "an array of layer entries", show(layers));
+  if (layers.empty()) c.bad("layers", "at least one layer entry", "[]");
+  std::set<std::string> names;
+  for (size_t k = 0; k < layers.size(); ++k) {
+    const json& e = layers[k];
+    const std::string path = "layers[" + std::to_string(k) + "]";
+    if (!e.is_object()) c.bad(path, "an object {\"name\": .., \"flops\": .., \"q\": {..}}", show(e));
+    check_keys(c, e, path, {"name", "flops", "q", "stage", "rel_err", "gemms"},
+               "name, flops, q, stage, rel_err, gemms");
+    LayerCost l;
+    if (!e.contains("name") || !e["name"].is_string() || e["name"].get<std::string>().empty())
+      c.bad(path + ".name", "a non-empty string", e.contains("name") ? show(e["name"]) : "nothing");
+    l.name = e["name"].get<std::string>();
+    if (!names.insert(l.name).second) c.bad(path + ".name", "a unique layer name", show(e["name"]));
+    if (e.contains("stage")) {
+      const json& s = e["stage"];
+      if (!s.is_number_integer() || s.get<long long>() < 0 || s.get<long long>() > 1000000)
+        c.bad(path + ".stage", "an integer >= 0", show(s));
+      l.stage = static_cast<int>(s.get<long long>());
+    }
+    if (e.contains("gemms")) {
+      if (e.contains("flops") || e.contains("q") || e.contains("rel_err"))
+        c.bad(path, "either \"gemms\" or \"flops\"/\"q\"/\"rel_err\"", "both");
+      const json& g = e["gemms"];
+      const std::string gp = path + ".gemms";
+      if (!g.is_object()) c.bad(gp, "an object with keys fprop, dgrad, wgrad", show(g));
+      check_keys(c, g, gp, {"fprop", "dgrad", "wgrad"}, "fprop, dgrad, wgrad");
+      for (int k3 = 0; k3 < 3; ++k3) {
+        if (!g.contains(kGemmNames[k3]))
+          c.bad(gp + "." + kGemmNames[k3], "an entry for every GEMM", "nothing");
+        l.gemms[k3] = parse_gemm(c, g[kGemmNames[k3]], gp + "." + kGemmNames[k3]);
+      }
+      l.has_gemms = true;
+    } else {
+      if (!e.contains("flops")) c.bad(path + ".flops", "FLOPs per step (or \"gemms\")", "nothing");
+      l.flops = number(c, e["flops"], path + ".flops", true);
+      if (!e.contains("q")) c.bad(path + ".q", "the quality loss per option", "nothing");
+      l.q = option_map(c, e["q"], path + ".q", true);
+      if (e.contains("rel_err")) l.rel_err = option_map(c, e["rel_err"], path + ".rel_err", false);
+    }
+    t.layers.push_back(std::move(l));
+  }
+  return t;
+}
+
+CostTable load_cost_table(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, ": cannot open the cost table (", std::strerror(errno), ")");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) fail(path, ": cannot read the cost table");
+  json j;
+  try {
+    j = json::parse(ss.str());
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    for (char& ch : what)
+      if (ch == '\n' || ch == '\r') ch = ' ';
+    fail(path, ": expected valid JSON, got a syntax error: ", what);
+  }
+  return parse_cost_table(j, path);
+}
+
+PlanProblem make_problem(const CostTable& t, Granularity g) {
+  PlanProblem p;
+  p.granularity = g;
+  for (size_t k = 0; k < t.layers.size(); ++k) {
+    const LayerCost& l = t.layers[k];
+    if (g == Granularity::gemm) {
+      if (!l.has_gemms)
+        fail(t.source, ": layers[", k, "]: per-GEMM planning expected a \"gemms\" entry, ",
+             "got only layer totals (plan per layer, or give fprop/dgrad/wgrad costs)");
+      for (int k3 = 0; k3 < 3; ++k3) {
+        PlanItem it;
+        it.layer = l.name;
+        it.gemm = kGemmNames[k3];
+        it.name = l.name + ":" + it.gemm;
+        it.flops = l.gemms[k3].flops;
+        it.q = l.gemms[k3].q;
+        it.rel_err = l.gemms[k3].rel_err;
+        it.stage = l.stage;
+        p.items.push_back(std::move(it));
+      }
+      continue;
+    }
+    PlanItem it;
+    it.name = it.layer = l.name;
+    it.stage = l.stage;
+    if (!l.has_gemms) {
+      it.flops = l.flops;
+      it.q = l.q;
+      it.rel_err = l.rel_err;
+    } else {
+      // Per-layer view of per-GEMM costs: sums; options all GEMMs offer;
+      // rel_err FLOPs-weighted where all three GEMMs give one.
+      for (int k3 = 0; k3 < 3; ++k3) it.flops += l.gemms[k3].flops;
+      for (const auto& [opt, q0] : l.gemms[0].q) {
+        if (!l.gemms[1].q.count(opt) || !l.gemms[2].q.count(opt)) continue;
+        it.q[opt] = q0 + l.gemms[1].q.at(opt) + l.gemms[2].q.at(opt);
+      }
+      if (it.q.empty())
+        fail(t.source, ": layers[", k, "].gemms: expected an option all three GEMMs offer, ",
+             "got none in common");
+      for (const auto& [opt, e0] : l.gemms[0].rel_err) {
+        if (!l.gemms[1].rel_err.count(opt) || !l.gemms[2].rel_err.count(opt)) continue;
+        double s = 0;
+        for (int k3 = 0; k3 < 3; ++k3) s += l.gemms[k3].flops * l.gemms[k3].rel_err.at(opt);
+        it.rel_err[opt] = s / it.flops;
+      }
+    }
+    p.items.push_back(std::move(it));
+  }
+  return p;
+}
+
+namespace {
+
+json num_or_null(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+}  // namespace
+
+json plan_to_json(const PlanResult& r) {
+  json j;
+  j["granularity"] = to_string(r.granularity);
+  j["method"] = r.method;
+  if (r.budget.kind == Budget::Kind::fp4_share) {
+    j["budget"] = r.budget.value;
+  } else {
+    j["budget"] = nullptr;
+    j["cost_budget"] = r.budget.value;
+  }
+  j["option_costs"] = r.budget.cost_per_flop;
+  j["low_option"] = r.low_option;
+  j["status"] = r.status;
+  j["proven_optimal"] = r.proven_optimal;
+  j["solve_seconds"] = r.solve_seconds;
+  j["objective"] = r.objective;
+  j["fp4_share"] = r.fp4_share;
+  j["cost_per_flop"] = num_or_null(r.cost_per_flop);
+  if (!r.stage_fp4_share.empty()) j["stage_fp4_share"] = r.stage_fp4_share;
+  json a = json::object();
+  json items = json::array();
+  for (const PlanChoice& c : r.items) {
+    a[c.name] = c.option;
+    json it = {{"name", c.name}, {"flops", c.flops}, {"option", c.option}, {"q", c.q}};
+    if (c.stage >= 0) it["stage"] = c.stage;
+    items.push_back(std::move(it));
+  }
+  j["assignments"] = std::move(a);
+  j["items"] = std::move(items);
+  return j;
+}
+
+json sweep_to_json(const std::vector<ParetoPoint>& points) {
+  json pts = json::array();
+  std::string low = "fp4";
+  for (const ParetoPoint& p : points) {
+    low = p.plan.low_option;
+    json a = json::object();
+    for (const PlanChoice& c : p.plan.items) a[c.name] = c.option;
+    pts.push_back({{"budget", p.budget},
+                   {"fp4_share", p.plan.fp4_share},
+                   {"objective", p.plan.objective},
+                   {"cost_per_flop", num_or_null(p.plan.cost_per_flop)},
+                   {"status", p.plan.status},
+                   {"solve_seconds", p.plan.solve_seconds},
+                   {"assignments", std::move(a)}});
+  }
+  return json{{"low_option", low}, {"points", std::move(pts)}};
+}
+
+void save_json_atomic(const json& j, const std::string& path) {
+  io::write_file_atomic(path, j.dump(2) + "\n");
+}
+
+std::vector<LinearLayerShape> llama_linear_layers(int n_layers, int64_t hidden,
+                                                  int64_t intermediate, int n_heads,
+                                                  int n_kv_heads, int64_t tokens_per_step) {
+  if (n_layers < 1 || hidden < 1 || intermediate < 1 || n_heads < 1 || n_kv_heads < 1 ||
+      tokens_per_step < 1)
+    fail("llama shape: expected positive sizes, got n_layers=", n_layers, " hidden=", hidden,
+         " intermediate=", intermediate, " n_heads=", n_heads, " n_kv_heads=", n_kv_heads,
+         " tokens_per_step=", tokens_per_step);
+  if (hidden % n_heads != 0)
+    fail("llama shape: expected hidden (", hidden, ") divisible by n_heads (", n_heads, ")");
+  if (n_heads % n_kv_heads != 0)
+    fail("llama shape: expected n_heads (", n_heads, ") divisible by n_kv_heads (", n_kv_heads,
+         ")");
+  const int64_t kv = n_kv_heads * (hidden / n_heads);
+  struct Proto {
+    const char* suffix;
+    int64_t in, out;
+  };
+  const Proto protos[7] = {{"self_attn.q_proj", hidden, hidden},
+                           {"self_attn.k_proj", hidden, kv},
+                           {"self_attn.v_proj", hidden, kv},
+                           {"self_attn.o_proj", hidden, hidden},
+                           {"mlp.gate_proj", hidden, intermediate},
+                           {"mlp.up_proj", hidden, intermediate},
+                           {"mlp.down_proj", intermediate, hidden}};
+  std::vector<LinearLayerShape> out;
+  for (int b = 0; b < n_layers; ++b)
+    for (const Proto& p : protos)
+      out.push_back(LinearLayerShape{
+          "model.layers." + std::to_string(b) + "." + p.suffix, p.in, p.out,
+          2.0 * static_cast<double>(tokens_per_step) * static_cast<double>(p.in) *
+              static_cast<double>(p.out)});
+  return out;
+}
+
+std::vector<Pin> conservative_pins(int last_block, const std::string& option) {
+  return {Pin{"*.down_proj", option}, Pin{"*.v_proj", option},
+          Pin{"layers." + std::to_string(last_block) + ".mlp.*", option}};
+}
+
+}  // namespace snip::policy

@@ -1,0 +1,196 @@
+// `snip plan` (src/cli/cmd_plan.cpp) driven through CLI11, as main() would.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "snip/util/error.h"
+
+using nlohmann::json;
+
+namespace {
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/snip_plan_cli_XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempDir() { std::system(("rm -rf '" + path + "'").c_str()); }
+  std::string file(const std::string& name, const std::string& text) const {
+    const std::string p = path + "/" + name;
+    std::ofstream(p) << text;
+    return p;
+  }
+};
+
+struct CliResult {
+  std::string out;    // stdout
+  std::string error;  // UserError message, "" when none
+};
+
+// Runs `snip plan <args>`; stdout captured, UserError caught.
+CliResult run(std::vector<std::string> args) {
+  CLI::App app{"snip"};
+  snip::cli::add_plan_commands(app);
+  args.insert(args.begin(), "plan");
+  args.insert(args.begin(), "snip");
+  std::vector<const char*> argv;
+  for (const std::string& a : args) argv.push_back(a.c_str());
+  std::ostringstream captured;
+  std::streambuf* old = std::cout.rdbuf(captured.rdbuf());
+  CliResult r;
+  try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const snip::UserError& e) {
+    r.error = e.what();
+  } catch (...) {
+    std::cout.rdbuf(old);
+    throw;
+  }
+  std::cout.rdbuf(old);
+  r.out = captured.str();
+  return r;
+}
+
+// Blocks 0..3, one up_proj each: FLOPs 1, 1, 2, 4 (total 8); Q(fp4) .1 .3
+// .2 .5; Q(fp8) 0; rel_err(fp4) .4 .1 .2 .3.
+const char* kTable = R"({"layers": [
+  {"name": "model.layers.0.mlp.up_proj", "flops": 1, "q": {"fp4": 0.1, "fp8": 0}, "rel_err": {"fp4": 0.4}},
+  {"name": "model.layers.1.mlp.up_proj", "flops": 1, "q": {"fp4": 0.3, "fp8": 0}, "rel_err": {"fp4": 0.1}},
+  {"name": "model.layers.2.mlp.up_proj", "flops": 2, "q": {"fp4": 0.2, "fp8": 0}, "rel_err": {"fp4": 0.2}},
+  {"name": "model.layers.3.mlp.up_proj", "flops": 4, "q": {"fp4": 0.5, "fp8": 0}, "rel_err": {"fp4": 0.3}}]})";
+
+std::string L(int b) { return "model.layers." + std::to_string(b) + ".mlp.up_proj"; }
+
+}  // namespace
+
+TEST(CliPlan, JsonPlanIsTheHandDerivedOptimum) {
+  TempDir d;
+  const std::string costs = d.file("costs.json", kTable);
+  // b = 3/8: L0+L2 (Q .3) beats L1+L2 (.5) and L3 (.5).
+  const CliResult r = run({"--costs", costs, "--budget", "0.375", "--json"});
+  ASSERT_EQ(r.error, "");
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["assignments"], json({{L(0), "fp4"}, {L(1), "fp8"}, {L(2), "fp4"}, {L(3), "fp8"}}));
+  EXPECT_EQ(j["status"], "optimal");
+  EXPECT_EQ(j["proven_optimal"], true);
+  EXPECT_DOUBLE_EQ(j["fp4_share"].get<double>(), 0.375);
+  EXPECT_NEAR(j["objective"].get<double>(), 0.3, 1e-15);
+  EXPECT_EQ(j["granularity"], "layer");
+  EXPECT_EQ(j["budget"], 0.375);
+}
+
+TEST(CliPlan, TableOutputAndOutFile) {
+  TempDir d;
+  const std::string costs = d.file("costs.json", kTable);
+  const std::string out = d.path + "/plan.json";
+  const CliResult r = run({"--costs", costs, "--budget", "0.375", "--out", out});
+  ASSERT_EQ(r.error, "");
+  EXPECT_NE(r.out.find(L(3) + "  fp8        50.00%"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Q(fp4)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("achieved:  FP4 share 0.3750, cost 1.6250 per FLOP"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("objective: sum Q = 0.3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("solver:    cbc optimal (proven) in "), std::string::npos) << r.out;
+  std::ifstream in(out);
+  const json j = json::parse(in);
+  EXPECT_EQ(j["assignments"][L(0)], "fp4");
+}
+
+TEST(CliPlan, PinsStagesHeuristicsAndSweep) {
+  TempDir d;
+  const std::string costs = d.file("costs.json", kTable);
+  // Pin L2 to fp8: b = 3/8 now needs L3 (Q .5) or L0+L1 (.4 but only 2/8).
+  CliResult r = run({"--costs", costs, "--budget", "0.375", "--pin", "layers.2.*=fp8", "--json"});
+  ASSERT_EQ(r.error, "");
+  EXPECT_EQ(json::parse(r.out)["assignments"][L(3)], "fp4");
+  // min-rel-err: L1 (1/8), L2 (3/8): done.
+  r = run({"--costs", costs, "--budget", "0.375", "--heuristic", "min-rel-err", "--json"});
+  ASSERT_EQ(r.error, "");
+  json j = json::parse(r.out);
+  EXPECT_EQ(j["method"], "min-rel-err");
+  EXPECT_EQ(j["status"], "heuristic");
+  EXPECT_EQ(j["assignments"], json({{L(0), "fp8"}, {L(1), "fp4"}, {L(2), "fp4"}, {L(3), "fp8"}}));
+  // Two stages (blocks 0-1, 2-3), each with share >= 0.5 and its first and
+  // last layer pinned fp8 -> every layer pinned: infeasible.
+  r = run({"--costs", costs, "--budget", "0.5", "--stages", "2"});
+  EXPECT_NE(r.error.find("budget 0.5 is infeasible: stage-boundary pins to fp8 (4 layers, "
+                         "100.0% of FLOPs) cap the FP4 share at 0.000"),
+            std::string::npos)
+      << r.error;
+  r = run({"--costs", costs, "--budget", "0.5", "--stages", "2", "--stage-boundary", "none",
+           "--json"});
+  ASSERT_EQ(r.error, "");
+  j = json::parse(r.out);
+  EXPECT_EQ(j["stage_fp4_share"].size(), 2u);
+  EXPECT_GE(j["stage_fp4_share"][0].get<double>(), 0.5);
+  EXPECT_GE(j["stage_fp4_share"][1].get<double>(), 0.5);
+  // Sweep over 0, .25, .5, .75, 1 (JSON).
+  r = run({"--costs", costs, "--sweep", "--steps", "4", "--json"});
+  ASSERT_EQ(r.error, "");
+  j = json::parse(r.out);
+  ASSERT_EQ(j["points"].size(), 5u);
+  EXPECT_DOUBLE_EQ(j["points"][2]["fp4_share"].get<double>(), 0.5);
+  r = run({"--costs", costs, "--sweep", "--steps", "4"});
+  EXPECT_NE(r.out.find("Pareto front"), std::string::npos) << r.out;
+  // The --stats hook reads the cost-table layout for now.
+  r = run({"--stats", costs, "--budget", "0.375", "--json"});
+  ASSERT_EQ(r.error, "");
+  EXPECT_EQ(json::parse(r.out)["assignments"][L(2)], "fp4");
+}
+
+TEST(CliPlan, UserErrors) {
+  TempDir d;
+  const std::string costs = d.file("costs.json", kTable);
+  const std::string out = d.path + "/plan.json";
+  EXPECT_EQ(run({"--costs", costs}).error,
+            "snip plan: expected --budget B (FP4 FLOPs share in [0,1]) or --cost-budget C, got "
+            "neither");
+  EXPECT_EQ(run({"--costs", costs, "--budget", "0.5", "--cost-budget", "2"}).error,
+            "snip plan: expected one of --budget or --cost-budget, got both");
+  EXPECT_EQ(run({"--budget", "0.5"}).error,
+            "snip plan: expected exactly one of --costs FILE or --stats FILE, got neither");
+  EXPECT_EQ(run({"--costs", costs, "--budget", "1.5"}).error,
+            "budget: expected an FP4 FLOPs share in [0, 1], got 1.5");
+  EXPECT_EQ(run({"--costs", costs, "--cost-budget", "2", "--cost", "fp8"}).error,
+            "--cost: expected OPTION=COST with COST >= 0 (e.g. fp8=2), got 'fp8'");
+  EXPECT_NE(run({"--costs", costs, "--budget", "0.5", "--per-gemm"})
+                .error.find("per-GEMM planning expected a \"gemms\" entry"),
+            std::string::npos);
+  // An infeasible budget writes nothing.
+  const CliResult r =
+      run({"--costs", costs, "--budget", "0.9", "--pin", "*.up_proj=fp8", "--out", out});
+  EXPECT_EQ(r.error,
+            "budget 0.9 is infeasible: pin '*.up_proj=fp8' (4 layers, 100.0% of FLOPs) caps the "
+            "FP4 share at 0.000");
+  EXPECT_FALSE(std::ifstream(out).good());
+}
+
+TEST(CliPlan, CostBudget) {
+  TempDir d;
+  const std::string costs = d.file("costs.json", kTable);
+  // Mean cost <= 1.75 with fp4 = 1, fp8 = 2: FP4 share >= 0.25, i.e. the
+  // b = 2/8 optimum: L2 (Q .2) beats L0+L1 (.4).
+  const CliResult r = run({"--costs", costs, "--cost-budget", "1.75", "--json"});
+  ASSERT_EQ(r.error, "");
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["assignments"], json({{L(0), "fp8"}, {L(1), "fp8"}, {L(2), "fp4"}, {L(3), "fp8"}}));
+  EXPECT_TRUE(j["budget"].is_null());
+  EXPECT_EQ(j["cost_budget"], 1.75);
+  // With fp8 at 3 per FLOP the cost is 24 - 2*(FLOPs low) <= 14: at least 5
+  // FLOPs low. L3+L0 (Q .6) beats L3+L1 (.8), L3+L2 (.7) and larger sets.
+  const CliResult r2 =
+      run({"--costs", costs, "--cost-budget", "1.75", "--cost", "fp8=3", "--json"});
+  ASSERT_EQ(r2.error, "");
+  EXPECT_EQ(json::parse(r2.out)["assignments"],
+            json({{L(0), "fp4"}, {L(1), "fp8"}, {L(2), "fp8"}, {L(3), "fp4"}}));
+}

@@ -1,0 +1,214 @@
+// plan(): input validation, error messages, time limits, model-size runs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <string>
+
+#include "snip/policy/cost_table.h"
+#include "snip/policy/planner.h"
+#include "snip/util/error.h"
+
+using namespace snip::policy;
+
+namespace {
+
+const PlanOptions kDefault;  // share budget 0.75, no pins
+const PlanProblem kEmpty;
+
+PlanItem item(const std::string& name, double flops, double q4, double q8, int stage = -1) {
+  PlanItem it;
+  it.name = it.layer = name;
+  it.flops = flops;
+  it.q = {{"fp4", q4}, {"fp8", q8}};
+  it.stage = stage;
+  return it;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const snip::UserError& e) {
+    return e.what();
+  }
+  return "(no UserError)";
+}
+
+PlanProblem two() {
+  PlanProblem p;
+  p.items = {item("model.layers.0.mlp.up_proj", 1, 0.5, 0, 0),
+             item("model.layers.1.mlp.up_proj", 3, 0.2, 0, 1)};
+  return p;
+}
+
+}  // namespace
+
+TEST(Planner, ValidationErrors) {
+  PlanOptions o;
+  EXPECT_EQ(error_of([&] { plan(kEmpty, o); }),
+            "plan: expected at least one item (layer), got an empty problem");
+  PlanProblem p = two();
+  p.items[1].flops = 0;
+  EXPECT_EQ(error_of([&] { plan(p, o); }),
+            "item 'model.layers.1.mlp.up_proj': expected FLOPs > 0, got 0");
+  p = two();
+  p.items[0].q["fp4"] = -1;
+  EXPECT_EQ(error_of([&] { plan(p, o); }),
+            "item 'model.layers.0.mlp.up_proj': q.fp4: expected a finite number >= 0, got -1");
+  p = two();
+  p.items[1].name = p.items[0].name;
+  EXPECT_EQ(error_of([&] { plan(p, o); }),
+            "item 'model.layers.0.mlp.up_proj': expected unique item names, got it twice");
+  p = two();
+  p.items[0].q.clear();
+  EXPECT_EQ(error_of([&] { plan(p, o); }),
+            "item 'model.layers.0.mlp.up_proj': expected at least one option in q, got none");
+  p = two();
+  o.budget = Budget::share(1.5);
+  EXPECT_EQ(error_of([&] { plan(p, o); }), "budget: expected an FP4 FLOPs share in [0, 1], got 1.5");
+  o.budget = Budget::cost(0);
+  EXPECT_EQ(error_of([&] { plan(p, o); }), "cost budget: expected a positive cost per FLOP, got 0");
+  o.budget = Budget::cost(2);
+  p.items[0].q["int4"] = 0.9;
+  EXPECT_EQ(error_of([&] { plan(p, o); }),
+            "cost budget: expected a cost per FLOP for option 'int4' (e.g. --cost int4=3), got none");
+  p = two();
+  o = kDefault;
+  o.allowed_options = {"bf16"};
+  EXPECT_EQ(error_of([&] { plan(p, o); }),
+            "item 'model.layers.0.mlp.up_proj': offers none of the allowed options (it offers "
+            "fp4, fp8)");
+  o = kDefault;
+  o.time_limit_s = 0;
+  EXPECT_EQ(error_of([&] { plan(p, o); }),
+            "time limit: expected a positive number of seconds, got 0");
+  o = kDefault;
+  o.solver = "highs";
+  EXPECT_EQ(error_of([&] { plan(p, o); }), "MILP solver: expected one of {cbc}, got 'highs'");
+  o = kDefault;
+  o.per_stage_budget = true;
+  p.items[1].stage = -1;
+  EXPECT_EQ(error_of([&] { plan(p, o); }),
+            "per-stage planning needs a pipeline stage on every item; "
+            "'model.layers.1.mlp.up_proj' has none (give --stages or \"stage\" in the cost table)");
+}
+
+TEST(Planner, InfeasibilityMessages) {
+  // Cost budget: both layers pinned to fp8 (cost 2 per FLOP).
+  PlanOptions o;
+  o.budget = Budget::cost(1.5);
+  o.pins = {{"*", "fp8"}};
+  EXPECT_EQ(error_of([&] { plan(two(), o); }),
+            "cost budget 1.5 per FLOP is infeasible: pin '*=fp8' (2 layers, 100.0% of FLOPs) "
+            "keeps the cost at or above 2.000 per FLOP");
+  // Per stage: stage 1 is all pinned; globally 1/4 would be reachable... at
+  // b = 0.2 only the stage rows fail.
+  o = kDefault;
+  o.budget = Budget::share(0.2);
+  o.per_stage_budget = true;
+  o.pins = {{"layers.1.*", "fp8"}};
+  EXPECT_EQ(error_of([&] { plan(two(), o); }),
+            "budget 0.2 is infeasible in stage 1: pin 'layers.1.*=fp8' (1 layer, 100.0% of "
+            "FLOPs) caps stage 1's FP4 share at 0.000");
+  // Items that do not offer the low option cap the share too.
+  PlanProblem p = two();
+  p.items[1].q.erase("fp4");
+  o = kDefault;
+  o.budget = Budget::share(0.5);
+  EXPECT_EQ(error_of([&] { plan(p, o); }),
+            "budget 0.5 is infeasible: items without a 'fp4' option (1 layer, 75.0% of FLOPs) "
+            "cap the FP4 share at 0.250");
+  // The printed cap stays below the budget even when they are close.
+  p = two();
+  p.items[0].flops = 1;
+  p.items[1].flops = 2999;  // cap 0.99966..., budget 0.9997
+  o.budget = Budget::share(0.9997);
+  o.pins = {{"layers.0.*", "fp8"}};
+  EXPECT_NE(error_of([&] { plan(p, o); }).find("caps the FP4 share at 0.99967"), std::string::npos)
+      << error_of([&] { plan(p, o); });
+}
+
+TEST(Planner, ResultFields) {
+  PlanOptions o;
+  o.budget = Budget::share(0.7);  // needs layer 1 (3/4)
+  const PlanResult r = plan(two(), o);
+  EXPECT_EQ(r.method, "ilp");
+  EXPECT_EQ(r.status, "optimal");
+  EXPECT_TRUE(r.proven_optimal);
+  EXPECT_DOUBLE_EQ(r.fp4_share, 0.75);
+  EXPECT_DOUBLE_EQ(r.objective, 0.2);
+  EXPECT_DOUBLE_EQ(r.cost, 1 * 2.0 + 3 * 1.0);
+  EXPECT_DOUBLE_EQ(r.cost_per_flop, 5.0 / 4.0);
+  EXPECT_EQ(r.stage_fp4_share, (std::vector<double>{0.0, 1.0}));
+  EXPECT_GE(r.solve_seconds, 0.0);
+  EXPECT_EQ(r.assignments().at("model.layers.1.mlp.up_proj"), "fp4");
+  // An option without a cost makes the reported cost NaN (share budget).
+  PlanProblem p = two();
+  p.items[0].q = {{"fp6", 0.0}};
+  EXPECT_TRUE(std::isnan(plan(p, o).cost_per_flop));
+}
+
+TEST(Planner, TimeLimitGivesAFeasiblePlanOrProvenOptimum) {
+  // A hard knapsack (distinct FLOPs, Q(fp4) - Q(fp8) proportional to FLOPs
+  // up to 1e-6) with a 20 ms limit: either CBC finishes, or it reports the
+  // best plan found as time_limit_feasible. Both must meet the budget.
+  std::mt19937_64 rng(4);
+  std::uniform_real_distribution<double> u(0, 1);
+  PlanProblem p;
+  for (int k = 0; k < 400; ++k) {
+    const double f = 1 + u(rng);
+    p.items.push_back(item("model.layers." + std::to_string(k) + ".mlp.up_proj", f,
+                           f * (1 + 1e-6 * u(rng)), 0));
+  }
+  PlanOptions o;
+  o.budget = Budget::share(0.6180339);
+  o.time_limit_s = 0.02;
+  const PlanResult r = plan(p, o);
+  EXPECT_TRUE(r.status == "optimal" || r.status == "time_limit_feasible") << r.status;
+  EXPECT_EQ(r.proven_optimal, r.status == "optimal");
+  EXPECT_GE(r.fp4_share, 0.6180339 - kBudgetTolerance);
+}
+
+TEST(Planner, Llama70BPerGemmWithPinsAndStages) {
+  // 1680 GEMM items: the plan is proven optimal, meets every stage's budget
+  // and keeps every pin.
+  std::mt19937_64 rng(8);
+  std::lognormal_distribution<double> ln(0, 0.5);
+  PlanProblem p;
+  p.granularity = Granularity::gemm;
+  for (const LinearLayerShape& l : llama_linear_layers(80, 8192, 28672, 64, 8, 4096))
+    for (const char* g : kGemmNames) {
+      PlanItem it;
+      it.layer = l.name;
+      it.gemm = g;
+      it.name = l.name + ":" + g;
+      it.flops = l.gemm_flops;
+      it.q = {{"fp4", 1e-3 * ln(rng)}, {"fp8", 3e-5 * ln(rng)}, {"bf16", 0}};
+      p.items.push_back(it);
+    }
+  assign_stages(p, 8);
+  PlanOptions o;
+  o.budget = Budget::share(0.6);
+  o.per_stage_budget = true;
+  o.stage_boundary_option = "fp8";
+  o.allowed_options = {"fp4", "fp8"};
+  o.pins = {{"*.down_proj:wgrad", "fp8"}};
+  const PlanResult r = plan(p, o);
+  EXPECT_EQ(r.status, "optimal");
+  ASSERT_EQ(r.stage_fp4_share.size(), 8u);
+  for (double s : r.stage_fp4_share) EXPECT_GE(s, 0.6 - kBudgetTolerance);
+  for (const PlanChoice& c : r.items) {
+    const std::string suffix = ".down_proj:wgrad";
+    if (c.name.size() > suffix.size() &&
+        c.name.compare(c.name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      EXPECT_EQ(c.option, "fp8") << c.name;
+    }
+    EXPECT_NE(c.option, "bf16") << c.name;
+  }
+  // Stage 0 starts at block 0 and ends at block 9: their q_proj / down_proj
+  // GEMMs are boundary-pinned.
+  const auto a = r.assignments();
+  EXPECT_EQ(a.at("model.layers.0.self_attn.q_proj:fprop"), "fp8");
+  EXPECT_EQ(a.at("model.layers.9.mlp.down_proj:dgrad"), "fp8");
+}
