@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include "snip/core/llama.h"
+#include "snip/core/platform.h"
 
 namespace {
 
@@ -69,4 +70,10 @@ BENCHMARK(BM_Gemm)->Args({0, 256, 688})->Args({1, 256, 688})->Args({0, 256, 8192
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  snip::tune_openblas_or_reexec(argv);  // the same BLAS kernel as `snip train`
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

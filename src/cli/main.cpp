@@ -13,29 +13,12 @@
 #include <vector>
 
 #include "commands.h"
+#include "snip/core/platform.h"
 #include "snip/util/error.h"
 
-namespace {
-
-// OpenBLAS 0.3.21 (Debian 12) does not recognise recent Xeons (Sapphire
-// Rapids) and falls back to a generic kernel: FP32 GEMMs measured at
-// 12-17 GFLOP/s instead of ~90 with its SkylakeX (AVX-512) kernel on the same
-// machine. The core type is read when libopenblas loads, before main(), so
-// when it is unset on an AVX-512 CPU we set it and re-execute ourselves once.
-// SNIP_NO_BLAS_TUNE=1 turns this off; a user's own OPENBLAS_CORETYPE wins.
-void tune_openblas(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE") || std::getenv("SNIP_NO_BLAS_TUNE")) return;
-  if (!__builtin_cpu_supports("avx512f")) return;
-  setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
-  setenv("SNIP_NO_BLAS_TUNE", "1", 1);  // never loop
-  execv("/proc/self/exe", argv);
-  // execv failed: carry on with the default kernel.
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
-  tune_openblas(argv);
+  snip::tune_openblas_or_reexec(argv);  // before anything runs a GEMM
   CLI::App app{"snip: train Llama-family models with adaptive layer-wise FP4/FP8 mixed precision", "snip"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "snip 0.1.0");

@@ -1,0 +1,257 @@
+// Private to snip_formats: bit-level helpers shared by the fast scale
+// computation (scale.cpp) and the fast kernels (fake_quant_fast.cpp).
+// Everything here is exact FP32 arithmetic; no FMA contraction (the library
+// is built with -ffp-contract=off), so results equal the reference path's.
+#pragma once
+
+#include <cfloat>
+#include <cstdint>
+#include <cstring>
+
+#include "snip/formats/quant_spec.h"
+#include "snip/formats/scaling.h"
+
+namespace snip::formats::fast {
+
+inline uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float float_of(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline constexpr uint32_t kCanonicalNaN = 0x7FC00000u;  // +qNaN, the only NaN we output
+inline constexpr uint32_t kAbsMask = 0x7FFFFFFFu;
+inline constexpr uint32_t kInfBits = 0x7F800000u;
+
+/// 2^k as an FP32 value for k in [-149, 127] (subnormal below -126).
+inline float pow2f(int k) {
+  return k >= -126 ? float_of(uint32_t(k + 127) << 23) : float_of(1u << (k + 149));
+}
+
+/// floor(log2(a)) and the 24-bit significand (implicit bit at bit 23) of a
+/// finite a > 0, FP32 subnormals included.
+inline void log2_and_significand(float a, int& e, uint32_t& sig) {
+  const uint32_t b = bits_of(a);
+  const uint32_t ef = b >> 23;
+  if (ef != 0) {
+    e = int(ef) - 127;
+    sig = (b & 0x7FFFFFu) | 0x800000u;
+  } else {
+    const uint32_t m = b & 0x7FFFFFu;
+    const int lz = __builtin_clz(m) - 8;  // shift that moves the top bit to bit 23
+    e = -126 - lz;
+    sig = m << lz;
+  }
+}
+
+/// Parameters of the branch-free minifloat rounding of a magnitude, derived
+/// from an ElementFormat of kind kFloat with ebits <= 7 (the grid lies in
+/// the FP32 normal range).
+struct MiniFloatParams {
+  int mbits = 0;
+  uint32_t emin32 = 0;  ///< FP32 biased exponent of the format's min normal: 127 + 1 - bias
+  float maxv = 0;       ///< largest finite value
+  float lim = 0;        ///< maxv + ulp at maxv: first value of the unbounded grid above maxv
+  bool has_inf = false;
+  bool has_nan = false;
+
+  explicit MiniFloatParams(const ElementFormat& f)
+      : mbits(f.mbits),
+        emin32(uint32_t(128 - f.bias)),
+        maxv(float(f.max_value())),
+        lim(float(f.max_value() +
+                  detail::pow2(f.max_exponent_field() - f.bias - f.mbits))),
+        has_inf(f.has_inf),
+        has_nan(f.has_nan()) {}
+  MiniFloatParams() = default;
+};
+
+/// True if the fast minifloat kernel covers `f`: every grid spacing 2^q and
+/// its inverse must be FP32 normal numbers, i.e. with FP32 biased exponents
+/// e in [emin32, emax32 + 1]: e - mbits >= 1 and 254 + mbits - e <= 254 at
+/// the bottom, 254 + mbits - e >= 1 at the top (E2M1 .. E5M2 qualify; BF16,
+/// whose subnormals are FP32's, has its own kernel).
+inline bool minifloat_fast_ok(const ElementFormat& f) {
+  if (f.kind != ElementKind::kFloat || f.ebits > 7) return false;
+  const int emin32 = 128 - f.bias;
+  const int etop32 = f.max_exponent_field() - f.bias + 1 + 127;
+  return emin32 >= f.mbits + 1 && etop32 <= 253 + f.mbits;
+}
+
+/// Rounds the magnitude a (a >= 0, not NaN) onto the format's unbounded
+/// grid after clamping to [0, lim], with RNE (sr = false) or stochastic
+/// rounding with threshold u (sr = true). Returns the grid value; values
+/// > maxv mean overflow. Exact: a * 2^-q and n * 2^q are power-of-two
+/// scalings of FP32 values inside the normal range, and q + 2^23 - 2^23 is
+/// FP32's own RNE to an integer (valid for 0 <= q < 2^22).
+template <bool kSR>
+inline float round_magnitude(float a, const MiniFloatParams& p, float u) {
+  const float ac = a < p.lim ? a : p.lim;
+  uint32_t e = bits_of(ac) >> 23;
+  e = e < p.emin32 ? p.emin32 : e;
+  const float inv_quantum = float_of((254u + uint32_t(p.mbits) - e) << 23);  // 2^(127+M-e)
+  const float quantum = float_of((e - uint32_t(p.mbits)) << 23);             // 2^(e-127-M)
+  const float q = ac * inv_quantum;  // in [0, 2^(M+1)]
+  float n;
+  if constexpr (kSR) {
+    const float fl = float(int32_t(q));  // floor: q >= 0
+    n = fl + (u < q - fl ? 1.0f : 0.0f);
+  } else {
+    n = (q + 8388608.0f) - 8388608.0f;  // 2^23: RNE to an integer
+  }
+  return n * quantum;
+}
+
+/// E4M3 code of a value r already on the E4M3 grid, 0 <= r <= 448.
+inline uint32_t e4m3_code_of(float r) {
+  const uint32_t b = bits_of(r);
+  const uint32_t e = b >> 23;
+  const uint32_t normal = ((e - 120) << 3) | ((b >> 20) & 7u);  // E = e - 127 + 7
+  const uint32_t sub = uint32_t(int32_t(r * 512.0f));            // r / 2^-9
+  return e >= 121 ? normal : sub;
+}
+
+/// Everything block_scale needs, resolved once per call.
+struct ScaleCtx {
+  ScaleRule rule = ScaleRule::kNone;
+  ScaleFormat format = ScaleFormat::kFP32;
+  float target = 1.0f;       ///< T = element.scale_target()
+  int target_exp = 0;        ///< floor(log2 T)
+  uint32_t target_sig = 0;   ///< significand of T
+  int emax_elem = 0;         ///< element.emax() (kMxFloor)
+  TensorScale tensor;        ///< kTwoLevel second level
+  MiniFloatParams e4m3;      ///< E4M3 rounding of kTwoLevel block scales
+
+  ScaleCtx(const QuantSpec& spec, const TensorScale& t)
+      : rule(spec.rule),
+        format(spec.scale_format),
+        target(float(spec.element.scale_target())),
+        emax_elem(spec.element.emax()),
+        tensor(t),
+        e4m3(kE4M3) {
+    log2_and_significand(target, target_exp, target_sig);
+  }
+};
+
+/// floor(log2(a)) for the bits b of a finite a > 0, FP32 subnormals
+/// included, branch-free (vectorisable): a subnormal's bits are an integer
+/// m < 2^23 with a = m * 2^-149, and (float)m is exact.
+inline int floor_log2_bits(uint32_t b) {
+  const int e = int(b >> 23) - 127;
+  const int sub = int(bits_of(float(int32_t(b & 0x7FFFFFu))) >> 23) - 127 - 149;
+  return (b >> 23) != 0 ? e : sub;
+}
+
+/// 24-bit significand (implicit bit at bit 23) of the finite a > 0 with bits
+/// b and floor(log2(a)) = fl.
+inline uint32_t significand_bits(uint32_t b, int fl) {
+  const int shift = fl < -126 ? 23 - (fl + 149) : 0;  // subnormal: top bit to bit 23
+  return (b >> 23) != 0 ? ((b & 0x7FFFFFu) | 0x800000u) : (b << shift);
+}
+
+/// 2^k as FP32 for k in [-127, 127] (2^-127 is subnormal).
+inline float pow2_scale_value(int k) {
+  return k >= -126 ? float_of(uint32_t(k + 127) << 23) : float_of(0x00400000u);
+}
+
+// One block's scale from the bits of its amax (|x| bits; >= 0x7F800000
+// means Inf or NaN), one branch-free function per rule so that loops over
+// blocks vectorise. Contract: scaling.h block_scale; formulas: quant_spec.h.
+
+inline void nan_if(bool bad, const ScaleCtx& c, float& enc, float& dec, uint32_t& code) {
+  const float nan = float_of(kCanonicalNaN);
+  enc = bad ? nan : enc;
+  dec = bad ? nan : dec;
+  code = bad ? (c.format == ScaleFormat::kE8M0   ? 0xFFu
+                : c.format == ScaleFormat::kE4M3 ? 0x7Fu
+                                                 : kCanonicalNaN)
+             : code;
+}
+
+/// kMxFloor: 2^(floor(log2 amax) - emax_elem), clamped to E8M0.
+inline void lane_mx_floor(uint32_t ab, const ScaleCtx& c, float& enc, float& dec, uint32_t& code) {
+  const bool zero = ab == 0;
+  const int fl = floor_log2_bits(zero ? 1u : ab);
+  int k = (zero ? -126 : fl) - c.emax_elem;
+  k = k < kE8M0MinExp ? kE8M0MinExp : (k > kE8M0MaxExp ? kE8M0MaxExp : k);
+  dec = pow2_scale_value(k);
+  enc = pow2_scale_value(-k);
+  code = uint32_t(k + 127);
+  nan_if(ab >= kInfBits, c, enc, dec, code);
+}
+
+/// kTwoLevel: E4M3(amax / T * S_enc) * S_dec.
+inline void lane_two_level(uint32_t ab, const ScaleCtx& c, float& enc, float& dec,
+                           uint32_t& code) {
+  const float sb = float_of(ab) / c.target * c.tensor.encode;
+  const float r = round_magnitude<false>(sb, c.e4m3, 0.0f);
+  const float rq = r > c.e4m3.maxv ? c.e4m3.maxv : r;  // saturate
+  dec = rq * c.tensor.decode;
+  const float inv = 1.0f / dec;
+  enc = inv < FLT_MAX ? inv : FLT_MAX;
+  code = e4m3_code_of(rq);
+  nan_if(ab >= kInfBits || c.tensor.decode != c.tensor.decode, c, enc, dec, code);
+}
+
+/// kCurrent / kDelayed with FP32 scales: max(amax / T, 2^-126).
+inline void lane_fp32(uint32_t ab, const ScaleCtx& c, float& enc, float& dec, uint32_t& code) {
+  const float q = float_of(ab) / c.target;  // computed unconditionally: no branch
+  float d = ab == 0 ? 1.0f : q;
+  d = d < FLT_MIN ? FLT_MIN : d;
+  dec = d;
+  enc = 1.0f / d;  // <= 2^126: finite
+  code = bits_of(d);
+  nan_if(ab >= kInfBits, c, enc, dec, code);
+}
+
+/// kCurrent / kDelayed with power-of-two scales (fp32_pow2, e8m0):
+/// d = 2^ceil(log2(amax / T)), exact: with amax = A * 2^ea and T = B * 2^et
+/// (A, B in [1, 2)), amax / T = (A/B) * 2^(ea-et) with A/B in (1/2, 2), so
+/// ceil(log2) = ea - et + [A > B].
+inline void lane_pow2(uint32_t ab, const ScaleCtx& c, float& enc, float& dec, uint32_t& code) {
+  const bool zero = ab == 0;
+  const bool e8m0 = c.format == ScaleFormat::kE8M0;
+  const uint32_t bs = zero ? 1u : ab;
+  const int fl = floor_log2_bits(bs);
+  const uint32_t sig = significand_bits(bs, fl);
+  const int zero_k = e8m0 ? kE8M0MinExp : 0;
+  const int lo = e8m0 ? kE8M0MinExp : kPow2MinExp;
+  int k = fl - c.target_exp + (sig > c.target_sig ? 1 : 0);
+  k = zero ? zero_k : k;
+  k = k < lo ? lo : (k > kPow2MaxExp ? kPow2MaxExp : k);
+  dec = pow2_scale_value(k);
+  enc = pow2_scale_value(-k);
+  code = e8m0 ? uint32_t(k + 127) : bits_of(dec);
+  nan_if(ab >= kInfBits, c, enc, dec, code);
+}
+
+/// Dispatch on the rule (scalar use).
+inline void scale_lane(uint32_t ab, const ScaleCtx& c, float& enc, float& dec, uint32_t& code) {
+  switch (c.rule) {
+    case ScaleRule::kNone:
+      enc = dec = 1.0f;
+      code = 0x3F800000u;
+      return;
+    case ScaleRule::kMxFloor:
+      return lane_mx_floor(ab, c, enc, dec, code);
+    case ScaleRule::kTwoLevel:
+      return lane_two_level(ab, c, enc, dec, code);
+    default:
+      if (c.format == ScaleFormat::kFP32) return lane_fp32(ab, c, enc, dec, code);
+      return lane_pow2(ab, c, enc, dec, code);
+  }
+}
+
+/// The fast block scale (contract: scaling.h block_scale).
+inline BlockScale block_scale_fast(float amax, const ScaleCtx& c) {
+  BlockScale s;
+  scale_lane(bits_of(amax) & kAbsMask, c, s.encode, s.decode, s.code);
+  return s;
+}
+
+}  // namespace snip::formats::fast

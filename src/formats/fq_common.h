@@ -1,0 +1,73 @@
+// Private to snip_formats: pieces shared by the reference and fast
+// fake-quantization paths (argument checks, per-element reference rule,
+// statistics accumulation in a fixed order).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "fast_math.h"
+#include "snip/formats/fake_quant.h"
+
+namespace snip::formats::detail {
+
+inline void check_fq_args(const float* in, const float* out, int64_t rows, int64_t cols,
+                          const QuantSpec& spec, const RoundingKey& key, bool delayed_ok) {
+  if (rows < 0 || cols < 0)
+    throw std::invalid_argument("fake_quantize: negative size [" + std::to_string(rows) + ", " +
+                                std::to_string(cols) + "]");
+  if (rows * cols > 0 && (in == nullptr || out == nullptr))
+    throw std::invalid_argument("fake_quantize: null data pointer");
+  validate_quant_spec(spec, "fake_quantize");
+  if (!delayed_ok && spec.rule == ScaleRule::kDelayed)
+    throw std::invalid_argument(
+        "fake_quantize: rule delayed needs its DelayedScaling state (use that overload)");
+  check_rounding_key(key);
+  if (uint64_t(rows) * uint64_t(cols) >= (uint64_t(1) << 58))
+    throw std::invalid_argument("fake_quantize: more than 2^58 elements");
+}
+
+/// NaN-propagating max of magnitudes, canonical NaN.
+inline float nan_max(float a, float b) {
+  if (std::isnan(a) || std::isnan(b)) return fast::float_of(fast::kCanonicalNaN);
+  return a > b ? a : b;
+}
+
+/// The reference rule for one element: NaN if x or the scale is NaN, else
+/// decode(encode(x * m)) * d, NaN results canonical.
+inline float reference_element(float x, const BlockScale& s, const QuantSpec& spec,
+                               uint32_t rbits) {
+  const float nan = fast::float_of(fast::kCanonicalNaN);
+  if (std::isnan(x) || std::isnan(s.decode)) return nan;
+  const float v = x * s.encode;
+  const float e = decode(spec.element, encode(spec.element, v, spec.rounding, rbits, spec.saturate));
+  if (std::isnan(e)) return nan;
+  return e * s.decode;
+}
+
+/// Accumulates one element into a row's statistics (column order).
+inline void stats_add(QuantStats& st, float x, float y, float m, float maxv) {
+  ++st.count;
+  st.amax = nan_max(st.amax, std::fabs(x));
+  if (!std::isfinite(x)) {
+    ++st.nonfinite;
+  } else {
+    if (std::fabs(x * m) > maxv) ++st.saturated;
+    const double err = double(y) - double(x);
+    st.sum_sq_err += err * err;
+    st.sum_sq_ref += double(x) * double(x);
+  }
+  if (x != 0.0f && y == 0.0f) ++st.underflow;
+}
+
+/// Sum of per-row statistics in row order.
+inline QuantStats sum_rows(const std::vector<QuantStats>& rows) {
+  QuantStats total;
+  for (const QuantStats& r : rows) total.merge(r);
+  return total;
+}
+
+}  // namespace snip::formats::detail

@@ -1,0 +1,195 @@
+// `snip formats` and `snip quantize` through the real CLI11 registration
+// (src/cli/cmd_formats.cpp is compiled into this test).
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "snip/formats/fake_quant.h"
+#include "snip/formats/minifloat.h"
+#include "snip/io/safetensors.h"
+#include "snip/quant/recipe.h"
+#include "snip/util/error.h"
+#include "test_util.h"
+
+namespace snip::cli {
+namespace {
+
+// Runs `snip <args>` and returns what it printed on stdout.
+std::string run(const std::string& args) {
+  CLI::App app("snip");
+  add_format_commands(app);
+  std::ostringstream captured;
+  std::streambuf* old = std::cout.rdbuf(captured.rdbuf());
+  try {
+    app.parse(args, /*program_name_included=*/false);
+  } catch (...) {
+    std::cout.rdbuf(old);
+    throw;
+  }
+  std::cout.rdbuf(old);
+  return captured.str();
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "snip_formats_cli_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  std::string at(const std::string& n) const { return (dir_ / n).string(); }
+  std::filesystem::path dir_;
+};
+
+TEST(CliFormats, TableListsEveryFormatWithItsLimits) {
+  const std::string out = run("formats");
+  std::istringstream is(out);
+  std::string line;
+  std::map<std::string, std::string> rows;
+  while (std::getline(is, line)) rows[line.substr(0, line.find(' '))] = line;
+  ASSERT_TRUE(rows.count("e4m3")) << out;
+  EXPECT_NE(rows["e4m3"].find("448"), std::string::npos);
+  EXPECT_NE(rows["e4m3"].find("0.015625"), std::string::npos);     // 2^-6
+  EXPECT_NE(rows["e4m3"].find("0.001953125"), std::string::npos);  // 2^-9
+  EXPECT_NE(rows["e5m2"].find("57344"), std::string::npos);
+  EXPECT_NE(rows["posit8"].find("16777216"), std::string::npos);
+  for (const char* n : {"e2m1", "e1m2", "e2m3", "e3m2", "bf16", "int8", "int4"}) EXPECT_TRUE(rows.count(n)) << n;
+  const auto j = nlohmann::json::parse(run("formats --json"));
+  bool found = false;
+  for (const auto& f : j)
+    if (f["name"] == "e2m1") {
+      found = true;
+      EXPECT_EQ(f["max"], 6.0);
+      EXPECT_EQ(f["min_normal"], 1.0);
+      EXPECT_EQ(f["min_subnormal"], 0.5);
+      EXPECT_EQ(f["bias"], 1);
+    }
+  EXPECT_TRUE(found);
+}
+
+TEST(CliFormats, CodesAsJson) {
+  const auto j = nlohmann::json::parse(run("formats --codes e2m1 --json"));
+  ASSERT_EQ(j.size(), 16u);
+  const std::vector<double> pos = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+  for (int c = 0; c < 16; ++c) {
+    EXPECT_EQ(j[size_t(c)]["code"], c);
+    EXPECT_EQ(j[size_t(c)]["value"].get<double>(), c < 8 ? pos[size_t(c)] : -pos[size_t(c - 8)]);
+  }
+  EXPECT_EQ(j[7]["bits"], "0111");
+  const auto e4 = nlohmann::json::parse(run("formats --codes E4M3 --json"));
+  ASSERT_EQ(e4.size(), 256u);
+  EXPECT_EQ(e4[0x7E]["value"], 448.0);
+  EXPECT_TRUE(e4[0x7F]["value"].is_null());
+  EXPECT_EQ(e4[0x7F]["special"], "nan");
+  const auto e5 = nlohmann::json::parse(run("formats --codes e5m2 --json"));
+  EXPECT_EQ(e5[0xFC]["special"], "-inf");
+  EXPECT_THROW(run("formats --codes bf16"), UserError);  // 16 bits
+  EXPECT_THROW(run("formats --codes e7m7"), UserError);
+  const std::string text = run("formats --codes int4");
+  EXPECT_NE(text.find("0x09  1001  -7"), std::string::npos) << text;
+}
+
+TEST(CliFormats, Recipes) {
+  const auto j = nlohmann::json::parse(run("formats --recipes --json"));
+  bool fp8 = false;
+  for (const auto& r : j)
+    if (r["name"] == "fp8") {
+      fp8 = true;
+      EXPECT_EQ(r["operands"]["dgrad.w"]["block"], "128x128");
+    }
+  EXPECT_TRUE(fp8);
+  EXPECT_NE(run("formats --recipes").find("fprop.x  e2m1 1x16 two_level/e4m3 rne"), std::string::npos);
+}
+
+TEST_F(CliTest, QuantizeWritesFp32AndReportsSqnr) {
+  io::SafeTensors st;
+  const auto a = formats::testing::awkward_data(4, 40, 9);
+  st.add("a", io::DType::F32, {4, 40}, a.data());
+  std::vector<uint16_t> b_bits;
+  std::vector<float> b_vals;
+  for (int i = 0; i < 48; ++i) {
+    const float v = float(i - 20) * 0.37f;
+    const uint32_t code = formats::encode(formats::kBF16, v);
+    b_bits.push_back(uint16_t(code));
+    b_vals.push_back(formats::decode(formats::kBF16, code));
+  }
+  st.add("b", io::DType::BF16, {3, 16}, b_bits.data());
+  const std::vector<int64_t> ids = {1, 2, 3, 4, 5};
+  st.add("ids", io::DType::I64, {5}, ids.data());
+  st.metadata["format"] = "pt";
+  io::write_safetensors(at("in.safetensors"), st);
+
+  const std::string out = run("quantize --scheme mxfp4 --input " + at("in.safetensors") +
+                              " --output " + at("out.safetensors") + " --json");
+  const io::SafeTensors got = io::read_safetensors(at("out.safetensors"));
+  const formats::QuantSpec spec = quant::find_recipe("mxfp4")[quant::GemmOperand::kFpropW];
+  // a: equals fake_quantize of the data.
+  std::vector<float> ya(a.size());
+  formats::QuantStats sa;
+  formats::fake_quantize(a.data(), ya.data(), 4, 40, spec, {}, &sa);
+  const io::TensorRecord* ra = got.find("a");
+  ASSERT_NE(ra, nullptr);
+  EXPECT_EQ(ra->dtype, io::DType::F32);
+  EXPECT_EQ(ra->shape, (std::vector<int64_t>{4, 40}));
+  std::vector<float> ga(a.size());
+  std::memcpy(ga.data(), ra->data.data(), ga.size() * 4);
+  EXPECT_TRUE(formats::testing::bits_equal(ga, ya, 40));
+  // b: BF16 in, FP32 out.
+  std::vector<float> yb(b_vals.size());
+  formats::fake_quantize(b_vals.data(), yb.data(), 3, 16, spec, {});
+  const io::TensorRecord* rb = got.find("b");
+  ASSERT_NE(rb, nullptr);
+  EXPECT_EQ(rb->dtype, io::DType::F32);
+  std::vector<float> gb(yb.size());
+  std::memcpy(gb.data(), rb->data.data(), gb.size() * 4);
+  EXPECT_TRUE(formats::testing::bits_equal(gb, yb, 16));
+  // ids: copied unchanged; metadata kept and extended.
+  EXPECT_EQ(got.find("ids")->dtype, io::DType::I64);
+  EXPECT_EQ(got.find("ids")->data, st.find("ids")->data);
+  EXPECT_EQ(got.metadata.at("format"), "pt");
+  EXPECT_EQ(got.metadata.at("snip.quantize.scheme"), "mxfp4");
+  // The JSON line of a reports the same SQNR.
+  std::istringstream is(out);
+  std::string line;
+  std::getline(is, line);
+  const auto ja = nlohmann::json::parse(line);
+  EXPECT_EQ(ja["tensor"], "a");
+  EXPECT_DOUBLE_EQ(ja["sqnr_db"].get<double>(), sa.sqnr_db());
+  EXPECT_DOUBLE_EQ(ja["rel_error"].get<double>(), sa.rel_error());
+  // The table form mentions every tensor.
+  const std::string table = run("quantize --scheme fp8_tensor --operand dgrad.dy --input " +
+                                at("in.safetensors") + " --output " + at("out2.safetensors"));
+  EXPECT_NE(table.find("copied (I64 is not floating point)"), std::string::npos) << table;
+  EXPECT_NE(table.find("all tensors: SQNR"), std::string::npos) << table;
+}
+
+TEST_F(CliTest, QuantizeErrorsAreUserErrorsAndLeaveNoOutput) {
+  io::SafeTensors st;
+  const std::vector<float> v = {1, 2, 3};
+  st.add("v", io::DType::F32, {3}, v.data());
+  io::write_safetensors(at("in.safetensors"), st);
+  EXPECT_THROW(run("quantize --scheme nope --input " + at("in.safetensors") + " --output " +
+                   at("o.safetensors")),
+               UserError);
+  EXPECT_THROW(run("quantize --scheme fp8 --input " + at("missing.safetensors") + " --output " +
+                   at("o.safetensors")),
+               UserError);
+  EXPECT_THROW(run("quantize --scheme fp8 --operand fprop.q --input " + at("in.safetensors") +
+                   " --output " + at("o.safetensors")),
+               UserError);
+  EXPECT_FALSE(std::filesystem::exists(at("o.safetensors")));
+}
+
+}  // namespace
+}  // namespace snip::cli

@@ -1,0 +1,186 @@
+// Recipes: the presets match METHOD.md / their sources field by field, the
+// registry's errors, the plain-config round trip, and a new recipe on a new
+// element format plugging in without touching callers.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "snip/formats/fake_quant.h"
+#include "snip/formats/integer.h"
+#include "snip/formats/minifloat.h"
+#include "snip/formats/posit.h"
+#include "snip/quant/recipe.h"
+#include "snip/util/error.h"
+#include "test_util.h"
+
+namespace snip::quant {
+namespace {
+
+using formats::BlockShape;
+using formats::Rounding;
+using formats::ScaleFormat;
+using formats::ScaleRule;
+
+TEST(Recipe, PresetsExist) {
+  const auto names = recipe_names();
+  for (const char* n : {"bf16", "fp8", "fp4", "mxfp8", "mxfp4", "nvfp4", "block_fp8", "fp8_tensor",
+                        "e1m2", "posit8", "int8"})
+    EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
+  EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
+}
+
+TEST(Recipe, Fp8MatchesMethodSection1) {
+  const Recipe r = find_recipe("fp8");
+  for (int i = 0; i < kNumGemmOperands; ++i) {
+    const GemmOperand op = GemmOperand(i);
+    const formats::QuantSpec& s = r[op];
+    EXPECT_EQ(s.element, formats::kE4M3);
+    EXPECT_EQ(s.rule, ScaleRule::kCurrent);
+    EXPECT_EQ(s.scale_format, ScaleFormat::kFP32Pow2);
+    EXPECT_EQ(s.rounding, Rounding::kRNE);
+    const bool weight = op == GemmOperand::kFpropW || op == GemmOperand::kDgradW;
+    EXPECT_EQ(s.block, weight ? BlockShape::square(128) : BlockShape::tile(128)) << gemm_operand_name(op);
+  }
+}
+
+TEST(Recipe, Fp4MatchesMethodSection1) {
+  const Recipe r = find_recipe("fp4");
+  for (int i = 0; i < kNumGemmOperands; ++i) {
+    const GemmOperand op = GemmOperand(i);
+    EXPECT_EQ(r[op].element, formats::kE2M1);
+    EXPECT_EQ(r[op].rule, ScaleRule::kTwoLevel);
+    EXPECT_EQ(r[op].scale_format, ScaleFormat::kE4M3);
+    EXPECT_EQ(r[op].block, BlockShape::tile(16));
+    const bool grad = op == GemmOperand::kDgradDY || op == GemmOperand::kWgradDY;
+    EXPECT_EQ(r[op].rounding, grad ? Rounding::kStochastic : Rounding::kRNE) << gemm_operand_name(op);
+  }
+  // nvfp4: 16x16 weight blocks (TE's 2-D weight quantization).
+  EXPECT_EQ(find_recipe("nvfp4")[GemmOperand::kDgradW].block, BlockShape::square(16));
+  EXPECT_EQ(find_recipe("nvfp4")[GemmOperand::kFpropX].block, BlockShape::tile(16));
+}
+
+TEST(Recipe, OtherPresets) {
+  const Recipe bf16 = find_recipe("bf16");
+  EXPECT_TRUE(bf16.is_passthrough());
+  EXPECT_FALSE(bf16[GemmOperand::kFpropX].saturate);
+  EXPECT_FALSE(find_recipe("fp8").is_passthrough());
+  const Recipe mx = find_recipe("mxfp8");
+  EXPECT_EQ(mx[GemmOperand::kWgradX].block, BlockShape::tile(32));
+  EXPECT_EQ(mx[GemmOperand::kWgradX].scale_format, ScaleFormat::kE8M0);
+  EXPECT_EQ(mx[GemmOperand::kWgradX].rule, ScaleRule::kMxFloor);
+  EXPECT_EQ(find_recipe("mxfp8_rceil")[GemmOperand::kFpropX].rule, ScaleRule::kCurrent);
+  const Recipe t = find_recipe("fp8_tensor");
+  EXPECT_EQ(t[GemmOperand::kFpropX].element, formats::kE4M3);
+  EXPECT_EQ(t[GemmOperand::kDgradW].element, formats::kE4M3);
+  EXPECT_EQ(t[GemmOperand::kDgradDY].element, formats::kE5M2);
+  EXPECT_EQ(t[GemmOperand::kWgradDY].element, formats::kE5M2);
+  EXPECT_EQ(t[GemmOperand::kWgradDY].rule, ScaleRule::kDelayed);
+  EXPECT_EQ(t[GemmOperand::kWgradDY].amax_history_len, 1024);
+  EXPECT_EQ(find_recipe("block_fp8")[GemmOperand::kFpropW].block, BlockShape::tile(16));
+  EXPECT_EQ(find_recipe("e1m2")[GemmOperand::kFpropW].element, formats::kE1M2);
+  EXPECT_EQ(find_recipe("posit8")[GemmOperand::kFpropW].element, formats::kPosit8);
+  EXPECT_EQ(find_recipe("int8")[GemmOperand::kFpropW].element, formats::kInt8);
+  EXPECT_EQ(find_recipe("int8")[GemmOperand::kFpropW].block, BlockShape::row());
+}
+
+TEST(Recipe, OperandNamesAndLayouts) {
+  EXPECT_STREQ(gemm_operand_name(GemmOperand::kFpropX), "fprop.x");
+  EXPECT_STREQ(gemm_operand_name(GemmOperand::kWgradX), "wgrad.x");
+  EXPECT_EQ(parse_gemm_operand("dgrad.w", "t"), GemmOperand::kDgradW);
+  EXPECT_THROW(parse_gemm_operand("dgrad.x", "t"), UserError);
+  EXPECT_STREQ(operand_layout(GemmOperand::kFpropW).k_dim, "in");
+  EXPECT_STREQ(operand_layout(GemmOperand::kDgradW).k_dim, "out");
+  EXPECT_STREQ(operand_layout(GemmOperand::kDgradDY).k_dim, "out");
+  EXPECT_STREQ(operand_layout(GemmOperand::kWgradDY).k_dim, "T");
+  EXPECT_STREQ(operand_layout(GemmOperand::kWgradX).k_dim, "T");
+}
+
+TEST(Recipe, UnknownNameListsKnownOnes) {
+  try {
+    find_recipe("fp3");
+    FAIL();
+  } catch (const UserError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("unknown recipe 'fp3'"), std::string::npos) << m;
+    EXPECT_NE(m.find("known: bf16, block_fp8, e1m2"), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos);
+  }
+}
+
+TEST(Recipe, JsonRoundTrip) {
+  for (const std::string& name : recipe_names()) {
+    const Recipe r = find_recipe(name);
+    const nlohmann::json j = to_json(r);
+    const Recipe back = recipe_from_json(j, "test");
+    EXPECT_EQ(back.name, r.name);
+    for (int i = 0; i < kNumGemmOperands; ++i)
+      EXPECT_EQ(back.operands[size_t(i)], r.operands[size_t(i)]) << name << " " << i;
+  }
+  const nlohmann::json j = to_json(find_recipe("fp8"));
+  EXPECT_EQ(j["operands"]["fprop.w"]["block"], "128x128");
+  EXPECT_EQ(j["operands"]["fprop.x"]["scale_format"], "fp32_pow2");
+  EXPECT_EQ(j["operands"]["fprop.x"]["element"], "e4m3");
+}
+
+TEST(Recipe, JsonErrorsNameTheField) {
+  auto message = [](const std::string& text) {
+    try {
+      recipe_from_json(nlohmann::json::parse(text), "plan.json:recipes[0]");
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message(R"({"name": "x", "operands": {"all": {"element": "e4m3", "block": "1x"}}})"),
+            "plan.json:recipes[0].operands.fprop.x.block: expected a block shape 'tensor', 'row' "
+            "or 'RxC' (e.g. 1x32, 128x128), got '1x'");
+  EXPECT_EQ(message(R"({"name": "x", "operands": {"all": {"rule": "mx_floor"}}})"),
+            "plan.json:recipes[0].operands.fprop.x: scale_format: rule mx_floor expects e8m0, got fp32");
+  EXPECT_NE(message(R"({"name": "x", "operands": {"all": {"element": "e9m9"}}})")
+                .find("plan.json:recipes[0].operands.fprop.x.element: unknown element format 'e9m9'"),
+            std::string::npos);
+  EXPECT_EQ(message(R"({"name": "x", "operands": {"fprop.x": {}}})"),
+            "plan.json:recipes[0].operands.fprop.w: missing (give every operand, or an 'all' entry)");
+  EXPECT_EQ(message(R"({"name": "x", "operands": {"all": {"saturate": 1}}})"),
+            "plan.json:recipes[0].operands.fprop.x.saturate: expected true or false, got 1");
+}
+
+TEST(Recipe, NewFormatPlugsInByRegistering) {
+  // A new element format and a recipe using it, both from plain config; the
+  // quantizer runs it without any caller knowing the format.
+  formats::register_element_format(
+      {"e3m3", formats::ElementKind::kFloat, 7, 3, 3, 3, false, formats::NanEncoding::kNone});
+  const Recipe r = recipe_from_json(nlohmann::json::parse(R"({
+      "name": "mx_e3m3", "description": "test",
+      "operands": {"all": {"element": "e3m3", "rule": "mx_floor", "scale_format": "e8m0", "block": "1x32"},
+                   "wgrad.dy": {"rounding": "stochastic"}}})"),
+                                    "test");
+  register_recipe(r);
+  EXPECT_THROW(register_recipe(r), UserError);  // taken
+  register_recipe(r, /*replace=*/true);
+  const Recipe got = find_recipe("mx_e3m3");
+  EXPECT_EQ(got[GemmOperand::kWgradDY].rounding, Rounding::kStochastic);
+  EXPECT_EQ(got[GemmOperand::kWgradX].rounding, Rounding::kRNE);
+  EXPECT_EQ(got[GemmOperand::kFpropX].element.max_value(), 30.0);  // 2^(7-3) * 1.875
+  const auto x = formats::testing::awkward_data(9, 100, 4);
+  std::vector<float> y(x.size()), yr(x.size());
+  formats::fake_quantize(x.data(), y.data(), 9, 100, got[GemmOperand::kWgradDY], {});
+  formats::fake_quantize_reference(x.data(), yr.data(), 9, 100, got[GemmOperand::kWgradDY], {});
+  EXPECT_TRUE(formats::testing::bits_equal(y, yr, 100));
+  // An invalid recipe is refused with the operand named.
+  Recipe bad = got;
+  bad.name = "bad";
+  bad[GemmOperand::kDgradDY].block = {-2, 1};
+  try {
+    register_recipe(bad);
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("recipe 'bad' dgrad.dy: block"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace snip::quant
