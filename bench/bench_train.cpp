@@ -36,7 +36,7 @@ void BM_TrainStep(benchmark::State& state) {
   snip::LlamaForCausalLM m(c);
   const at::ScalarType g = bf16 ? at::kBFloat16 : at::ScalarType::Undefined;
   m->set_precision(snip::LinearPrecision{nullptr, g});
-  m->head_gemm_dtype = g;
+  m->set_non_linear_gemm_dtype(g);
   torch::optim::AdamW opt(m->parameters(), torch::optim::AdamWOptions(1e-3));
   torch::Tensor ids = torch::randint(0, c.vocab_size, {kB, kT}, torch::kLong);
   torch::Tensor tg = torch::randint(0, c.vocab_size, {kB, kT}, torch::kLong);

@@ -179,9 +179,15 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   }
   // Causal mask as an additive [T, T] bias (0 on/below the diagonal, -inf above).
   torch::Tensor bias = torch::full({T, T}, -std::numeric_limits<double>::infinity(), q.options()).triu(1);
-  torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)).mul_(1.0 / std::sqrt(double(hd))).add_(bias);
-  att = att.softmax(-1);                    // [B, NH, T, T]
-  torch::Tensor y = torch::matmul(att, v);  // [B, NH, T, HD]
+  // The two attention products run in `bmm_dtype` (BF16 in the BF16
+  // baseline: METHOD.md section 1 keeps them BF16); scores, mask and softmax
+  // stay in the activation dtype.
+  const bool cast = bmm_dtype != at::ScalarType::Undefined && bmm_dtype != x.scalar_type();
+  torch::Tensor att = cast ? torch::matmul(q.to(bmm_dtype), k.transpose(-2, -1).to(bmm_dtype)).to(x.scalar_type())
+                           : torch::matmul(q, k.transpose(-2, -1));
+  att = att.mul_(1.0 / std::sqrt(double(hd))).add_(bias).softmax(-1);  // [B, NH, T, T]
+  torch::Tensor y = cast ? torch::matmul(att.to(bmm_dtype), v.to(bmm_dtype)).to(x.scalar_type())
+                         : torch::matmul(att, v);  // [B, NH, T, HD]
   return o_proj(y.transpose(1, 2).reshape({B, T, nh * hd}));
 }
 
@@ -274,6 +280,13 @@ std::vector<QuantLinear> LlamaForCausalLMImpl::linear_layers() const {
 
 void LlamaForCausalLMImpl::set_precision(const LinearPrecision& p) {
   for (auto& l : linear_layers()) l->precision = p;
+}
+
+void LlamaForCausalLMImpl::set_non_linear_gemm_dtype(at::ScalarType dtype) {
+  head_gemm_dtype = dtype;
+  if (lm_head) lm_head->precision.gemm_dtype = dtype;
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i)
+    model->layers->ptr(i)->as<DecoderLayer>()->self_attn->bmm_dtype = dtype;
 }
 
 void LlamaForCausalLMImpl::set_step(uint64_t seed, int64_t step) {

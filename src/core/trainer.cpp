@@ -231,8 +231,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   }
   const at::ScalarType gemm = cfg.get_string("train.gemm_dtype") == "bf16" ? at::kBFloat16 : at::kFloat;
   model->set_precision(LinearPrecision{quantizer, gemm});
-  model->head_gemm_dtype = gemm;
-  if (model->lm_head) model->lm_head->precision.gemm_dtype = gemm;
+  model->set_non_linear_gemm_dtype(gemm);
   auto optimizer = make_optimizer(model, cfg);
 
   int64_t step = 0;

@@ -83,6 +83,8 @@ class AttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
   QuantLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   int64_t nh, nkv, hd;
+  /// dtype of QKᵀ and AV (Undefined = the activation dtype).
+  at::ScalarType bmm_dtype = at::ScalarType::Undefined;
 };
 TORCH_MODULE(Attention);
 
@@ -136,6 +138,10 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   std::vector<QuantLinear> linear_layers() const;
   /// Sets the same precision on every quantizable linear layer.
   void set_precision(const LinearPrecision& p);
+  /// dtype of the GEMMs outside the quantizable layers: lm_head (tied or
+  /// not) and the attention products QKᵀ, AV. at::kBFloat16 for the BF16
+  /// baseline; Undefined = the activation dtype.
+  void set_non_linear_gemm_dtype(at::ScalarType dtype);
   /// Sets the optimizer step and seed used to key stochastic rounding.
   void set_step(uint64_t seed, int64_t step);
 
