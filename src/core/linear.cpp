@@ -57,11 +57,13 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
     const torch::Tensor& x = saved[0];  // [T, IN]
     const torch::Tensor& w = saved[1];  // [OUT, IN]
     const torch::Tensor& dy = grads[0];  // [T, OUT]
+    if (l.capture) l.capture->dy = dy.detach();
     const auto dt = l.precision.gemm_dtype;
     torch::Tensor dx, dw;
     if (ctx->needs_input_grad(0)) {
       // dgrad: dX [T, IN] = dY [T, OUT] · W [OUT, IN]; K = OUT, so W goes in as Wᵀ [IN, OUT].
       dx = gemm_nt(q(l, dy, Operand::kDgradDY), q(l, w.t(), Operand::kDgradW), dt);
+      if (l.input_grad_noise.defined()) dx = dx + l.input_grad_noise;
     }
     if (ctx->needs_input_grad(1)) {
       // wgrad: dW [OUT, IN] = dYᵀ [OUT, T] · X [T, IN]; K = T: dYᵀ [OUT, T], Xᵀ [IN, T].
@@ -84,7 +86,9 @@ torch::Tensor QuantLinearImpl::forward(const torch::Tensor& x) {
   TORCH_CHECK(sizes.back() == in_features, "QuantLinear ", name, ": expected last dim ", in_features,
               ", got ", sizes.back());
   const torch::Tensor x2 = x.reshape({-1, in_features});
+  if (capture) capture->x = x2.detach();
   torch::Tensor y = QuantLinearFunction::apply(x2, weight, reinterpret_cast<int64_t>(this));
+  if (output_noise.defined()) y = y + output_noise;
   sizes.back() = out_features;
   return y.view(sizes);
 }

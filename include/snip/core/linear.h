@@ -68,6 +68,13 @@ struct LinearPrecision {
   at::ScalarType gemm_dtype = at::ScalarType::Undefined;
 };
 
+/// What a layer records for the stats step (METHOD.md section 3) while
+/// QuantLinearImpl::capture is set: the real operands of one step.
+struct LinearCapture {
+  torch::Tensor x;   ///< [T, IN] input of the last forward (detached)
+  torch::Tensor dy;  ///< [T, OUT] dL/dY of the last backward (detached)
+};
+
 /// A bias-free linear layer y = x · Wᵀ with explicit fprop/dgrad/wgrad GEMMs.
 /// Parameter: `weight` [OUT, IN] (Hugging Face name `<layer>.weight`).
 class QuantLinearImpl : public torch::nn::Module {
@@ -85,6 +92,16 @@ class QuantLinearImpl : public torch::nn::Module {
   int64_t layer_index = 0;
   LinearPrecision precision;
   QuantKey key_base;     ///< seed and step; layer and operand are filled per call
+
+  // ---- stats-step probes (off unless set; see METHOD.md section 3)
+  /// When set, forward stores X and backward stores dY into it.
+  std::shared_ptr<LinearCapture> capture;
+  /// When defined ([T, OUT], the input's dtype), added to Y after the GEMM:
+  /// the forward noise injection of the curvature probe. dL/dY is unchanged.
+  torch::Tensor output_noise;
+  /// When defined ([T, IN]), added to dX after the dgrad GEMM: the backward
+  /// noise injection that calibrates the upstream effect of dgrad error.
+  torch::Tensor input_grad_noise;
 };
 TORCH_MODULE(QuantLinear);
 
