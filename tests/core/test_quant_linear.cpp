@@ -14,6 +14,7 @@
 #include "snip/formats/fake_quant.h"
 #include "snip/formats/scaling.h"
 #include "snip/quant/recipe.h"
+#include "test_util.h"
 
 using namespace snip;
 namespace fs = std::filesystem;
@@ -104,30 +105,13 @@ TEST(QuantLinear, StochasticRoundingIsKeyedByStep) {
 }
 
 TEST(QuantTraining, TinyModelTrainsWithLowPrecisionRecipes) {
-  const std::string data = std::string(SNIP_BINARY_DIR) + "/test-data/brown512";
-  if (!fs::exists(data + "/train.bin")) GTEST_SKIP() << "no prepared data";
+  if (!fs::exists(test::kBrown512 + "/train.bin")) GTEST_SKIP() << "no prepared data";
   for (const std::string recipe : {"fp8", "fp4", "mxfp4", "nvfp4"}) {
     SCOPED_TRACE(recipe);
-    Config c;
-    c.load_toml_string(R"(
-[model]
-hidden_size = 64
-intermediate_size = 172
-num_hidden_layers = 2
-num_attention_heads = 4
-num_key_value_heads = 2
-max_position_embeddings = 64
-[train]
-batch_size = 8
-seq_len = 64
-max_steps = 60
-lr = 1e-2
-warmup_steps = 10
-eval_interval = 60
-eval_batches = 4
-threads = 1
-)", "micro");
-    c.set("data.dir", data, "test");
+    Config c = test::micro_config();
+    c.set("train.max_steps", int64_t{60}, "test");
+    c.set("train.eval_interval", int64_t{60}, "test");
+    c.set("train.eval_batches", int64_t{4}, "test");
     c.set("precision.recipe", recipe, "test");
     TrainOptions o;
     o.quiet = true;

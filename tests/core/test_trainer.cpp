@@ -11,38 +11,15 @@
 #include "snip/core/trainer.h"
 #include "snip/io/atomic_file.h"
 #include "snip/util/error.h"
+#include "test_util.h"
 
 using namespace snip;
 namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kData = std::string(SNIP_BINARY_DIR) + "/test-data/brown512";
-
-// A ~0.1M-parameter model that trains in ~1-2 s on one thread.
-Config micro_config() {
-  Config c;
-  c.load_toml_string(R"(
-[model]
-hidden_size = 64
-intermediate_size = 172
-num_hidden_layers = 2
-num_attention_heads = 4
-num_key_value_heads = 2
-max_position_embeddings = 64
-[train]
-batch_size = 8
-seq_len = 64
-lr = 1e-2
-warmup_steps = 10
-eval_interval = 1000
-eval_batches = 8
-log_interval = 1000
-threads = 1
-)", "micro");
-  c.set("data.dir", kData, "test");
-  return c;
-}
+using test::micro_config;
+const std::string& kData = test::kBrown512;
 
 std::string fresh_dir(const std::string& name) {
   const std::string d = (fs::temp_directory_path() / ("snip-test-" + name + "-" + std::to_string(getpid()))).string();

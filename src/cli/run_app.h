@@ -1,0 +1,42 @@
+// src/cli/run_app.h: what `snip` and `snip-data` share around CLI11.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <iostream>
+#include <string>
+
+#include "snip/util/error.h"
+
+namespace snip::cli {
+
+/// Common look: option column width, log line pattern.
+inline void configure_app(CLI::App& app) {
+  app.require_subcommand(1);
+  app.get_formatter()->column_width(40);
+  spdlog::set_pattern("[%H:%M:%S] %v");
+}
+
+/// Parses argv and runs the chosen subcommand. Exit status: 0 on success;
+/// CLI11's own for usage errors and --help; 2 with one line
+/// `snip: error: <message>` for a UserError; 3 with `snip: internal error:
+/// <first line>` for any other exception (LibTorch's c10::Error carries a
+/// backtrace after its first line).
+inline int run_app(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const UserError& e) {
+    std::cerr << "snip: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    std::cerr << "snip: internal error: " << what.substr(0, what.find('\n')) << "\n";
+    return 3;
+  }
+  return 0;
+}
+
+}  // namespace snip::cli
