@@ -192,7 +192,9 @@ TEST(StatsWdOwn, EqualsTheDifferenceOfTwoRealAdamWSteps) {
       auto& st = static_cast<torch::optim::AdamWParamState&>(*opt.state().at(skey));
       EXPECT_TRUE(torch::equal(st.exp_avg(), m0));
       EXPECT_TRUE(torch::equal(st.exp_avg_sq(), v0));
-      if (c.amsgrad) EXPECT_TRUE(torch::equal(st.max_exp_avg_sq(), vmax0));
+      if (c.amsgrad) {
+        EXPECT_TRUE(torch::equal(st.max_exp_avg_sq(), vmax0));
+      }
       EXPECT_EQ(st.step(), step0);
     }
 
@@ -520,8 +522,11 @@ TEST(StatsLlama, RunsOnATinyModelWithTheRightUpstreamSets) {
       EXPECT_GE(os.q, 0.0);
       EXPECT_TRUE(std::isfinite(os.q));
     }
-    if (s.layers[i].n_upstream == 0) EXPECT_EQ(s.layers[i].options.at("fp4").wd_up, 0.0);
-    else EXPECT_GT(s.layers[i].options.at("fp4").wd_up, 0.0);
+    if (s.layers[i].n_upstream == 0) {
+      EXPECT_EQ(s.layers[i].options.at("fp4").wd_up, 0.0);
+    } else {
+      EXPECT_GT(s.layers[i].options.at("fp4").wd_up, 0.0);
+    }
     sum_q += s.layers[i].options.at("fp4").q;
   }
   EXPECT_NEAR(sum_q, 1.0, 1e-9);
