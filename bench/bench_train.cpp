@@ -105,7 +105,7 @@ BENCHMARK(BM_Linear)->DenseRange(0, 7)->Unit(benchmark::kMillisecond)->UseRealTi
 }  // namespace
 
 int main(int argc, char** argv) {
-  snip::tune_openblas_or_reexec(argv);  // the same BLAS kernel as `snip train`
+  snip::tune_runtime_or_reexec(argv);  // the same runtime settings as `snip train`
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -7,4 +7,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 build="${SNIP_BUILD_DIR:-build}"
+# ctest runs tests in parallel: OpenMP threads must not spin on shared cores.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 exec ctest --test-dir "$build" --output-on-failure -j "$(nproc)" "$@"

@@ -1,4 +1,4 @@
-// Process-level tuning (see platform.h).
+// Process-level runtime settings (see platform.h).
 #include "snip/core/platform.h"
 
 #include <unistd.h>
@@ -7,11 +7,19 @@
 
 namespace snip {
 
-void tune_openblas_or_reexec(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE") || std::getenv("SNIP_NO_BLAS_TUNE")) return;
-  if (!__builtin_cpu_supports("avx512f")) return;
-  setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
-  setenv("SNIP_NO_BLAS_TUNE", "1", 1);  // never loop
+void tune_runtime_or_reexec(char** argv) {
+  if (std::getenv("SNIP_NO_RUNTIME_TUNE")) return;
+  bool changed = false;
+  if (!std::getenv("OPENBLAS_CORETYPE") && __builtin_cpu_supports("avx512f")) {
+    setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
+    changed = true;
+  }
+  if (!std::getenv("OMP_WAIT_POLICY")) {
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    changed = true;
+  }
+  if (!changed) return;
+  setenv("SNIP_NO_RUNTIME_TUNE", "1", 1);  // never loop
   execv("/proc/self/exe", argv);
 }
 
