@@ -5,6 +5,7 @@
 //             [--stages N] [--cost-budget C] [--json] [--out FILE]
 //   snip plan --costs FILE --sweep [--steps N]
 //   snip plan --costs FILE --budget B --heuristic min-rel-err
+//   snip plan show runs/NAME [--step N] [--json]   (a plan `snip train` saved)
 //
 // Prints a table (item, option, FLOPs share, Q per option) and a summary
 // (achieved FP4 share, Σ Q, cost, solver status, solve time), or JSON.
@@ -13,6 +14,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -21,6 +23,10 @@
 #include <vector>
 
 #include "commands.h"
+// Only the LibTorch-free plan-file part (this file is also built into the
+// LibTorch-free test_policy).
+#define SNIP_CONTROLLER_PLAN_FILES_ONLY
+#include "snip/core/controller.h"
 #include "snip/policy/cost_table.h"
 #include "snip/policy/planner.h"
 #include "snip/util/error.h"
@@ -295,7 +301,37 @@ void add_plan_commands(CLI::App& app) {
   sub->add_flag("-v,--verbose", a->verbose, "Solver summary (-v) or full solver log (-vv) on stderr");
   CLI::Option* budget_opt = sub->get_option("--budget");
   CLI::Option* cost_budget_opt = sub->get_option("--cost-budget");
-  sub->callback([a, budget_opt, cost_budget_opt] {
+
+  // `snip plan show RUN [--step N]`: a plan that `snip train` saved.
+  struct ShowArgs {
+    std::string run;
+    int64_t step = -1;
+    bool json = false;
+  };
+  auto sa = std::make_shared<ShowArgs>();
+  CLI::App* show = sub->add_subcommand(
+      "show", "Print a plan `snip train` saved (RUN/plans/step-N.json): the table printed at the re-plan");
+  show->add_option("run", sa->run, "Run directory (runs/NAME)")->required();
+  show->add_option("--step", sa->step, "Plan step N (default: the latest plan)");
+  show->add_flag("--json", sa->json, "Print the plan JSON instead of the table");
+  show->callback([sa] {
+    const std::string path = find_plan_file(sa->run, sa->step);
+    nlohmann::json j;
+    std::ifstream in(path);
+    if (!in) fail(path, ": cannot be read");
+    try {
+      j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::parse_error& e) {
+      fail(path, ": invalid JSON (", e.what(), ")");
+    }
+    if (sa->json)
+      std::cout << j.dump(2) << "\n";
+    else
+      std::cout << path << "\n" << format_plan_table(j);
+  });
+
+  sub->callback([a, budget_opt, cost_budget_opt, show] {
+    if (show->parsed()) return;  // `snip plan show` ran instead
     a->has_budget = budget_opt->count() > 0;
     a->has_cost_budget = cost_budget_opt->count() > 0;
     run_plan(*a);

@@ -68,7 +68,41 @@ std::vector<OptionSpec> make_table() {
       opt("train.threads", T::kInt, int64_t{0}, "", "CPU threads for LibTorch; 0 = all cores"),
       // [precision]
       opt("precision.recipe", T::kString, std::string("none"), "",
-          "quantization recipe applied to every linear layer (none, or a name from `snip formats --recipes`)"),
+          "quantization recipe applied to every linear layer (none, or a name from `snip formats --recipes`); "
+          "only with precision.policy = bf16 (use policy uniform-<recipe> otherwise)"),
+      // [precision]: the adaptive method (METHOD.md sections 3-6; docs/planner.md "In training").
+      opt("precision.policy", T::kString, std::string("bf16"), "",
+          "who chooses each layer's precision: bf16 (no quantization), uniform-<option> (e.g. uniform-fp8, "
+          "uniform-fp4), snip (stats + ILP), min-rel-err, layer-type, first-last-fp8, random"),
+      opt("precision.budget", T::kFloat, 0.75, "fraction",
+          "FP4 FLOPs share every plan must reach (snip and the ordered heuristics)"),
+      opt("precision.options", T::kString, std::string("fp4,fp8"), "list",
+          "options a layer may run (comma-separated recipe names or bf16); must contain fp4"),
+      opt("precision.pins", T::kString, std::string(""), "list",
+          "comma-separated GLOB=OPTION pins, e.g. '*.down_proj=fp8,layers.3.mlp.*=fp8'"),
+      opt("precision.warmup_steps", T::kInt, int64_t{-1}, "steps",
+          "steps run at warmup_precision before the first plan; -1 = warmup_fraction of train.max_steps"),
+      opt("precision.warmup_fraction", T::kFloat, 0.05, "fraction",
+          "warmup as a fraction of train.max_steps (when warmup_steps = -1)"),
+      opt("precision.warmup_precision", T::kString, std::string("bf16"), "",
+          "option every layer runs during warmup (bf16 or fp8, or any option)"),
+      opt("precision.initial_interval", T::kInt, int64_t{-1}, "steps",
+          "re-plan interval at the start of the run; -1 = initial_interval_fraction of train.max_steps"),
+      opt("precision.initial_interval_fraction", T::kFloat, 0.2, "fraction",
+          "initial re-plan interval as a fraction of train.max_steps (when initial_interval = -1)"),
+      opt("precision.final_interval", T::kInt, int64_t{-1}, "steps",
+          "re-plan interval at the end of the run (grows linearly from initial_interval); "
+          "-1 = final_interval_fraction of train.max_steps"),
+      opt("precision.final_interval_fraction", T::kFloat, 1.0, "fraction",
+          "final re-plan interval as a fraction of train.max_steps (when final_interval = -1)"),
+      opt("precision.final_high_precision_fraction", T::kFloat, 0.1, "fraction",
+          "last fraction of train.max_steps run with every layer at final_precision"),
+      opt("precision.final_precision", T::kString, std::string("fp8"), "",
+          "option every layer runs in the final high-precision phase"),
+      opt("precision.smoothing", T::kFloat, 0.1, "fraction",
+          "s in M <- (1-s)*M_new + s*M_old between stats steps (larger = steadier plans)"),
+      opt("precision.alpha", T::kFloat, 0.5, "fraction", "weight of the loss divergence in Q = a*LD + (1-a)*WD"),
+      opt("precision.seed", T::kInt, int64_t{0}, "", "seed of the random policy"),
   };
   std::sort(t.begin(), t.end(), [](const OptionSpec& a, const OptionSpec& b) { return a.key < b.key; });
   return t;

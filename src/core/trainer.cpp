@@ -12,6 +12,7 @@
 #include <fstream>
 #include <regex>
 
+#include "snip/core/controller.h"
 #include "snip/core/hf.h"
 #include "snip/core/quantizers.h"
 #include "snip/data/loader.h"
@@ -233,6 +234,9 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   model->set_precision(LinearPrecision{quantizer, gemm});
   model->set_non_linear_gemm_dtype(gemm);
   auto optimizer = make_optimizer(model, cfg);
+  // The adaptive precision controller (inactive for policy bf16). Validates
+  // the [precision] options against the layer list, pins and budget included.
+  PrecisionController ctl(cfg, model->linear_layers(), gemm);
 
   int64_t step = 0;
   json resume_state;
@@ -252,6 +256,8 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       fail("checkpoint ", resume_ckpt, "/optimizer.pt: cannot be loaded: ", e.what_without_backtrace());
     }
     step = resume_state.at("step").get<int64_t>();
+    if (ctl.active() && resume_state.contains("precision"))
+      ctl.restore(resume_state["precision"], (fs::path(resume_ckpt) / "trainer_state.json").string());
     loader.restore({resume_state.at("loader").at("epoch").get<uint64_t>(),
                     resume_state.at("loader").at("cursor").get<uint64_t>()});
   }
@@ -275,6 +281,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     io::write_file_atomic(metrics_path, "");
   }
   std::ofstream metrics(metrics_path, std::ios::app);
+  ctl.set_output(opts.run_dir, !opts.quiet);
 
   const bool tty = !opts.quiet && isatty(STDERR_FILENO);
   const int64_t tokens_per_step = B * T * accum;
@@ -284,9 +291,9 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   const int64_t eval_batches = cfg.get_int("train.eval_batches");
   const double clip = cfg.get_float("train.grad_clip");
   if (!opts.quiet)
-    spdlog::info("model: {} parameters ({} layers, C={}, V={}), {} tokens/step, GEMMs in {}, recipe {}",
+    spdlog::info("model: {} parameters ({} layers, C={}, V={}), {} tokens/step, GEMMs in {}, recipe {}, policy {}",
                  mcfg.num_parameters(), mcfg.num_hidden_layers, mcfg.hidden_size, mcfg.vocab_size,
-                 tokens_per_step, cfg.get_string("train.gemm_dtype"), recipe);
+                 tokens_per_step, cfg.get_string("train.gemm_dtype"), recipe, ctl.policy());
   if (!opts.quiet && opts.resume) spdlog::info("resumed from {} at step {}", resume_ckpt, step);
 
   TrainSummary sum;
@@ -303,6 +310,13 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     return json{{"step", step}, {"loader", {{"epoch", ls.epoch}, {"cursor", ls.cursor}}}, {"seed", seed},
                 {"val_loss", std::isfinite(last_val) ? json(last_val) : json(nullptr)}};
   };
+  auto full_state = [&] {
+    json st = state_json();
+    if (ctl.active()) st["precision"] = ctl.state();
+    return st;
+  };
+  // Without a controller: the FP4 share of precision.recipe on every layer.
+  const double static_fp4_share = recipe == "fp4" ? 1.0 : 0.0;
 
   while (step < max_steps) {
     if (opts.stop_after > 0 && step - start_step >= opts.stop_after) break;
@@ -313,9 +327,13 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     model->set_step(seed, step);
     optimizer->zero_grad();
     double loss_sum = 0;
+    PrecisionEvent pev;
     for (int64_t m = 0; m < accum; ++m) {
       loader.next(in, tg);
-      torch::Tensor loss = LlamaForCausalLMImpl::loss(model(to_ids(in, B, T)), to_ids(tg, B, T));
+      const torch::Tensor ids = to_ids(in, B, T), targets = to_ids(tg, B, T);
+      if (m == 0 && ctl.active())  // step boundary: stats step / re-plan on the first micro-batch
+        pev = ctl.begin_step(step, [&] { return LlamaForCausalLMImpl::loss(model(ids), targets); }, *optimizer);
+      torch::Tensor loss = LlamaForCausalLMImpl::loss(model(ids), targets);
       (loss / double(accum)).backward();
       loss_sum += loss.item<double>();
     }
@@ -334,7 +352,9 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     recent.push_back(loss);
     if (recent.size() > 10) recent.pop_front();
     json rec = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm},
-                {"tokens_per_s", double(tokens_per_step) / dt}, {"elapsed_s", elapsed()}};
+                {"tokens_per_s", double(tokens_per_step) / dt}, {"elapsed_s", elapsed()},
+                {"fp4_share", ctl.active() ? ctl.fp4_share() : static_fp4_share}};
+    for (auto& [k, v] : pev.metrics.items()) rec[k] = v;
     if (step % eval_every == 0 || step == max_steps) {
       last_val = evaluate(model, val_bin, B, T, eval_batches);
       sum.best_val_loss = std::min(sum.best_val_loss, last_val);
@@ -353,7 +373,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       if (tty && rec.contains("val_loss")) std::fprintf(stderr, "\n");
     }
     if ((ckpt_every > 0 && step % ckpt_every == 0) || step == max_steps)
-      save_checkpoint(opts.run_dir, step, model, *optimizer, state_json(), cfg.get_int("train.keep_checkpoints"));
+      save_checkpoint(opts.run_dir, step, model, *optimizer, full_state(), cfg.get_int("train.keep_checkpoints"));
   }
   if (tty) std::fprintf(stderr, "\n");
   sum.steps = step;
@@ -369,7 +389,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
             {"final_val_loss", std::isfinite(last_val) ? json(last_val) : json(nullptr)},
             {"final_val_ppl", std::isfinite(last_val) ? json(std::exp(last_val)) : json(nullptr)},
             {"vocab_size", mcfg.vocab_size}, {"ln_vocab", std::log(double(mcfg.vocab_size))},
-            {"parameters", mcfg.num_parameters()}, {"recipe", recipe},
+            {"parameters", mcfg.num_parameters()}, {"recipe", recipe}, {"policy", ctl.policy()},
             {"gemm_dtype", cfg.get_string("train.gemm_dtype")}};
   io::write_file_atomic((run / "summary.json").string(), s.dump(2) + "\n");
   return sum;

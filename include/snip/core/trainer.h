@@ -4,17 +4,24 @@
 // gradient-norm clipping, AdamW (decoupled weight decay, Loshchilov & Hutter
 // 2019, as torch.optim.AdamW) with linear warmup + cosine decay to
 // min_lr_ratio·lr, FP32 master weights. Linear-layer GEMMs run in
-// `train.gemm_dtype` (bf16 = the BF16 baseline) after the layer's quantizer.
+// `train.gemm_dtype` (bf16 = the BF16 baseline) after the layer's quantizer,
+// which the PrecisionController (controller.h, [precision] options) sets per
+// layer at step boundaries (precision.recipe on every layer for policy bf16).
 //
 // A run on disk (ARCHITECTURE.md "A run on disk"):
 //   RUN/config.toml            resolved configuration (every option)
 //   RUN/metrics.jsonl          one JSON object per step: step, loss, lr,
-//                              grad_norm, tokens_per_s, elapsed_s; plus
-//                              val_loss, val_ppl at evaluation steps
+//                              grad_norm, tokens_per_s, elapsed_s, fp4_share;
+//                              plus val_loss, val_ppl at evaluation steps and
+//                              precision, plan_step, phase, rel_err_fprop on the
+//                              first step after a precision decision
+//   RUN/plans/step-N.json      precision decisions, RUN/stats/step-N.json stats
+//                              steps (precision.policy != bf16; controller.h)
 //   RUN/checkpoints/step-N/    model.safetensors (HF names, F32), config.json,
 //                              optimizer.pt (LibTorch archive of AdamW state),
 //                              trainer_state.json (step, loader position,
-//                              RNG state, file checksums)
+//                              RNG state, file checksums, and "precision": the
+//                              controller's plan, smoothed stats and phase)
 //   RUN/summary.json           the end-of-run summary
 // Every file is written atomically; a checkpoint directory appears only
 // complete (written as step-N.tmp, then renamed).
