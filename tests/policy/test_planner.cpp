@@ -151,7 +151,7 @@ TEST(Planner, ResultFields) {
 
 TEST(Planner, TimeLimitGivesAFeasiblePlanOrProvenOptimum) {
   // A hard knapsack (distinct FLOPs, Q(fp4) - Q(fp8) proportional to FLOPs
-  // up to 1e-6) with a 20 ms limit: either CBC finishes, or it reports the
+  // up to 1e-6) with a 1 s limit: either CBC finishes, or it reports the
   // best plan found as time_limit_feasible. Both must meet the budget.
   std::mt19937_64 rng(4);
   std::uniform_real_distribution<double> u(0, 1);
@@ -163,7 +163,7 @@ TEST(Planner, TimeLimitGivesAFeasiblePlanOrProvenOptimum) {
   }
   PlanOptions o;
   o.budget = Budget::share(0.6180339);
-  o.time_limit_s = 0.02;
+  o.time_limit_s = 1.0;  // 0.02 s found no plan at all on a loaded 2-core machine
   const PlanResult r = plan(p, o);
   EXPECT_TRUE(r.status == "optimal" || r.status == "time_limit_feasible") << r.status;
   EXPECT_EQ(r.proven_optimal, r.status == "optimal");
