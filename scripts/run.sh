@@ -1,12 +1,25 @@
 #!/usr/bin/env bash
-# The main job: set up, prepare the Brown Corpus, train the tiny Llama on it.
-# Idempotent: setup and data preparation skip what is done; training starts a
-# fresh run in runs/tiny (pass --resume to continue an interrupted one).
+# The main job: set up, prepare the Brown Corpus, train the tiny Llama on it
+# in runs/tiny. Idempotent: setup and data preparation skip what is done; a
+# finished runs/tiny is reported, not retrained; an interrupted one resumes.
 #
 # usage: scripts/run.sh [extra `snip train` arguments, e.g. --set train.max_steps=100]
+#        (with extra arguments a fresh run goes to runs/tiny-<date>-<time>)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 build="${SNIP_BUILD_DIR:-build}"
 "$build/snip" data prepare --corpus brown --out data/brown
-exec "$build/snip" train --config configs/tiny.toml --run-dir runs/tiny "$@"
+run=runs/tiny
+if [ $# -gt 0 ]; then
+  exec "$build/snip" train --config configs/tiny.toml --run-dir "runs/tiny-$(date +%Y%m%d-%H%M%S)" "$@"
+fi
+if [ -f "$run/summary.json" ]; then
+  echo "$run is already trained (delete it to train again); its summary:"
+  cat "$run/summary.json"
+  exit 0
+fi
+if [ -d "$run/checkpoints" ]; then
+  exec "$build/snip" train --run-dir "$run" --resume
+fi
+exec "$build/snip" train --config configs/tiny.toml --run-dir "$run"

@@ -18,8 +18,9 @@ inline void configure_app(CLI::App& app) {
   spdlog::set_pattern("[%H:%M:%S] %v");
 }
 
-/// Parses argv and runs the chosen subcommand. Exit status: 0 on success;
-/// CLI11's own for usage errors and --help; 2 with one line
+/// Parses argv and runs the chosen subcommand. Exit status: 0 on success
+/// and for --help/--version; 2 with one line `snip: error: <message>` for a
+/// usage error (unknown option, missing or invalid value) and
 /// `snip: error: <message>` for a UserError; 3 with `snip: internal error:
 /// <first line>` for any other exception (LibTorch's c10::Error carries a
 /// backtrace after its first line).
@@ -27,7 +28,10 @@ inline int run_app(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version are "errors" with exit code 0: CLI11 prints them.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::cerr << "snip: error: " << e.what() << " (see --help)\n";
+    return 2;
   } catch (const UserError& e) {
     std::cerr << "snip: error: " << e.what() << "\n";
     return 2;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <cmath>
 #include <sstream>
@@ -239,6 +240,7 @@ void Config::load_toml_string(const std::string& text, const std::string& what) 
 }
 
 void Config::load_toml_file(const std::string& path) {
+  if (std::filesystem::is_directory(path)) fail("config file '", path, "' is a directory, expected a TOML file");
   std::ifstream in(path);
   if (!in) fail("config file '", path, "' cannot be read: ", std::strerror(errno));
   std::stringstream ss;
@@ -333,7 +335,34 @@ void Config::validate() const {
     const double b = get_float(k);
     if (!(b >= 0 && b < 1)) fail("config: ", k, ": expected a value in [0, 1), got ", b);
   }
-  if (get_float("train.grad_clip") < 0) fail("config: train.grad_clip: expected >= 0");
+  auto finite_at_least = [&](const char* k, double lo, bool strict) {
+    const double v = get_float(k);
+    if (!std::isfinite(v) || (strict ? !(v > lo) : !(v >= lo)))
+      fail("config: ", k, ": expected a finite number ", strict ? "> " : ">= ", lo, ", got ", v);
+  };
+  finite_at_least("train.grad_clip", 0, false);
+  finite_at_least("train.weight_decay", 0, false);
+  finite_at_least("train.eps", 0, true);
+  finite_at_least("model.init_std", 0, true);
+  finite_at_least("model.rms_norm_eps", 0, true);
+  finite_at_least("model.rope_theta", 0, true);
+  // Sizes beyond these are typos, not models this build can train: they
+  // would overflow 32-bit loader indices or allocations before step 1.
+  auto at_most = [&](const char* k, int64_t hi) {
+    if (get_int(k) > hi) fail("config: ", k, ": expected at most ", hi, ", got ", get_int(k));
+  };
+  at_most("train.batch_size", 1 << 20);
+  at_most("train.seq_len", 1 << 20);
+  at_most("train.grad_accum", 1 << 20);
+  at_most("train.threads", 1024);
+  at_most("model.num_hidden_layers", 4096);
+  at_most("model.hidden_size", 1 << 17);
+  at_most("model.intermediate_size", 1 << 19);
+  at_most("model.vocab_size", 1 << 22);
+  at_most("model.num_attention_heads", 1 << 12);
+  if (get_int("train.batch_size") * get_int("train.seq_len") > (int64_t{1} << 24))
+    fail("config: train.batch_size x train.seq_len = ", get_int("train.batch_size") * get_int("train.seq_len"),
+         " tokens per micro-batch, expected at most ", int64_t{1} << 24);
   const std::string& g = get_string("train.gemm_dtype");
   if (g != "bf16" && g != "fp32") fail("config: train.gemm_dtype: expected bf16 or fp32, got '", g, "'");
 }

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <sstream>
 
 #include "snip/core/controller.h"
 #include "snip/core/hf.h"
@@ -88,9 +89,14 @@ void save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCausalLM&
   try {
     io::write_safetensors((tmp / "model.safetensors").string(), model_to_safetensors(model));
     {
+      // Serialised in memory, then written like every other file, so that a
+      // full disk is a UserError (LibTorch's own file writer aborts the
+      // process when a write fails inside its destructor).
       torch::serialize::OutputArchive a;
       opt.save(a);
-      a.save_to((tmp / "optimizer.pt").string());
+      std::ostringstream bytes;
+      a.save_to(bytes);
+      io::write_file_atomic((tmp / "optimizer.pt").string(), bytes.str());
     }
     io::write_file_atomic((tmp / "config.json").string(), model->cfg.to_hf_json().dump(2) + "\n");
     json st = state;
@@ -125,14 +131,26 @@ json read_checkpoint_state(const std::string& dir) {
   try {
     st = json::parse(io::read_file(sp));
   } catch (const json::parse_error& e) {
-    fail("checkpoint ", sp, ": corrupt JSON (", e.what(), ")");
+    fail("checkpoint ", sp, ": corrupt JSON at byte ", e.byte);
   }
-  if (!st.is_object() || !st.contains("step") || !st.contains("crc32"))
-    fail("checkpoint ", sp, ": missing 'step' or 'crc32' fields");
+  auto unsigned_at = [&](const json& j, const char* key, const char* where) -> uint64_t {
+    if (!j.is_object() || !j.contains(key) || !j[key].is_number_unsigned())
+      fail("checkpoint ", sp, ": ", where, key, ": expected a non-negative integer");
+    return j[key].get<uint64_t>();
+  };
+  if (!st.is_object() || !st.contains("crc32") || !st["crc32"].is_object())
+    fail("checkpoint ", sp, ": missing the 'crc32' object");
+  const uint64_t step = unsigned_at(st, "step", "");
+  if (fs::path(dir).filename().string() != "step-" + std::to_string(step))
+    fail("checkpoint ", sp, ": holds step ", step, " but its folder is ", fs::path(dir).filename().string());
+  if (!st.contains("loader")) fail("checkpoint ", sp, ": missing the 'loader' object");
+  unsigned_at(st["loader"], "epoch", "loader.");
+  unsigned_at(st["loader"], "cursor", "loader.");
   for (const char* f : kCkptFiles) {
     const std::string p = (fs::path(dir) / f).string();
-    if (!fs::exists(p)) fail("checkpoint ", dir, ": missing file ", f);
-    if (!st["crc32"].contains(f) || st["crc32"][f].get<uint32_t>() != file_crc32(p))
+    if (!fs::is_regular_file(p)) fail("checkpoint ", dir, ": missing file ", f);
+    if (!st["crc32"].contains(f) || !st["crc32"][f].is_number_unsigned() ||
+        st["crc32"][f].get<uint64_t>() != file_crc32(p))
       fail("checkpoint ", p, ": checksum mismatch (the file is truncated or corrupted)");
   }
   return st;
@@ -172,6 +190,9 @@ LlamaForCausalLM load_checkpoint_model(const std::string& dir) {
 double evaluate(LlamaForCausalLM& model, const std::string& val_path, int64_t B, int64_t T, int64_t batches) {
   torch::NoGradGuard ng;
   data::TokenLoader val(val_path, int(B), int(T), 0);
+  if (int64_t(val.vocab_size()) > model->cfg.vocab_size)
+    fail(val_path, ": vocabulary ", val.vocab_size(), " is larger than the model's ", model->cfg.vocab_size,
+         " (data prepared with another tokenizer?)");
   const uint64_t W = val.num_windows();
   uint64_t n = batches > 0 ? std::min<uint64_t>(W, uint64_t(batches) * B) : W;
   std::vector<int32_t> in, tg, bin, btg;
@@ -201,6 +222,9 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   if (opts.resume) {
     resume_ckpt = latest_checkpoint(opts.run_dir);
     if (resume_ckpt.empty()) fail("--resume: no complete checkpoint in ", (run / "checkpoints").string());
+  } else if (fs::exists(run / "metrics.jsonl") || fs::exists(run / "checkpoints")) {
+    fail("run directory ", opts.run_dir, " already holds a run; continue it with --resume, or choose "
+         "another --run-dir (or delete it)");
   }
   cfg.validate();
   const fs::path data_dir(cfg.get_string("data.dir"));
@@ -212,7 +236,12 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   const int64_t accum = cfg.get_int("train.grad_accum"), max_steps = cfg.get_int("train.max_steps");
   const uint64_t seed = uint64_t(cfg.get_int("train.seed"));
   data::TokenLoader loader(train_bin, int(B), int(T), seed);
-  { data::TokenLoader check_val(val_bin, 1, int(T), 0); }
+  {
+    data::TokenLoader check_val(val_bin, 1, int(T), 0);
+    if (check_val.vocab_size() != loader.vocab_size())
+      fail("data.dir: ", val_bin, " has vocabulary ", check_val.vocab_size(), " but ", train_bin, " has ",
+           loader.vocab_size(), " (prepared with different tokenizers?)");
+  }
   const int64_t shard_vocab = loader.vocab_size();
   const int64_t cfg_vocab = cfg.get_int("model.vocab_size");
   if (cfg_vocab > 0 && cfg_vocab < shard_vocab)
@@ -256,6 +285,9 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       fail("checkpoint ", resume_ckpt, "/optimizer.pt: cannot be loaded: ", e.what_without_backtrace());
     }
     step = resume_state.at("step").get<int64_t>();
+    if (step >= max_steps)
+      fail("--resume: the checkpoint is at step ", step, " and train.max_steps is ", max_steps,
+           ": nothing to do (raise train.max_steps to train further)");
     if (ctl.active() && resume_state.contains("precision"))
       ctl.restore(resume_state["precision"], (fs::path(resume_ckpt) / "trainer_state.json").string());
     loader.restore({resume_state.at("loader").at("epoch").get<uint64_t>(),

@@ -60,6 +60,13 @@ expect "missing data" "does not exist" -- \
 absent "$tmp/r4"
 touch "$tmp/afile"
 expect "unwritable run dir" "not writable" -- "$snip" train --config "$tmp/ok.toml" --run-dir "$tmp/afile/run"
+expect "config is a directory" "is a directory" -- "$snip" train --config "$tmp" --run-dir "$tmp/r6"
+absent "$tmp/r6"
+expect "negative eps" "train.eps: expected a finite number > 0" -- \
+  "$snip" train --config "$tmp/ok.toml" --set train.eps=-1 --run-dir "$tmp/r7"
+absent "$tmp/r7"
+expect "unknown flag" "" -- "$snip" train --bogus
+expect "unknown command" "" -- "$snip" bogus
 expect "missing corpus" "" -- "$snip" data prepare --input "$tmp/no-corpus" --out "$tmp/d1"
 absent "$tmp/d1"
 mkdir -p "$tmp/empty"; printf '   \n\n' >"$tmp/empty/a.txt"
@@ -68,6 +75,14 @@ absent "$tmp/d2"
 
 # A trained run whose checkpoint is then truncated: resume refuses it.
 "$snip" train --config "$tmp/ok.toml" --run-dir "$tmp/run" >/dev/null 2>&1 || { echo "FAIL: tiny run" >&2; fail=$((fail + 1)); }
+expect "fresh run into an existing run" "already holds a run" -- \
+  "$snip" train --config "$tmp/ok.toml" --run-dir "$tmp/run"
+expect "resume with nothing to do" "nothing to do" -- \
+  "$snip" train --config "$tmp/ok.toml" --run-dir "$tmp/run" --resume
+cp -r "$tmp/run" "$tmp/run2"
+sed -i 's/"step": 2/"step": 1/' "$tmp/run2/checkpoints/step-2/trainer_state.json"
+expect "edited trainer state" "holds step 1 but its folder is step-2" -- \
+  "$snip" train --config "$tmp/ok.toml" --set train.max_steps=4 --run-dir "$tmp/run2" --resume
 w="$tmp/run/checkpoints/step-2/model.safetensors"
 if [ -f "$w" ]; then
   head -c 100 "$w" >"$tmp/t" && mv "$tmp/t" "$w"
