@@ -42,12 +42,25 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, torch::Tensor w,
                                int64_t layer_ptr) {
     const auto& l = *reinterpret_cast<const QuantLinearImpl*>(layer_ptr);
-    ctx->save_for_backward({x, w});
     // The layer outlives the graph of the step it runs in; the pointer is the
     // only non-tensor state backward needs (its precision at forward time is
     // the one used: plans change only at step boundaries).
     ctx->saved_data["layer"] = layer_ptr;
-    return gemm_nt(q(l, x, Operand::kFpropX), q(l, w, Operand::kFpropW), l.precision.gemm_dtype);
+    const auto dt = l.precision.gemm_dtype;
+    if (!l.precision.quantizer && dt != at::ScalarType::Undefined && dt != x.scalar_type()) {
+      // Identity hook with a narrower GEMM dtype (the BF16 baseline): cast X
+      // and W once and keep the casts for dgrad/wgrad, as autograd's own
+      // linear on cast operands does (half the saved bytes, no re-casts).
+      const torch::Tensor xc = x.to(dt), wc = w.to(dt);
+      ctx->save_for_backward({xc, wc});
+      ctx->saved_data["cast"] = true;
+      return torch::mm(xc, wc.t()).to(x.scalar_type());
+    }
+    // With a quantizer, backward re-quantizes the originals along its own
+    // reduction dims (blocks differ per GEMM), so the originals are saved.
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["cast"] = false;
+    return gemm_nt(q(l, x, Operand::kFpropX), q(l, w, Operand::kFpropW), dt);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -60,6 +73,15 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
     if (l.capture) l.capture->dy = dy.detach();
     const auto dt = l.precision.gemm_dtype;
     torch::Tensor dx, dw;
+    if (ctx->saved_data["cast"].toBool()) {  // x, w are the GEMM-dtype casts from forward
+      const torch::Tensor dyc = dy.to(dt);
+      if (ctx->needs_input_grad(0)) {
+        dx = torch::mm(dyc, w).to(dy.scalar_type());  // dgrad [T, IN]
+        if (l.input_grad_noise.defined()) dx = dx + l.input_grad_noise;
+      }
+      if (ctx->needs_input_grad(1)) dw = torch::mm(dyc.t(), x).to(dy.scalar_type());  // wgrad [OUT, IN]
+      return {dx, dw, torch::Tensor()};
+    }
     if (ctx->needs_input_grad(0)) {
       // dgrad: dX [T, IN] = dY [T, OUT] · W [OUT, IN]; K = OUT, so W goes in as Wᵀ [IN, OUT].
       dx = gemm_nt(q(l, dy, Operand::kDgradDY), q(l, w.t(), Operand::kDgradW), dt);
