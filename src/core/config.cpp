@@ -169,10 +169,18 @@ std::string format_option_value(const OptionValue& v) {
   if (const auto* b = std::get_if<bool>(&v)) os << (*b ? "true" : "false");
   else if (const auto* i = std::get_if<int64_t>(&v)) os << *i;
   else if (const auto* d = std::get_if<double>(&v)) {
-    os.precision(17);
-    os << *d;
-    const std::string s = os.str();
-    if (s.find_first_of(".eEn") == std::string::npos) os << ".0";
+    // The shortest decimal that reads back as the same double (0.9, not
+    // 0.90000000000000002).
+    std::string s;
+    for (int prec = 1; prec <= 17; ++prec) {
+      std::ostringstream t;
+      t.precision(prec);
+      t << *d;
+      s = t.str();
+      if (std::stod(s) == *d || !std::isfinite(*d)) break;
+    }
+    if (s.find_first_of(".eEni") == std::string::npos) s += ".0";
+    os << s;
   } else os << toml::value<std::string>(std::get<std::string>(v));
   return os.str();
 }

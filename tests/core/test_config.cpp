@@ -4,18 +4,12 @@
 
 #include "snip/core/config.h"
 #include "snip/util/error.h"
+#include "test_util.h"
 
 using namespace snip;
 
 namespace {
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 }  // namespace
 
 TEST(Config, DefaultsAndOverrides) {
@@ -77,4 +71,13 @@ TEST(Config, ResolvedTomlRoundTrips) {
               format_option_value(c.values().count(o.key) ? c.values().at(o.key) : o.def));
   }
   EXPECT_EQ(d.get_string("data.dir"), "a \"quoted\" path");
+}
+
+TEST(Config, NumbersPrintAsTheShortestDecimalThatReadsBack) {
+  EXPECT_EQ(format_option_value(0.9), "0.9");
+  EXPECT_EQ(format_option_value(1e-5), "1e-05");
+  EXPECT_EQ(format_option_value(3.0), "3.0");
+  EXPECT_EQ(format_option_value(0.1 + 0.2), "0.30000000000000004");  // needs all 17 digits
+  EXPECT_EQ(format_option_value(int64_t{42}), "42");
+  EXPECT_EQ(format_option_value(std::string("a b")), "'a b'");
 }

@@ -8,6 +8,7 @@
 #include "snip/core/hf.h"
 #include "snip/io/atomic_file.h"
 #include "snip/util/error.h"
+#include "test_util.h"
 
 using namespace snip;
 namespace fs = std::filesystem;
@@ -33,14 +34,7 @@ std::string tmpdir(const std::string& n) {
   return d.string();
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 }  // namespace
 

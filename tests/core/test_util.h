@@ -3,9 +3,11 @@
 // about a second on one thread.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "snip/core/config.h"
+#include "snip/util/error.h"
 
 namespace snip::test {
 
@@ -34,6 +36,16 @@ threads = 1
 )", "micro");
   c.set("data.dir", kBrown512, "test");
   return c;
+}
+
+/// The message of the UserError that f throws, or "(no error)".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 }  // namespace snip::test
