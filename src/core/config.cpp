@@ -104,6 +104,13 @@ std::vector<OptionSpec> make_table() {
           "s in M <- (1-s)*M_new + s*M_old between stats steps (larger = steadier plans)"),
       opt("precision.alpha", T::kFloat, 0.5, "fraction", "weight of the loss divergence in Q = a*LD + (1-a)*WD"),
       opt("precision.seed", T::kInt, int64_t{0}, "", "seed of the random policy"),
+      opt("precision.granularity", T::kString, std::string("layer"), "",
+          "what one plan decision covers: layer (all three GEMMs of a linear layer) or gemm (fprop, dgrad and "
+          "wgrad separately, METHOD.md section 2)"),
+      opt("precision.first_order", T::kString, std::string("abs"), "",
+          "first-order term of the loss divergence: abs (|<g,e>|), signed (<g,e>) or drop (curvature term only)"),
+      opt("precision.curvature_probes", T::kInt, int64_t{1}, "",
+          "noise-injection probes per stats step for the LD curvature term (each one extra forward+backward)"),
   };
   std::sort(t.begin(), t.end(), [](const OptionSpec& a, const OptionSpec& b) { return a.key < b.key; });
   return t;

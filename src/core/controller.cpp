@@ -47,6 +47,24 @@ bool is_uniform_policy(const std::string& p) { return p.rfind("uniform-", 0) == 
 
 bool needs_stats(const std::string& p) { return p == "snip" || p == "min-rel-err"; }
 
+// Per-GEMM precision of one layer: the quantizer of the option chosen for the
+// GEMM an operand belongs to (fprop.x/w -> fprop, dgrad.dy/w -> dgrad,
+// wgrad.dy/x -> wgrad; Operand's order, linear.h). nullptr = identity.
+class PerGemmQuantizer : public OperandQuantizer {
+ public:
+  PerGemmQuantizer(std::array<std::shared_ptr<const OperandQuantizer>, 3> q, std::string name)
+      : q_(std::move(q)), name_(std::move(name)) {}
+  torch::Tensor quantize(const torch::Tensor& t, const QuantKey& key) const override {
+    const auto& q = q_[size_t(int(key.operand) / 2)];
+    return q ? q->quantize(t, key) : t;
+  }
+  std::string name() const override { return name_; }
+
+ private:
+  std::array<std::shared_ptr<const OperandQuantizer>, 3> q_;
+  std::string name_;
+};
+
 double fraction(const Config& cfg, const char* key) {
   const double v = cfg.get_float(key);
   if (!(v >= 0 && v <= 1)) fail("config: ", key, ": expected a fraction in [0, 1], got ", v);
@@ -124,6 +142,16 @@ PrecisionController::PrecisionController(const Config& cfg, std::vector<QuantLin
   smoothing_ = fraction(cfg, "precision.smoothing");
   alpha_ = fraction(cfg, "precision.alpha");
   seed_ = uint64_t(cfg.get_int("precision.seed"));
+  const std::string gran = cfg.get_string("precision.granularity");
+  if (gran == "layer") gran_ = policy::Granularity::layer;
+  else if (gran == "gemm") gran_ = policy::Granularity::gemm;
+  else fail("config: precision.granularity: expected layer or gemm, got '", gran, "'");
+  first_order_ = cfg.get_string("precision.first_order");
+  if (first_order_ != "abs" && first_order_ != "signed" && first_order_ != "drop")
+    fail("config: precision.first_order: expected abs, signed or drop, got '", first_order_, "'");
+  probes_ = cfg.get_int("precision.curvature_probes");
+  if (probes_ < 0 || probes_ > 64)
+    fail("config: precision.curvature_probes: expected 0..64 probes, got ", probes_);
   stats_seed_ = uint64_t(cfg.get_int("train.seed"));
   warmup_precision_ = cfg.get_string("precision.warmup_precision");
   final_precision_ = cfg.get_string("precision.final_precision");
@@ -195,13 +223,24 @@ std::shared_ptr<const OperandQuantizer> PrecisionController::quantizer(const std
 // every option the controller knows.
 policy::PlanProblem PrecisionController::shape_problem() const {
   policy::PlanProblem p;
+  p.granularity = gran_;
   for (const auto& l : layers_) {
     policy::PlanItem it;
     it.name = it.layer = l->name;
     it.flops = 6.0 * double(l->in_features) * double(l->out_features);
     for (const auto& kv : quant_) it.q[kv.first] = kv.first == kLow ? 1.0 : 0.0;
     it.rel_err[kLow] = 1.0;
-    p.items.push_back(std::move(it));
+    if (gran_ == policy::Granularity::layer) {
+      p.items.push_back(std::move(it));
+      continue;
+    }
+    for (const char* g : policy::kGemmNames) {
+      policy::PlanItem gi = it;
+      gi.name = l->name + ":" + g;
+      gi.gemm = g;
+      gi.flops = it.flops / 3.0;
+      p.items.push_back(std::move(gi));
+    }
   }
   return p;
 }
@@ -215,11 +254,47 @@ policy::PlanOptions PrecisionController::plan_options(bool with_pins) const {
   return o;
 }
 
+std::vector<std::string> PrecisionController::item_names() const {
+  std::vector<std::string> out;
+  for (const auto& l : layers_) {
+    if (gran_ == policy::Granularity::layer) out.push_back(l->name);
+    else
+      for (const char* g : policy::kGemmNames) out.push_back(l->name + ":" + g);
+  }
+  return out;
+}
+
+std::array<std::string, 3> PrecisionController::layer_options(const std::map<std::string, std::string>& assign,
+                                                              const std::string& layer) const {
+  std::array<std::string, 3> o;
+  for (int g = 0; g < 3; ++g) {
+    const std::string key = gran_ == policy::Granularity::layer ? layer : layer + ":" + policy::kGemmNames[g];
+    auto it = assign.find(key);
+    SNIP_CHECK(it != assign.end(), "plan has no option for ", key);
+    o[size_t(g)] = it->second;
+  }
+  return o;
+}
+
 void PrecisionController::apply(const std::map<std::string, std::string>& assign) {
   for (auto& l : layers_) {
-    auto it = assign.find(l->name);
-    SNIP_CHECK(it != assign.end(), "plan has no option for layer ", l->name);
-    l->precision = LinearPrecision{quantizer(it->second), gemm_dtype_};
+    const std::array<std::string, 3> o = layer_options(assign, l->name);
+    std::shared_ptr<const OperandQuantizer> q;
+    if (o[0] == o[1] && o[1] == o[2]) {
+      q = quantizer(o[0]);
+    } else {  // per-GEMM options differ: one composite per distinct triple
+      const std::string key = o[0] + "/" + o[1] + "/" + o[2];
+      auto it = per_gemm_quant_.find(key);
+      if (it == per_gemm_quant_.end())
+        it = per_gemm_quant_
+                 .emplace(key, std::make_shared<PerGemmQuantizer>(
+                                   std::array<std::shared_ptr<const OperandQuantizer>, 3>{
+                                       quantizer(o[0]), quantizer(o[1]), quantizer(o[2])},
+                                   key))
+                 .first;
+      q = it->second;
+    }
+    l->precision = LinearPrecision{q, gemm_dtype_};
   }
   assign_ = assign;
 }
@@ -230,8 +305,9 @@ double PrecisionController::fp4_share() const {
   for (const auto& l : layers_) {
     const double f = double(l->in_features) * double(l->out_features);
     total += f;
-    auto it = assign_.find(l->name);
-    if (it != assign_.end() && it->second == kLow) low += f;
+    int n = 0;  // GEMMs of this layer at the low option (a third of its FLOPs each)
+    for (const std::string& o : layer_options(assign_, l->name)) n += o == kLow;
+    low += f * double(n) / 3.0;
   }
   return total > 0 ? low / total : 0.0;
 }
@@ -270,6 +346,8 @@ void PrecisionController::decide(int64_t s, const std::string& phase,
     so.reference = kReference;
     so.alpha = alpha_;
     so.seed = stats_seed_;
+    so.first_order = first_order_;
+    so.curvature_probes = int(probes_);
     fresh = measure(layers_, loss_fn, opt, so, s);
     smooth(smoothed_, fresh, smoothing_);
     smoothed_.step = s;
@@ -277,12 +355,13 @@ void PrecisionController::decide(int64_t s, const std::string& phase,
     stats_s = std::chrono::duration<double>(clock::now() - t0).count();
     if (!run_dir_.empty()) {
       fs::create_directories(fs::path(run_dir_) / "stats");
-      json j = to_json(smoothed_);
+      const bool pg = gran_ == policy::Granularity::gemm;
+      json j = to_json(smoothed_, pg);
       j["smoothing"] = smoothing_;
-      j["measured"] = to_json(fresh);
+      j["measured"] = to_json(fresh, pg);
       policy::save_json_atomic(j, (fs::path(run_dir_) / "stats" / ("step-" + std::to_string(s) + ".json")).string());
     }
-    prob = to_plan_problem(smoothed_);
+    prob = to_plan_problem(smoothed_, gran_);
     const policy::PlanOptions o = plan_options(true);
     try {
       r = policy_ == "snip" ? policy::plan(prob, o) : policy::run_heuristic(policy_, prob, o, seed_);
@@ -312,7 +391,7 @@ void PrecisionController::decide(int64_t s, const std::string& phase,
       for (const auto& [name, os] : ls.options) m[name] = os.rel_err[kStatsFprop];
       m[kReference] = 0.0;
       rel[ls.name] = m;
-      const std::string& chosen = assign_.at(ls.name);
+      const std::string& chosen = layer_options(assign_, ls.name)[kStatsFprop];
       if (m.contains(chosen)) rel_chosen[ls.name] = m[chosen];
     }
     pj["q_table"] = std::move(qt);
@@ -334,7 +413,7 @@ void PrecisionController::decide(int64_t s, const std::string& phase,
 
   ev.decided = true;
   json prec = json::object();
-  for (const auto& l : layers_) prec[l->name] = assign_.at(l->name);
+  for (const std::string& n : item_names()) prec[n] = assign_.at(n);
   ev.metrics["precision"] = std::move(prec);
   ev.metrics["plan_step"] = s;
   ev.metrics["phase"] = phase;
@@ -361,8 +440,9 @@ void PrecisionController::restore(const json& st, const std::string& what) {
     const auto assign = st.at("assignments").get<std::map<std::string, std::string>>();
     smoothed_ = st.at("smoothed").is_null() ? StatsStep{} : stats_from_json(st.at("smoothed"), what + ": smoothed");
     if (!phase_.empty()) {
-      for (const auto& l : layers_)
-        if (!assign.count(l->name)) fail(what, ": precision.assignments: no option for layer '", l->name, "'");
+      for (const std::string& n : item_names())
+        if (!assign.count(n))
+          fail(what, ": precision.assignments: no option for '", n, "' (precision.granularity changed?)");
       for (const auto& kv : assign)
         if (!quant_.count(kv.second))
           fail(what, ": precision.assignments: layer '", kv.first, "': option '", kv.second,

@@ -10,6 +10,7 @@
 #include "snip/core/config.h"
 #include "snip/core/controller.h"
 #include "snip/core/llama.h"
+#include "snip/core/quantizers.h"
 #include "snip/core/trainer.h"
 #include "snip/io/atomic_file.h"
 #include "snip/policy/cost_table.h"
@@ -343,5 +344,108 @@ TEST(Controller, BadPrecisionConfigFailsBeforeTheRunDirectory) {
     c.set("precision.options", std::string("fp4,fp3"), "test");
     EXPECT_NE(error_of(c).find("precision.options: option 'fp3'"), std::string::npos);
   }
+  {
+    Config c = policy_config("snip", 20, 2, 5);
+    c.set("precision.granularity", std::string("tensor"), "test");
+    EXPECT_NE(error_of(c).find("precision.granularity: expected layer or gemm, got 'tensor'"), std::string::npos);
+  }
+  {
+    Config c = policy_config("snip", 20, 2, 5);
+    c.set("precision.first_order", std::string("square"), "test");
+    EXPECT_NE(error_of(c).find("precision.first_order: expected abs, signed or drop"), std::string::npos);
+  }
   EXPECT_FALSE(fs::exists(o.run_dir)) << "a failed start created the run directory";
+}
+
+// Per-GEMM granularity (METHOD.md section 2): 3 plan items per layer, the
+// composite quantizer applies each GEMM's option to exactly that GEMM's two
+// operands, and the per-GEMM plan is never worse than the per-layer plan on
+// the same statistics (every per-layer plan is a per-GEMM plan of equal Q sum
+// and FP4 share: the per-GEMM Q of a layer's GEMMs sum to its layer Q).
+TEST(Controller, PerGemmGranularity) {
+  Config c = policy_config("snip", 40, 2, 10);
+  c.set("precision.budget", 0.5, "test");
+  c.set("precision.granularity", std::string("gemm"), "test");
+  torch::manual_seed(0);
+  LlamaForCausalLM model(LlamaConfig::from_run_config(c, 512));
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  const torch::Tensor ids = torch::randint(512, {2, 32}, torch::kLong);
+  auto loss_fn = [&] { return LlamaForCausalLMImpl::loss(model(ids), ids); };
+  PrecisionController ctl(c, model->linear_layers(), at::kBFloat16);
+  ctl.begin_step(0, loss_fn, opt);
+  const PrecisionEvent ev = ctl.begin_step(2, loss_fn, opt);
+  ASSERT_TRUE(ev.decided);
+  const auto layers = model->linear_layers();
+  ASSERT_EQ(ctl.assignments().size(), 3 * layers.size());
+  ASSERT_EQ(ev.metrics["precision"].size(), 3 * layers.size());
+  // FP4 share by hand: each GEMM is a third of its layer's in*out.
+  double low = 0, total = 0;
+  for (const auto& l : layers) {
+    const double f = double(l->in_features * l->out_features);
+    total += f;
+    for (const char* g : {"fprop", "dgrad", "wgrad"})
+      if (ctl.assignments().at(l->name + ":" + g) == "fp4") low += f / 3;
+    EXPECT_TRUE(ev.metrics["rel_err_fprop"].contains(l->name)) << l->name;
+  }
+  EXPECT_NEAR(ctl.fp4_share(), low / total, 1e-12);
+  EXPECT_GE(ctl.fp4_share(), 0.5 - 1e-9);
+
+  // Relaxation: per-GEMM optimum <= per-layer optimum on the same smoothed stats.
+  policy::PlanOptions po;
+  po.budget = policy::Budget::share(0.5);
+  po.allowed_options = {"fp4", "fp8"};
+  const double q_gemm = policy::plan(to_plan_problem(ctl.smoothed(), policy::Granularity::gemm), po).objective;
+  const double q_layer = policy::plan(to_plan_problem(ctl.smoothed(), policy::Granularity::layer), po).objective;
+  EXPECT_LE(q_gemm, q_layer + 1e-9);
+
+  // A crafted mixed assignment through restore(): fprop fp4, dgrad bf16, wgrad fp8 on layer 0.
+  json st = ctl.state();
+  const std::string l0 = layers[0]->name;
+  st["assignments"][l0 + ":fprop"] = "fp4";
+  st["assignments"][l0 + ":dgrad"] = "bf16";
+  st["assignments"][l0 + ":wgrad"] = "fp8";
+  Config c2 = c;
+  c2.set("precision.options", std::string("fp4,fp8,bf16"), "test");
+  PrecisionController other(c2, layers, at::kBFloat16);
+  other.restore(st, "crafted");
+  const auto q = layers[0]->precision.quantizer;
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(q->name(), "fp4/bf16/fp8");
+  const auto fp4 = make_recipe_quantizer("fp4"), fp8 = make_recipe_quantizer("fp8");
+  const torch::Tensor t = torch::randn({32, 64}, torch::kFloat);
+  for (int op = 0; op < kNumOperands; ++op) {
+    SCOPED_TRACE(operand_name(Operand(op)));
+    const QuantKey key{7, 3, 0, Operand(op)};
+    const torch::Tensor got = q->quantize(t, key);
+    const torch::Tensor want = op < 2 ? fp4->quantize(t, key) : op < 4 ? t : fp8->quantize(t, key);
+    EXPECT_TRUE(torch::equal(got, want));
+  }
+  EXPECT_FALSE(torch::equal(fp4->quantize(t, {7, 3, 0, Operand::kFpropX}), t));  // the check can fail
+  // A state written at layer granularity does not restore into a per-GEMM run.
+  Config c3 = c;
+  c3.set("precision.granularity", std::string("layer"), "test");
+  PrecisionController layer_ctl(c3, layers, at::kBFloat16);
+  EXPECT_NE(test::error_of([&] { layer_ctl.restore(st, "crafted"); }).find("precision.granularity changed"),
+            std::string::npos);
+}
+
+TEST(Controller, PerGemmTrainsEndToEnd) {
+  REQUIRE_DATA();
+  Config c = policy_config("snip", 12, 4, 4);
+  c.set("precision.granularity", std::string("gemm"), "test");
+  TrainOptions o;
+  o.quiet = true;
+  o.run_dir = fresh_dir("gemm");
+  train(c, o);
+  const json pj = read_json(o.run_dir + "/plans/step-4.json");
+  EXPECT_EQ(pj["items"].size(), 42u);
+  EXPECT_EQ(pj["granularity"], "gemm");
+  EXPECT_GE(pj["fp4_share"].get<double>(), 0.75 - 1e-9);
+  const json sj = read_json(o.run_dir + "/stats/step-4.json");
+  EXPECT_TRUE(policy::parse_cost_table(sj, "stats").per_gemm());
+  const auto m = read_metrics(o.run_dir);
+  ASSERT_EQ(m.size(), 12u);
+  EXPECT_TRUE(m[4]["precision"].contains("model.layers.0.self_attn.q_proj:wgrad"));
+  EXPECT_NEAR(m[4]["fp4_share"].get<double>(), pj["fp4_share"].get<double>(), 1e-12);
+  fs::remove_all(o.run_dir);
 }

@@ -1,6 +1,14 @@
 // snip/core/controller.h: the method inside `snip train` (METHOD.md sections
-// 3-6, per-layer granularity): which precision option every quantizable
-// linear layer runs, decided at step boundaries.
+// 3-6): which precision option every quantizable linear layer runs, decided
+// at step boundaries.
+//
+// Granularity (precision.granularity, METHOD.md section 2): "layer" (one
+// option for the three GEMMs of a layer; plan items are layer names) or
+// "gemm" (plan items "<layer>:fprop", ":dgrad", ":wgrad", each 1/3 of the
+// layer's FLOPs; the stats step's per-GEMM cost table gives fprop α·LDn,
+// dgrad (1−α)·wd_up/ΣWD, wgrad (1−α)·wd_own/ΣWD, stats.h). A layer whose
+// three GEMMs got different options runs a composite quantizer that applies
+// each GEMM's option to that GEMM's two operands.
 //
 // Steps. `s` below is the number of optimizer steps completed, i.e. the
 // 0-based index of the step about to run (checkpoints/step-s holds the state
@@ -179,6 +187,7 @@ inline std::string find_plan_file(const std::string& run_dir, int64_t step = -1)
 
 #include <torch/torch.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -249,7 +258,9 @@ class PrecisionController {
 
   /// FP4 (low-option) FLOPs share of the current assignment, fraction.
   double fp4_share() const;
-  /// Layer name -> option of the current assignment (empty before the first decision).
+  /// Plan item -> option of the current assignment (empty before the first
+  /// decision). Items are layer names, or "<layer>:fprop|dgrad|wgrad" with
+  /// precision.granularity = gemm.
   const std::map<std::string, std::string>& assignments() const { return assign_; }
   /// The smoothed statistics (no layers before the first stats step).
   const StatsStep& smoothed() const { return smoothed_; }
@@ -262,6 +273,11 @@ class PrecisionController {
 
  private:
   void apply(const std::map<std::string, std::string>& assign);
+  /// Plan item names: layer names, or "<layer>:fprop|dgrad|wgrad" per GEMM.
+  std::vector<std::string> item_names() const;
+  /// The options of a layer's fprop, dgrad and wgrad GEMMs under `assign`.
+  std::array<std::string, 3> layer_options(const std::map<std::string, std::string>& assign,
+                                           const std::string& layer) const;
   policy::PlanProblem shape_problem() const;
   policy::PlanOptions plan_options(bool with_pins) const;
   void decide(int64_t s, const std::string& phase, const std::function<torch::Tensor()>& loss_fn,
@@ -280,6 +296,10 @@ class PrecisionController {
   uint64_t seed_ = 0, stats_seed_ = 0;
   std::vector<policy::Pin> pins_;
   std::map<std::string, std::shared_ptr<const OperandQuantizer>> quant_;
+  std::map<std::string, std::shared_ptr<const OperandQuantizer>> per_gemm_quant_;  // "fprop/dgrad/wgrad" options
+  policy::Granularity gran_ = policy::Granularity::layer;
+  std::string first_order_ = "abs";
+  int64_t probes_ = 1;
   std::string run_dir_;
   bool verbose_ = false;
   // state (saved in checkpoints)
