@@ -18,6 +18,7 @@ packages=(
   zlib1g-dev libssl-dev                   # checkpoint CRC32, SHA-256 of data inputs
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch                           # the float64 reference model of the golden test
+  chromium                                # headless browser of the report test (tests/report/report_browser.sh)
   ${SNIP_EXTRA_PACKAGES:-}
 )
 missing=()

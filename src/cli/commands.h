@@ -12,5 +12,7 @@ void add_train_commands(CLI::App& app);    // train, eval       (cmd_train.cpp)
 void add_data_commands(CLI::App& app);     // data prepare      (cmd_data.cpp)
 void add_format_commands(CLI::App& app);   // formats, quantize (cmd_formats.cpp)
 void add_plan_commands(CLI::App& app);     // plan              (cmd_plan.cpp)
+void add_report_commands(CLI::App& app);   // report            (cmd_report.cpp)
+void add_experiment_commands(CLI::App& app);  // experiment, correlate (cmd_experiment.cpp)
 
 }  // namespace snip::cli

@@ -1,0 +1,555 @@
+// tests for snip_report: the SVG charts (svg.h), the metrics reader and the
+// run report (report.h), and `snip report` (src/cli/cmd_report.cpp, compiled
+// in) driven through CLI11. Expected coordinates are worked out by hand from
+// the layout constants documented in svg.h.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "commands.h"
+#include "snip/report/report.h"
+#include "snip/report/svg.h"
+#include "snip/util/error.h"
+
+namespace fs = std::filesystem;
+using namespace snip::report;
+
+namespace {
+
+const double kNaN = std::nan("");
+
+// Occurrences of `needle` in `hay`.
+size_t count(const std::string& hay, const std::string& needle) {
+  size_t n = 0;
+  for (size_t p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + needle.size())) ++n;
+  return n;
+}
+
+// The <svg ...>...</svg> element with data-chart="id" inside an HTML page ("" if absent).
+std::string chart(const std::string& html, const std::string& id) {
+  const size_t at = html.find("data-chart=\"" + id + "\"");
+  if (at == std::string::npos) return "";
+  const size_t start = html.rfind("<svg", at);
+  const size_t end = html.find("</svg>", at);
+  return html.substr(start, end + 6 - start);
+}
+
+// The value of attribute `name` in the first element of `svg` that has class `cls`.
+std::string first_attr(const std::string& svg, const std::string& cls, const std::string& name) {
+  const size_t at = svg.find("class=\"" + cls + "\"");
+  if (at == std::string::npos) return "";
+  const size_t end = svg.find('>', at);
+  const size_t a = svg.find(" " + name + "=\"", at);
+  if (a == std::string::npos || a > end) return "";
+  const size_t v = a + name.size() + 3;
+  return svg.substr(v, svg.find('"', v) - v);
+}
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/snip_report_test_XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string file(const std::string& name, const std::string& text) const {
+    const fs::path p = path / name;
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+    return p.string();
+  }
+  std::string str() const { return path.string(); }
+};
+
+// ---- a synthetic run: 3 layers, 6 steps, decisions at s = 0 (warmup, bf16)
+// and s = 2 (plan with stats), evaluations at steps 3 and 6.
+const char* kLayers[3] = {"model.layers.1.self_attn.q_proj", "model.layers.0.mlp.down_proj",
+                          "model.layers.0.self_attn.q_proj"};
+
+std::string metrics_line(int step, const std::string& extra = "") {
+  std::ostringstream os;
+  os << "{\"step\":" << step << ",\"loss\":" << 9.0 - 0.5 * step << ",\"lr\":0.001,\"grad_norm\":1.0,"
+     << "\"tokens_per_s\":1000,\"elapsed_s\":" << step << ",\"fp4_share\":" << (step >= 3 ? 0.6 : 0.0) << extra << "}\n";
+  return os.str();
+}
+
+void write_synthetic_run(const TempDir& t, const std::string& run, bool torn_tail = false) {
+  std::string m;
+  m += metrics_line(1, ",\"plan_step\":0,\"phase\":\"warmup\",\"precision\":{\"" + std::string(kLayers[0]) +
+                           "\":\"bf16\",\"" + kLayers[1] + "\":\"bf16\",\"" + kLayers[2] + "\":\"bf16\"}");
+  m += metrics_line(2);
+  m += metrics_line(3, ",\"plan_step\":2,\"phase\":\"plan\",\"precision\":{\"" + std::string(kLayers[0]) +
+                           "\":\"fp4\",\"" + kLayers[1] + "\":\"fp8\",\"" + kLayers[2] + "\":\"fp4\"},\"rel_err_fprop\":{\"" +
+                           kLayers[0] + "\":0.12,\"" + kLayers[1] + "\":0.03,\"" + kLayers[2] + "\":0.15},\"val_loss\":7.6,\"val_ppl\":2000");
+  m += metrics_line(4);
+  m += metrics_line(5);
+  m += metrics_line(6, ",\"val_loss\":6.9,\"val_ppl\":990");
+  if (torn_tail) m += "{\"step\":7,\"loss\":5.";
+  t.file(run + "/metrics.jsonl", m);
+  t.file(run + "/plans/step-0.json",
+         R"({"step":0,"policy":"snip","phase":"warmup","method":"uniform-bf16","status":"optimal","fp4_share":0.0,
+             "objective":0.0,"low_option":"fp4","budget":null,
+             "items":[{"name":"model.layers.0.self_attn.q_proj","flops":100,"option":"bf16","q":{}},
+                      {"name":"model.layers.0.mlp.down_proj","flops":300,"option":"bf16","q":{}},
+                      {"name":"model.layers.1.self_attn.q_proj","flops":100,"option":"bf16","q":{}}]})");
+  t.file(run + "/plans/step-2.json",
+         R"({"step":2,"policy":"snip","phase":"plan","method":"ilp","status":"optimal","proven_optimal":true,
+             "solve_seconds":0.01,"stats_seconds":1.5,"fp4_share":0.4,"objective":0.5,"low_option":"fp4","budget":0.4,
+             "option_costs":{"fp4":1,"fp8":2,"bf16":4},
+             "items":[{"name":"model.layers.0.self_attn.q_proj","flops":100,"option":"fp4","q":{"fp4":0.2,"fp8":0.05,"bf16":0}},
+                      {"name":"model.layers.0.mlp.down_proj","flops":300,"option":"fp8","q":{"fp4":0.9,"fp8":0.1,"bf16":0}},
+                      {"name":"model.layers.1.self_attn.q_proj","flops":100,"option":"fp4","q":{"fp4":0.3,"fp8":0.07,"bf16":0}}],
+             "q_table":{"model.layers.0.self_attn.q_proj":{"fp4":0.2,"fp8":0.05,"bf16":0}},
+             "rel_err_fprop":{"model.layers.0.self_attn.q_proj":{"fp4":0.15,"fp8":0.04,"bf16":0},
+                              "model.layers.0.mlp.down_proj":{"fp4":0.14,"fp8":0.03,"bf16":0},
+                              "model.layers.1.self_attn.q_proj":{"fp4":0.12,"fp8":0.035,"bf16":0}}})");
+  t.file(run + "/stats/step-2.json",
+         R"({"step":2,"smoothing":0.1,
+             "layers":[{"name":"model.layers.0.self_attn.q_proj","flops":100,"q":{"fp4":0.2,"fp8":0.05,"bf16":0},"rel_err":{"fp4":0.15,"fp8":0.04}},
+                       {"name":"model.layers.0.mlp.down_proj","flops":300,"q":{"fp4":0.9,"fp8":0.1,"bf16":0},"rel_err":{"fp4":0.14,"fp8":0.03}},
+                       {"name":"model.layers.1.self_attn.q_proj","flops":100,"q":{"fp4":0.3,"fp8":0.07,"bf16":0},"rel_err":{"fp4":0.12,"fp8":0.035}}],
+             "details":{"low_option":"fp4","layers":[
+               {"name":"model.layers.0.self_attn.q_proj","curvature":1e-8,"options":{"fp4":{"ld":1.5e-5,"wd_own":9e-4,"wd_up":0,"rel_err":{"fprop":0.15,"dgrad":0.16,"wgrad":0.14}}}}]}})");
+  t.file(run + "/summary.json",
+         R"({"final_train_loss":6.0,"final_val_loss":6.9,"final_val_ppl":990.0,"parameters":5000000,"policy":"snip",
+             "seconds":12.5,"steps":6,"tokens":12288,"tokens_per_s":983.0})");
+  t.file(run + "/config.toml", "[model]\nhidden_size = 256  # C\nnum_hidden_layers = 2\n[precision]\npolicy = 'snip'\n");
+}
+
+}  // namespace
+
+// ---- svg.h ------------------------------------------------------------------
+
+TEST(Svg, XmlEscape) {
+  EXPECT_EQ(xml_escape("a<b>&\"c'd"), "a&lt;b&gt;&amp;&quot;c&#39;d");
+  EXPECT_EQ(xml_escape("plain"), "plain");
+  EXPECT_EQ(xml_escape(""), "");
+}
+
+TEST(Svg, LineChartPlotRectByHand) {
+  // 760 x 340, a title, one series "a" (one legend row):
+  // left 64, right 760-20 = 740, top 10 + 22 + 18 + 6 = 56, bottom 340-48 = 292.
+  LineChartOptions o;
+  o.title = "t";
+  const PlotRect r = line_chart_plot_rect({Series{"a", {1, 2}, {0, 1}}}, o);
+  EXPECT_DOUBLE_EQ(r.left, 64);
+  EXPECT_DOUBLE_EQ(r.right, 740);
+  EXPECT_DOUBLE_EQ(r.top, 56);
+  EXPECT_DOUBLE_EQ(r.bottom, 292);
+  // No title: top 10 + 18 + 6 = 34.
+  o.title.clear();
+  EXPECT_DOUBLE_EQ(line_chart_plot_rect({Series{"a", {1, 2}, {0, 1}}}, o).top, 34);
+}
+
+TEST(Svg, LineChartPointsMapToPlotCorners) {
+  // x from 1 to 3 spans [64, 740]; y range [0, 1] spans [292, 56] (up).
+  // (1, 0) -> bottom-left (64, 292); (2, 0.5) -> (402, 174); (3, 1) -> top-right (740, 56).
+  LineChartOptions o;
+  o.id = "c1";
+  o.title = "t";
+  o.y_min = 0;
+  o.y_max = 1;
+  const std::string svg = svg_line_chart({Series{"a", {1, 2, 3}, {0, 0.5, 1}}}, o);
+  EXPECT_EQ(count(svg, "class=\"series\""), 1u);
+  EXPECT_NE(svg.find("data-chart=\"c1\""), std::string::npos);
+  EXPECT_NE(svg.find("data-series-count=\"1\""), std::string::npos);
+  EXPECT_EQ(first_attr(svg, "series", "d"), "M64.00,292.00 L402.00,174.00 L740.00,56.00");
+  EXPECT_EQ(first_attr(svg, "series", "data-series"), "a");
+  EXPECT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0), 0u);
+  EXPECT_EQ(svg.substr(svg.size() - 6), "</svg>");
+  EXPECT_EQ(svg.find("<script"), std::string::npos);
+  EXPECT_EQ(svg.find("http://", 30), std::string::npos);  // only the xmlns
+}
+
+TEST(Svg, LineChartSeriesCountColoursAndDashes) {
+  LineChartOptions o;
+  const std::string svg = svg_line_chart({Series{"run", {1, 2}, {3, 4}}, Series{"ref", {1, 2}, {3.5, 4.5}, "", true},
+                                          Series{"empty", {}, {}}, Series{"all-nan", {1}, {kNaN}}},
+                                         o);
+  EXPECT_EQ(count(svg, "class=\"series\""), 2u);  // series without a finite point are left out
+  EXPECT_NE(svg.find("data-series-count=\"2\""), std::string::npos);
+  EXPECT_NE(svg.find("data-series=\"run\" d=\"M"), std::string::npos);
+  EXPECT_NE(svg.find("stroke=\"" + series_color(0) + "\""), std::string::npos);
+  EXPECT_NE(svg.find("stroke=\"" + series_color(1) + "\" stroke-width=\"1.80\" stroke-dasharray"), std::string::npos);
+}
+
+TEST(Svg, LineChartEscapesText) {
+  LineChartOptions o;
+  o.title = "loss <&> \"x\"";
+  o.x_label = "a'b";
+  const std::string svg = svg_line_chart({Series{"n<1>", {1, 2}, {1, 2}}}, o);
+  EXPECT_NE(svg.find("loss &lt;&amp;&gt; &quot;x&quot;"), std::string::npos);
+  EXPECT_NE(svg.find("data-series=\"n&lt;1&gt;\""), std::string::npos);
+  EXPECT_NE(svg.find("a&#39;b"), std::string::npos);
+  EXPECT_EQ(svg.find("<1>"), std::string::npos);
+  EXPECT_EQ(svg.find("<&>"), std::string::npos);
+}
+
+TEST(Svg, LineChartBreaksAtNaNAndDrawsLonePoints) {
+  LineChartOptions o;
+  o.y_min = 0;
+  o.y_max = 4;
+  // x 1..4 over [64, 740]: 225.33 px per step. y 0..4 over [292, 34] (no title).
+  const std::string svg = svg_line_chart({Series{"a", {1, 2, 3, 4}, {1, kNaN, 2, 3}}}, o);
+  EXPECT_EQ(first_attr(svg, "series", "d"), "M64.00,227.50 l0,0 M514.67,163.00 L740.00,98.50");
+  // One point: a zero-length segment, drawn as a dot by the round line cap.
+  const std::string one = svg_line_chart({Series{"a", {5}, {2}}}, o);
+  EXPECT_EQ(count(one, "class=\"series\""), 1u);
+  EXPECT_NE(first_attr(one, "series", "d").find(" l0,0"), std::string::npos);
+}
+
+TEST(Svg, LineChartWithoutDataSaysSo) {
+  const std::string svg = svg_line_chart({}, LineChartOptions{});
+  EXPECT_NE(svg.find("no data"), std::string::npos);
+  EXPECT_NE(svg.find("data-series-count=\"0\""), std::string::npos);
+}
+
+TEST(Svg, LongSeriesDownsampledKeepingTheEnvelope) {
+  std::vector<double> x, y;
+  for (int k = 0; k < 100000; ++k) {
+    x.push_back(k + 1);
+    y.push_back(k == 54321 ? 100.0 : k == 777 ? -50.0 : std::sin(k * 0.01));
+  }
+  std::vector<double> dx = x, dy = y;
+  downsample_minmax(dx, dy, 2000);
+  ASSERT_LE(dx.size(), 2000u);
+  ASSERT_GE(dx.size(), 1000u);
+  EXPECT_EQ(dx.front(), 1);
+  EXPECT_EQ(dx.back(), 100000);
+  EXPECT_EQ(*std::max_element(dy.begin(), dy.end()), 100.0);
+  EXPECT_EQ(*std::min_element(dy.begin(), dy.end()), -50.0);
+  EXPECT_TRUE(std::is_sorted(dx.begin(), dx.end()));
+  // The chart does it itself: at most 2000 points -> at most 1999 " L".
+  const std::string svg = svg_line_chart({Series{"long", x, y}}, LineChartOptions{});
+  EXPECT_LE(count(first_attr(svg, "series", "d"), " L"), 1999u);
+  // Short input: unchanged.
+  std::vector<double> sx{1, 2, 3}, sy{3, kNaN, 1};
+  downsample_minmax(sx, sy, 2000);
+  EXPECT_EQ(sx, (std::vector<double>{1, 3}));
+}
+
+TEST(Svg, CategoricalHeatmapCellsAndColours) {
+  const std::vector<std::string> rows{"a", "b"}, cols{"0", "10", "20"};
+  const std::vector<std::vector<std::string>> cells{{"fp4", "fp8", "bf16"}, {"", "fp4", "fp8"}};
+  HeatmapOptions o;
+  o.id = "pm";
+  const std::string svg = svg_heatmap(rows, cols, cells, o);
+  EXPECT_NE(svg.find("data-chart=\"pm\""), std::string::npos);
+  EXPECT_NE(svg.find("data-kind=\"categorical\" data-rows=\"2\" data-cols=\"3\""), std::string::npos);
+  EXPECT_EQ(count(svg, "class=\"cell\""), 6u);
+  auto cell = [&](int i, int j) {
+    const std::string key = "data-row=\"" + std::to_string(i) + "\" data-col=\"" + std::to_string(j) + "\"";
+    const size_t at = svg.find(key);
+    return at == std::string::npos ? std::string() : svg.substr(at, svg.find('>', at) - at);
+  };
+  EXPECT_NE(cell(0, 0).find("data-value=\"fp4\""), std::string::npos);
+  EXPECT_NE(cell(0, 0).find("fill=\"#D55E00\""), std::string::npos);
+  EXPECT_NE(cell(0, 1).find("fill=\"#0072B2\""), std::string::npos);
+  EXPECT_NE(cell(0, 2).find("fill=\"#BBBBBB\""), std::string::npos);
+  EXPECT_NE(cell(1, 0).find("data-value=\"\""), std::string::npos);
+  EXPECT_NE(cell(1, 0).find("fill=\"#F0F0F0\""), std::string::npos);
+  // Legend: fp4, fp8, bf16 in that order, then "none" for the empty cell.
+  const size_t l4 = svg.find("legend-item\" data-value=\"fp4\""), l8 = svg.find("legend-item\" data-value=\"fp8\""),
+               lb = svg.find("legend-item\" data-value=\"bf16\""), ln = svg.find("legend-item\" data-value=\"none\"");
+  ASSERT_NE(ln, std::string::npos);
+  EXPECT_LT(l4, l8);
+  EXPECT_LT(l8, lb);
+  EXPECT_LT(lb, ln);
+  // Wrong shape: an error, not a silent chart.
+  EXPECT_THROW(svg_heatmap(rows, cols, {{"fp4"}}, o), std::invalid_argument);
+}
+
+TEST(Svg, ManyRowsShrinkCells) {
+  std::vector<std::string> rows;
+  for (int i = 0; i < 154; ++i) rows.push_back("model.layers." + std::to_string(i / 7) + ".x");
+  const std::vector<std::vector<std::string>> cells(154, std::vector<std::string>{"fp4", "fp8"});
+  const std::string svg = svg_heatmap(rows, {"1", "2"}, cells, HeatmapOptions{});
+  EXPECT_EQ(count(svg, "class=\"cell\""), 308u);
+  // auto cell height: clamp(720/154, 4, 16) = 4.68 px; row labels thinned to every 3rd (ceil(11/4.68)).
+  EXPECT_NE(svg.find("height=\"4.68\""), std::string::npos);
+  const size_t labels = svg.find("class=\"row-labels\"");
+  EXPECT_EQ(count(svg.substr(labels, svg.find("</g>", labels) - labels), "<text"), 52u);  // rows 0, 3, ..., 153
+}
+
+TEST(Svg, ContinuousHeatmapScale) {
+  // Log scale over [0.01, 1]: 0.01 -> t = 0 (lightest), 1 -> t = 1 (darkest), 0.1 -> t = 0.5.
+  const std::vector<std::vector<double>> cells{{0.01, 0.1}, {1.0, kNaN}};
+  HeatmapOptions o;
+  o.id = "em";
+  o.value_label = "rel <err>";
+  const std::string svg = svg_heatmap({"r0", "r1"}, {"5", "9"}, cells, o);
+  EXPECT_NE(svg.find("data-kind=\"continuous\" data-rows=\"2\" data-cols=\"2\""), std::string::npos);
+  EXPECT_EQ(count(svg, "class=\"cell\""), 4u);
+  EXPECT_NE(svg.find("data-row=\"0\" data-col=\"0\" data-value=\"0.01\" x"), std::string::npos);
+  EXPECT_NE(svg.find("data-value=\"0.01\""), std::string::npos);
+  const auto fill_of = [&](const std::string& v) {
+    const size_t at = svg.find("data-value=\"" + v + "\"");
+    const size_t f = svg.find("fill=\"", at);
+    return svg.substr(f + 6, 7);
+  };
+  EXPECT_EQ(fill_of("0.01"), scale_color(0));
+  EXPECT_EQ(fill_of("1"), scale_color(1));
+  EXPECT_EQ(fill_of("0.1"), scale_color(0.5));
+  EXPECT_EQ(fill_of(""), "#F0F0F0");
+  EXPECT_EQ(scale_color(0), "#FDE725");  // viridis reversed: low = light yellow
+  EXPECT_EQ(scale_color(1), "#440154");  // high = dark purple
+  EXPECT_NE(svg.find("rel &lt;err&gt; (log scale)"), std::string::npos);
+}
+
+TEST(Svg, OptionColoursAreFixedAndDistinct) {
+  EXPECT_EQ(option_color("fp4"), "#D55E00");
+  EXPECT_EQ(option_color("fp8"), "#0072B2");
+  EXPECT_EQ(option_color("bf16"), "#BBBBBB");
+  EXPECT_EQ(option_color("mxfp6"), option_color("mxfp6"));
+  EXPECT_NE(option_color("mxfp6"), option_color("fp4"));
+}
+
+TEST(Svg, ScatterPointsAndSubtitle) {
+  ScatterOptions o;
+  o.id = "sc";
+  o.subtitle = "Pearson r = 0.9, Spearman ρ = 0.8";
+  o.log_x = true;
+  const std::string svg =
+      svg_scatter({{0.1, 1, "a<b", ""}, {1, 2, "c", ""}, {-1, 3, "skipped on log x", ""}, {kNaN, 1, "nan", ""}}, o);
+  EXPECT_NE(svg.find("data-points=\"2\""), std::string::npos);
+  EXPECT_EQ(count(svg, "class=\"point\""), 2u);
+  EXPECT_NE(svg.find("data-label=\"a&lt;b\""), std::string::npos);
+  EXPECT_NE(svg.find("Spearman ρ = 0.8"), std::string::npos);
+  EXPECT_NE(svg_scatter({}, o).find("no data"), std::string::npos);
+}
+
+// ---- report.h helpers -------------------------------------------------------------
+
+TEST(Report, ModelOrder) {
+  std::vector<std::string> n{"model.layers.10.self_attn.q_proj", "lm_head", "model.layers.2.mlp.down_proj",
+                             "model.layers.2.mlp.up_proj:wgrad", "model.layers.2.mlp.up_proj:fprop",
+                             "model.layers.2.self_attn.o_proj", "model.layers.2.mlp.gate_proj",
+                             "model.layers.2.self_attn.k_proj", "model.layers.2.mlp.up_proj:dgrad"};
+  sort_model_order(n);
+  EXPECT_EQ(n, (std::vector<std::string>{"model.layers.2.self_attn.k_proj", "model.layers.2.self_attn.o_proj",
+                                         "model.layers.2.mlp.gate_proj", "model.layers.2.mlp.up_proj:fprop",
+                                         "model.layers.2.mlp.up_proj:dgrad", "model.layers.2.mlp.up_proj:wgrad",
+                                         "model.layers.2.mlp.down_proj", "model.layers.10.self_attn.q_proj",
+                                         "lm_head"}));
+}
+
+TEST(Report, EmaSmooth) {
+  // span 3: alpha = 0.5. m1 = 0.5*0 = 0 -> 0/0.5 = 0; m2 = 0.5*0 + 0.5*2 = 1 -> 1/0.75 = 4/3.
+  const std::vector<double> e = ema_smooth({0, 2, kNaN}, 3);
+  EXPECT_DOUBLE_EQ(e[0], 0);
+  EXPECT_DOUBLE_EQ(e[1], 4.0 / 3.0);
+  EXPECT_TRUE(std::isnan(e[2]));
+  for (double v : ema_smooth({5, 5, 5, 5}, 10)) EXPECT_DOUBLE_EQ(v, 5);
+  EXPECT_EQ(ema_smooth({1, 2}, 1), (std::vector<double>{1, 2}));
+}
+
+TEST(Report, Correlations) {
+  EXPECT_NEAR(pearson({1, 2, 3}, {2, 4, 6}), 1.0, 1e-12);
+  EXPECT_NEAR(pearson({1, 2, 3}, {3, 2, 1}), -1.0, 1e-12);
+  // Monotone but not linear: Spearman 1, Pearson below 1.
+  EXPECT_NEAR(spearman({1, 2, 3, 4}, {1, 10, 100, 1000}), 1.0, 1e-12);
+  EXPECT_LT(pearson({1, 2, 3, 4}, {1, 10, 100, 1000}), 0.99);
+  // Ties get their mean rank: ranks (1.5, 1.5, 3) vs (1, 2, 3) -> r = 0.8660.
+  EXPECT_NEAR(spearman({1, 1, 2}, {1, 2, 3}), std::sqrt(3.0) / 2, 1e-12);
+  EXPECT_TRUE(std::isnan(pearson({1}, {1})));
+  EXPECT_TRUE(std::isnan(pearson({1, 1}, {1, 2})));
+}
+
+TEST(Report, ReadMetricsToleratesTornLineAndResumedTail) {
+  TempDir t;
+  const std::string p = t.file("m.jsonl",
+                               "{\"step\":1,\"loss\":3.0,\"fp4_share\":0}\n"
+                               "\n"
+                               "{\"step\":2,\"loss\":2.5,\"val_loss\":2.7,\"val_ppl\":14.9}\n"
+                               "{\"step\":3,\"loss\":2.0}\n"
+                               "{\"step\":2,\"loss\":2.4,\"precision\":{\"a\":\"fp4\"},\"plan_step\":1,\"phase\":\"plan\","
+                               "\"rel_err_fprop\":{\"a\":0.1}}\n"  // resumed from step 1: replaces 2 and 3
+                               "[1,2]\n"
+                               "{\"step\":3,\"loss\":1.");
+  const RunCurves c = read_metrics(p);
+  EXPECT_EQ(c.step, (std::vector<double>{1, 2}));
+  EXPECT_EQ(c.loss, (std::vector<double>{3.0, 2.4}));
+  EXPECT_TRUE(c.val_step.empty());  // the evaluation at the replaced step 2 is gone
+  EXPECT_EQ(c.fp4_share[0], 0);
+  EXPECT_TRUE(std::isnan(c.fp4_share[1]));
+  ASSERT_EQ(c.decisions.size(), 1u);
+  EXPECT_EQ(c.decisions[0].step, 2);
+  EXPECT_EQ(c.decisions[0].plan_step, 1);
+  EXPECT_EQ(c.decisions[0].phase, "plan");
+  EXPECT_EQ(c.decisions[0].precision.at("a"), "fp4");
+  EXPECT_DOUBLE_EQ(c.decisions[0].rel_err_fprop.at("a"), 0.1);
+  EXPECT_EQ(c.skipped_lines, 2);  // "[1,2]" and the torn last line
+  EXPECT_THROW(read_metrics(t.str() + "/nope.jsonl"), snip::UserError);
+}
+
+// ---- the report ----------------------------------------------------------------
+
+TEST(Report, SyntheticRunHasEveryChart) {
+  TempDir t;
+  write_synthetic_run(t, "run", /*torn_tail=*/true);
+  const std::string run = t.str() + "/run";
+  const std::string out = write_report(run);
+  EXPECT_EQ(out, run + "/report.html");
+  std::ifstream in(out);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string html = ss.str();
+  EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
+  EXPECT_NE(html.find("<title>snip report: run</title>"), std::string::npos);
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_EQ(html.find("<link"), std::string::npos);
+  EXPECT_EQ(html.find("https://"), std::string::npos);
+
+  // Loss: raw + EMA; validation: 1 series.
+  EXPECT_NE(chart(html, "loss").find("data-series-count=\"2\""), std::string::npos);
+  EXPECT_NE(chart(html, "val-loss").find("data-series-count=\"1\""), std::string::npos);
+  EXPECT_NE(chart(html, "fp4-share").find("data-series-count=\"1\""), std::string::npos);
+  // Precision map: 3 layers x 2 decisions (s = 0, 2), model order, colours.
+  const std::string pm = chart(html, "precision-map");
+  EXPECT_NE(pm.find("data-rows=\"3\" data-cols=\"2\""), std::string::npos);
+  EXPECT_EQ(count(pm, "class=\"cell\""), 6u);
+  // rows: layers.0.q_proj, layers.0.down_proj, layers.1.q_proj; at s = 2: fp4, fp8, fp4
+  EXPECT_NE(pm.find("data-row=\"0\" data-col=\"1\" data-value=\"fp4\""), std::string::npos);
+  EXPECT_NE(pm.find("data-row=\"1\" data-col=\"1\" data-value=\"fp8\""), std::string::npos);
+  EXPECT_NE(pm.find("data-row=\"2\" data-col=\"0\" data-value=\"bf16\""), std::string::npos);
+  EXPECT_LT(pm.find(">layers.0.self_attn.q_proj<"), pm.find(">layers.0.mlp.down_proj<"));
+  // Error map: same grid; the warmup column is empty, s = 2 holds the metrics' chosen errors.
+  const std::string em = chart(html, "error-map");
+  EXPECT_NE(em.find("data-rows=\"3\" data-cols=\"2\""), std::string::npos);
+  EXPECT_EQ(count(em, "class=\"cell\""), 6u);
+  EXPECT_NE(em.find("data-row=\"0\" data-col=\"0\" data-value=\"\""), std::string::npos);
+  EXPECT_NE(em.find("data-row=\"1\" data-col=\"1\" data-value=\"0.03\""), std::string::npos);
+  EXPECT_NE(em.find("data-row=\"2\" data-col=\"1\" data-value=\"0.12\""), std::string::npos);
+  // Latest plan table and stats.
+  EXPECT_NE(html.find("<table class=\"plan\" data-rows=\"3\">"), std::string::npos);
+  EXPECT_NE(html.find("<th>Q(fp4)</th><th>Q(fp8)</th><th>Q(bf16)</th>"), std::string::npos);
+  EXPECT_NE(html.find("CBC optimal (proven optimal)"), std::string::npos);
+  EXPECT_NE(html.find("FLOPs share ≥ 0.4"), std::string::npos);
+  EXPECT_NE(html.find("<table class=\"stats\" data-rows=\"3\">"), std::string::npos);
+  EXPECT_NE(chart(html, "stats-scatter").find("data-points=\"3\""), std::string::npos);
+  // Header numbers from summary.json; the torn metrics line is reported.
+  EXPECT_NE(html.find("6.9000"), std::string::npos);
+  EXPECT_NE(html.find("1 unparsable line(s)"), std::string::npos);
+}
+
+TEST(Report, ReferenceRunOverlaid) {
+  TempDir t;
+  write_synthetic_run(t, "run");
+  write_synthetic_run(t, "ref");
+  t.file("ref/plans/step-9.json", "{ torn");  // a reference contributes curves only: its plans are not read
+  const std::string html = report_html(t.str() + "/run", t.str() + "/ref");
+  EXPECT_NE(chart(html, "loss").find("data-series-count=\"3\""), std::string::npos);
+  EXPECT_NE(chart(html, "loss").find("data-series=\"ref train loss (EMA)\""), std::string::npos);
+  EXPECT_NE(chart(html, "val-loss").find("data-series-count=\"2\""), std::string::npos);
+  EXPECT_NE(html.find("+0.0000 vs reference"), std::string::npos);
+  EXPECT_THROW(report_html(t.str() + "/run", t.str() + "/nope"), snip::UserError);
+}
+
+TEST(Report, Bf16RunHasNoPrecisionCharts) {
+  TempDir t;
+  t.file("b/metrics.jsonl", metrics_line(1));  // one step, no evaluation
+  t.file("b/config.toml", "[precision]\npolicy = 'bf16'  # no quantization\n");
+  const std::string html = report_html(t.str() + "/b");
+  EXPECT_NE(html.find("no precision decisions (policy bf16)"), std::string::npos);
+  EXPECT_EQ(chart(html, "precision-map"), "");
+  EXPECT_EQ(chart(html, "error-map"), "");
+  EXPECT_NE(html.find("no validation loss recorded"), std::string::npos);
+  EXPECT_NE(html.find("unfinished"), std::string::npos);
+  // One step: both loss series are a single dot.
+  EXPECT_NE(chart(html, "loss").find("data-series-count=\"2\""), std::string::npos);
+  EXPECT_NE(first_attr(chart(html, "loss"), "series", "d").find("l0,0"), std::string::npos);
+}
+
+TEST(Report, PerGemmKeysAndRunWithoutMetrics) {
+  TempDir t;
+  t.file("g/metrics.jsonl",
+         "{\"step\":1,\"loss\":3,\"precision\":{\"model.layers.0.mlp.up_proj:wgrad\":\"fp8\","
+         "\"model.layers.0.mlp.up_proj:fprop\":\"fp4\",\"model.layers.0.mlp.up_proj:dgrad\":\"fp8\"},\"plan_step\":0}\n");
+  const std::string pm = chart(report_html(t.str() + "/g"), "precision-map");
+  EXPECT_NE(pm.find("data-rows=\"3\" data-cols=\"1\""), std::string::npos);
+  EXPECT_LT(pm.find(">layers.0.mlp.up_proj:fprop<"), pm.find(">layers.0.mlp.up_proj:dgrad<"));
+  EXPECT_LT(pm.find(">layers.0.mlp.up_proj:dgrad<"), pm.find(">layers.0.mlp.up_proj:wgrad<"));
+  fs::create_directories(t.path / "fresh");
+  EXPECT_NE(report_html(t.str() + "/fresh").find("no metrics.jsonl"), std::string::npos);
+}
+
+TEST(Report, Errors) {
+  TempDir t;
+  try {
+    write_report(t.str() + "/missing");
+    FAIL() << "expected UserError";
+  } catch (const snip::UserError& e) {
+    EXPECT_EQ(std::string(e.what()), "snip report: " + t.str() + "/missing does not exist");
+  }
+  write_synthetic_run(t, "run");
+  const std::string bad = t.file("run/plans/step-4.json", "{\"step\": 4, \"items\": [");
+  try {
+    report_html(t.str() + "/run");
+    FAIL() << "expected UserError";
+  } catch (const snip::UserError& e) {
+    EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+  }
+  t.file("run/plans/step-4.json", "{\"step\": 4, \"items\": [{\"name\": 3}]}");
+  EXPECT_THROW(report_html(t.str() + "/run"), snip::UserError);
+  fs::remove(t.path / "run/plans/step-4.json");
+  t.file("run/stats/step-9.json", "not json");
+  EXPECT_THROW(report_html(t.str() + "/run"), snip::UserError);
+  // Nothing was written by the failed calls.
+  EXPECT_FALSE(fs::exists(t.path / "run/report.html"));
+}
+
+// ---- `snip report` ------------------------------------------------------------
+
+namespace {
+struct CliResult {
+  std::string out, error;
+};
+CliResult run_cli(std::vector<std::string> args) {
+  CLI::App app{"snip"};
+  snip::cli::add_report_commands(app);
+  args.insert(args.begin(), {"snip", "report"});
+  std::vector<const char*> argv;
+  for (const std::string& a : args) argv.push_back(a.c_str());
+  std::ostringstream captured;
+  std::streambuf* old = std::cout.rdbuf(captured.rdbuf());
+  CliResult r;
+  try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const snip::UserError& e) {
+    r.error = e.what();
+  } catch (...) {
+    std::cout.rdbuf(old);
+    throw;
+  }
+  std::cout.rdbuf(old);
+  r.out = captured.str();
+  return r;
+}
+}  // namespace
+
+TEST(CliReport, WritesAndPrintsThePath) {
+  TempDir t;
+  write_synthetic_run(t, "run");
+  write_synthetic_run(t, "ref");
+  const std::string out = t.str() + "/custom.html";
+  const CliResult r = run_cli({t.str() + "/run", "--reference", t.str() + "/ref", "--out", out});
+  EXPECT_EQ(r.error, "");
+  EXPECT_EQ(r.out, out + "\n");
+  EXPECT_TRUE(fs::exists(out));
+  EXPECT_FALSE(fs::exists(t.path / "run/report.html"));
+  const CliResult d = run_cli({t.str() + "/run"});
+  EXPECT_EQ(d.out, t.str() + "/run/report.html\n");
+  EXPECT_EQ(run_cli({t.str() + "/nope"}).error, "snip report: " + t.str() + "/nope does not exist");
+}
