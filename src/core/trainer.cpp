@@ -1,5 +1,6 @@
 // The training loop, evaluation and checkpoints (see trainer.h).
 #include "snip/core/trainer.h"
+#include "trainer_internal.h"
 
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -19,6 +20,7 @@
 #include "snip/data/loader.h"
 #include "snip/data/shard.h"
 #include "snip/io/atomic_file.h"
+#include "snip/report/report.h"
 #include "snip/util/error.h"
 
 namespace snip {
@@ -33,7 +35,7 @@ double lr_at(int64_t step, int64_t total, int64_t warmup, double lr, double min_
   return lr * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + std::cos(M_PI * progress)));
 }
 
-namespace {
+namespace detail {
 
 std::string fmt_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
@@ -156,7 +158,18 @@ json read_checkpoint_state(const std::string& dir) {
   return st;
 }
 
-}  // namespace
+// RUN/report.html (report.h); a failure is a warning, never the run's end.
+void write_run_report(const std::string& run_dir) {
+  try {
+    report::write_report(run_dir);
+  } catch (const std::exception& e) {
+    spdlog::warn("run report not written: {}", e.what());
+  }
+}
+
+}  // namespace detail
+
+using namespace detail;
 
 std::string latest_checkpoint(const std::string& run_dir) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
@@ -298,12 +311,18 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   io::ensure_writable_dir(opts.run_dir);
   io::write_file_atomic((run / "config.toml").string(), cfg.to_toml());
   const std::string metrics_path = (run / "metrics.jsonl").string();
+  std::deque<double> recent;  // training losses of the last 10 steps (the summary's train loss)
   if (opts.resume) {  // drop metrics of steps after the checkpoint (the interrupted tail)
     std::ifstream in(metrics_path);
     std::string line, kept;
     while (std::getline(in, line)) {
       try {
-        if (json::parse(line).value("step", int64_t{0}) <= step) kept += line + "\n";
+        const json r = json::parse(line);
+        if (r.value("step", int64_t{0}) <= step) {
+          kept += line + "\n";
+          recent.push_back(r.value("loss", 0.0));
+          if (recent.size() > 10) recent.pop_front();
+        }
       } catch (const json::parse_error&) {
         // a torn last line from a killed run is dropped
       }
@@ -331,16 +350,18 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   TrainSummary sum;
   sum.run_dir = opts.run_dir;
   sum.best_val_loss = std::numeric_limits<double>::infinity();
-  std::deque<double> recent;
   std::vector<int32_t> in, tg;
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  // Wall time of the earlier invocations (a resumed run's elapsed_s continues).
+  const double elapsed0 = opts.resume ? resume_state.value("elapsed_s", 0.0) : 0.0;
   double last_val = std::nan("");
   const int64_t start_step = step;
   auto state_json = [&] {
     auto ls = loader.state();
     return json{{"step", step}, {"loader", {{"epoch", ls.epoch}, {"cursor", ls.cursor}}}, {"seed", seed},
-                {"val_loss", std::isfinite(last_val) ? json(last_val) : json(nullptr)}};
+                {"val_loss", std::isfinite(last_val) ? json(last_val) : json(nullptr)},
+                {"elapsed_s", elapsed0 + elapsed()}};
   };
   auto full_state = [&] {
     json st = state_json();
@@ -384,7 +405,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     recent.push_back(loss);
     if (recent.size() > 10) recent.pop_front();
     json rec = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm},
-                {"tokens_per_s", double(tokens_per_step) / dt}, {"elapsed_s", elapsed()},
+                {"tokens_per_s", double(tokens_per_step) / dt}, {"elapsed_s", elapsed0 + elapsed()},
                 {"fp4_share", ctl.active() ? ctl.fp4_share() : static_fp4_share}};
     for (auto& [k, v] : pev.metrics.items()) rec[k] = v;
     if (step % eval_every == 0 || step == max_steps) {
@@ -404,8 +425,10 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       else std::fprintf(stderr, "%s\n", line.c_str());
       if (tty && rec.contains("val_loss")) std::fprintf(stderr, "\n");
     }
-    if ((ckpt_every > 0 && step % ckpt_every == 0) || step == max_steps)
+    if ((ckpt_every > 0 && step % ckpt_every == 0) || step == max_steps) {
       save_checkpoint(opts.run_dir, step, model, *optimizer, full_state(), cfg.get_int("train.keep_checkpoints"));
+      if (step != max_steps) write_run_report(opts.run_dir);
+    }
   }
   if (tty) std::fprintf(stderr, "\n");
   sum.steps = step;
@@ -422,8 +445,10 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
             {"final_val_ppl", std::isfinite(last_val) ? json(std::exp(last_val)) : json(nullptr)},
             {"vocab_size", mcfg.vocab_size}, {"ln_vocab", std::log(double(mcfg.vocab_size))},
             {"parameters", mcfg.num_parameters()}, {"recipe", recipe}, {"policy", ctl.policy()},
-            {"gemm_dtype", cfg.get_string("train.gemm_dtype")}};
+            {"gemm_dtype", cfg.get_string("train.gemm_dtype")}, {"elapsed_s", elapsed0 + sum.seconds},
+            {"tokens_total", step * tokens_per_step}};
   io::write_file_atomic((run / "summary.json").string(), s.dump(2) + "\n");
+  write_run_report(opts.run_dir);
   return sum;
 }
 

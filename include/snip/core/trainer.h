@@ -22,7 +22,13 @@
 //                              trainer_state.json (step, loader position,
 //                              RNG state, file checksums, and "precision": the
 //                              controller's plan, smoothed stats and phase)
-//   RUN/summary.json           the end-of-run summary
+//   RUN/summary.json           the end-of-run summary (this invocation's tokens,
+//                              seconds, tokens/s; elapsed_s and tokens_total
+//                              over every invocation of a resumed run)
+//   RUN/report.html            the run report (report/report.h), rewritten at
+//                              every checkpoint and at the end
+// elapsed_s (metrics, trainer_state.json) is wall time since the run's first
+// step in seconds, continued across resumes.
 // Every file is written atomically; a checkpoint directory appears only
 // complete (written as step-N.tmp, then renamed).
 #pragma once

@@ -1,0 +1,146 @@
+// Overhead of the stats step (METHOD.md section 3 targets: amortised time
+// under 2% of training at the default schedule, extra peak memory under 1% of
+// a training step's peak), on the shapes of configs/tiny.toml (B=16, T=128,
+// BF16 GEMMs, options fp4 + fp8, one curvature probe), measured in one run:
+// the baseline is an ordinary training step of the same model.
+//
+//   build/bench/bench_stats
+//
+// Memory: LibTorch's CPU allocator is wrapped by a counting allocator
+// (c10::SetCPUAllocator), so peaks are bytes of live tensor storage (weights,
+// AdamW state, gradients, activations, temporaries); allocations that oneDNN
+// or OpenBLAS make on their own are not seen. A peak is measured from the
+// state at a step boundary (weights, moments, gradients of the last step).
+//
+// Counters: step_ms, stats_ms (wall time, ms), stats_in_steps (stats_ms /
+// step_ms), stats_steps (at the default schedule of a 1200-step run),
+// amortised_pct (stats_steps·stats_ms / (1200·step_ms), percent),
+// peak_step_MB, peak_stats_MB (MiB), extra_peak_pct (percent of the step's
+// peak; 0 when the stats step peaks lower).
+#include <benchmark/benchmark.h>
+#include <c10/core/CPUAllocator.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+
+#include "snip/core/config.h"
+#include "snip/core/controller.h"
+#include "snip/core/llama.h"
+#include "snip/core/platform.h"
+#include "snip/core/stats.h"
+
+namespace {
+
+// Counts live bytes of every CPU tensor allocation and their peak.
+class CountingAllocator final : public c10::Allocator {
+ public:
+  explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
+  c10::DataPtr allocate(size_t n) const override {
+    c10::DataPtr d = inner_->allocate(n);
+    auto* ctx = new Ctx{std::move(d), n, this};
+    const int64_t now = live_.fetch_add(int64_t(n)) + int64_t(n);
+    int64_t p = peak_.load();
+    while (now > p && !peak_.compare_exchange_weak(p, now)) {
+    }
+    return c10::DataPtr(ctx->inner.get(), ctx, &release, ctx->inner.device());
+  }
+  int64_t live() const { return live_.load(); }
+  int64_t peak() const { return peak_.load(); }
+  void reset_peak() const { peak_.store(live_.load()); }
+
+ private:
+  struct Ctx {
+    c10::DataPtr inner;
+    size_t n;
+    const CountingAllocator* owner;
+  };
+  static void release(void* p) {
+    auto* ctx = static_cast<Ctx*>(p);
+    ctx->owner->live_.fetch_sub(int64_t(ctx->n));
+    delete ctx;
+  }
+  c10::Allocator* inner_;
+  mutable std::atomic<int64_t> live_{0}, peak_{0};
+};
+
+CountingAllocator* counting() {
+  static CountingAllocator* a = [] {
+    auto* c = new CountingAllocator(c10::GetCPUAllocator());
+    c10::SetCPUAllocator(c, /*priority=*/100);
+    return c;
+  }();
+  return a;
+}
+
+void BM_StatsStepOverhead(benchmark::State& state) {
+  CountingAllocator* mem = counting();
+  snip::LlamaConfig c;  // = configs/tiny.toml with the Brown tokenizer
+  c.vocab_size = 8192;
+  c.hidden_size = 256;
+  c.intermediate_size = 688;
+  c.num_hidden_layers = 4;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 4;
+  c.max_position_embeddings = 256;
+  const int64_t B = 16, T = 128;
+  torch::manual_seed(0);
+  snip::LlamaForCausalLM m(c);
+  m->set_precision(snip::LinearPrecision{nullptr, at::kBFloat16});
+  m->set_non_linear_gemm_dtype(at::kBFloat16);
+  torch::optim::AdamW opt(m->parameters(), torch::optim::AdamWOptions(1e-3));
+  const torch::Tensor ids = torch::randint(0, c.vocab_size, {B, T}, torch::kLong);
+  const torch::Tensor tg = torch::randint(0, c.vocab_size, {B, T}, torch::kLong);
+  auto step = [&] {
+    opt.zero_grad();
+    torch::Tensor loss = snip::LlamaForCausalLMImpl::loss(m(ids), tg);
+    loss.backward();
+    opt.step();
+    return loss.item<double>();
+  };
+  step();  // AdamW state exists from here on, as at any stats step after warmup
+  snip::StatsOptions so;  // fp4 + fp8, one probe: the controller's defaults
+  using clock = std::chrono::steady_clock;
+  double step_s = 0, stats_s = 0;
+  int64_t peak_step = 0, peak_stats = 0;
+  int64_t n = 0;
+  for (auto _ : state) {
+    mem->reset_peak();
+    auto t0 = clock::now();
+    benchmark::DoNotOptimize(step());
+    step_s += std::chrono::duration<double>(clock::now() - t0).count();
+    peak_step = std::max(peak_step, mem->peak());
+    mem->reset_peak();
+    t0 = clock::now();
+    snip::StatsStep s = snip::measure(m->linear_layers(), [&] { return snip::LlamaForCausalLMImpl::loss(m(ids), tg); },
+                                      opt, so, n);
+    stats_s += std::chrono::duration<double>(clock::now() - t0).count();
+    peak_stats = std::max(peak_stats, mem->peak());
+    benchmark::DoNotOptimize(s.layers.size());
+    ++n;
+  }
+  snip::Config cfg;  // the default schedule of a 1200-step run (configs/tiny.toml)
+  cfg.set("train.max_steps", int64_t{1200}, "bench");
+  const double stats_steps = double(snip::PrecisionSchedule::from_config(cfg).plan_steps().size());
+  const double st = step_s / double(n), ss = stats_s / double(n);
+  state.counters["step_ms"] = 1e3 * st;
+  state.counters["stats_ms"] = 1e3 * ss;
+  state.counters["stats_in_steps"] = ss / st;
+  state.counters["stats_steps"] = stats_steps;
+  state.counters["amortised_pct"] = 100.0 * stats_steps * ss / (1200.0 * st);
+  state.counters["peak_step_MB"] = double(peak_step) / (1 << 20);
+  state.counters["peak_stats_MB"] = double(peak_stats) / (1 << 20);
+  state.counters["extra_peak_pct"] = 100.0 * std::max<double>(0, double(peak_stats - peak_step)) / double(peak_step);
+}
+BENCHMARK(BM_StatsStepOverhead)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  snip::tune_runtime_or_reexec(argv);  // the same runtime settings as `snip train`
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,335 @@
+// `snip experiment` (the comparison of METHOD.md section 8: every policy on
+// the same model, seed and data) and `snip correlate` (the correlation study,
+// core/study.h).
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "snip/core/config.h"
+#include "snip/core/quantizers.h"
+#include "snip/core/study.h"
+#include "snip/io/atomic_file.h"
+#include "snip/report/report.h"
+#include "snip/report/svg.h"
+#include "snip/util/error.h"
+
+extern char** environ;
+
+namespace snip::cli {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+/// One arm of the experiment: "<policy>" or "<policy>-<budget>" (e.g.
+/// "snip-0.75", "uniform-fp4", "bf16").
+struct Arm {
+  std::string name, policy;
+  double budget = std::nan("");  // NaN = the config's
+};
+
+Arm parse_arm(const std::string& s) {
+  Arm a{s, s};
+  const auto dash = s.rfind('-');
+  if (dash != std::string::npos && dash + 1 < s.size()) {
+    const std::string tail = s.substr(dash + 1);
+    char* end = nullptr;
+    const double b = std::strtod(tail.c_str(), &end);
+    if (end && *end == '\0' && (std::isdigit(static_cast<unsigned char>(tail[0])) || tail[0] == '.')) {
+      if (!(b >= 0 && b <= 1)) fail("--arms: '", s, "': expected a budget in [0, 1] after the last '-'");
+      a.policy = s.substr(0, dash);
+      a.budget = b;
+    }
+  }
+  if (a.policy.empty()) fail("--arms: empty arm name");
+  return a;
+}
+
+const char* kDefaultArms =
+    "bf16,uniform-fp8,uniform-fp4,snip-0.5,snip-0.75,min-rel-err-0.75,layer-type-0.75,first-last-fp8-0.75,"
+    "random-0.75";
+
+// Runs `snip ARGS...` (this executable) with stdout+stderr appended to `log`;
+// returns the exit status.
+int run_self(const std::vector<std::string>& args, const std::string& log) {
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  std::vector<char*> argv{const_cast<char*>(self.c_str())};
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, self.c_str(), &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) fail("cannot start ", self, ": ", std::strerror(rc));
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
+std::string fmt_minutes(double s) { return fmt::format("{}m{:02d}s", int(s / 60), int(s) % 60); }
+
+struct ArmResult {
+  Arm arm;
+  bool done = false;
+  double val = std::nan(""), gap_pct = std::nan(""), fp4_share = std::nan(""), seconds = std::nan(""),
+         tokens_per_s = std::nan("");
+  int64_t steps = 0;
+  report::RunCurves curves;
+};
+
+ArmResult collect(const Arm& arm, const fs::path& dir) {
+  ArmResult r;
+  r.arm = arm;
+  const fs::path sp = dir / "summary.json";
+  if (!fs::exists(sp)) return r;
+  json s;
+  try {
+    s = json::parse(io::read_file(sp.string()));
+  } catch (const json::parse_error& e) {
+    fail(sp.string(), ": invalid JSON (", e.what(), ")");
+  }
+  r.done = true;
+  r.val = s.value("final_val_loss", std::nan(""));
+  r.steps = s.value("steps", int64_t{0});
+  r.curves = report::read_metrics((dir / "metrics.jsonl").string());
+  double share = 0;
+  for (double v : r.curves.fp4_share) share += v;
+  r.fp4_share = r.curves.fp4_share.empty() ? std::nan("") : share / double(r.curves.fp4_share.size());
+  // Wall time of the training steps (evaluation and checkpoints excluded):
+  // the last record's elapsed_s, which a resumed run continues.
+  r.seconds = r.curves.elapsed_s.empty() ? s.value("seconds", std::nan("")) : r.curves.elapsed_s.back();
+  const double tokens = s.value("tokens", 0.0);
+  r.tokens_per_s = s.value("tokens_per_s", r.seconds > 0 ? tokens / r.seconds : std::nan(""));
+  return r;
+}
+
+std::string cell(double v, const char* f) { return std::isfinite(v) ? fmt::format(fmt::runtime(f), v) : "-"; }
+
+}  // namespace
+
+void add_experiment_commands(CLI::App& app) {
+  struct ExpArgs {
+    std::string config, out = "runs/experiment", arms = kDefaultArms;
+    std::vector<std::string> sets;
+    bool no_train = false;
+  };
+  auto a = std::make_shared<ExpArgs>();
+  CLI::App* ex = app.add_subcommand(
+      "experiment",
+      "train one model under several precision policies (same seed and data order) and compare them: "
+      "table of final validation loss, gap to BF16, FP4 share, time, tokens/s, and a validation-loss chart");
+  ex->add_option("--config,-c", a->config, "TOML run configuration shared by every arm (e.g. configs/experiment.toml)")
+      ->required();
+  ex->add_option("--out", a->out, "experiment folder: one run per arm in OUT/<arm>/, results in OUT/results.*")
+      ->capture_default_str();
+  ex->add_option("--arms", a->arms,
+                 "comma-separated arms: <policy> or <policy>-<budget>, e.g. snip-0.75, uniform-fp4, bf16 "
+                 "(the first arm is the reference of the gap column)")
+      ->capture_default_str();
+  ex->add_option("--set", a->sets, "override one option of every arm: section.key=value (repeatable)");
+  ex->add_flag("--no-train", a->no_train, "only tabulate the arms already trained in OUT");
+  ex->callback([a] {
+    // Validate everything up front: the config, every arm's policy/budget.
+    Config base;
+    base.load_toml_file(a->config);
+    for (const auto& s : a->sets) base.set_override(s);
+    base.validate();
+    std::vector<Arm> arms;
+    {
+      std::stringstream ss(a->arms);
+      std::set<std::string> seen;
+      for (std::string t; std::getline(ss, t, ',');) {
+        const auto b = t.find_first_not_of(" \t"), e = t.find_last_not_of(" \t");
+        if (b == std::string::npos) continue;
+        Arm arm = parse_arm(t.substr(b, e - b + 1));
+        if (!seen.insert(arm.name).second) fail("--arms: '", arm.name, "' given twice");
+        const std::string& p = arm.policy;
+        auto is_recipe = [&](const std::string& r) {
+          try {
+            return make_recipe_quantizer(r) != nullptr;
+          } catch (const UserError&) {
+            return false;
+          }
+        };
+        const bool known = p == "bf16" || p == "snip" || p == "min-rel-err" || p == "layer-type" ||
+                           p == "first-last-fp8" || p == "random" ||
+                           (p.rfind("uniform-", 0) == 0 && is_recipe(p.substr(8)));
+        if (!known)
+          fail("--arms: '", arm.name, "': expected bf16, uniform-<recipe>, snip, min-rel-err, layer-type, "
+               "first-last-fp8 or random, optionally followed by -<budget>");
+        arms.push_back(arm);
+      }
+    }
+    if (arms.empty()) fail("--arms: expected at least one arm");
+    const fs::path out(a->out);
+    if (!a->no_train) io::ensure_writable_dir(a->out);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < arms.size() && !a->no_train; ++i) {
+      const Arm& arm = arms[i];
+      const fs::path dir = out / arm.name;
+      const std::string log = (out / (arm.name + ".log")).string();
+      if (fs::exists(dir / "summary.json")) {
+        std::cerr << fmt::format("[{}/{}] {}: already trained ({})\n", i + 1, arms.size(), arm.name, dir.string());
+        continue;
+      }
+      std::vector<std::string> args{"train", "--run-dir", dir.string()};
+      const bool resume = fs::exists(dir / "checkpoints");
+      if (resume) {
+        args.push_back("--resume");
+      } else {
+        args.insert(args.end(), {"--config", a->config});
+        for (const auto& s : a->sets) args.insert(args.end(), {"--set", s});
+        args.insert(args.end(), {"--set", "precision.policy=" + arm.policy});
+        if (std::isfinite(arm.budget)) args.insert(args.end(), {"--set", fmt::format("precision.budget={}", arm.budget)});
+      }
+      std::cerr << fmt::format("[{}/{}] {}: {} (log: {})\n", i + 1, arms.size(), arm.name,
+                               resume ? "resuming" : "training", log);
+      const auto ts = std::chrono::steady_clock::now();
+      const int rc = run_self(args, log);
+      if (rc != 0) {
+        std::string last;
+        std::ifstream in(log);
+        for (std::string line; std::getline(in, line);)
+          if (!line.empty()) last = line;
+        fail("experiment arm '", arm.name, "' failed (exit ", rc, "): ", last, " (see ", log, ")");
+      }
+      const ArmResult r = collect(arm, dir);
+      std::cerr << fmt::format("[{}/{}] {}: val {:.4f} in {} (experiment so far {})\n", i + 1, arms.size(),
+                               arm.name, r.val, fmt_minutes(std::chrono::duration<double>(
+                                                   std::chrono::steady_clock::now() - ts).count()),
+                               fmt_minutes(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
+    }
+
+    // The table.
+    std::vector<ArmResult> res;
+    for (const Arm& arm : arms) res.push_back(collect(arm, out / arm.name));
+    const double ref = res.front().val;
+    for (auto& r : res)
+      if (r.done && std::isfinite(ref) && ref != 0) r.gap_pct = 100.0 * (r.val - ref) / ref;
+    std::ostringstream md;
+    md << "| arm | policy | budget | final val loss | gap to " << arms.front().name
+       << " | FP4 FLOPs share | wall time | tokens/s |\n|---|---|---|---|---|---|---|---|\n";
+    json jr = json::array();
+    std::ostringstream csv;
+    csv << "arm,policy,budget,final_val_loss,gap_pct,fp4_share,seconds,tokens_per_s,steps\n";
+    for (const auto& r : res) {
+      md << "| " << r.arm.name << " | " << r.arm.policy << " | " << cell(r.arm.budget, "{:.2f}") << " | "
+         << (r.done ? cell(r.val, "{:.4f}") : "not trained") << " | " << cell(r.gap_pct, "{:+.2f}%") << " | "
+         << cell(r.fp4_share, "{:.3f}") << " | " << (std::isfinite(r.seconds) ? fmt_minutes(r.seconds) : "-")
+         << " | " << cell(r.tokens_per_s, "{:.0f}") << " |\n";
+      auto num = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
+      jr.push_back({{"arm", r.arm.name}, {"policy", r.arm.policy}, {"budget", num(r.arm.budget)},
+                    {"trained", r.done}, {"final_val_loss", num(r.val)}, {"gap_pct", num(r.gap_pct)},
+                    {"fp4_share", num(r.fp4_share)}, {"seconds", num(r.seconds)},
+                    {"tokens_per_s", num(r.tokens_per_s)}, {"steps", r.steps}});
+      csv << r.arm.name << "," << r.arm.policy << "," << cell(r.arm.budget, "{}") << "," << cell(r.val, "{}") << ","
+          << cell(r.gap_pct, "{}") << "," << cell(r.fp4_share, "{}") << "," << cell(r.seconds, "{}") << ","
+          << cell(r.tokens_per_s, "{}") << "," << r.steps << "\n";
+    }
+    md << "\nFP4 FLOPs share: mean over all steps (warmup and the final high-precision phase included). "
+          "Wall time: training steps incl. stats steps, evaluation excluded.\n";
+    // The chart: every arm's validation-loss curve.
+    std::vector<report::Series> series;
+    for (const auto& r : res)
+      if (r.done && !r.curves.val_step.empty())
+        series.push_back({r.arm.name, r.curves.val_step, r.curves.val_loss, "", r.arm.name == arms.front().name});
+    report::LineChartOptions lo;
+    lo.id = "val_loss";
+    lo.title = "Validation loss per arm";
+    lo.x_label = "step";
+    lo.y_label = "validation loss (nats/token)";
+    lo.width = 900;
+    lo.height = 460;
+    // Zoom on the part where the arms differ: from the first evaluation after 20% of the run.
+    for (const auto& s : series)
+      for (size_t k = 0; k < s.x.size(); ++k)
+        if (s.x[k] >= 0.2 * s.x.back()) {
+          lo.y_max = std::isfinite(lo.y_max) ? std::max(lo.y_max, s.y[k]) : s.y[k];
+          break;
+        }
+    if (!fs::exists(out)) fail("--out: ", out.string(), " does not exist (nothing trained yet)");
+    io::write_file_atomic((out / "results.md").string(), md.str());
+    io::write_file_atomic((out / "results.json").string(), jr.dump(2) + "\n");
+    io::write_file_atomic((out / "results.csv").string(), csv.str());
+    io::write_file_atomic((out / "val_loss.svg").string(), report::svg_line_chart(series, lo) + "\n");
+    std::cout << md.str() << "\nwritten: " << (out / "results.md").string() << ", results.json, results.csv, "
+              << "val_loss.svg\n";
+  });
+
+  struct CorrArgs {
+    std::string run, out, option = "fp4", layers;
+    int64_t step = -1, steps = 20, eval_batches = -1;
+  };
+  auto c = std::make_shared<CorrArgs>();
+  CLI::App* co = app.add_subcommand(
+      "correlate",
+      "correlation study (METHOD.md section 8): from one checkpoint, quantize one layer at a time for K steps and "
+      "correlate the measured loss change with the stats step's predicted Q");
+  co->add_option("--run", c->run, "a run of `snip train` (its config, data and checkpoints)")->required();
+  co->add_option("--step", c->step, "checkpoint step (default: the newest)");
+  co->add_option("--steps", c->steps, "K: training steps per arm")->capture_default_str();
+  co->add_option("--option", c->option, "option the studied layer runs")->capture_default_str();
+  co->add_option("--layers", c->layers, "comma-separated glob patterns of layers to study (default: all)");
+  co->add_option("--eval-batches", c->eval_batches, "validation micro-batches (default: the run's)");
+  co->add_option("--out", c->out, "results folder (default: RUN/correlation)");
+  co->callback([c] {
+    CorrelationOptions o;
+    o.run_dir = c->run;
+    o.step = c->step;
+    o.steps = c->steps;
+    o.option = c->option;
+    o.eval_batches = c->eval_batches;
+    o.out_dir = c->out.empty() ? (fs::path(c->run) / "correlation").string() : c->out;
+    std::stringstream ss(c->layers);
+    for (std::string t; std::getline(ss, t, ',');)
+      if (!t.empty()) o.layers.push_back(t);
+    const CorrelationResult r = correlation_study(o);
+    std::vector<report::ScatterPoint> pts;
+    for (const auto& l : r.layers) {
+      std::string shortname = l.name;
+      if (shortname.rfind("model.layers.", 0) == 0) shortname = shortname.substr(13);
+      pts.push_back({l.q, l.delta_val, shortname, ""});
+    }
+    report::ScatterOptions so;
+    so.id = "correlation";
+    so.title = fmt::format("Predicted Q({}) vs measured validation-loss change after {} steps", r.option, r.steps);
+    so.subtitle = fmt::format("{} layers from step {}: Pearson r = {:.3f}, Spearman rho = {:.3f}", r.layers.size(),
+                              r.step, r.correlations.at("q").at("pearson"), r.correlations.at("q").at("spearman"));
+    so.x_label = "predicted Q (stats step)";
+    so.y_label = "measured delta val loss (nats/token)";
+    so.show_labels = r.layers.size() <= 40;
+    io::write_file_atomic((fs::path(o.out_dir) / "scatter.svg").string(), report::svg_scatter(pts, so) + "\n");
+    std::cout << fmt::format("{:<44} {:>10} {:>10} {:>10} {:>12}\n", "layer", "Q", "LD", "WD", "dval");
+    for (const auto& l : r.layers)
+      std::cout << fmt::format("{:<44} {:>10.4g} {:>10.4g} {:>10.4g} {:>+12.5f}\n", l.name, l.q, l.ld, l.wd,
+                               l.delta_val);
+    std::cout << fmt::format("\nbaseline (BF16) val {:.5f} after {} steps from step {}\n", r.base_val_loss, r.steps,
+                             r.step);
+    std::cout << "predictor vs measured dval:      Pearson   Spearman\n";
+    for (const auto& [k, m] : r.correlations)
+      if (k.find("/train") == std::string::npos)
+        std::cout << fmt::format("  {:<28} {:>9.3f} {:>10.3f}\n", k, m.at("pearson"), m.at("spearman"));
+    std::cout << fmt::format("\nwritten: {}/correlation.json, correlation.csv, scatter.svg ({:.0f} s)\n", o.out_dir,
+                             r.seconds);
+  });
+}
+
+}  // namespace snip::cli

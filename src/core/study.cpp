@@ -1,0 +1,287 @@
+// The correlation study of METHOD.md section 8 (see study.h).
+#include "snip/core/study.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+#include <thread>
+#include <sstream>
+
+#include "snip/core/config.h"
+#include "snip/core/hf.h"
+#include "snip/core/llama.h"
+#include "snip/core/quantizers.h"
+#include "snip/core/stats.h"
+#include "snip/core/trainer.h"
+#include "snip/data/loader.h"
+#include "snip/io/atomic_file.h"
+#include "snip/io/safetensors.h"
+#include "snip/policy/planner.h"
+#include "snip/report/report.h"
+#include "snip/util/error.h"
+#include "trainer_internal.h"
+
+namespace snip {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+CorrelationResult correlation_study(const CorrelationOptions& o) {
+  using clock = std::chrono::steady_clock;
+  const auto t_start = clock::now();
+  if (o.steps < 1) fail("--steps: expected >= 1 training steps per arm, got ", o.steps);
+  const fs::path run(o.run_dir);
+  if (!fs::is_regular_file(run / "config.toml"))
+    fail("--run: ", (run / "config.toml").string(), " does not exist (expected a run of `snip train`)");
+  Config cfg;
+  cfg.load_toml_file((run / "config.toml").string());
+  cfg.validate();
+  std::string ckpt;
+  if (o.step >= 0) {
+    ckpt = (run / "checkpoints" / ("step-" + std::to_string(o.step))).string();
+    if (!fs::is_directory(ckpt)) fail("--step: ", ckpt, " does not exist (list ", (run / "checkpoints").string(), ")");
+  } else {
+    ckpt = latest_checkpoint(o.run_dir);
+    if (ckpt.empty()) fail("--run: no complete checkpoint in ", (run / "checkpoints").string());
+  }
+  const json st = detail::read_checkpoint_state(ckpt);
+  const int64_t step0 = st.at("step").get<int64_t>();
+  std::shared_ptr<const OperandQuantizer> quant = make_recipe_quantizer(o.option);
+  if (!quant) fail("--option: expected a quantizing recipe (not none/bf16), got '", o.option, "'");
+
+  const fs::path data_dir(cfg.get_string("data.dir"));
+  const std::string train_bin = (data_dir / "train.bin").string(), val_bin = (data_dir / "val.bin").string();
+  if (!fs::exists(train_bin)) fail("data.dir: ", train_bin, " does not exist (the run's data is needed)");
+  const int64_t B = cfg.get_int("train.batch_size"), T = cfg.get_int("train.seq_len");
+  const int64_t accum = cfg.get_int("train.grad_accum"), max_steps = cfg.get_int("train.max_steps");
+  const uint64_t seed = uint64_t(cfg.get_int("train.seed"));
+  const int64_t eval_batches = o.eval_batches >= 0 ? o.eval_batches : cfg.get_int("train.eval_batches");
+  const int64_t threads = cfg.get_int("train.threads");
+  torch::set_num_threads(threads > 0 ? int(threads) : int(std::max(1u, std::thread::hardware_concurrency())));
+  data::TokenLoader loader(train_bin, int(B), int(T), seed);
+  loader.restore({st.at("loader").at("epoch").get<uint64_t>(), st.at("loader").at("cursor").get<uint64_t>()});
+  const data::LoaderState loader0 = loader.state();
+
+  torch::manual_seed(seed);
+  LlamaForCausalLM model(LlamaConfig::from_run_config(cfg, loader.vocab_size()));
+  {
+    const std::string wp = (fs::path(ckpt) / "model.safetensors").string();
+    load_model_from_safetensors(model, io::read_safetensors(wp), wp);
+  }
+  const at::ScalarType gemm = cfg.get_string("train.gemm_dtype") == "bf16" ? at::kBFloat16 : at::kFloat;
+  model->set_precision(LinearPrecision{nullptr, gemm});
+  model->set_non_linear_gemm_dtype(gemm);
+  auto opt = detail::make_optimizer(model, cfg);
+  std::string opt_bytes;
+  {
+    const std::string op = (fs::path(ckpt) / "optimizer.pt").string();
+    opt_bytes = io::read_file(op);
+    try {
+      std::istringstream is(opt_bytes);
+      torch::serialize::InputArchive a;
+      a.load_from(is);
+      opt->load(a);
+    } catch (const c10::Error& e) {
+      fail("checkpoint ", op, ": cannot be loaded: ", e.what_without_backtrace());
+    }
+  }
+  std::vector<torch::Tensor> weights0;
+  {
+    torch::NoGradGuard ng;
+    for (const auto& p : model->parameters()) weights0.push_back(p.detach().clone());
+  }
+  auto reset = [&] {
+    torch::NoGradGuard ng;
+    auto params = model->parameters();
+    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(weights0[i]);
+    opt = detail::make_optimizer(model, cfg);
+    std::istringstream is(opt_bytes);
+    torch::serialize::InputArchive a;
+    a.load_from(is);
+    opt->load(a);
+    loader.restore(loader0);
+    model->set_precision(LinearPrecision{nullptr, gemm});
+  };
+
+  // The layers to study.
+  std::vector<QuantLinear> all = model->linear_layers(), studied;
+  std::vector<policy::Pin> pins;
+  for (const auto& g : o.layers) pins.push_back(policy::parse_pin(g + "=" + o.option));
+  for (const auto& l : all) {
+    policy::PlanItem it;
+    it.name = it.layer = l->name;
+    bool take = pins.empty();
+    for (const auto& p : pins) take = take || policy::pin_matches(p, it, policy::Granularity::layer);
+    if (take) studied.push_back(l);
+  }
+  for (size_t i = 0; i < pins.size(); ++i) {
+    bool any = false;
+    for (const auto& l : all) {
+      policy::PlanItem it;
+      it.name = it.layer = l->name;
+      any = any || policy::pin_matches(pins[i], it, policy::Granularity::layer);
+    }
+    if (!any) fail("--layers: pattern '", o.layers[i], "' matches no quantizable layer");
+  }
+  if (studied.size() < 2) fail("--layers: expected at least 2 layers to correlate, got ", studied.size());
+
+  CorrelationResult res;
+  res.step = step0;
+  res.steps = o.steps;
+  res.option = o.option;
+
+  // 1. prediction: the stats step on the next step's first micro-batch.
+  std::vector<int32_t> in, tg;
+  StatsStep pred;
+  {
+    const double lr = lr_at(step0, max_steps, cfg.get_int("train.warmup_steps"), cfg.get_float("train.lr"),
+                            cfg.get_float("train.min_lr_ratio"));
+    detail::set_lr(*opt, lr);
+    model->set_step(seed, step0);
+    loader.next(in, tg);
+    const torch::Tensor ids = detail::to_ids(in, B, T), targets = detail::to_ids(tg, B, T);
+    StatsOptions so;
+    so.options = {o.option};
+    if (o.option != "fp8") so.options.push_back("fp8");
+    so.low_option = o.option;
+    so.alpha = cfg.get_float("precision.alpha");
+    so.first_order = cfg.get_string("precision.first_order");
+    so.curvature_probes = int(cfg.get_int("precision.curvature_probes"));
+    so.seed = seed;
+    if (!o.quiet) spdlog::info("correlation study: stats step at step {} of {}", step0, o.run_dir);
+    pred = measure(all, [&] { return LlamaForCausalLMImpl::loss(model(ids), targets); }, *opt, so, step0);
+    loader.restore(loader0);
+  }
+
+  // 2./3. K training steps per arm.
+  auto run_arm = [&](QuantLinear* only) -> std::pair<double, double> {
+    reset();
+    if (only) (*only)->precision = LinearPrecision{quant, gemm};
+    double train_sum = 0;
+    for (int64_t k = 0; k < o.steps; ++k) {
+      const int64_t s = step0 + k;
+      detail::set_lr(*opt, lr_at(s, max_steps, cfg.get_int("train.warmup_steps"), cfg.get_float("train.lr"),
+                                 cfg.get_float("train.min_lr_ratio")));
+      model->set_step(seed, s);
+      opt->zero_grad();
+      double ls = 0;
+      for (int64_t m = 0; m < accum; ++m) {
+        loader.next(in, tg);
+        torch::Tensor loss = LlamaForCausalLMImpl::loss(model(detail::to_ids(in, B, T)), detail::to_ids(tg, B, T));
+        (loss / double(accum)).backward();
+        ls += loss.item<double>();
+      }
+      const double clip = cfg.get_float("train.grad_clip");
+      std::vector<torch::Tensor> params = model->parameters();
+      torch::nn::utils::clip_grad_norm_(params, clip > 0 ? clip : std::numeric_limits<double>::infinity());
+      opt->step();
+      train_sum += ls / double(accum);
+    }
+    const double v = evaluate(model, val_bin, B, T, eval_batches);
+    if (!std::isfinite(v)) fail("correlation study: the validation loss is ", v, " (training diverged)");
+    return {v, train_sum / double(o.steps)};
+  };
+  auto t0 = clock::now();
+  std::tie(res.base_val_loss, res.base_train_loss) = run_arm(nullptr);
+  if (!o.quiet)
+    spdlog::info("baseline (BF16, {} steps from step {}): val {:.5f}, train {:.5f} ({:.1f} s per arm)", o.steps,
+                 step0, res.base_val_loss, res.base_train_loss,
+                 std::chrono::duration<double>(clock::now() - t0).count());
+  for (size_t i = 0; i < studied.size(); ++i) {
+    QuantLinear& l = studied[i];
+    CorrelationLayer cl;
+    cl.name = l->name;
+    const LayerStats* ls = nullptr;
+    for (const auto& x : pred.layers)
+      if (x.name == l->name) ls = &x;
+    SNIP_CHECK(ls, "no stats for ", l->name);
+    const OptionStats& os = ls->options.at(o.option);
+    cl.q = os.q, cl.ld = os.ld, cl.wd = os.wd_own + os.wd_up;
+    cl.ld_first = os.ld_first, cl.ld_second = os.ld_second, cl.wd_own = os.wd_own, cl.wd_up = os.wd_up;
+    cl.rel_err_fprop = os.rel_err[kStatsFprop];
+    std::tie(cl.val_loss, cl.train_loss) = run_arm(&l);
+    cl.delta_val = cl.val_loss - res.base_val_loss;
+    cl.delta_train = cl.train_loss - res.base_train_loss;
+    if (!o.quiet)
+      spdlog::info("[{}/{}] {}: Q {:.4g}  measured dval {:+.5f} dtrain {:+.5f}", i + 1, studied.size(), cl.name,
+                   cl.q, cl.delta_val, cl.delta_train);
+    res.layers.push_back(cl);
+  }
+  model->set_precision(LinearPrecision{nullptr, gemm});
+
+  // Correlations.
+  std::vector<double> dv, dt;
+  for (const auto& cl : res.layers) dv.push_back(cl.delta_val), dt.push_back(cl.delta_train);
+  auto add = [&](const std::string& name, const std::vector<double>& x) {
+    res.correlations[name] = {{"pearson", report::pearson(x, dv)}, {"spearman", report::spearman(x, dv)}};
+    res.correlations[name + "/train"] = {{"pearson", report::pearson(x, dt)}, {"spearman", report::spearman(x, dt)}};
+  };
+  auto col = [&](auto f) {
+    std::vector<double> v;
+    for (const auto& cl : res.layers) v.push_back(f(cl));
+    return v;
+  };
+  add("q", col([](const CorrelationLayer& c) { return c.q; }));
+  add("ld", col([](const CorrelationLayer& c) { return c.ld; }));
+  add("wd", col([](const CorrelationLayer& c) { return c.wd; }));
+  add("wd_own", col([](const CorrelationLayer& c) { return c.wd_own; }));
+  add("rel_err_fprop", col([](const CorrelationLayer& c) { return c.rel_err_fprop; }));
+  const std::vector<double> wd = col([](const CorrelationLayer& c) { return c.wd; });
+  const double wd_sum = std::accumulate(wd.begin(), wd.end(), 0.0);
+  for (const std::string fo : {"abs", "signed", "drop"}) {
+    std::vector<double> ld;
+    for (const auto& c : res.layers) {
+      const double F = fo == "abs" ? std::abs(c.ld_first) : fo == "signed" ? c.ld_first : 0.0;
+      ld.push_back(std::max(0.0, F + c.ld_second));
+    }
+    const double ld_sum = std::accumulate(ld.begin(), ld.end(), 0.0);
+    add("ld[" + fo + "]", ld);
+    for (double a : {0.0, 0.25, 0.5, 0.75, 1.0}) {
+      std::vector<double> q;
+      for (size_t i = 0; i < ld.size(); ++i)
+        q.push_back(a * (ld_sum > 0 ? ld[i] / ld_sum : ld[i]) + (1 - a) * (wd_sum > 0 ? wd[i] / wd_sum : wd[i]));
+      char key[64];
+      std::snprintf(key, sizeof key, "q[%s,a=%g]", fo.c_str(), a);
+      add(key, q);
+    }
+  }
+  res.seconds = std::chrono::duration<double>(clock::now() - t_start).count();
+
+  if (!o.out_dir.empty()) {
+    io::ensure_writable_dir(o.out_dir);
+    json j = to_json(res);
+    j["run"] = o.run_dir;
+    j["checkpoint"] = ckpt;
+    io::write_file_atomic((fs::path(o.out_dir) / "correlation.json").string(), j.dump(2) + "\n");
+    std::ostringstream csv;
+    csv << "layer,q,ld,wd,ld_first,ld_second,wd_own,wd_up,rel_err_fprop,val_loss,train_loss,delta_val,delta_train\n";
+    csv.precision(10);
+    for (const auto& c : res.layers)
+      csv << c.name << "," << c.q << "," << c.ld << "," << c.wd << "," << c.ld_first << "," << c.ld_second << ","
+          << c.wd_own << "," << c.wd_up << "," << c.rel_err_fprop << "," << c.val_loss << "," << c.train_loss << ","
+          << c.delta_val << "," << c.delta_train << "\n";
+    io::write_file_atomic((fs::path(o.out_dir) / "correlation.csv").string(), csv.str());
+  }
+  return res;
+}
+
+json to_json(const CorrelationResult& r) {
+  json layers = json::array();
+  for (const auto& c : r.layers)
+    layers.push_back({{"name", c.name}, {"q", c.q}, {"ld", c.ld}, {"wd", c.wd}, {"ld_first", c.ld_first},
+                      {"ld_second", c.ld_second}, {"wd_own", c.wd_own}, {"wd_up", c.wd_up},
+                      {"rel_err_fprop", c.rel_err_fprop}, {"val_loss", c.val_loss}, {"train_loss", c.train_loss},
+                      {"delta_val", c.delta_val}, {"delta_train", c.delta_train}});
+  json corr = json::object();
+  for (const auto& [k, m] : r.correlations)
+    for (const auto& [kk, v] : m) corr[k][kk] = std::isfinite(v) ? json(v) : json(nullptr);
+  return {{"step", r.step}, {"steps", r.steps}, {"option", r.option}, {"base_val_loss", r.base_val_loss},
+          {"base_train_loss", r.base_train_loss}, {"layers", layers}, {"correlations", corr},
+          {"seconds", r.seconds}};
+}
+
+}  // namespace snip

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The shortened comparison experiment: every default arm of `snip experiment`
+# (bf16, uniform-fp8, uniform-fp4, snip at 0.5 and 0.75, the four heuristics
+# at 0.75) trains a micro model for 16 steps on the Brown Corpus; the table,
+# JSON, CSV and chart must be complete, and a second call must reuse the
+# trained arms instead of training them again.
+#
+# usage: experiment.sh SNIP_BINARY PREPARED_DATA_DIR
+set -eu
+snip="$1"; data="$2"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+cat >"$tmp/micro.toml" <<TOML
+[model]
+hidden_size = 64
+intermediate_size = 172
+num_hidden_layers = 2
+num_attention_heads = 4
+num_key_value_heads = 2
+max_position_embeddings = 64
+[data]
+dir = "$data"
+[train]
+batch_size = 8
+seq_len = 64
+max_steps = 16
+lr = 1e-2
+warmup_steps = 4
+eval_interval = 4
+eval_batches = 4
+log_interval = 1000
+checkpoint_interval = 0
+threads = 1
+[precision]
+warmup_steps = 2
+initial_interval = 6
+final_interval = 6
+TOML
+"$snip" experiment --config "$tmp/micro.toml" --out "$tmp/exp" >"$tmp/out" 2>"$tmp/err" || {
+  cat "$tmp/err" >&2; exit 1; }
+/usr/bin/python3 - "$tmp/exp" <<'PY'
+import json, math, re, sys
+d = sys.argv[1]
+rows = json.load(open(d + "/results.json"))
+want = ["bf16", "uniform-fp8", "uniform-fp4", "snip-0.5", "snip-0.75", "min-rel-err-0.75",
+        "layer-type-0.75", "first-last-fp8-0.75", "random-0.75"]
+assert [r["arm"] for r in rows] == want, [r["arm"] for r in rows]
+for r in rows:
+    assert r["trained"] and r["steps"] == 16, r
+    for k in ("final_val_loss", "gap_pct", "fp4_share", "seconds", "tokens_per_s"):
+        assert isinstance(r[k], float) and math.isfinite(r[k]), (r["arm"], k, r[k])
+    # the arm's own summary and metrics back the table
+    s = json.load(open(f"{d}/{r['arm']}/summary.json"))
+    assert s["final_val_loss"] == r["final_val_loss"], r["arm"]
+    m = [json.loads(l) for l in open(f"{d}/{r['arm']}/metrics.jsonl")]
+    share = sum(x["fp4_share"] for x in m) / len(m)
+    assert abs(share - r["fp4_share"]) < 1e-12, (r["arm"], share, r["fp4_share"])
+    assert s["policy"] == r["policy"], (s["policy"], r["policy"])
+ref = rows[0]["final_val_loss"]
+for r in rows:
+    assert abs(r["gap_pct"] - 100 * (r["final_val_loss"] - ref) / ref) < 1e-9, r
+by = {r["arm"]: r for r in rows}
+assert by["bf16"]["fp4_share"] == 0 and by["uniform-fp8"]["fp4_share"] == 0
+# uniform FP4 runs FP4 between warmup (2 steps) and the final 10% (2 steps): 12 of 16 steps
+assert abs(by["uniform-fp4"]["fp4_share"] - 12 / 16) < 1e-12, by["uniform-fp4"]["fp4_share"]
+for a in want[3:]:
+    budget = 0.5 if a == "snip-0.5" else 0.75
+    assert by[a]["fp4_share"] >= budget * 12 / 16 - 1e-9, (a, by[a]["fp4_share"])
+md = open(d + "/results.md").read()
+assert len([l for l in md.splitlines() if l.startswith("| ") and not l.startswith("| arm")]) == 9, md
+svg = open(d + "/val_loss.svg").read()
+paths = re.findall(r'<path class="series" data-series="([^"]+)" d="(M[^"]+)"', svg)
+assert [p[0] for p in paths] == want, [p[0] for p in paths]
+assert all(p[1].count("L") >= 3 for p in paths), "a curve with fewer than 4 evaluations"
+print("experiment ok:", len(rows), "arms")
+PY
+grep -q "| snip-0.75 | snip | 0.75 |" "$tmp/out"
+# A second call reuses every arm.
+"$snip" experiment --config "$tmp/micro.toml" --out "$tmp/exp" >"$tmp/out2" 2>"$tmp/err2"
+test "$(grep -c 'already trained' "$tmp/err2")" -eq 9
+# A bad arm fails before anything is trained, in one line.
+set +e
+"$snip" experiment --config "$tmp/micro.toml" --out "$tmp/exp2" --arms bf16,snip-1.5 >/dev/null 2>"$tmp/err3"
+rc=$?
+set -e
+test "$rc" -eq 2 && test "$(wc -l <"$tmp/err3")" -eq 1 && grep -q "snip-1.5" "$tmp/err3" && test ! -e "$tmp/exp2"
+echo "experiment.sh: ok"
