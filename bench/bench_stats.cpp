@@ -22,7 +22,9 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <unordered_map>
 #include <chrono>
 
 #include "snip/core/config.h"
@@ -33,41 +35,56 @@
 
 namespace {
 
-// Counts live bytes of every CPU tensor allocation and their peak.
+// Counts live bytes of every CPU tensor allocation and their peak. Memory
+// comes from posix_memalign (64-byte alignment, as c10's allocator) with the
+// data pointer as the DataPtr context, so raw_allocate() works too.
 class CountingAllocator final : public c10::Allocator {
  public:
-  explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
   c10::DataPtr allocate(size_t n) const override {
-    c10::DataPtr d = inner_->allocate(n);
-    auto* ctx = new Ctx{std::move(d), n, this};
-    const int64_t now = live_.fetch_add(int64_t(n)) + int64_t(n);
-    int64_t p = peak_.load();
-    while (now > p && !peak_.compare_exchange_weak(p, now)) {
+    void* p = nullptr;
+    if (n > 0 && posix_memalign(&p, 64, n) != 0) throw std::bad_alloc();
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      sizes_[p] = n;
+      live_ += int64_t(n);
+      peak_ = std::max(peak_, live_);
     }
-    return c10::DataPtr(ctx->inner.get(), ctx, &release, ctx->inner.device());
+    return c10::DataPtr(p, p, &release, c10::Device(c10::DeviceType::CPU));
   }
-  int64_t live() const { return live_.load(); }
-  int64_t peak() const { return peak_.load(); }
-  void reset_peak() const { peak_.store(live_.load()); }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  int64_t peak() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return peak_;
+  }
+  void reset_peak() const {
+    std::lock_guard<std::mutex> g(mu_);
+    peak_ = live_;
+  }
+  static CountingAllocator* instance;
 
  private:
-  struct Ctx {
-    c10::DataPtr inner;
-    size_t n;
-    const CountingAllocator* owner;
-  };
   static void release(void* p) {
-    auto* ctx = static_cast<Ctx*>(p);
-    ctx->owner->live_.fetch_sub(int64_t(ctx->n));
-    delete ctx;
+    if (!p) return;
+    {
+      std::lock_guard<std::mutex> g(instance->mu_);
+      auto it = instance->sizes_.find(p);
+      if (it != instance->sizes_.end()) {
+        instance->live_ -= int64_t(it->second);
+        instance->sizes_.erase(it);
+      }
+    }
+    std::free(p);
   }
-  c10::Allocator* inner_;
-  mutable std::atomic<int64_t> live_{0}, peak_{0};
+  mutable std::mutex mu_;
+  mutable std::unordered_map<void*, size_t> sizes_;
+  mutable int64_t live_ = 0, peak_ = 0;
 };
+CountingAllocator* CountingAllocator::instance = nullptr;
 
 CountingAllocator* counting() {
   static CountingAllocator* a = [] {
-    auto* c = new CountingAllocator(c10::GetCPUAllocator());
+    auto* c = new CountingAllocator();
+    CountingAllocator::instance = c;
     c10::SetCPUAllocator(c, /*priority=*/100);
     return c;
   }();

@@ -70,7 +70,10 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
     const torch::Tensor& x = saved[0];  // [T, IN]
     const torch::Tensor& w = saved[1];  // [OUT, IN]
     const torch::Tensor& dy = grads[0];  // [T, OUT]
-    if (l.capture) l.capture->dy = dy.detach();
+    if (l.capture) {
+      if (l.capture->on_dy) l.capture->on_dy(dy.detach());
+      else l.capture->dy = dy.detach();
+    }
     const auto dt = l.precision.gemm_dtype;
     torch::Tensor dx, dw;
     if (ctx->saved_data["cast"].toBool()) {  // x, w are the GEMM-dtype casts from forward
@@ -78,17 +81,20 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
       if (ctx->needs_input_grad(0)) {
         dx = torch::mm(dyc, w).to(dy.scalar_type());  // dgrad [T, IN]
         if (l.input_grad_noise.defined()) dx = dx + l.input_grad_noise;
+        if (l.capture && l.capture->input_grad_noise) dx = dx + l.capture->input_grad_noise();
       }
       // wgrad [OUT, IN] as (Xᵀ·dY)ᵀ: oneDNN is faster with the long T dim of X leading.
-      if (ctx->needs_input_grad(1)) dw = torch::mm(x.t(), dyc).t().contiguous().to(dy.scalar_type());
+      if (ctx->needs_input_grad(1) && !(l.capture && l.capture->skip_wgrad))
+        dw = torch::mm(x.t(), dyc).t().contiguous().to(dy.scalar_type());
       return {dx, dw, torch::Tensor()};
     }
     if (ctx->needs_input_grad(0)) {
       // dgrad: dX [T, IN] = dY [T, OUT] · W [OUT, IN]; K = OUT, so W goes in as Wᵀ [IN, OUT].
       dx = gemm_nt(q(l, dy, Operand::kDgradDY), q(l, w.t(), Operand::kDgradW), dt);
       if (l.input_grad_noise.defined()) dx = dx + l.input_grad_noise;
+      if (l.capture && l.capture->input_grad_noise) dx = dx + l.capture->input_grad_noise();
     }
-    if (ctx->needs_input_grad(1)) {
+    if (ctx->needs_input_grad(1) && !(l.capture && l.capture->skip_wgrad)) {
       // wgrad: dW [OUT, IN] = dYᵀ [OUT, T] · X [T, IN]; K = T: dYᵀ [OUT, T], Xᵀ [IN, T].
       dw = gemm_nt(q(l, dy.t(), Operand::kWgradDY), q(l, x.t(), Operand::kWgradX), dt);
     }
@@ -112,6 +118,7 @@ torch::Tensor QuantLinearImpl::forward(const torch::Tensor& x) {
   if (capture) capture->x = x2.detach();
   torch::Tensor y = QuantLinearFunction::apply(x2, weight, reinterpret_cast<int64_t>(this));
   if (output_noise.defined()) y = y + output_noise;
+  if (capture && capture->output_noise) y = y + capture->output_noise();
   sizes.back() = out_features;
   return y.view(sizes);
 }

@@ -5,6 +5,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <set>
 #include <utility>
@@ -190,7 +191,10 @@ std::shared_ptr<const OperandQuantizer> resolve_quantizer(const StatsOptions& o,
 
 // What measure() keeps of one layer between passes.
 struct LayerWork {
-  std::shared_ptr<LinearCapture> capture;  // pass A's X, dY; released after processing
+  std::shared_ptr<LinearCapture> capture;  // pass A's X; released after pass A
+  bool processed = false;                   // pass A's on_dy hook ran
+  bool calibrated = false;                  // pass C's on_dy hook ran
+  int probed = 0;                           // curvature probes whose on_dy hook ran
   std::vector<Tensor> f;                   // [kNumCommon + kNumPerOption·options] sums
   Tensor row_rms;                          // [T, 1] rms of Y's rows
   std::vector<Tensor> eps_dot_g0;          // [K] <ε_k, g(0)>
@@ -248,21 +252,131 @@ StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Te
     return loss.reshape({});
   };
 
-  // ---- pass A: clean forward + backward with capture on.
+  const auto dopt = torch::TensorOptions().dtype(torch::kDouble).device(weights[0].device());
+  auto zero = [&] { return torch::zeros({}, dopt); };
   std::vector<LayerWork> work(L);
+  auto make_eps = [&](size_t l, int k, const Tensor& like) {
+    const int64_t T = work[l].T, OUT = layers[l]->out_features;
+    return gaussian(T, OUT, noise_seed(o.seed, step, layers[l]->layer_index, uint64_t(k)), like) *
+           (work[l].row_rms * o.noise_scale);
+  };
+
+  // ---- per layer: errors of every option on pass A's operands, computed in
+  // the layer's own backward as its dY arrives (LinearCapture::on_dy), so only
+  // the layer being processed holds temporaries and no dY is kept.
+  auto process = [&](size_t l, const Tensor& dy) {
+    torch::NoGradGuard ng;
+    work[l].T = work[l].capture->x.size(0);
+    LayerWork& w = work[l];
+    w.f.assign(kNumCommon + kNumPerOption * n_opt, Tensor());
+    for (auto& t : w.f) t = zero();
+    const Tensor X = w.capture->x;                                // [T, IN]
+    const Tensor G = dy.reshape({w.T, -1});                       // [T, OUT]
+    const Tensor W = layers[l]->weight.detach().to(X.scalar_type());  // [OUT, IN]
+    // dW [OUT, IN] = dYᵀ·X: the very GEMM the layer's wgrad runs at full precision
+    // (linear.cpp, identity operands), so equal to what autograd returns for it.
+    const Tensor dWl = torch::mm(G.t(), X);
+    const Tensor Y = torch::mm(X, W.t());                         // [T, OUT]
+    const Tensor dX = torch::mm(G, W);                            // [T, IN]
+    w.f[kYSq] = sq_sum(Y);
+    w.f[kDxSq] = sq_sum(dX);
+    w.f[kDwSq] = sq_sum(dWl);
+    w.f[kWSq] = sq_sum(W);
+    w.row_rms = Y.pow(2).mean(1, /*keepdim=*/true).sqrt();       // [T, 1]
+    for (int k = 0; k < K; ++k) {
+      const Tensor eps = make_eps(l, k, Y);                        // [T, OUT]
+      w.eps_dot_g0.push_back(inner_sum(eps, G));
+      w.f[kCDen] = w.f[kCDen] + sq_sum(eps);
+    }
+    const AdamState& st = adam[l];
+    const Tensor wdt = layers[l]->weight;
+    const Tensor dWp = dWl.to(wdt.scalar_type());
+    const Tensor u0 = adam_update(st, dWp * o.grad_scale);       // [OUT, IN], param dtype
+    for (size_t p = 0; p < n_opt; ++p) {
+      const OperandQuantizer* q = quant[p].get();
+      auto Q = [&](const Tensor& t, Operand op) {
+        if (!q) return t;
+        QuantKey key{layers[l]->key_base.seed, step, layers[l]->layer_index, op};
+        return q->quantize(t.contiguous(), key);
+      };
+      Tensor* f = &w.f[kNumCommon + kNumPerOption * p];
+      {
+        const Tensor ef = torch::mm(Q(X, Operand::kFpropX), Q(W, Operand::kFpropW).t()) - Y;
+        f[kGe] = inner_sum(G, ef);
+        f[kEfSq] = sq_sum(ef);
+      }
+      {
+        const Tensor ed = torch::mm(Q(G, Operand::kDgradDY), Q(W.t(), Operand::kDgradW).t()) - dX;
+        f[kEdSq] = sq_sum(ed);
+      }
+      {
+        const Tensor ew = torch::mm(Q(G.t(), Operand::kWgradDY), Q(X.t(), Operand::kWgradX).t()) - dWl;
+        f[kEwSq] = sq_sum(ew);
+        const Tensor g1 = (dWp + ew.to(wdt.scalar_type())) * o.grad_scale;
+        f[kDuSq] = sq_sum(adam_update(st, g1) - u0);
+      }
+    }
+    // Kept until pass C in the weight's .grad (the scratch measure() borrows).
+    layers[l]->weight.mutable_grad().copy_(dWp);
+    work[l].processed = true;
+  };
+
+  // dW of pass A lives in each weight's .grad until pass C: at a step boundary
+  // (after zero_grad) those are allocated zeros, so the stats step needs no
+  // gradient copy of its own. Whatever they held is put back at the end.
+  struct GradBackup {
+    std::vector<Tensor>& w;
+    std::vector<int> kind;  // 0 undefined, 1 zeros, 2 saved copy
+    std::vector<Tensor> saved;
+    ~GradBackup() {
+      torch::NoGradGuard ng;
+      for (size_t i = 0; i < w.size(); ++i) {
+        if (kind[i] == 0) w[i].mutable_grad() = Tensor();
+        else if (kind[i] == 1) w[i].mutable_grad().zero_();
+        else w[i].mutable_grad().copy_(saved[i]);
+      }
+    }
+  } grads{weights, std::vector<int>(L, 0), std::vector<Tensor>(L)};
+  {
+    torch::NoGradGuard ng;
+    for (size_t l = 0; l < L; ++l) {
+      Tensor& g = weights[l].mutable_grad();
+      if (!g.defined()) {
+        g = torch::zeros_like(weights[l]);
+      } else if (g.count_nonzero().item<int64_t>() == 0) {
+        grads.kind[l] = 1;
+      } else {
+        grads.kind[l] = 2;
+        grads.saved[l] = g.clone();
+      }
+    }
+  }
+
+  // ---- pass A: clean forward + backward with capture on; each layer is
+  // processed in its backward (no wgrad: process() computes dW itself).
+  std::exception_ptr hook_error;
+  auto guarded = [&](auto&& f) {
+    if (hook_error) return;
+    try {
+      f();
+    } catch (...) {
+      hook_error = std::current_exception();
+    }
+  };
   for (size_t l = 0; l < L; ++l) {
     work[l].capture = std::make_shared<LinearCapture>();
+    work[l].capture->skip_wgrad = true;
+    work[l].capture->on_dy = [&, l](const Tensor& dy) { guarded([&] { process(l, dy); }); };
     layers[l]->capture = work[l].capture;
   }
   Tensor loss0 = scalar_loss("pass A");
-  std::vector<Tensor> dW = torch::autograd::grad({loss0}, weights, {}, /*retain_graph=*/true,
-                                                 /*create_graph=*/false, /*allow_unused=*/true);
+  torch::autograd::grad({loss0}, weights, {}, /*retain_graph=*/true, /*create_graph=*/false, /*allow_unused=*/true);
   for (auto& l : layers) l->capture = nullptr;
+  if (hook_error) std::rethrow_exception(hook_error);
   for (size_t l = 0; l < L; ++l) {
-    if (!work[l].capture->x.defined() || !work[l].capture->dy.defined() || !dW[l].defined())
+    if (!work[l].capture->x.defined() || !work[l].processed)
       fail("stats: ", what(l), ": expected it to take part in loss_fn's forward and backward, ",
            "got no input/gradient (is it in the model loss_fn runs?)");
-    work[l].T = work[l].capture->x.size(0);
   }
   // U(l): earlier layers whose input is not l's input tensor (q/k/v and
   // gate/up share one input: siblings, not upstream of each other).
@@ -275,120 +389,75 @@ StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Te
     }
   }
 
-  const auto dopt = torch::TensorOptions().dtype(torch::kDouble).device(weights[0].device());
-  auto zero = [&] { return torch::zeros({}, dopt); };
-  auto make_eps = [&](size_t l, int k, const Tensor& like) {
-    const int64_t T = work[l].T, OUT = layers[l]->out_features;
-    return gaussian(T, OUT, noise_seed(o.seed, step, layers[l]->layer_index, uint64_t(k)), like) *
-           (work[l].row_rms * o.noise_scale);
-  };
-
-  // ---- per layer: errors of every option on pass A's operands.
-  {
-    torch::NoGradGuard ng;
-    for (size_t l = 0; l < L; ++l) {
-      LayerWork& w = work[l];
-      w.f.assign(kNumCommon + kNumPerOption * n_opt, Tensor());
-      for (auto& t : w.f) t = zero();
-      const Tensor X = w.capture->x;                                // [T, IN]
-      const Tensor G = w.capture->dy.reshape({w.T, -1});            // [T, OUT]
-      const Tensor W = layers[l]->weight.detach().to(X.scalar_type());  // [OUT, IN]
-      const Tensor dWl = dW[l].detach().to(X.scalar_type());        // [OUT, IN]
-      const Tensor Y = torch::mm(X, W.t());                         // [T, OUT]
-      const Tensor dX = torch::mm(G, W);                            // [T, IN]
-      w.f[kYSq] = sq_sum(Y);
-      w.f[kDxSq] = sq_sum(dX);
-      w.f[kDwSq] = sq_sum(dWl);
-      w.f[kWSq] = sq_sum(W);
-      w.row_rms = Y.pow(2).mean(1, /*keepdim=*/true).sqrt();       // [T, 1]
-      for (int k = 0; k < K; ++k) {
-        const Tensor eps = make_eps(l, k, Y);                        // [T, OUT]
-        w.eps_dot_g0.push_back(inner_sum(eps, G));
-        w.f[kCDen] = w.f[kCDen] + sq_sum(eps);
-      }
-      const AdamState& st = adam[l];
-      const Tensor wdt = layers[l]->weight;
-      const Tensor u0 = adam_update(st, dW[l] * o.grad_scale);     // [OUT, IN], param dtype
-      for (size_t p = 0; p < n_opt; ++p) {
-        const OperandQuantizer* q = quant[p].get();
-        auto Q = [&](const Tensor& t, Operand op) {
-          if (!q) return t;
-          QuantKey key{layers[l]->key_base.seed, step, layers[l]->layer_index, op};
-          return q->quantize(t.contiguous(), key);
-        };
-        Tensor* f = &w.f[kNumCommon + kNumPerOption * p];
-        {
-          const Tensor ef = torch::mm(Q(X, Operand::kFpropX), Q(W, Operand::kFpropW).t()) - Y;
-          f[kGe] = inner_sum(G, ef);
-          f[kEfSq] = sq_sum(ef);
-        }
-        {
-          const Tensor ed = torch::mm(Q(G, Operand::kDgradDY), Q(W.t(), Operand::kDgradW).t()) - dX;
-          f[kEdSq] = sq_sum(ed);
-        }
-        {
-          const Tensor ew = torch::mm(Q(G.t(), Operand::kWgradDY), Q(X.t(), Operand::kWgradX).t()) - dWl;
-          f[kEwSq] = sq_sum(ew);
-          const Tensor g1 = (dW[l] + ew.to(wdt.scalar_type())) * o.grad_scale;
-          f[kDuSq] = sq_sum(adam_update(st, g1) - u0);
-        }
-      }
-      w.capture.reset();  // this layer's X and dY are no longer needed
-    }
-  }
-
   // ---- pass C: one extra backward of pass A's graph with relative noise ξ_l
-  // on every dX that has upstream layers (WD upstream calibration).
+  // on every dX that has upstream layers (WD upstream calibration). Each
+  // layer's dW + δ = (dY + δdY)ᵀ·X and its update change are computed in its
+  // backward; ξ_l is generated when the layer's dgrad needs it.
   {
-    std::vector<Tensor> xi(L);
-    {
-      torch::NoGradGuard ng;
-      for (size_t l = 0; l < L; ++l) {
-        if (work[l].upstream.empty()) continue;
-        const Tensor like = torch::empty({0}, weights[l].options());
-        Tensor z = gaussian(work[l].T, layers[l]->in_features,
-                            noise_seed(o.seed, step, layers[l]->layer_index, kCalibrationStream), like);
-        xi[l] = z * (work[l].f[kDxSq].sqrt() * r / z.pow(2).sum(at::kDouble).sqrt()).to(z.scalar_type());
-        layers[l]->input_grad_noise = xi[l];
-      }
-    }
-    std::vector<Tensor> dW_cal = torch::autograd::grad({loss0}, weights, {}, /*retain_graph=*/false,
-                                                       /*create_graph=*/false, /*allow_unused=*/true);
-    for (auto& l : layers) l->input_grad_noise = Tensor();
-    xi.clear();
-    loss0 = Tensor();
-    torch::NoGradGuard ng;
+    std::vector<std::shared_ptr<LinearCapture>> cap(L);
     for (size_t l = 0; l < L; ++l) {
-      SNIP_CHECK(dW_cal[l].defined(), "calibration backward lost ", what(l));
-      const Tensor du = adam_update(adam[l], dW_cal[l] * o.grad_scale) - adam_update(adam[l], dW[l] * o.grad_scale);
-      work[l].f[kCalDuSq] = sq_sum(du);
-      dW_cal[l] = Tensor();
+      cap[l] = std::make_shared<LinearCapture>();
+      cap[l]->skip_wgrad = true;
+      const Tensor X = work[l].capture->x;  // [T, IN], alive in the graph anyway
+      cap[l]->on_dy = [&, l, X](const Tensor& dy) {
+        guarded([&] {
+          torch::NoGradGuard ng;
+          const Tensor dWc = torch::mm(dy.reshape({work[l].T, -1}).t(), X).to(weights[l].scalar_type());
+          const Tensor du = adam_update(adam[l], dWc * o.grad_scale) -
+                            adam_update(adam[l], weights[l].grad() * o.grad_scale);
+          work[l].f[kCalDuSq] = sq_sum(du);
+          work[l].calibrated = true;
+        });
+      };
+      if (!work[l].upstream.empty()) {
+        cap[l]->input_grad_noise = [&, l] {
+          torch::NoGradGuard ng;
+          const Tensor like = torch::empty({0}, weights[l].options());
+          Tensor z = gaussian(work[l].T, layers[l]->in_features,
+                              noise_seed(o.seed, step, layers[l]->layer_index, kCalibrationStream), like);
+          return z * (work[l].f[kDxSq].sqrt() * r / z.pow(2).sum(at::kDouble).sqrt()).to(z.scalar_type());
+        };
+      }
+      layers[l]->capture = cap[l];
     }
+    torch::autograd::grad({loss0}, weights, {}, /*retain_graph=*/false, /*create_graph=*/false,
+                          /*allow_unused=*/true);
+    for (auto& l : layers) l->capture = nullptr;
+    if (hook_error) std::rethrow_exception(hook_error);
+    loss0 = Tensor();
+    for (size_t l = 0; l < L; ++l) SNIP_CHECK(work[l].calibrated, "calibration backward lost ", what(l));
   }
-  dW.clear();
+  for (auto& w : work) w.capture.reset();
 
   // ---- pass B: curvature probes, one forward + backward each, output noise
-  // on every layer; autograd returns dL/dε_l = g_l(ε) directly.
+  // ε_l on every layer, generated in the layer's forward and again in its
+  // backward, where dL/dY = g_l(ε) arrives (no wgrad GEMMs, no stored ε).
   for (int k = 0; k < K; ++k) {
-    std::vector<Tensor> eps(L);
-    {
-      torch::NoGradGuard ng;
-      for (size_t l = 0; l < L; ++l) {
-        const Tensor like = torch::empty({0}, work[l].row_rms.options());
-        eps[l] = make_eps(l, k, like).requires_grad_(true);
-      }
-    }
-    for (size_t l = 0; l < L; ++l) layers[l]->output_noise = eps[l];
-    Tensor loss = scalar_loss("curvature probe");
-    std::vector<Tensor> g = torch::autograd::grad({loss}, eps, {}, /*retain_graph=*/false,
-                                                  /*create_graph=*/false, /*allow_unused=*/true);
-    for (auto& l : layers) l->output_noise = Tensor();
-    torch::NoGradGuard ng;
     for (size_t l = 0; l < L; ++l) {
-      if (!g[l].defined())
-        fail("stats: ", what(l), ": expected its output to reach the loss in the curvature probe, got no gradient");
-      work[l].f[kCNum] = work[l].f[kCNum] + inner_sum(eps[l].detach(), g[l].reshape(eps[l].sizes())) - work[l].eps_dot_g0[size_t(k)];
+      auto c = std::make_shared<LinearCapture>();
+      c->skip_wgrad = true;
+      const Tensor like = torch::empty({0}, work[l].row_rms.options());
+      c->output_noise = [&, l, k, like] {
+        torch::NoGradGuard ng;
+        return make_eps(l, k, like);
+      };
+      c->on_dy = [&, l, k, like](const Tensor& dy) {
+        guarded([&] {
+          torch::NoGradGuard ng;
+          const Tensor eps = make_eps(l, k, like);
+          work[l].f[kCNum] = work[l].f[kCNum] + inner_sum(eps, dy.reshape(eps.sizes())) - work[l].eps_dot_g0[size_t(k)];
+          work[l].probed = k + 1;
+        });
+      };
+      layers[l]->capture = c;
     }
+    Tensor loss = scalar_loss("curvature probe");
+    torch::autograd::grad({loss}, weights, {}, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+    for (auto& l : layers) l->capture = nullptr;
+    if (hook_error) std::rethrow_exception(hook_error);
+    for (size_t l = 0; l < L; ++l)
+      if (work[l].probed != k + 1)
+        fail("stats: ", what(l), ": expected its output to reach the loss in the curvature probe, got no gradient");
   }
 
   // ---- one reduction: [L·fields + 1] float64 sums (the last is the rank count).

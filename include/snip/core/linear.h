@@ -24,6 +24,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -72,7 +73,21 @@ struct LinearPrecision {
 /// QuantLinearImpl::capture is set: the real operands of one step.
 struct LinearCapture {
   torch::Tensor x;   ///< [T, IN] input of the last forward (detached)
-  torch::Tensor dy;  ///< [T, OUT] dL/dY of the last backward (detached)
+  torch::Tensor dy;  ///< [T, OUT] dL/dY of the last backward (detached; not kept when on_dy is set)
+  /// When set, called in the layer's backward with dL/dY [T, OUT] (detached)
+  /// instead of storing it in `dy`: the stats step processes each layer as its
+  /// gradient arrives, so no layer's dY outlives its own backward.
+  std::function<void(const torch::Tensor& dy)> on_dy;
+  /// When set, backward skips the wgrad GEMM and returns no dW (probe passes
+  /// that need only dY, which on_dy receives).
+  bool skip_wgrad = false;
+  /// When set, called in forward; its [T, OUT] result is added to Y after the
+  /// GEMM (curvature probe; generated on the fly, so one layer's noise is
+  /// alive at a time). dL/dY is unchanged.
+  std::function<torch::Tensor()> output_noise;
+  /// When set, called in backward; its [T, IN] result is added to dX after the
+  /// dgrad GEMM (WD-upstream calibration).
+  std::function<torch::Tensor()> input_grad_noise;
 };
 
 /// A bias-free linear layer y = x · Wᵀ with explicit fprop/dgrad/wgrad GEMMs.

@@ -11,10 +11,13 @@
 // switched off and its GEMMs run in the operand dtype; restored afterwards)
 //
 //  pass A  forward + backward of loss_fn with LinearCapture on every layer:
-//          X [T,IN], g = dY = dL/dY [T,OUT]; dW = ∂loss/∂W [OUT,IN] from
+//          X [T,IN] from the forward; dW = ∂loss/∂W [OUT,IN] from
 //          torch::autograd::grad (weight.grad is NOT touched). The graph is
 //          kept for pass C.
-//  per layer (one at a time; only this layer's temporaries are alive):
+//  per layer, inside pass A's backward (LinearCapture::on_dy: the moment
+//          the layer's g = dY = dL/dY [T,OUT] arrives; dY is then dropped, so
+//          at most one layer's dY and temporaries are alive beyond autograd's
+//          own), with the layer's dW = dYᵀ·X recomputed there:
 //          Y = X·Wᵀ [T,OUT], dX = dY·W [T,IN] and for every option p with
 //          quantizer Q (operands laid out [rows, K] as in linear.h, keys
 //          {key_base.seed, step, layer_index, operand}; options are built
@@ -121,12 +124,12 @@
 // takes |mean_r <g,e>_r|, the signed mean over micro-batches). Every rank thus
 // ends with bit-identical numbers. Without the hook R = 1.
 //
-// Memory: beyond the training step's own tensors, measure() holds dY [T,OUT]
-// per layer between pass A and the layer's processing (LinearCapture), one
-// gradient copy per weight (dW, and in pass C dW + δ), the noise tensors of
-// one pass (ε or ξ, one per layer: the probes need them on every layer at
-// once), per layer a [T] row-RMS vector and O(options) scalars, and the
-// temporaries of the one layer being processed (quantized operands, e_*, U).
+// Memory: beyond the training step's own tensors, measure() holds one
+// gradient copy per weight (dW, from pass A to pass C, and in pass C dW + δ),
+// the noise tensors of one pass (ε or ξ, one per layer: the probes need them
+// on every layer at once), per layer a [T] row-RMS vector and O(options)
+// scalars, and the temporaries of the one layer being processed (quantized
+// operands, e_*, U). bench/bench_stats.cpp measures the extra peak.
 #pragma once
 
 #include <torch/torch.h>
