@@ -107,8 +107,9 @@ std::vector<OptionSpec> make_table() {
       opt("precision.granularity", T::kString, std::string("layer"), "",
           "what one plan decision covers: layer (all three GEMMs of a linear layer) or gemm (fprop, dgrad and "
           "wgrad separately, METHOD.md section 2)"),
-      opt("precision.first_order", T::kString, std::string("abs"), "",
-          "first-order term of the loss divergence: abs (|<g,e>|), signed (<g,e>) or drop (curvature term only)"),
+      opt("precision.first_order", T::kString, std::string("drop"), "",
+          "first-order term of the loss divergence: drop (curvature term only; best in the correlation study, "
+          "docs/results.md), abs (|<g,e>|) or signed (<g,e>)"),
       opt("precision.curvature_probes", T::kInt, int64_t{1}, "",
           "noise-injection probes per stats step for the LD curvature term (each one extra forward+backward)"),
   };

@@ -67,12 +67,12 @@ TEST(CorrelationStudy, BaselineReproducesTheRunAndLayersMove) {
     dv.push_back(l.delta_val);
   }
   EXPECT_DOUBLE_EQ(r.correlations.at("q").at("pearson"), report::pearson(q, dv));
-  // α = 0.5 with the run's first-order rule (abs) is the reported Q itself,
-  // up to the normalisation over studied layers instead of all layers, which
-  // correlation ignores (a positive scale per part; both parts scale alike only
-  // when alpha is 0 or 1, so compare the pure parts).
-  EXPECT_NEAR(r.correlations.at("q[abs,a=1]").at("pearson"), r.correlations.at("ld").at("pearson"), 1e-12);
-  EXPECT_NEAR(r.correlations.at("q[abs,a=0]").at("pearson"), r.correlations.at("wd").at("pearson"), 1e-12);
+  // The grid at the run's first-order rule and α = 1 (or 0) is LD (or WD)
+  // itself up to a positive scale (normalised over the studied layers instead
+  // of all layers), which correlation ignores.
+  const std::string fo = c.get_string("precision.first_order");
+  EXPECT_NEAR(r.correlations.at("q[" + fo + ",a=1]").at("pearson"), r.correlations.at("ld").at("pearson"), 1e-12);
+  EXPECT_NEAR(r.correlations.at("q[" + fo + ",a=0]").at("pearson"), r.correlations.at("wd").at("pearson"), 1e-12);
   const json j = json::parse(io::read_file(co.out_dir + "/correlation.json"));
   EXPECT_EQ(j["layers"].size(), 8u);
   EXPECT_EQ(j["base_val_loss"].get<double>(), s.final_val_loss);

@@ -298,7 +298,7 @@ class PrecisionController {
   std::map<std::string, std::shared_ptr<const OperandQuantizer>> quant_;
   std::map<std::string, std::shared_ptr<const OperandQuantizer>> per_gemm_quant_;  // "fprop/dgrad/wgrad" options
   policy::Granularity gran_ = policy::Granularity::layer;
-  std::string first_order_ = "abs";
+  std::string first_order_ = "drop";
   int64_t probes_ = 1;
   std::string run_dir_;
   bool verbose_ = false;
