@@ -275,7 +275,7 @@ void add_experiment_commands(CLI::App& app) {
   });
 
   struct CorrArgs {
-    std::string run, out, option = "fp4", layers;
+    std::string run, out, option = "fp4", layers, replot, predictor = "q";
     int64_t step = -1, steps = 20, eval_batches = -1;
   };
   auto c = std::make_shared<CorrArgs>();
@@ -283,40 +283,69 @@ void add_experiment_commands(CLI::App& app) {
       "correlate",
       "correlation study (METHOD.md section 8): from one checkpoint, quantize one layer at a time for K steps and "
       "correlate the measured loss change with the stats step's predicted Q");
-  co->add_option("--run", c->run, "a run of `snip train` (its config, data and checkpoints)")->required();
+  co->add_option("--run", c->run, "a run of `snip train` (its config, data and checkpoints)");
   co->add_option("--step", c->step, "checkpoint step (default: the newest)");
   co->add_option("--steps", c->steps, "K: training steps per arm")->capture_default_str();
   co->add_option("--option", c->option, "option the studied layer runs")->capture_default_str();
   co->add_option("--layers", c->layers, "comma-separated glob patterns of layers to study (default: all)");
   co->add_option("--eval-batches", c->eval_batches, "validation micro-batches (default: the run's)");
-  co->add_option("--out", c->out, "results folder (default: RUN/correlation)");
+  co->add_option("--out", c->out, "results folder (default: RUN/correlation, or the --replot file's folder)");
+  co->add_option("--replot", c->replot, "no training: re-plot a correlation.json with another --predictor");
+  co->add_option("--predictor", c->predictor,
+                 "what the scatter plot puts on x: q, ld, wd, wd_own, rel_err_fprop, ld[drop], q[drop,a=0.5], ...")
+      ->capture_default_str();
   co->callback([c] {
-    CorrelationOptions o;
-    o.run_dir = c->run;
-    o.step = c->step;
-    o.steps = c->steps;
-    o.option = c->option;
-    o.eval_batches = c->eval_batches;
-    o.out_dir = c->out.empty() ? (fs::path(c->run) / "correlation").string() : c->out;
-    std::stringstream ss(c->layers);
-    for (std::string t; std::getline(ss, t, ',');)
-      if (!t.empty()) o.layers.push_back(t);
-    const CorrelationResult r = correlation_study(o);
+    CorrelationResult r;
+    std::string out_dir = c->out;
+    if (!c->replot.empty()) {
+      if (!c->run.empty()) fail("--replot and --run: give one of them");
+      json j;
+      try {
+        j = json::parse(io::read_file(c->replot));
+      } catch (const json::parse_error& e) {
+        fail(c->replot, ": invalid JSON (", e.what(), ")");
+      }
+      r = correlation_from_json(j, c->replot);
+      if (out_dir.empty()) out_dir = fs::path(c->replot).parent_path().string();
+      if (out_dir.empty()) out_dir = ".";
+    } else {
+      if (c->run.empty()) fail("--run RUN is required (or --replot correlation.json)");
+      CorrelationOptions o;
+      o.run_dir = c->run;
+      o.step = c->step;
+      o.steps = c->steps;
+      o.option = c->option;
+      o.eval_batches = c->eval_batches;
+      o.out_dir = out_dir.empty() ? (fs::path(c->run) / "correlation").string() : out_dir;
+      out_dir = o.out_dir;
+      std::stringstream ss(c->layers);
+      for (std::string t; std::getline(ss, t, ',');)
+        if (!t.empty()) o.layers.push_back(t);
+      r = correlation_study(o);
+    }
+    const std::vector<double> x = predictor_values(r, c->predictor);  // UserError for an unknown name
+    std::vector<double> dv;
     std::vector<report::ScatterPoint> pts;
-    for (const auto& l : r.layers) {
-      std::string shortname = l.name;
+    for (size_t i = 0; i < r.layers.size(); ++i) {
+      std::string shortname = r.layers[i].name;
       if (shortname.rfind("model.layers.", 0) == 0) shortname = shortname.substr(13);
-      pts.push_back({l.q, l.delta_val, shortname, ""});
+      pts.push_back({x[i], r.layers[i].delta_val, shortname, ""});
+      dv.push_back(r.layers[i].delta_val);
     }
     report::ScatterOptions so;
     so.id = "correlation";
-    so.title = fmt::format("Predicted Q({}) vs measured validation-loss change after {} steps", r.option, r.steps);
-    so.subtitle = fmt::format("{} layers from step {}: Pearson r = {:.3f}, Spearman rho = {:.3f}", r.layers.size(),
-                              r.step, r.correlations.at("q").at("pearson"), r.correlations.at("q").at("spearman"));
-    so.x_label = "predicted Q (stats step)";
+    so.title = fmt::format("{} vs measured loss change", c->predictor);
+    so.subtitle = fmt::format("{} layers, {} alone for {} steps from step {}: Pearson {:.3f}, Spearman {:.3f}",
+                              r.layers.size(), r.option, r.steps, r.step, report::pearson(x, dv),
+                              report::spearman(x, dv));
+    so.x_label = "predicted " + c->predictor + " (stats step)";
     so.y_label = "measured delta val loss (nats/token)";
     so.show_labels = r.layers.size() <= 40;
-    io::write_file_atomic((fs::path(o.out_dir) / "scatter.svg").string(), report::svg_scatter(pts, so) + "\n");
+    std::string file = c->predictor == "q" ? "scatter.svg" : "scatter-" + c->predictor + ".svg";
+    for (char& ch : file)
+      if (ch == '[' || ch == ']' || ch == ',' || ch == '=') ch = '_';
+    const std::string svg_path = (fs::path(out_dir) / file).string();
+    io::write_file_atomic(svg_path, report::svg_scatter(pts, so) + "\n");
     std::cout << fmt::format("{:<44} {:>10} {:>10} {:>10} {:>12}\n", "layer", "Q", "LD", "WD", "dval");
     for (const auto& l : r.layers)
       std::cout << fmt::format("{:<44} {:>10.4g} {:>10.4g} {:>10.4g} {:>+12.5f}\n", l.name, l.q, l.ld, l.wd,
@@ -324,11 +353,14 @@ void add_experiment_commands(CLI::App& app) {
     std::cout << fmt::format("\nbaseline (BF16) val {:.5f} after {} steps from step {}\n", r.base_val_loss, r.steps,
                              r.step);
     std::cout << "predictor vs measured dval:      Pearson   Spearman\n";
+    if (r.correlations.empty())  // --replot: the chosen predictor only
+      r.correlations[c->predictor] = {{"pearson", report::pearson(x, dv)}, {"spearman", report::spearman(x, dv)}};
     for (const auto& [k, m] : r.correlations)
       if (k.find("/train") == std::string::npos)
         std::cout << fmt::format("  {:<28} {:>9.3f} {:>10.3f}\n", k, m.at("pearson"), m.at("spearman"));
-    std::cout << fmt::format("\nwritten: {}/correlation.json, correlation.csv, scatter.svg ({:.0f} s)\n", o.out_dir,
-                             r.seconds);
+    std::cout << fmt::format("\nwritten: {}", svg_path);
+    if (c->replot.empty()) std::cout << fmt::format(", {}/correlation.json, correlation.csv ({:.0f} s)", out_dir, r.seconds);
+    std::cout << "\n";
   });
 }
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <numeric>
+#include <regex>
 #include <thread>
 #include <sstream>
 
@@ -216,38 +217,15 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
   // Correlations.
   std::vector<double> dv, dt;
   for (const auto& cl : res.layers) dv.push_back(cl.delta_val), dt.push_back(cl.delta_train);
-  auto add = [&](const std::string& name, const std::vector<double>& x) {
+  std::vector<std::string> names = {"q", "ld", "wd", "wd_own", "rel_err_fprop"};
+  for (const std::string fo : {"abs", "signed", "drop"}) {
+    names.push_back("ld[" + fo + "]");
+    for (const char* a : {"0", "0.25", "0.5", "0.75", "1"}) names.push_back("q[" + fo + ",a=" + a + "]");
+  }
+  for (const auto& name : names) {
+    const std::vector<double> x = predictor_values(res, name);
     res.correlations[name] = {{"pearson", report::pearson(x, dv)}, {"spearman", report::spearman(x, dv)}};
     res.correlations[name + "/train"] = {{"pearson", report::pearson(x, dt)}, {"spearman", report::spearman(x, dt)}};
-  };
-  auto col = [&](auto f) {
-    std::vector<double> v;
-    for (const auto& cl : res.layers) v.push_back(f(cl));
-    return v;
-  };
-  add("q", col([](const CorrelationLayer& c) { return c.q; }));
-  add("ld", col([](const CorrelationLayer& c) { return c.ld; }));
-  add("wd", col([](const CorrelationLayer& c) { return c.wd; }));
-  add("wd_own", col([](const CorrelationLayer& c) { return c.wd_own; }));
-  add("rel_err_fprop", col([](const CorrelationLayer& c) { return c.rel_err_fprop; }));
-  const std::vector<double> wd = col([](const CorrelationLayer& c) { return c.wd; });
-  const double wd_sum = std::accumulate(wd.begin(), wd.end(), 0.0);
-  for (const std::string fo : {"abs", "signed", "drop"}) {
-    std::vector<double> ld;
-    for (const auto& c : res.layers) {
-      const double F = fo == "abs" ? std::abs(c.ld_first) : fo == "signed" ? c.ld_first : 0.0;
-      ld.push_back(std::max(0.0, F + c.ld_second));
-    }
-    const double ld_sum = std::accumulate(ld.begin(), ld.end(), 0.0);
-    add("ld[" + fo + "]", ld);
-    for (double a : {0.0, 0.25, 0.5, 0.75, 1.0}) {
-      std::vector<double> q;
-      for (size_t i = 0; i < ld.size(); ++i)
-        q.push_back(a * (ld_sum > 0 ? ld[i] / ld_sum : ld[i]) + (1 - a) * (wd_sum > 0 ? wd[i] / wd_sum : wd[i]));
-      char key[64];
-      std::snprintf(key, sizeof key, "q[%s,a=%g]", fo.c_str(), a);
-      add(key, q);
-    }
   }
   res.seconds = std::chrono::duration<double>(clock::now() - t_start).count();
 
@@ -267,6 +245,65 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
     io::write_file_atomic((fs::path(o.out_dir) / "correlation.csv").string(), csv.str());
   }
   return res;
+}
+
+std::vector<double> predictor_values(const CorrelationResult& r, const std::string& name) {
+  std::vector<double> v;
+  auto col = [&](double CorrelationLayer::*f) {
+    for (const auto& c : r.layers) v.push_back(c.*f);
+    return v;
+  };
+  if (name == "q") return col(&CorrelationLayer::q);
+  if (name == "ld") return col(&CorrelationLayer::ld);
+  if (name == "wd") return col(&CorrelationLayer::wd);
+  if (name == "wd_own") return col(&CorrelationLayer::wd_own);
+  if (name == "rel_err_fprop") return col(&CorrelationLayer::rel_err_fprop);
+  std::smatch m;
+  static const std::regex re(R"((ld|q)\[(abs|signed|drop)(,a=([0-9.]+))?\])");
+  if (!std::regex_match(name, m, re) || (m[1] == "q") != m[3].matched)
+    fail("--predictor: unknown predictor '", name, "' (expected q, ld, wd, wd_own, rel_err_fprop, ld[abs|signed|drop] "
+         "or q[drop,a=0.5])");
+  const std::string fo = m[2];
+  std::vector<double> ld, wd;
+  for (const auto& c : r.layers) {
+    const double F = fo == "abs" ? std::abs(c.ld_first) : fo == "signed" ? c.ld_first : 0.0;
+    ld.push_back(std::max(0.0, F + c.ld_second));
+    wd.push_back(c.wd);
+  }
+  if (m[1] == "ld") return ld;
+  const double a = std::stod(m[4]);
+  if (!(a >= 0 && a <= 1)) fail("--predictor: alpha must be in [0, 1], got ", a);
+  const double ls = std::accumulate(ld.begin(), ld.end(), 0.0), ws = std::accumulate(wd.begin(), wd.end(), 0.0);
+  for (size_t i = 0; i < ld.size(); ++i)
+    v.push_back(a * (ls > 0 ? ld[i] / ls : ld[i]) + (1 - a) * (ws > 0 ? wd[i] / ws : wd[i]));
+  return v;
+}
+
+CorrelationResult correlation_from_json(const json& j, const std::string& what) {
+  CorrelationResult r;
+  try {
+    r.step = j.at("step").get<int64_t>();
+    r.steps = j.at("steps").get<int64_t>();
+    r.option = j.at("option").get<std::string>();
+    r.base_val_loss = j.at("base_val_loss").get<double>();
+    r.base_train_loss = j.at("base_train_loss").get<double>();
+    for (const json& l : j.at("layers")) {
+      CorrelationLayer c;
+      c.name = l.at("name").get<std::string>();
+      for (auto [k, f] : std::initializer_list<std::pair<const char*, double CorrelationLayer::*>>{
+               {"q", &CorrelationLayer::q}, {"ld", &CorrelationLayer::ld}, {"wd", &CorrelationLayer::wd},
+               {"ld_first", &CorrelationLayer::ld_first}, {"ld_second", &CorrelationLayer::ld_second},
+               {"wd_own", &CorrelationLayer::wd_own}, {"wd_up", &CorrelationLayer::wd_up},
+               {"rel_err_fprop", &CorrelationLayer::rel_err_fprop}, {"val_loss", &CorrelationLayer::val_loss},
+               {"train_loss", &CorrelationLayer::train_loss}, {"delta_val", &CorrelationLayer::delta_val},
+               {"delta_train", &CorrelationLayer::delta_train}})
+        c.*f = l.at(k).get<double>();
+      r.layers.push_back(c);
+    }
+  } catch (const json::exception& e) {
+    fail(what, ": expected a correlation.json written by `snip correlate` (", e.what(), ")");
+  }
+  return r;
 }
 
 json to_json(const CorrelationResult& r) {

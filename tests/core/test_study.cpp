@@ -73,6 +73,16 @@ TEST(CorrelationStudy, BaselineReproducesTheRunAndLayersMove) {
   const std::string fo = c.get_string("precision.first_order");
   EXPECT_NEAR(r.correlations.at("q[" + fo + ",a=1]").at("pearson"), r.correlations.at("ld").at("pearson"), 1e-12);
   EXPECT_NEAR(r.correlations.at("q[" + fo + ",a=0]").at("pearson"), r.correlations.at("wd").at("pearson"), 1e-12);
+  // Predictors by hand from the per-layer parts, and a JSON round trip (--replot).
+  const std::vector<double> ld_drop = predictor_values(r, "ld[drop]"), ld_abs = predictor_values(r, "ld[abs]");
+  for (size_t i = 0; i < r.layers.size(); ++i) {
+    EXPECT_EQ(ld_drop[i], std::max(0.0, r.layers[i].ld_second));
+    EXPECT_EQ(ld_abs[i], std::max(0.0, std::abs(r.layers[i].ld_first) + r.layers[i].ld_second));
+  }
+  const CorrelationResult back = correlation_from_json(json::parse(to_json(r).dump()), "round trip");
+  EXPECT_EQ(predictor_values(back, "q[signed,a=0.3]"), predictor_values(r, "q[signed,a=0.3]"));
+  EXPECT_EQ(back.base_val_loss, r.base_val_loss);
+  EXPECT_NE(test::error_of([&] { predictor_values(r, "q[drop]"); }).find("unknown predictor"), std::string::npos);
   const json j = json::parse(io::read_file(co.out_dir + "/correlation.json"));
   EXPECT_EQ(j["layers"].size(), 8u);
   EXPECT_EQ(j["base_val_loss"].get<double>(), s.final_val_loss);

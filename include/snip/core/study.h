@@ -78,5 +78,13 @@ CorrelationResult correlation_study(const CorrelationOptions& options);
 
 /// Everything in `r` as JSON (the correlation.json layout).
 nlohmann::json to_json(const CorrelationResult& r);
+/// Inverse of to_json (layers and base losses; correlations recomputed by the
+/// caller). Throws UserError naming `what` for a malformed file.
+CorrelationResult correlation_from_json(const nlohmann::json& j, const std::string& what);
+/// The values of one predictor per studied layer: "q", "ld", "wd", "wd_own",
+/// "rel_err_fprop", "ld[abs|signed|drop]" or "q[<first_order>,a=<α>]" (the
+/// grid of the header comment, any α in [0, 1]). Throws UserError for an
+/// unknown name.
+std::vector<double> predictor_values(const CorrelationResult& r, const std::string& name);
 
 }  // namespace snip
