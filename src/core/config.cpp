@@ -78,7 +78,7 @@ std::vector<OptionSpec> make_table() {
       opt("precision.budget", T::kFloat, 0.75, "fraction",
           "FP4 FLOPs share every plan must reach (snip and the ordered heuristics)"),
       opt("precision.options", T::kString, std::string("fp4,fp8"), "list",
-          "options a layer may run (comma-separated recipe names or bf16); must contain fp4"),
+          "options a layer may run (comma-separated recipe names or bf16); must contain precision.low_option"),
       opt("precision.pins", T::kString, std::string(""), "list",
           "comma-separated GLOB=OPTION pins, e.g. '*.down_proj=fp8,layers.3.mlp.*=fp8'"),
       opt("precision.warmup_steps", T::kInt, int64_t{-1}, "steps",
@@ -104,6 +104,9 @@ std::vector<OptionSpec> make_table() {
           "s in M <- (1-s)*M_new + s*M_old between stats steps (larger = steadier plans)"),
       opt("precision.alpha", T::kFloat, 0.5, "fraction", "weight of the loss divergence in Q = a*LD + (1-a)*WD"),
       opt("precision.seed", T::kInt, int64_t{0}, "", "seed of the random policy"),
+      opt("precision.low_option", T::kString, std::string("fp4"), "",
+          "the cheap option the budget counts (its FLOPs share is fp4_share in metrics): fp4 (NVFP4), or another "
+          "4-bit recipe such as mxfp4; must be in precision.options"),
       opt("precision.granularity", T::kString, std::string("layer"), "",
           "what one plan decision covers: layer (all three GEMMs of a linear layer) or gemm (fprop, dgrad and "
           "wgrad separately, METHOD.md section 2)"),

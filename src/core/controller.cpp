@@ -25,7 +25,6 @@ using json = nlohmann::json;
 
 namespace {
 
-const char* kLow = "fp4";
 const char* kReference = "bf16";
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -155,14 +154,18 @@ PrecisionController::PrecisionController(const Config& cfg, std::vector<QuantLin
   stats_seed_ = uint64_t(cfg.get_int("train.seed"));
   warmup_precision_ = cfg.get_string("precision.warmup_precision");
   final_precision_ = cfg.get_string("precision.final_precision");
+  low_ = cfg.get_string("precision.low_option");
+  if (low_.empty() || low_ == kReference)
+    fail("config: precision.low_option: expected the name of a quantizing option (e.g. fp4, mxfp4), got '", low_, "'");
   options_ = split_list(cfg.get_string("precision.options"));
   if (options_.empty()) fail("config: precision.options: expected a comma-separated list of options, got none");
   {
     std::set<std::string> seen;
     for (const auto& o : options_)
       if (!seen.insert(o).second) fail("config: precision.options: expected unique names, got '", o, "' twice");
-    if (!is_uniform_policy(policy_) && !seen.count(kLow))
-      fail("config: precision.options: expected a list containing ", kLow, " (the option the budget counts), got '",
+    if (!is_uniform_policy(policy_) && !seen.count(low_))
+      fail("config: precision.options: expected a list containing ", low_,
+           " (precision.low_option, the option the budget counts), got '",
            cfg.get_string("precision.options"), "'");
   }
   // One quantizer per option (UserError for an unknown recipe name).
@@ -228,8 +231,8 @@ policy::PlanProblem PrecisionController::shape_problem() const {
     policy::PlanItem it;
     it.name = it.layer = l->name;
     it.flops = 6.0 * double(l->in_features) * double(l->out_features);
-    for (const auto& kv : quant_) it.q[kv.first] = kv.first == kLow ? 1.0 : 0.0;
-    it.rel_err[kLow] = 1.0;
+    for (const auto& kv : quant_) it.q[kv.first] = kv.first == low_ ? 1.0 : 0.0;
+    it.rel_err[low_] = 1.0;
     if (gran_ == policy::Granularity::layer) {
       p.items.push_back(std::move(it));
       continue;
@@ -248,7 +251,7 @@ policy::PlanProblem PrecisionController::shape_problem() const {
 policy::PlanOptions PrecisionController::plan_options(bool with_pins) const {
   policy::PlanOptions o;
   o.budget = policy::Budget::share(budget_);
-  o.low_option = kLow;
+  o.low_option = low_;
   o.allowed_options = options_;
   if (with_pins) o.pins = pins_;
   return o;
@@ -306,7 +309,7 @@ double PrecisionController::fp4_share() const {
     const double f = double(l->in_features) * double(l->out_features);
     total += f;
     int n = 0;  // GEMMs of this layer at the low option (a third of its FLOPs each)
-    for (const std::string& o : layer_options(assign_, l->name)) n += o == kLow;
+    for (const std::string& o : layer_options(assign_, l->name)) n += o == low_;
     low += f * double(n) / 3.0;
   }
   return total > 0 ? low / total : 0.0;
@@ -342,7 +345,7 @@ void PrecisionController::decide(int64_t s, const std::string& phase,
     so.options.clear();
     for (const auto& o : options_)
       if (o != kReference) so.options.push_back(o);
-    so.low_option = kLow;
+    so.low_option = low_;
     so.reference = kReference;
     so.alpha = alpha_;
     so.seed = stats_seed_;

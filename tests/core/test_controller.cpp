@@ -429,6 +429,37 @@ TEST(Controller, PerGemmGranularity) {
             std::string::npos);
 }
 
+// Another 4-bit format as the budgeted option (precision.low_option): the plan,
+// the share and the quantizers follow it.
+TEST(Controller, LowOptionMxfp4) {
+  Config c = policy_config("snip", 40, 2, 10);
+  c.set("precision.budget", 0.5, "test");
+  c.set("precision.low_option", std::string("mxfp4"), "test");
+  c.set("precision.options", std::string("mxfp4,fp8"), "test");
+  torch::manual_seed(0);
+  LlamaForCausalLM model(LlamaConfig::from_run_config(c, 512));
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  const torch::Tensor ids = torch::randint(512, {2, 32}, torch::kLong);
+  auto loss_fn = [&] { return LlamaForCausalLMImpl::loss(model(ids), ids); };
+  PrecisionController ctl(c, model->linear_layers(), at::kBFloat16);
+  ctl.begin_step(0, loss_fn, opt);
+  ASSERT_TRUE(ctl.begin_step(2, loss_fn, opt).decided);
+  EXPECT_GE(ctl.fp4_share(), 0.5 - 1e-9);
+  int low = 0;
+  for (const auto& l : model->linear_layers()) {
+    const std::string& o = ctl.assignments().at(l->name);
+    EXPECT_TRUE(o == "mxfp4" || o == "fp8") << o;
+    EXPECT_EQ(l->precision.quantizer->name(), o);
+    low += o == "mxfp4";
+  }
+  EXPECT_GT(low, 0);
+  Config bad = c;
+  bad.set("precision.options", std::string("fp4,fp8"), "test");
+  EXPECT_NE(test::error_of([&] { PrecisionController(bad, model->linear_layers(), at::kBFloat16); })
+                .find("expected a list containing mxfp4 (precision.low_option"),
+            std::string::npos);
+}
+
 TEST(Controller, PerGemmTrainsEndToEnd) {
   REQUIRE_DATA();
   Config c = policy_config("snip", 12, 4, 4);

@@ -256,7 +256,8 @@ class PrecisionController {
   PrecisionEvent begin_step(int64_t s, const std::function<torch::Tensor()>& loss_fn,
                             torch::optim::AdamW& opt);
 
-  /// FP4 (low-option) FLOPs share of the current assignment, fraction.
+  /// FLOPs share of the low option (precision.low_option, "fp4" by default)
+  /// in the current assignment, fraction.
   double fp4_share() const;
   /// Plan item -> option of the current assignment (empty before the first
   /// decision). Items are layer names, or "<layer>:fprop|dgrad|wgrad" with
@@ -299,6 +300,7 @@ class PrecisionController {
   std::map<std::string, std::shared_ptr<const OperandQuantizer>> per_gemm_quant_;  // "fprop/dgrad/wgrad" options
   policy::Granularity gran_ = policy::Granularity::layer;
   std::string first_order_ = "drop";
+  std::string low_ = "fp4";  // precision.low_option: the option the budget and fp4_share count
   int64_t probes_ = 1;
   std::string run_dir_;
   bool verbose_ = false;
