@@ -32,6 +32,7 @@
 #include "snip/core/llama.h"
 #include "snip/core/platform.h"
 #include "snip/core/stats.h"
+#include "tiny_model.h"
 
 namespace {
 
@@ -93,14 +94,7 @@ CountingAllocator* counting() {
 
 void BM_StatsStepOverhead(benchmark::State& state) {
   CountingAllocator* mem = counting();
-  snip::LlamaConfig c;  // = configs/tiny.toml with the Brown tokenizer
-  c.vocab_size = 8192;
-  c.hidden_size = 256;
-  c.intermediate_size = 688;
-  c.num_hidden_layers = 4;
-  c.num_attention_heads = 8;
-  c.num_key_value_heads = 4;
-  c.max_position_embeddings = 256;
+  const snip::LlamaConfig c = snip::bench::tiny_model();
   const int64_t B = 16, T = 128;
   torch::manual_seed(0);
   snip::LlamaForCausalLM m(c);

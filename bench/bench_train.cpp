@@ -13,20 +13,11 @@
 #include "snip/core/llama.h"
 #include "snip/core/platform.h"
 #include "snip/core/quantizers.h"
+#include "tiny_model.h"
 
 namespace {
 
-snip::LlamaConfig tiny() {
-  snip::LlamaConfig c;  // = configs/tiny.toml with the Brown tokenizer
-  c.vocab_size = 8192;
-  c.hidden_size = 256;
-  c.intermediate_size = 688;
-  c.num_hidden_layers = 4;
-  c.num_attention_heads = 8;
-  c.num_key_value_heads = 4;
-  c.max_position_embeddings = 256;
-  return c;
-}
+snip::LlamaConfig tiny() { return snip::bench::tiny_model(); }
 
 constexpr int64_t kB = 16, kT = 128;
 
