@@ -112,6 +112,9 @@ void BM_StatsStepOverhead(benchmark::State& state) {
   };
   step();  // AdamW state exists from here on, as at any stats step after warmup
   snip::StatsOptions so;  // fp4 + fp8, one probe: the controller's defaults
+  if (state.range(0) == 1) so.curvature_probes = 0;  // diagnostics: where the extra peak comes from
+  if (state.range(0) == 2) so.options = {"fp8"}, so.low_option = "fp8";
+  state.SetLabel(state.range(0) == 0 ? "default (fp4+fp8, 1 probe)" : state.range(0) == 1 ? "no curvature probe" : "fp8 only");
   using clock = std::chrono::steady_clock;
   double step_s = 0, stats_s = 0;
   int64_t peak_step = 0, peak_stats = 0;
@@ -122,6 +125,7 @@ void BM_StatsStepOverhead(benchmark::State& state) {
     benchmark::DoNotOptimize(step());
     step_s += std::chrono::duration<double>(clock::now() - t0).count();
     peak_step = std::max(peak_step, mem->peak());
+    opt.zero_grad();  // as the trainer does before a step boundary's stats step
     mem->reset_peak();
     t0 = clock::now();
     snip::StatsStep s = snip::measure(m->linear_layers(), [&] { return snip::LlamaForCausalLMImpl::loss(m(ids), tg); },
@@ -144,7 +148,8 @@ void BM_StatsStepOverhead(benchmark::State& state) {
   state.counters["peak_stats_MB"] = double(peak_stats) / (1 << 20);
   state.counters["extra_peak_pct"] = 100.0 * std::max<double>(0, double(peak_stats - peak_step)) / double(peak_step);
 }
-BENCHMARK(BM_StatsStepOverhead)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_StatsStepOverhead)->Arg(0)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_StatsStepOverhead)->DenseRange(1, 2)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 

@@ -81,7 +81,7 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
       if (ctx->needs_input_grad(0)) {
         dx = torch::mm(dyc, w).to(dy.scalar_type());  // dgrad [T, IN]
         if (l.input_grad_noise.defined()) dx = dx + l.input_grad_noise;
-        if (l.capture && l.capture->input_grad_noise) dx = dx + l.capture->input_grad_noise();
+        if (l.capture && l.capture->input_grad_noise) dx.add_(l.capture->input_grad_noise());
       }
       // wgrad [OUT, IN] as (Xᵀ·dY)ᵀ: oneDNN is faster with the long T dim of X leading.
       if (ctx->needs_input_grad(1) && !(l.capture && l.capture->skip_wgrad))
@@ -92,7 +92,7 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
       // dgrad: dX [T, IN] = dY [T, OUT] · W [OUT, IN]; K = OUT, so W goes in as Wᵀ [IN, OUT].
       dx = gemm_nt(q(l, dy, Operand::kDgradDY), q(l, w.t(), Operand::kDgradW), dt);
       if (l.input_grad_noise.defined()) dx = dx + l.input_grad_noise;
-      if (l.capture && l.capture->input_grad_noise) dx = dx + l.capture->input_grad_noise();
+      if (l.capture && l.capture->input_grad_noise) dx.add_(l.capture->input_grad_noise());
     }
     if (ctx->needs_input_grad(1) && !(l.capture && l.capture->skip_wgrad)) {
       // wgrad: dW [OUT, IN] = dYᵀ [OUT, T] · X [T, IN]; K = T: dYᵀ [OUT, T], Xᵀ [IN, T].

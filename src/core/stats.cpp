@@ -69,7 +69,8 @@ uint64_t noise_seed(uint64_t seed, int64_t step, int64_t layer, uint64_t stream)
 // device), in `like`'s dtype and device.
 Tensor gaussian(int64_t rows, int64_t cols, uint64_t seed, const Tensor& like) {
   at::Generator gen = at::detail::createCPUGenerator(seed);
-  return torch::randn({rows, cols}, gen, torch::dtype(torch::kDouble)).to(like.options());
+  // Drawn directly in the operand dtype: no float64 copy of an activation-sized tensor.
+  return torch::randn({rows, cols}, gen, like.options().device(torch::kCPU)).to(like.device());
 }
 
 // ---------------------------------------------------------------------------
@@ -193,6 +194,8 @@ std::shared_ptr<const OperandQuantizer> resolve_quantizer(const StatsOptions& o,
 struct LayerWork {
   std::shared_ptr<LinearCapture> capture;  // pass A's X; released after pass A
   bool processed = false;                   // pass A's on_dy hook ran
+  const void* x_ptr = nullptr;              // pass A's X: storage and shape (siblings share X)
+  std::vector<int64_t> x_sizes;
   bool calibrated = false;                  // pass C's on_dy hook ran
   int probed = 0;                           // curvature probes whose on_dy hook ran
   std::vector<Tensor> f;                   // [kNumCommon + kNumPerOption·options] sums
@@ -234,7 +237,7 @@ StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Te
   torch::AutoGradMode grad_on(true);
   std::vector<Tensor> weights;
   for (auto& l : layers) {
-    l->precision = LinearPrecision{};  // measure at full precision
+    l->precision = LinearPrecision{};  // measure at full precision (operand dtype GEMMs)
     l->capture = nullptr;
     l->output_noise = Tensor();
     l->input_grad_noise = Tensor();
@@ -257,8 +260,8 @@ StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Te
   std::vector<LayerWork> work(L);
   auto make_eps = [&](size_t l, int k, const Tensor& like) {
     const int64_t T = work[l].T, OUT = layers[l]->out_features;
-    return gaussian(T, OUT, noise_seed(o.seed, step, layers[l]->layer_index, uint64_t(k)), like) *
-           (work[l].row_rms * o.noise_scale);
+    return gaussian(T, OUT, noise_seed(o.seed, step, layers[l]->layer_index, uint64_t(k)), like)
+        .mul_(work[l].row_rms * o.noise_scale);
   };
 
   // ---- per layer: errors of every option on pass A's operands, computed in
@@ -273,8 +276,7 @@ StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Te
     const Tensor X = w.capture->x;                                // [T, IN]
     const Tensor G = dy.reshape({w.T, -1});                       // [T, OUT]
     const Tensor W = layers[l]->weight.detach().to(X.scalar_type());  // [OUT, IN]
-    // dW [OUT, IN] = dYᵀ·X: the very GEMM the layer's wgrad runs at full precision
-    // (linear.cpp, identity operands), so equal to what autograd returns for it.
+    // dW [OUT, IN] = dYᵀ·X in the operand dtype (the pass itself runs no wgrad GEMM).
     const Tensor dWl = torch::mm(G.t(), X);
     const Tensor Y = torch::mm(X, W.t());                         // [T, OUT]
     const Tensor dX = torch::mm(G, W);                            // [T, IN]
@@ -301,16 +303,19 @@ StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Te
       };
       Tensor* f = &w.f[kNumCommon + kNumPerOption * p];
       {
-        const Tensor ef = torch::mm(Q(X, Operand::kFpropX), Q(W, Operand::kFpropW).t()) - Y;
+        Tensor ef = torch::mm(Q(X, Operand::kFpropX), Q(W, Operand::kFpropW).t());
+        ef.sub_(Y);  // in place: one [T, OUT] temporary, not two
         f[kGe] = inner_sum(G, ef);
         f[kEfSq] = sq_sum(ef);
       }
       {
-        const Tensor ed = torch::mm(Q(G, Operand::kDgradDY), Q(W.t(), Operand::kDgradW).t()) - dX;
+        Tensor ed = torch::mm(Q(G, Operand::kDgradDY), Q(W.t(), Operand::kDgradW).t());
+        ed.sub_(dX);
         f[kEdSq] = sq_sum(ed);
       }
       {
-        const Tensor ew = torch::mm(Q(G.t(), Operand::kWgradDY), Q(X.t(), Operand::kWgradX).t()) - dWl;
+        Tensor ew = torch::mm(Q(G.t(), Operand::kWgradDY), Q(X.t(), Operand::kWgradX).t());
+        ew.sub_(dWl);
         f[kEwSq] = sq_sum(ew);
         const Tensor g1 = (dWp + ew.to(wdt.scalar_type())) * o.grad_scale;
         f[kDuSq] = sq_sum(adam_update(st, g1) - u0);
@@ -318,6 +323,10 @@ StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Te
     }
     // Kept until pass C in the weight's .grad (the scratch measure() borrows).
     layers[l]->weight.mutable_grad().copy_(dWp);
+    // Identity of X for the upstream sets, then let autograd free it.
+    work[l].x_ptr = w.capture->x.data_ptr();
+    work[l].x_sizes = w.capture->x.sizes().vec();
+    w.capture->x = Tensor();
     work[l].processed = true;
   };
 
@@ -370,21 +379,22 @@ StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Te
     layers[l]->capture = work[l].capture;
   }
   Tensor loss0 = scalar_loss("pass A");
-  torch::autograd::grad({loss0}, weights, {}, /*retain_graph=*/true, /*create_graph=*/false, /*allow_unused=*/true);
+  // Not retained: pass C runs its own forward, so activations are freed as
+  // this backward proceeds, as in a training step.
+  torch::autograd::grad({loss0}, weights, {}, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+  loss0 = Tensor();
   for (auto& l : layers) l->capture = nullptr;
   if (hook_error) std::rethrow_exception(hook_error);
   for (size_t l = 0; l < L; ++l) {
-    if (!work[l].capture->x.defined() || !work[l].processed)
+    if (!work[l].processed)
       fail("stats: ", what(l), ": expected it to take part in loss_fn's forward and backward, ",
            "got no input/gradient (is it in the model loss_fn runs?)");
   }
   // U(l): earlier layers whose input is not l's input tensor (q/k/v and
   // gate/up share one input: siblings, not upstream of each other).
   for (size_t l = 0; l < L; ++l) {
-    const Tensor& xl = work[l].capture->x;
     for (size_t k = 0; k < l; ++k) {
-      const Tensor& xk = work[k].capture->x;
-      const bool same = xk.data_ptr() == xl.data_ptr() && xk.sizes() == xl.sizes();
+      const bool same = work[k].x_ptr == work[l].x_ptr && work[k].x_sizes == work[l].x_sizes;
       if (!same) work[l].upstream.push_back(int(k));
     }
   }
@@ -398,10 +408,11 @@ StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Te
     for (size_t l = 0; l < L; ++l) {
       cap[l] = std::make_shared<LinearCapture>();
       cap[l]->skip_wgrad = true;
-      const Tensor X = work[l].capture->x;  // [T, IN], alive in the graph anyway
-      cap[l]->on_dy = [&, l, X](const Tensor& dy) {
+      cap[l]->on_dy = [&, l](const Tensor& dy) {
         guarded([&] {
           torch::NoGradGuard ng;
+          const Tensor X = cap[l]->x;  // [T, IN] of pass C's forward (= pass A's: deterministic)
+          cap[l]->x = Tensor();
           const Tensor dWc = torch::mm(dy.reshape({work[l].T, -1}).t(), X).to(weights[l].scalar_type());
           const Tensor du = adam_update(adam[l], dWc * o.grad_scale) -
                             adam_update(adam[l], weights[l].grad() * o.grad_scale);
@@ -415,16 +426,16 @@ StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Te
           const Tensor like = torch::empty({0}, weights[l].options());
           Tensor z = gaussian(work[l].T, layers[l]->in_features,
                               noise_seed(o.seed, step, layers[l]->layer_index, kCalibrationStream), like);
-          return z * (work[l].f[kDxSq].sqrt() * r / z.pow(2).sum(at::kDouble).sqrt()).to(z.scalar_type());
+          return z.mul_((work[l].f[kDxSq].sqrt() * r / z.pow(2).sum(at::kDouble).sqrt()).to(z.scalar_type()));
         };
       }
       layers[l]->capture = cap[l];
     }
-    torch::autograd::grad({loss0}, weights, {}, /*retain_graph=*/false, /*create_graph=*/false,
+    Tensor loss_c = scalar_loss("calibration");
+    torch::autograd::grad({loss_c}, weights, {}, /*retain_graph=*/false, /*create_graph=*/false,
                           /*allow_unused=*/true);
     for (auto& l : layers) l->capture = nullptr;
     if (hook_error) std::rethrow_exception(hook_error);
-    loss0 = Tensor();
     for (size_t l = 0; l < L; ++l) SNIP_CHECK(work[l].calibrated, "calibration backward lost ", what(l));
   }
   for (auto& w : work) w.capture.reset();

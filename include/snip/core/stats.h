@@ -12,8 +12,9 @@
 //
 //  pass A  forward + backward of loss_fn with LinearCapture on every layer:
 //          X [T,IN] from the forward; dW = ∂loss/∂W [OUT,IN] from
-//          torch::autograd::grad (weight.grad is NOT touched). The graph is
-//          kept for pass C.
+//          torch::autograd::grad (no wgrad GEMM runs: each layer's dW is
+//          computed by its processing below and parked in weight.grad, which
+//          measure() borrows and restores). The graph is not retained.
 //  per layer, inside pass A's backward (LinearCapture::on_dy: the moment
 //          the layer's g = dY = dL/dY [T,OUT] arrives; dY is then dropped, so
 //          at most one layer's dY and temporaries are alive beyond autograd's
@@ -29,11 +30,11 @@
 //          kept only as sums: <g,e_fprop>, ||e_*||², ||Y||², ||dX||², ||dW||²,
 //          ||U(dW+e_wgrad) − U(dW)||² (see WD own), and for each curvature
 //          probe <ε,g(0)>, ||ε||².
-//  pass C  one extra BACKWARD of pass A's graph (no new forward) with
+//  pass C  one extra forward + backward (the forward repeats pass A's) with
 //          relative gradient noise ξ_l added to every layer's dX
-//          (QuantLinearImpl::input_grad_noise): calibrates WD upstream.
+//          (LinearCapture::input_grad_noise): calibrates WD upstream.
 //  pass B  per curvature probe: one extra forward + backward with output
-//          noise ε_l on every layer (QuantLinearImpl::output_noise); the
+//          noise ε_l on every layer (LinearCapture::output_noise); the
 //          backward asks autograd for dL/dε_l = g_l(ε) only (no wgrad GEMMs).
 //
 // Formulas (source: METHOD.md section 3 unless said otherwise)
