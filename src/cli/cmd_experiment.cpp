@@ -2,6 +2,7 @@
 // the same model, seed and data) and `snip correlate` (the correlation study,
 // core/study.h).
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -63,6 +64,12 @@ const char* kDefaultArms =
     "bf16,uniform-fp8,uniform-fp4,snip-0.5,snip-0.75,min-rel-err-0.75,layer-type-0.75,first-last-fp8-0.75,"
     "random-0.75";
 
+volatile sig_atomic_t g_child = 0, g_signal = 0;
+void forward_signal(int sig) {
+  g_signal = sig;
+  if (g_child > 0) kill(pid_t(g_child), sig);
+}
+
 // Runs `snip ARGS...` (this executable) with stdout+stderr appended to `log`;
 // returns the exit status.
 int run_self(const std::vector<std::string>& args, const std::string& log) {
@@ -78,8 +85,26 @@ int run_self(const std::vector<std::string>& args, const std::string& log) {
   const int rc = posix_spawn(&pid, self.c_str(), &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   if (rc != 0) fail("cannot start ", self, ": ", std::strerror(rc));
+  // SIGINT/SIGTERM/SIGHUP to `snip experiment` go on to the training child, so
+  // killing the experiment never leaves an orphan trainer writing the arm.
+  g_child = pid;
+  struct sigaction sa {}, old_int {}, old_term {}, old_hup {};
+  sa.sa_handler = forward_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  sigaction(SIGHUP, &sa, &old_hup);
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  g_child = 0;
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+  sigaction(SIGHUP, &old_hup, nullptr);
+  if (g_signal) {  // the experiment itself was asked to stop
+    const int sig = g_signal;
+    signal(sig, SIG_DFL);
+    raise(sig);
   }
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 }
@@ -179,7 +204,35 @@ void add_experiment_commands(CLI::App& app) {
       }
     }
     if (arms.empty()) fail("--arms: expected at least one arm");
+    for (const auto& st : a->sets) {
+      const std::string key = st.substr(0, st.find('='));
+      if (key == "precision.policy" || key == "precision.budget" || key == "precision.recipe")
+        fail("--set ", st, ": ", key, " is set by each arm (--arms policy-budget); remove it");
+    }
     const fs::path out(a->out);
+    // An arm already in OUT must have been trained with the configuration
+    // asked for now; otherwise its numbers would silently answer another question.
+    for (const Arm& arm : arms) {
+      const fs::path saved = out / arm.name / "config.toml";
+      if (!fs::exists(saved)) continue;
+      Config want = base, have;
+      want.set("precision.policy", arm.policy, "--arms");
+      if (std::isfinite(arm.budget)) want.set("precision.budget", arm.budget, "--arms");
+      have.load_toml_file(saved.string());
+      for (const auto& [key, v] : want.values()) {
+        // For a BF16 arm the other precision options change nothing.
+        if (arm.policy == "bf16" && key.rfind("precision.", 0) == 0 && key != "precision.policy" &&
+            key != "precision.recipe")
+          continue;
+        if (key == "train.log_interval") continue;  // only what is printed
+        const auto it = have.values().find(key);
+        if (it == have.values().end() || !(it->second == v))
+          fail("experiment arm '", arm.name, "' in ", (out / arm.name).string(), " was trained with ", key, " = ",
+               it == have.values().end() ? std::string("(unset)") : format_option_value(it->second),
+               ", the configuration now says ", format_option_value(v),
+               "; use another --out, or delete that folder to retrain the arm");
+      }
+    }
     if (!a->no_train) io::ensure_writable_dir(a->out);
     const auto t0 = std::chrono::steady_clock::now();
     for (size_t i = 0; i < arms.size() && !a->no_train; ++i) {
@@ -191,6 +244,12 @@ void add_experiment_commands(CLI::App& app) {
         continue;
       }
       std::vector<std::string> args{"train", "--run-dir", dir.string()};
+      if (fs::exists(dir) && !fs::exists(dir / "checkpoints")) {
+        // Stopped before its first checkpoint (killed, diverged): nothing to resume.
+        std::cerr << fmt::format("[{}/{}] {}: {} holds no checkpoint (stopped early); training it afresh\n", i + 1,
+                                 arms.size(), arm.name, dir.string());
+        fs::remove_all(dir);
+      }
       const bool resume = fs::exists(dir / "checkpoints");
       if (resume) {
         args.push_back("--resume");
@@ -248,9 +307,13 @@ void add_experiment_commands(CLI::App& app) {
           "Wall time: training steps incl. stats steps, evaluation excluded.\n";
     // The chart: every arm's validation-loss curve.
     std::vector<report::Series> series;
-    for (const auto& r : res)
-      if (r.done && !r.curves.val_step.empty())
-        series.push_back({r.arm.name, r.curves.val_step, r.curves.val_loss, "", r.arm.name == arms.front().name});
+    for (size_t i = 0; i < res.size(); ++i) {
+      const auto& r = res[i];
+      if (!r.done || r.curves.val_step.empty()) continue;
+      // 8 palette colours; the reference arm and arms past the 8th are dashed.
+      series.push_back({r.arm.name, r.curves.val_step, r.curves.val_loss, report::series_color(i % 8),
+                        i == 0 || i >= 8});
+    }
     report::LineChartOptions lo;
     lo.id = "val_loss";
     lo.title = "Validation loss per arm";
@@ -261,10 +324,8 @@ void add_experiment_commands(CLI::App& app) {
     // Zoom on the part where the arms differ: from the first evaluation after 20% of the run.
     for (const auto& s : series)
       for (size_t k = 0; k < s.x.size(); ++k)
-        if (s.x[k] >= 0.2 * s.x.back()) {
+        if (s.x[k] >= 0.2 * s.x.back() && std::isfinite(s.y[k]))
           lo.y_max = std::isfinite(lo.y_max) ? std::max(lo.y_max, s.y[k]) : s.y[k];
-          break;
-        }
     if (!fs::exists(out)) fail("--out: ", out.string(), " does not exist (nothing trained yet)");
     io::write_file_atomic((out / "results.md").string(), md.str());
     io::write_file_atomic((out / "results.json").string(), jr.dump(2) + "\n");

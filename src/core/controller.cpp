@@ -125,22 +125,8 @@ PrecisionController::PrecisionController(const Config& cfg, std::vector<QuantLin
     : layers_(std::move(layers)), gemm_dtype_(gemm_dtype) {
   policy_ = cfg.get_string("precision.policy");
   const std::string recipe = cfg.get_string("precision.recipe");
-  if (policy_ == "bf16") return;  // inactive: the trainer applies precision.recipe (or nothing)
-  if (policy_ != "snip" && !is_heuristic_policy(policy_) && !is_uniform_policy(policy_))
-    fail("config: precision.policy: expected bf16, uniform-<option> (e.g. uniform-fp8), snip, min-rel-err, "
-         "layer-type, first-last-fp8 or random, got '", policy_, "'");
-  if (recipe != "none" && !recipe.empty())
-    fail("config: precision.recipe = '", recipe, "' applies one recipe to every layer and cannot be combined "
-         "with precision.policy = '", policy_, "'; set precision.recipe = \"none\" (or use policy uniform-",
-         recipe, ")");
-  active_ = true;
-  SNIP_CHECK(!layers_.empty(), "no quantizable layers");
-  sched_ = PrecisionSchedule::from_config(cfg);
-  for (int64_t p : sched_.plan_steps()) plan_steps_.insert(p);
-  budget_ = cfg.get_float("precision.budget");
-  smoothing_ = fraction(cfg, "precision.smoothing");
-  alpha_ = fraction(cfg, "precision.alpha");
-  seed_ = uint64_t(cfg.get_int("precision.seed"));
+  // Checked for every policy, so a run's config.toml never carries a value a
+  // later resume or `snip correlate` would reject.
   const std::string gran = cfg.get_string("precision.granularity");
   if (gran == "layer") gran_ = policy::Granularity::layer;
   else if (gran == "gemm") gran_ = policy::Granularity::gemm;
@@ -157,6 +143,22 @@ PrecisionController::PrecisionController(const Config& cfg, std::vector<QuantLin
   low_ = cfg.get_string("precision.low_option");
   if (low_.empty() || low_ == kReference)
     fail("config: precision.low_option: expected the name of a quantizing option (e.g. fp4, mxfp4), got '", low_, "'");
+  if (policy_ == "bf16") return;  // inactive: the trainer applies precision.recipe (or nothing)
+  if (policy_ != "snip" && !is_heuristic_policy(policy_) && !is_uniform_policy(policy_))
+    fail("config: precision.policy: expected bf16, uniform-<option> (e.g. uniform-fp8), snip, min-rel-err, "
+         "layer-type, first-last-fp8 or random, got '", policy_, "'");
+  if (recipe != "none" && !recipe.empty())
+    fail("config: precision.recipe = '", recipe, "' applies one recipe to every layer and cannot be combined "
+         "with precision.policy = '", policy_, "'; set precision.recipe = \"none\" (or use policy uniform-",
+         recipe, ")");
+  active_ = true;
+  SNIP_CHECK(!layers_.empty(), "no quantizable layers");
+  sched_ = PrecisionSchedule::from_config(cfg);
+  for (int64_t p : sched_.plan_steps()) plan_steps_.insert(p);
+  budget_ = cfg.get_float("precision.budget");
+  smoothing_ = fraction(cfg, "precision.smoothing");
+  alpha_ = fraction(cfg, "precision.alpha");
+  seed_ = uint64_t(cfg.get_int("precision.seed"));
   options_ = split_list(cfg.get_string("precision.options"));
   if (options_.empty()) fail("config: precision.options: expected a comma-separated list of options, got none");
   {

@@ -51,8 +51,18 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
   }
   const json st = detail::read_checkpoint_state(ckpt);
   const int64_t step0 = st.at("step").get<int64_t>();
-  std::shared_ptr<const OperandQuantizer> quant = make_recipe_quantizer(o.option);
-  if (!quant) fail("--option: expected a quantizing recipe (not none/bf16), got '", o.option, "'");
+  if (o.option == "bf16" || o.option == "none")
+    fail("--option: expected a quantizing recipe (e.g. fp4, mxfp4), got the reference '", o.option, "'");
+  std::shared_ptr<const OperandQuantizer> quant;
+  try {
+    quant = make_recipe_quantizer(o.option);
+  } catch (const UserError& e) {
+    std::string m = e.what();
+    const std::string pre = "precision.recipe: ";
+    if (m.rfind(pre, 0) == 0) m = m.substr(pre.size());
+    fail("--option: ", m);
+  }
+  if (o.step < -1) fail("--step: expected a checkpoint step >= 0, got ", o.step);
 
   const fs::path data_dir(cfg.get_string("data.dir"));
   const std::string train_bin = (data_dir / "train.bin").string(), val_bin = (data_dir / "val.bin").string();
@@ -134,6 +144,9 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
   res.step = step0;
   res.steps = o.steps;
   res.option = o.option;
+
+  // After every cheap check, before hours of training: the output folder.
+  if (!o.out_dir.empty()) io::ensure_writable_dir(o.out_dir);
 
   // 1. prediction: the stats step on the next step's first micro-batch.
   std::vector<int32_t> in, tg;

@@ -83,4 +83,23 @@ set +e
 rc=$?
 set -e
 test "$rc" -eq 2 && test "$(wc -l <"$tmp/err3")" -eq 1 && grep -q "snip-1.5" "$tmp/err3" && test ! -e "$tmp/exp2"
+# A changed configuration does not silently reuse the arms trained before.
+set +e
+"$snip" experiment --config "$tmp/micro.toml" --out "$tmp/exp" --set train.lr=0.02 >/dev/null 2>"$tmp/err4"
+rc=$?
+"$snip" experiment --config "$tmp/micro.toml" --out "$tmp/exp" --set precision.policy=snip >/dev/null 2>"$tmp/err5"
+rc5=$?
+set -e
+test "$rc" -eq 2 && grep -q "was trained with train.lr = 0.01, the configuration now says 0.02" "$tmp/err4"
+test "$rc5" -eq 2 && grep -q "precision.policy is set by each arm" "$tmp/err5"
+# Killing the experiment stops its training child too.
+"$snip" experiment --config "$tmp/micro.toml" --out "$tmp/exp3" --arms bf16 --set train.max_steps=100000 \
+  >/dev/null 2>&1 &
+pid=$!
+for _ in $(seq 100); do pgrep -f "run-dir $tmp/exp3/bf16" >/dev/null && break; sleep 0.1; done
+pgrep -f "run-dir $tmp/exp3/bf16" >/dev/null
+kill -TERM "$pid"
+wait "$pid" || true
+for _ in $(seq 50); do pgrep -f "run-dir $tmp/exp3/bf16" >/dev/null || break; sleep 0.1; done
+! pgrep -f "run-dir $tmp/exp3/bf16" >/dev/null
 echo "experiment.sh: ok"
