@@ -122,7 +122,7 @@ bool pin_matches(const Pin& pin, const PlanItem& item, Granularity g) {
   if (colon != std::string::npos) {
     if (g == Granularity::layer)
       fail("pin '", pin.text(), "': names a GEMM (after ':'), which needs per-GEMM ",
-           "planning (--per-gemm); per layer use '", layer_pat, "=", pin.option, "'");
+           "planning (snip plan --per-gemm, or precision.granularity = gemm in training); per layer use '", layer_pat, "=", pin.option, "'");
     if (!glob_match(pin.pattern.substr(colon + 1), item.gemm)) return false;
   }
   const std::string& name = item.layer;
