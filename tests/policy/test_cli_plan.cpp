@@ -194,3 +194,39 @@ TEST(CliPlan, CostBudget) {
   EXPECT_EQ(json::parse(r2.out)["assignments"],
             json({{L(0), "fp4"}, {L(1), "fp8"}, {L(2), "fp8"}, {L(3), "fp4"}}));
 }
+
+// `snip plan show RUN [--step N] [--json]` on plans written the way
+// `snip train` writes them (a plan JSON plus step, policy, phase, q_table).
+TEST(CliPlan, ShowPrintsASavedPlan) {
+  TempDir d;
+  const std::string costs = d.file("costs.json", kTable);
+  std::system(("mkdir -p '" + d.path + "/run/plans'").c_str());
+  for (int step : {3, 7}) {
+    const std::string p = d.path + "/run/plans/step-" + std::to_string(step) + ".json";
+    ASSERT_EQ(run({"--costs", costs, "--budget", step == 3 ? "0.375" : "0.5", "--out", p}).error, "");
+    std::ifstream in(p);
+    json j = json::parse(in);
+    j["step"] = step;
+    j["policy"] = "snip";
+    j["phase"] = "plan";
+    j["q_table"] = {{L(0), {{"fp4", 0.1}, {"fp8", 0}}}, {L(1), {{"fp4", 0.3}, {"fp8", 0}}},
+                    {L(2), {{"fp4", 0.2}, {"fp8", 0}}}, {L(3), {{"fp4", 0.5}, {"fp8", 0}}}};
+    std::ofstream(p) << j.dump();
+  }
+  CliResult r = run({"show", d.path + "/run"});  // the latest: step 7, b = 1/2 -> L3 (Q .5 = L0+L1+L2 .6)
+  ASSERT_EQ(r.error, "");
+  EXPECT_NE(r.out.find("precision plan at step 7: policy snip, phase plan"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(L(3) + "  fp4        50.00%"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("achieved:  FP4 share 0.5000"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("budget:    FP4 FLOPs share >= 0.5"), std::string::npos) << r.out;
+  r = run({"show", d.path + "/run", "--step", "3"});
+  ASSERT_EQ(r.error, "");
+  EXPECT_NE(r.out.find("at step 3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(L(0) + "  fp4        12.50%"), std::string::npos) << r.out;
+  r = run({"show", d.path + "/run", "--step", "3", "--json"});
+  ASSERT_EQ(r.error, "");
+  EXPECT_EQ(json::parse(r.out)["step"], 3);
+  EXPECT_NE(run({"show", d.path + "/run", "--step", "5"}).error.find("step-5.json does not exist"),
+            std::string::npos);
+  EXPECT_NE(run({"show", d.path + "/nothing"}).error.find("does not exist"), std::string::npos);
+}
