@@ -196,7 +196,10 @@ struct RunData {
 
 void require_dir(const std::string& dir) {
   std::error_code ec;
-  if (dir.empty() || !fs::is_directory(dir, ec)) fail("snip report: ", dir.empty() ? "\"\"" : dir, " does not exist");
+  if (dir.empty() || !fs::exists(dir, ec)) fail("snip report: ", dir.empty() ? "\"\"" : dir, " does not exist");
+  if (!fs::is_directory(dir, ec)) fail("snip report: ", dir, " is not a folder (expected a run directory)");
+  if (!fs::exists(fs::path(dir) / "config.toml", ec) && !fs::exists(fs::path(dir) / "metrics.jsonl", ec))
+    fail("snip report: ", dir, " is not a run of `snip train` (no config.toml, no metrics.jsonl)");
 }
 
 std::string run_name(const std::string& dir) {

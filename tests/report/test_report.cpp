@@ -481,8 +481,19 @@ TEST(Report, PerGemmKeysAndRunWithoutMetrics) {
   EXPECT_NE(pm.find("data-rows=\"3\" data-cols=\"1\""), std::string::npos);
   EXPECT_LT(pm.find(">layers.0.mlp.up_proj:fprop<"), pm.find(">layers.0.mlp.up_proj:dgrad<"));
   EXPECT_LT(pm.find(">layers.0.mlp.up_proj:dgrad<"), pm.find(">layers.0.mlp.up_proj:wgrad<"));
-  fs::create_directories(t.path / "fresh");
+  // A run that has started (config.toml written) but logged no step yet.
+  t.file("fresh/config.toml", "[precision]\npolicy = \"snip\"\n");
   EXPECT_NE(report_html(t.str() + "/fresh").find("no metrics.jsonl"), std::string::npos);
+  // A folder that is no run at all, and a file, are errors.
+  fs::create_directories(t.path / "empty");
+  EXPECT_THROW(report_html(t.str() + "/empty"), snip::UserError);
+  t.file("afile", "x");
+  try {
+    report_html(t.str() + "/afile");
+    ADD_FAILURE() << "no error for a file";
+  } catch (const snip::UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("is not a folder"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Report, Errors) {
