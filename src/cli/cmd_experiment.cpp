@@ -310,9 +310,10 @@ void add_experiment_commands(CLI::App& app) {
     for (size_t i = 0; i < res.size(); ++i) {
       const auto& r = res[i];
       if (!r.done || r.curves.val_step.empty()) continue;
-      // 8 palette colours; the reference arm and arms past the 8th are dashed.
-      series.push_back({r.arm.name, r.curves.val_step, r.curves.val_loss, report::series_color(i % 8),
-                        i == 0 || i >= 8});
+      // 8 palette colours; the reference arm and arms past the 8th are dashed
+      // (those with another colour than the reference's).
+      series.push_back({r.arm.name, r.curves.val_step, r.curves.val_loss,
+                        report::series_color(i < 8 ? i : (i + 3) % 8), i == 0 || i >= 8});
     }
     report::LineChartOptions lo;
     lo.id = "val_loss";
