@@ -406,6 +406,7 @@ void add_experiment_commands(CLI::App& app) {
     std::string file = c->predictor == "q" ? "scatter.svg" : "scatter-" + c->predictor + ".svg";
     for (char& ch : file)
       if (ch == '[' || ch == ']' || ch == ',' || ch == '=') ch = '_';
+    io::ensure_writable_dir(out_dir);
     const std::string svg_path = (fs::path(out_dir) / file).string();
     io::write_file_atomic(svg_path, report::svg_scatter(pts, so) + "\n");
     std::cout << fmt::format("{:<44} {:>10} {:>10} {:>10} {:>12}\n", "layer", "Q", "LD", "WD", "dval");

@@ -62,6 +62,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <set>
@@ -160,8 +161,9 @@ inline std::string format_plan_table(const nlohmann::json& pj) {
   return os.str();
 }
 
-/// RUN/plans/step-N.json, or the latest plan when step < 0. Throws UserError
-/// when there is none.
+/// RUN/plans/step-N.json, or when step < 0 the newest plan made in the plan
+/// phase (the newest decision of any phase if there is none, e.g. uniform
+/// runs). Throws UserError when there is none.
 inline std::string find_plan_file(const std::string& run_dir, int64_t step = -1) {
   const std::filesystem::path dir = std::filesystem::path(run_dir) / "plans";
   if (step >= 0) {
@@ -170,15 +172,23 @@ inline std::string find_plan_file(const std::string& run_dir, int64_t step = -1)
     return p.string();
   }
   if (!std::filesystem::is_directory(dir)) fail("snip plan show: ", dir.string(), " does not exist (no plan was made in ", run_dir, ")");
-  int64_t best = -1;
+  std::vector<int64_t> steps;
   const std::regex re("step-([0-9]+)\\.json");
   for (auto& e : std::filesystem::directory_iterator(dir)) {
     std::smatch m;
     const std::string n = e.path().filename().string();
-    if (std::regex_match(n, m, re)) best = std::max<int64_t>(best, std::stoll(m[1]));
+    if (std::regex_match(n, m, re)) steps.push_back(std::stoll(m[1]));
   }
-  if (best < 0) fail("snip plan show: no plans/step-N.json in ", run_dir);
-  return (dir / ("step-" + std::to_string(best) + ".json")).string();
+  if (steps.empty()) fail("snip plan show: no plans/step-N.json in ", run_dir);
+  std::sort(steps.rbegin(), steps.rend());
+  auto path = [&](int64_t s) { return (dir / ("step-" + std::to_string(s) + ".json")).string(); };
+  // The newest real plan (phase "plan"), not the final phase's all-FP8 decision.
+  for (int64_t s : steps) {
+    std::ifstream in(path(s));
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.value("phase", std::string()) == "plan") return path(s);
+  }
+  return path(steps.front());
 }
 
 }  // namespace snip
