@@ -159,11 +159,11 @@ void print_sweep(std::ostream& os, const std::vector<ParetoPoint>& pts) {
 }
 
 void run_plan(const PlanArgs& a) {
-  // --- input: a cost table, or (HOOK) a saved stats step -------------------
-  // HOOK(stats): `--stats FILE` plans from a saved stats step
-  // (runs/NAME/stats/step-N.json). Its format is not fixed yet; until it is,
-  // a stats file is read exactly like a cost table (same "layers" layout).
-  // Replace this branch with the stats reader once the stats JSON exists.
+  // --- input: a cost table, or a saved stats step --------------------------
+  // A stats file (runs/NAME/stats/step-N.json, core/stats.h to_json) is a cost
+  // table at its top level; its "details.options" are the candidates the run
+  // measured, which are the default --options (not the bf16 reference, whose
+  // Q = 0 would otherwise take every layer the budget leaves free).
   if (a.costs.empty() == a.stats.empty())
     fail("snip plan: expected exactly one of --costs FILE or --stats FILE, got ",
          a.costs.empty() ? "neither" : "both");
@@ -176,6 +176,14 @@ void run_plan(const PlanArgs& a) {
   PlanOptions o;
   o.low_option = a.low;
   o.allowed_options = a.allowed;
+  if (!a.stats.empty() && o.allowed_options.empty()) {
+    std::ifstream in(a.stats);
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("details") && j["details"].is_object() &&
+        j["details"].contains("options") && j["details"]["options"].is_array())
+      for (const auto& v : j["details"]["options"])
+        if (v.is_string()) o.allowed_options.push_back(v.get<std::string>());
+  }
   o.time_limit_s = a.time_limit;
   o.verbosity = a.verbose;
   const bool is_uniform = a.heuristic.rfind("uniform-", 0) == 0;
@@ -272,7 +280,7 @@ void add_plan_commands(CLI::App& app) {
       "plan", "Choose a precision per layer (or per GEMM) with the ILP planner; see docs/planner.md");
   sub->add_option("--costs", a->costs, "Cost table JSON: per layer FLOPs and quality loss Q per option");
   sub->add_option("--stats", a->stats,
-                  "Saved stats step to plan from (for now: same \"layers\" layout as a cost table)");
+                  "Saved stats step to plan from (runs/NAME/stats/step-N.json; default --options: the options it measured)");
   sub->add_option("--budget", a->budget, "FP4 FLOPs share to reach, a fraction in [0, 1]");
   sub->add_option("--cost-budget", a->cost_budget,
                   "Instead of --budget: mean cost per FLOP allowed (fp4=1, fp8=2, bf16=4)");

@@ -230,3 +230,19 @@ TEST(CliPlan, ShowPrintsASavedPlan) {
             std::string::npos);
   EXPECT_NE(run({"show", d.path + "/nothing"}).error.find("does not exist"), std::string::npos);
 }
+
+// `--stats FILE`: the options the stats step measured are the default
+// --options, so the bf16 reference (Q = 0) does not take the free layers.
+TEST(CliPlan, StatsFileDefaultsToTheMeasuredOptions) {
+  TempDir d;
+  const std::string stats = d.file("stats.json", R"({"layers": [
+    {"name": "model.layers.0.mlp.up_proj", "flops": 1, "q": {"fp4": 0.1, "fp8": 0.05, "bf16": 0}},
+    {"name": "model.layers.1.mlp.up_proj", "flops": 1, "q": {"fp4": 0.3, "fp8": 0.05, "bf16": 0}}],
+    "details": {"options": ["fp4", "fp8"], "reference": "bf16"}})");
+  CliResult r = run({"--stats", stats, "--budget", "0.5", "--json"});
+  ASSERT_EQ(r.error, "");
+  EXPECT_EQ(json::parse(r.out)["assignments"], json({{L(0), "fp4"}, {L(1), "fp8"}}));
+  r = run({"--stats", stats, "--budget", "0.5", "--options", "fp4,fp8,bf16", "--json"});  // explicit: bf16 allowed
+  ASSERT_EQ(r.error, "");
+  EXPECT_EQ(json::parse(r.out)["assignments"][L(1)], "bf16");
+}
