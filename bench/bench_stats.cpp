@@ -27,11 +27,11 @@
 #include <unordered_map>
 #include <chrono>
 
-#include "snip/core/config.h"
-#include "snip/core/controller.h"
-#include "snip/core/llama.h"
-#include "snip/core/platform.h"
-#include "snip/core/stats.h"
+#include "snip/config/config.h"
+#include "snip/method/controller.h"
+#include "snip/model/llama.h"
+#include "snip/hw/platform.h"
+#include "snip/method/stats.h"
 #include "tiny_model.h"
 
 namespace {

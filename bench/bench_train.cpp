@@ -10,9 +10,9 @@
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
-#include "snip/core/llama.h"
-#include "snip/core/platform.h"
-#include "snip/core/quantizers.h"
+#include "snip/model/llama.h"
+#include "snip/hw/platform.h"
+#include "snip/quant/quantizers.h"
 #include "tiny_model.h"
 
 namespace {

@@ -1,7 +1,7 @@
 // The model of configs/tiny.toml (with the Brown tokenizer's 8192 pieces),
 // shared by the benchmarks.
 #pragma once
-#include "snip/core/llama.h"
+#include "snip/model/llama.h"
 
 namespace snip::bench {
 

@@ -7,7 +7,7 @@
 #        (with extra arguments a fresh run goes to runs/tiny-<date>-<time>)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh snip   # only what the main job runs (snip and snip-data); scripts/test.sh builds the rest
 build="${SNIP_BUILD_DIR:-build}"
 "$build/snip" data prepare --corpus brown --out data/brown
 run=runs/tiny
@@ -19,7 +19,7 @@ if [ -f "$run/summary.json" ]; then
   cat "$run/summary.json"
   exit 0
 fi
-if [ -d "$run/checkpoints" ]; then
+if [ -f "$run/config.toml" ]; then   # interrupted (before or after its first checkpoint)
   exec "$build/snip" train --run-dir "$run" --resume
 fi
 exec "$build/snip" train --config configs/tiny.toml --run-dir "$run"

@@ -3,7 +3,8 @@
 # and builds it into build/ (CMake + Ninja + ccache). Idempotent: installs only
 # missing packages and rebuilds only what changed.
 #
-# usage: scripts/setup.sh            (from anywhere; works on the repo it is in)
+# usage: scripts/setup.sh [TARGET ...]   (from anywhere; works on the repo it is in)
+#        TARGETs are Ninja targets (e.g. snip); none = everything (tests, benchmarks)
 # env:   SNIP_BUILD_DIR (default build), SNIP_BUILD_TYPE (default Release),
 #        SNIP_EXTRA_PACKAGES (more apt packages, e.g. for the report tests)
 set -euo pipefail
@@ -39,4 +40,4 @@ if [ ! -f "$build/build.ninja" ]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE="${SNIP_BUILD_TYPE:-Release}" >&2
 fi
 # 2 parallel jobs: LibTorch translation units take ~1.5 GiB each to compile.
-ninja -C "$build" -j "${SNIP_JOBS:-$(nproc)}" >&2
+ninja -C "$build" -j "${SNIP_JOBS:-$(nproc)}" "$@" >&2

@@ -19,9 +19,9 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "snip/core/config.h"
-#include "snip/core/quantizers.h"
-#include "snip/core/study.h"
+#include "snip/config/config.h"
+#include "snip/quant/quantizers.h"
+#include "snip/method/study.h"
 #include "snip/io/atomic_file.h"
 #include "snip/report/report.h"
 #include "snip/report/svg.h"

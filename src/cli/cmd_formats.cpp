@@ -138,8 +138,8 @@ void print_recipes(std::ostream& out, bool json) {
       continue;
     }
     os << r.name << ": " << r.description << "\n";
-    for (int i = 0; i < quant::kNumGemmOperands; ++i)
-      os << "  " << std::left << std::setw(9) << quant::gemm_operand_name(quant::GemmOperand(i))
+    for (int i = 0; i < quant::kNumOperands; ++i)
+      os << "  " << std::left << std::setw(9) << operand_name(Operand(i))
          << r.operands[size_t(i)].describe() << "\n";
   }
   if (json) os << arr.dump(2) << "\n";
@@ -196,7 +196,7 @@ void run_quantize(const QuantizeOpts& o, std::ostream& out) {
     os.str("");
   };
   const quant::Recipe recipe = quant::find_recipe(o.scheme);
-  const quant::GemmOperand op = quant::parse_gemm_operand(o.operand, "--operand");
+  const Operand op = parse_operand(o.operand, "--operand");
   const formats::QuantSpec spec = recipe[op];
   const io::SafeTensors in = io::read_safetensors(o.input);
   io::SafeTensors result;

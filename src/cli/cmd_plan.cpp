@@ -23,10 +23,7 @@
 #include <vector>
 
 #include "commands.h"
-// Only the LibTorch-free plan-file part (this file is also built into the
-// LibTorch-free test_policy).
-#define SNIP_CONTROLLER_PLAN_FILES_ONLY
-#include "snip/core/controller.h"
+#include "snip/policy/plan_file.h"
 #include "snip/policy/cost_table.h"
 #include "snip/policy/planner.h"
 #include "snip/util/error.h"

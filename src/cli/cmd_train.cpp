@@ -6,9 +6,9 @@
 #include <iostream>
 
 #include "commands.h"
-#include "snip/core/config.h"
-#include "snip/core/hf.h"
-#include "snip/core/trainer.h"
+#include "snip/config/config.h"
+#include "snip/model/hf.h"
+#include "snip/train/trainer.h"
 #include "snip/util/error.h"
 
 namespace snip::cli {
@@ -24,6 +24,23 @@ std::string config_options_help() {
                      o.unit.empty() ? "" : " [" + o.unit + "]");
   }
   return s;
+}
+
+// What a finished run folder holds, for the end-of-run summary:
+// "report.html, metrics.jsonl, summary.json, checkpoints/ (2), plans/ (5), stats/ (3)".
+std::string run_contents(const std::string& run_dir) {
+  const fs::path r(run_dir);
+  std::string out;
+  auto add = [&](const std::string& s) { out += (out.empty() ? "" : ", ") + s; };
+  for (const char* f : {"report.html", "metrics.jsonl", "summary.json", "config.toml"})
+    if (fs::is_regular_file(r / f)) add(f);
+  for (const char* d : {"checkpoints", "plans", "stats"}) {
+    if (!fs::is_directory(r / d)) continue;
+    size_t n = 0;
+    for (const auto& e : fs::directory_iterator(r / d)) n += e.path().filename().string().rfind("step-", 0) == 0;
+    add(fmt::format("{}/ ({})", d, n));
+  }
+  return out;
 }
 
 struct TrainArgs {
@@ -65,11 +82,13 @@ void add_train_commands(CLI::App& app) {
     opts.init_from = args->init_from;
     TrainSummary s = snip::train(cfg, opts);
     std::cout << fmt::format(
-        "\nsummary: {} steps, {} tokens in {:.1f} s ({:.0f} tokens/s)\n"
+        "\nsummary: {} steps, {} tokens in {:.1f} s ({:.0f} tokens/s){}\n"
         "         train loss {:.4f} | val loss {:.4f} (perplexity {:.1f}) | best val {:.4f}\n"
-        "         run directory {} (metrics.jsonl, summary.json, checkpoints/)\n",
-        s.steps, s.tokens, s.seconds, s.tokens_per_s, s.final_train_loss, s.final_val_loss,
-        std::exp(s.final_val_loss), s.best_val_loss, s.run_dir);
+        "         run directory {}: {}\n",
+        s.steps, s.tokens, s.seconds, s.tokens_per_s,
+        s.invocation_steps == s.steps ? "" : fmt::format(", {} of them in this invocation", s.invocation_steps),
+        s.final_train_loss, s.final_val_loss, std::exp(s.final_val_loss), s.best_val_loss, s.run_dir,
+        run_contents(s.run_dir));
   });
 
   struct EvalArgs {
@@ -109,13 +128,15 @@ void add_train_commands(CLI::App& app) {
 
   struct ExportArgs {
     std::string run_dir, checkpoint, out, dtype = "float32";
+    bool force = false;
   };
   auto xa = std::make_shared<ExportArgs>();
   CLI::App* ex = app.add_subcommand("export", "write a checkpoint as a Hugging Face folder "
                                               "(config.json + model.safetensors)");
   ex->add_option("--run-dir", xa->run_dir, "run directory (its newest checkpoint is used)");
   ex->add_option("--checkpoint", xa->checkpoint, "a checkpoint folder");
-  ex->add_option("--out", xa->out, "output folder")->required();
+  ex->add_option("--out", xa->out, "output folder (new or empty; never a checkpoint folder)")->required();
+  ex->add_flag("--force", xa->force, "replace config.json and model.safetensors in a non-empty --out");
   ex->add_option("--dtype", xa->dtype, "float32 or bfloat16")->capture_default_str()->check(
       CLI::IsMember({"float32", "bfloat16"}));
   ex->callback([xa] {
@@ -126,7 +147,7 @@ void add_train_commands(CLI::App& app) {
       if (ckpt.empty()) fail("no complete checkpoint in ", xa->run_dir, "/checkpoints");
     }
     LlamaForCausalLM model = load_checkpoint_model(ckpt);
-    export_hf(model, xa->out, xa->dtype == "bfloat16" ? at::kBFloat16 : at::kFloat);
+    export_hf(model, xa->out, xa->dtype == "bfloat16" ? at::kBFloat16 : at::kFloat, xa->force);
     std::cout << "wrote " << xa->out << "/config.json and " << xa->out << "/model.safetensors\n";
   });
 }

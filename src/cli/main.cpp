@@ -11,7 +11,7 @@
 
 #include "commands.h"
 #include "run_app.h"
-#include "snip/core/platform.h"
+#include "snip/hw/platform.h"
 
 int main(int argc, char** argv) {
   // `snip data ...` runs the snip-data program next to this one (SentencePiece

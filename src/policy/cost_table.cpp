@@ -117,9 +117,9 @@ CostTable parse_cost_table(const json& j, const std::string& source) {
       if (!g.is_object()) c.bad(gp, "an object with keys fprop, dgrad, wgrad", show(g));
       check_keys(c, g, gp, {"fprop", "dgrad", "wgrad"}, "fprop, dgrad, wgrad");
       for (int k3 = 0; k3 < 3; ++k3) {
-        if (!g.contains(kGemmNames[k3]))
-          c.bad(gp + "." + kGemmNames[k3], "an entry for every GEMM", "nothing");
-        l.gemms[k3] = parse_gemm(c, g[kGemmNames[k3]], gp + "." + kGemmNames[k3]);
+        if (!g.contains(gemm_name(Gemm(k3))))
+          c.bad(gp + "." + gemm_name(Gemm(k3)), "an entry for every GEMM", "nothing");
+        l.gemms[k3] = parse_gemm(c, g[gemm_name(Gemm(k3))], gp + "." + gemm_name(Gemm(k3)));
       }
       l.has_gemms = true;
     } else {
@@ -164,7 +164,7 @@ PlanProblem make_problem(const CostTable& t, Granularity g) {
       for (int k3 = 0; k3 < 3; ++k3) {
         PlanItem it;
         it.layer = l.name;
-        it.gemm = kGemmNames[k3];
+        it.gemm = gemm_name(Gemm(k3));
         it.name = l.name + ":" + it.gemm;
         it.flops = l.gemms[k3].flops;
         it.q = l.gemms[k3].q;

@@ -133,7 +133,7 @@ TEST_F(CliTest, QuantizeWritesFp32AndReportsSqnr) {
   const std::string out = run("quantize --scheme mxfp4 --input " + at("in.safetensors") +
                               " --output " + at("out.safetensors") + " --json");
   const io::SafeTensors got = io::read_safetensors(at("out.safetensors"));
-  const formats::QuantSpec spec = quant::find_recipe("mxfp4")[quant::GemmOperand::kFpropW];
+  const formats::QuantSpec spec = quant::find_recipe("mxfp4")[Operand::kFpropW];
   // a: equals fake_quantize of the data.
   std::vector<float> ya(a.size());
   formats::QuantStats sa;

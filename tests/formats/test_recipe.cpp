@@ -34,68 +34,68 @@ TEST(Recipe, PresetsExist) {
 
 TEST(Recipe, Fp8MatchesMethodSection1) {
   const Recipe r = find_recipe("fp8");
-  for (int i = 0; i < kNumGemmOperands; ++i) {
-    const GemmOperand op = GemmOperand(i);
+  for (int i = 0; i < kNumOperands; ++i) {
+    const Operand op = Operand(i);
     const formats::QuantSpec& s = r[op];
     EXPECT_EQ(s.element, formats::kE4M3);
     EXPECT_EQ(s.rule, ScaleRule::kCurrent);
     EXPECT_EQ(s.scale_format, ScaleFormat::kFP32Pow2);
     EXPECT_EQ(s.rounding, Rounding::kRNE);
-    const bool weight = op == GemmOperand::kFpropW || op == GemmOperand::kDgradW;
-    EXPECT_EQ(s.block, weight ? BlockShape::square(128) : BlockShape::tile(128)) << gemm_operand_name(op);
+    const bool weight = op == Operand::kFpropW || op == Operand::kDgradW;
+    EXPECT_EQ(s.block, weight ? BlockShape::square(128) : BlockShape::tile(128)) << operand_name(op);
   }
 }
 
 TEST(Recipe, Fp4MatchesMethodSection1) {
   const Recipe r = find_recipe("fp4");
-  for (int i = 0; i < kNumGemmOperands; ++i) {
-    const GemmOperand op = GemmOperand(i);
+  for (int i = 0; i < kNumOperands; ++i) {
+    const Operand op = Operand(i);
     EXPECT_EQ(r[op].element, formats::kE2M1);
     EXPECT_EQ(r[op].rule, ScaleRule::kTwoLevel);
     EXPECT_EQ(r[op].scale_format, ScaleFormat::kE4M3);
     EXPECT_EQ(r[op].block, BlockShape::tile(16));
-    const bool grad = op == GemmOperand::kDgradDY || op == GemmOperand::kWgradDY;
-    EXPECT_EQ(r[op].rounding, grad ? Rounding::kStochastic : Rounding::kRNE) << gemm_operand_name(op);
+    const bool grad = op == Operand::kDgradDY || op == Operand::kWgradDY;
+    EXPECT_EQ(r[op].rounding, grad ? Rounding::kStochastic : Rounding::kRNE) << operand_name(op);
   }
   // nvfp4: 16x16 weight blocks (TE's 2-D weight quantization).
-  EXPECT_EQ(find_recipe("nvfp4")[GemmOperand::kDgradW].block, BlockShape::square(16));
-  EXPECT_EQ(find_recipe("nvfp4")[GemmOperand::kFpropX].block, BlockShape::tile(16));
+  EXPECT_EQ(find_recipe("nvfp4")[Operand::kDgradW].block, BlockShape::square(16));
+  EXPECT_EQ(find_recipe("nvfp4")[Operand::kFpropX].block, BlockShape::tile(16));
 }
 
 TEST(Recipe, OtherPresets) {
   const Recipe bf16 = find_recipe("bf16");
   EXPECT_TRUE(bf16.is_passthrough());
-  EXPECT_FALSE(bf16[GemmOperand::kFpropX].saturate);
+  EXPECT_FALSE(bf16[Operand::kFpropX].saturate);
   EXPECT_FALSE(find_recipe("fp8").is_passthrough());
   const Recipe mx = find_recipe("mxfp8");
-  EXPECT_EQ(mx[GemmOperand::kWgradX].block, BlockShape::tile(32));
-  EXPECT_EQ(mx[GemmOperand::kWgradX].scale_format, ScaleFormat::kE8M0);
-  EXPECT_EQ(mx[GemmOperand::kWgradX].rule, ScaleRule::kMxFloor);
-  EXPECT_EQ(find_recipe("mxfp8_rceil")[GemmOperand::kFpropX].rule, ScaleRule::kCurrent);
+  EXPECT_EQ(mx[Operand::kWgradX].block, BlockShape::tile(32));
+  EXPECT_EQ(mx[Operand::kWgradX].scale_format, ScaleFormat::kE8M0);
+  EXPECT_EQ(mx[Operand::kWgradX].rule, ScaleRule::kMxFloor);
+  EXPECT_EQ(find_recipe("mxfp8_rceil")[Operand::kFpropX].rule, ScaleRule::kCurrent);
   const Recipe t = find_recipe("fp8_tensor");
-  EXPECT_EQ(t[GemmOperand::kFpropX].element, formats::kE4M3);
-  EXPECT_EQ(t[GemmOperand::kDgradW].element, formats::kE4M3);
-  EXPECT_EQ(t[GemmOperand::kDgradDY].element, formats::kE5M2);
-  EXPECT_EQ(t[GemmOperand::kWgradDY].element, formats::kE5M2);
-  EXPECT_EQ(t[GemmOperand::kWgradDY].rule, ScaleRule::kDelayed);
-  EXPECT_EQ(t[GemmOperand::kWgradDY].amax_history_len, 1024);
-  EXPECT_EQ(find_recipe("block_fp8")[GemmOperand::kFpropW].block, BlockShape::tile(16));
-  EXPECT_EQ(find_recipe("e1m2")[GemmOperand::kFpropW].element, formats::kE1M2);
-  EXPECT_EQ(find_recipe("posit8")[GemmOperand::kFpropW].element, formats::kPosit8);
-  EXPECT_EQ(find_recipe("int8")[GemmOperand::kFpropW].element, formats::kInt8);
-  EXPECT_EQ(find_recipe("int8")[GemmOperand::kFpropW].block, BlockShape::row());
+  EXPECT_EQ(t[Operand::kFpropX].element, formats::kE4M3);
+  EXPECT_EQ(t[Operand::kDgradW].element, formats::kE4M3);
+  EXPECT_EQ(t[Operand::kDgradDY].element, formats::kE5M2);
+  EXPECT_EQ(t[Operand::kWgradDY].element, formats::kE5M2);
+  EXPECT_EQ(t[Operand::kWgradDY].rule, ScaleRule::kDelayed);
+  EXPECT_EQ(t[Operand::kWgradDY].amax_history_len, 1024);
+  EXPECT_EQ(find_recipe("block_fp8")[Operand::kFpropW].block, BlockShape::tile(16));
+  EXPECT_EQ(find_recipe("e1m2")[Operand::kFpropW].element, formats::kE1M2);
+  EXPECT_EQ(find_recipe("posit8")[Operand::kFpropW].element, formats::kPosit8);
+  EXPECT_EQ(find_recipe("int8")[Operand::kFpropW].element, formats::kInt8);
+  EXPECT_EQ(find_recipe("int8")[Operand::kFpropW].block, BlockShape::row());
 }
 
 TEST(Recipe, OperandNamesAndLayouts) {
-  EXPECT_STREQ(gemm_operand_name(GemmOperand::kFpropX), "fprop.x");
-  EXPECT_STREQ(gemm_operand_name(GemmOperand::kWgradX), "wgrad.x");
-  EXPECT_EQ(parse_gemm_operand("dgrad.w", "t"), GemmOperand::kDgradW);
-  EXPECT_THROW(parse_gemm_operand("dgrad.x", "t"), UserError);
-  EXPECT_STREQ(operand_layout(GemmOperand::kFpropW).k_dim, "in");
-  EXPECT_STREQ(operand_layout(GemmOperand::kDgradW).k_dim, "out");
-  EXPECT_STREQ(operand_layout(GemmOperand::kDgradDY).k_dim, "out");
-  EXPECT_STREQ(operand_layout(GemmOperand::kWgradDY).k_dim, "T");
-  EXPECT_STREQ(operand_layout(GemmOperand::kWgradX).k_dim, "T");
+  EXPECT_STREQ(operand_name(Operand::kFpropX), "fprop.x");
+  EXPECT_STREQ(operand_name(Operand::kWgradX), "wgrad.x");
+  EXPECT_EQ(parse_operand("dgrad.w", "t"), Operand::kDgradW);
+  EXPECT_THROW(parse_operand("dgrad.x", "t"), UserError);
+  EXPECT_STREQ(operand_layout(Operand::kFpropW).k_dim, "in");
+  EXPECT_STREQ(operand_layout(Operand::kDgradW).k_dim, "out");
+  EXPECT_STREQ(operand_layout(Operand::kDgradDY).k_dim, "out");
+  EXPECT_STREQ(operand_layout(Operand::kWgradDY).k_dim, "T");
+  EXPECT_STREQ(operand_layout(Operand::kWgradX).k_dim, "T");
 }
 
 TEST(Recipe, UnknownNameListsKnownOnes) {
@@ -116,7 +116,7 @@ TEST(Recipe, JsonRoundTrip) {
     const nlohmann::json j = to_json(r);
     const Recipe back = recipe_from_json(j, "test");
     EXPECT_EQ(back.name, r.name);
-    for (int i = 0; i < kNumGemmOperands; ++i)
+    for (int i = 0; i < kNumOperands; ++i)
       EXPECT_EQ(back.operands[size_t(i)], r.operands[size_t(i)]) << name << " " << i;
   }
   const nlohmann::json j = to_json(find_recipe("fp8"));
@@ -162,18 +162,18 @@ TEST(Recipe, NewFormatPlugsInByRegistering) {
   EXPECT_THROW(register_recipe(r), UserError);  // taken
   register_recipe(r, /*replace=*/true);
   const Recipe got = find_recipe("mx_e3m3");
-  EXPECT_EQ(got[GemmOperand::kWgradDY].rounding, Rounding::kStochastic);
-  EXPECT_EQ(got[GemmOperand::kWgradX].rounding, Rounding::kRNE);
-  EXPECT_EQ(got[GemmOperand::kFpropX].element.max_value(), 30.0);  // 2^(7-3) * 1.875
+  EXPECT_EQ(got[Operand::kWgradDY].rounding, Rounding::kStochastic);
+  EXPECT_EQ(got[Operand::kWgradX].rounding, Rounding::kRNE);
+  EXPECT_EQ(got[Operand::kFpropX].element.max_value(), 30.0);  // 2^(7-3) * 1.875
   const auto x = formats::testing::awkward_data(9, 100, 4);
   std::vector<float> y(x.size()), yr(x.size());
-  formats::fake_quantize(x.data(), y.data(), 9, 100, got[GemmOperand::kWgradDY], {});
-  formats::fake_quantize_reference(x.data(), yr.data(), 9, 100, got[GemmOperand::kWgradDY], {});
+  formats::fake_quantize(x.data(), y.data(), 9, 100, got[Operand::kWgradDY], {});
+  formats::fake_quantize_reference(x.data(), yr.data(), 9, 100, got[Operand::kWgradDY], {});
   EXPECT_TRUE(formats::testing::bits_equal(y, yr, 100));
   // An invalid recipe is refused with the operand named.
   Recipe bad = got;
   bad.name = "bad";
-  bad[GemmOperand::kDgradDY].block = {-2, 1};
+  bad[Operand::kDgradDY].block = {-2, 1};
   try {
     register_recipe(bad);
     FAIL();

@@ -178,7 +178,8 @@ TEST(Planner, Llama70BPerGemmWithPinsAndStages) {
   PlanProblem p;
   p.granularity = Granularity::gemm;
   for (const LinearLayerShape& l : llama_linear_layers(80, 8192, 28672, 64, 8, 4096))
-    for (const char* g : kGemmNames) {
+    for (Gemm gemm : kAllGemms) {
+      const char* g = gemm_name(gemm);
       PlanItem it;
       it.layer = l.name;
       it.gemm = g;

@@ -28,7 +28,7 @@ struct RoundingKey {
   uint64_t seed = 0;     ///< run seed
   uint64_t step = 0;     ///< optimizer step, < 2^32
   uint64_t layer = 0;    ///< linear-layer index, < 2^32
-  uint32_t operand = 0;  ///< GEMM operand id (quant::GemmOperand), < 256
+  uint32_t operand = 0;  ///< GEMM operand id (Operand), < 256
 };
 
 /// Throws std::invalid_argument if a field of `key` is out of range.

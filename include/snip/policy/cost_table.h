@@ -73,7 +73,7 @@ struct LayerCost {
   double flops = 0;
   std::map<std::string, double> q;
   std::map<std::string, double> rel_err;
-  // Per-GEMM form, indexed like kGemmNames (fprop, dgrad, wgrad).
+  // Per-GEMM form, indexed by Gemm (fprop, dgrad, wgrad; quant/gemm.h).
   bool has_gemms = false;
   std::array<GemmCost, 3> gemms;
 };

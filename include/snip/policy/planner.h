@@ -58,6 +58,8 @@
 #include <string>
 #include <vector>
 
+#include "snip/quant/gemm.h"
+
 namespace snip::policy {
 
 /// Absolute tolerance on budget rows (share fraction, or cost per FLOP).
@@ -67,9 +69,6 @@ inline constexpr double kBudgetTolerance = 1e-9;
 enum class Granularity { layer, gemm };
 /// "layer" or "gemm".
 const char* to_string(Granularity g);
-
-/// The three GEMMs of a linear layer, in this order (METHOD.md section 1).
-inline const char* const kGemmNames[3] = {"fprop", "dgrad", "wgrad"};
 
 /// One thing that receives a precision option.
 struct PlanItem {

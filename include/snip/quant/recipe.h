@@ -46,19 +46,12 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "snip/formats/quant_spec.h"
+#include "snip/quant/gemm.h"
 
 namespace snip::quant {
 
-/// The six GEMM operands of a linear layer, in METHOD.md's order (the same
-/// numbering as snip::Operand in core/linear.h).
-enum class GemmOperand : int { kFpropX = 0, kFpropW, kDgradDY, kDgradW, kWgradDY, kWgradX };
-inline constexpr int kNumGemmOperands = 6;
-
-/// "fprop.x", "fprop.w", "dgrad.dy", "dgrad.w", "wgrad.dy", "wgrad.x".
-const char* gemm_operand_name(GemmOperand op);
-/// Inverse of gemm_operand_name; throws snip::UserError naming `where` and
-/// listing the names.
-GemmOperand parse_gemm_operand(const std::string& name, const std::string& where);
+// The GEMMs and operands (Gemm, Operand, operand_name, parse_operand) are
+// snip/quant/gemm.h.
 
 /// How an operand is laid out when quantized (the table above).
 struct OperandLayout {
@@ -66,18 +59,18 @@ struct OperandLayout {
   const char* passed_as;  ///< "[T, in]", "[in, out]" (Wᵀ), ...
   const char* k_dim;      ///< the reduction dim along the last axis: "in", "out" or "T"
 };
-OperandLayout operand_layout(GemmOperand op);
+OperandLayout operand_layout(Operand op);
 
 /// A named recipe: one QuantSpec per GEMM operand.
 struct Recipe {
   std::string name;
   std::string description;
-  std::array<formats::QuantSpec, kNumGemmOperands> operands;
+  std::array<formats::QuantSpec, kNumOperands> operands;
 
-  const formats::QuantSpec& operator[](GemmOperand op) const {
+  const formats::QuantSpec& operator[](Operand op) const {
     return operands[size_t(static_cast<int>(op))];
   }
-  formats::QuantSpec& operator[](GemmOperand op) { return operands[size_t(static_cast<int>(op))]; }
+  formats::QuantSpec& operator[](Operand op) { return operands[size_t(static_cast<int>(op))]; }
   /// True if every operand is a BF16 passthrough (the bf16 recipe).
   bool is_passthrough() const;
 };

@@ -1,0 +1,197 @@
+// snip/method/controller.h: the method inside `snip train` (METHOD.md sections
+// 3-6): which precision option every quantizable linear layer runs, decided
+// at step boundaries.
+//
+// Granularity (precision.granularity, METHOD.md section 2): "layer" (one
+// option for the three GEMMs of a layer; plan items are layer names) or
+// "gemm" (plan items "<layer>:fprop", ":dgrad", ":wgrad", each 1/3 of the
+// layer's FLOPs; the stats step's per-GEMM cost table gives fprop α·LDn,
+// dgrad (1−α)·wd_up/ΣWD, wgrad (1−α)·wd_own/ΣWD, stats.h). A layer whose
+// three GEMMs got different options runs a composite quantizer that applies
+// each GEMM's option to that GEMM's two operands.
+//
+// Steps. `s` below is the number of optimizer steps completed, i.e. the
+// 0-based index of the step about to run (checkpoints/step-s holds the state
+// after s steps). A decision "at step s" is made at the boundary before step
+// s runs, on the weights after s steps, and step s (metrics record
+// "step": s+1) is the first to run under it. plans/step-s.json and
+// stats/step-s.json use the same s.
+//
+// Schedule (PrecisionSchedule, N = train.max_steps):
+//   W  = warmup_steps, or round(warmup_fraction·N) when warmup_steps = -1
+//   I0 = initial_interval, or initial_interval_fraction·N when -1 (same for I1,
+//        final_interval)
+//   F  = N − round(final_high_precision_fraction·N)
+//   s < W       warmup: every layer runs warmup_precision (pins ignored);
+//   plan steps  p_0 = W, p_{k+1} = p_k + max(1, round(I0 + (I1−I0)·p_k/N)),
+//               all < F (the interval grows linearly over the run);
+//   s >= F      final phase: every layer runs final_precision (pins ignored).
+//   With METHOD.md's defaults for a 100k-step run (W = 5k, I0 = 20k, I1 = 100k):
+//   plans at 5k, 29k, 72.2k (intervals 24k, 43.2k); all FP8 from 90k.
+//
+// At a plan step, by policy:
+//   snip         measure() on the step's first micro-batch (loss_fn), smooth
+//                with the previous smoothed stats (precision.smoothing), save
+//                stats/step-s.json (top level: the smoothed cost table the
+//                planner used; "measured": this step's raw stats), then the
+//                ILP (policy::plan) at precision.budget with precision.pins,
+//                restricted to precision.options.
+//   min-rel-err  the same stats step (its rel_err per option), then the
+//                heuristic.
+//   layer-type, first-last-fp8, random, uniform-<option>: no stats; the
+//                heuristic on the layer shapes (FLOPs ∝ in·out).
+//   bf16         the controller is inactive: nothing is quantized
+//                (precision.recipe = R is an alias of uniform-R, see
+//                resolve_precision_alias; with any other policy it is a
+//                UserError).
+// Every decision (warmup, plan, final) is saved as plans/step-s.json: the
+// planner's plan JSON (cost_table.h) plus "step", "policy", "phase"
+// ("warmup" | "plan" | "final") and, when stats exist, "q_table"
+// {layer: {option: Q}} and "rel_err_fprop" {layer: {option: rel}}.
+//
+// Applying a plan sets each layer's precision to {quantizer of the option,
+// train.gemm_dtype}; one quantizer per option, shared by the layers; "bf16" =
+// no quantizer. Same inputs give the same plan, so every rank agrees.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "snip/config/config.h"
+#include "snip/model/linear.h"
+#include "snip/method/stats.h"
+#include "snip/policy/planner.h"
+
+namespace snip {
+
+/// The re-planning schedule in steps (header comment).
+struct PrecisionSchedule {
+  int64_t max_steps = 0;       ///< N
+  int64_t warmup_end = 0;      ///< W: first plan step (steps before it are warmup)
+  int64_t final_start = 0;     ///< F: first step of the final high-precision phase
+  double initial_interval = 0; ///< I0, steps
+  double final_interval = 0;   ///< I1, steps
+
+  /// From the [precision] options and train.max_steps. UserError on bad values.
+  static PrecisionSchedule from_config(const Config& cfg);
+  /// Re-plan interval after a plan at step s: max(1, round(I0 + (I1−I0)·s/N)).
+  int64_t interval_at(int64_t s) const;
+  /// Every plan step p_0 < p_1 < ... < F.
+  std::vector<int64_t> plan_steps() const;
+  /// "warmup", "plan" or "final" for the step about to run.
+  std::string phase_at(int64_t s) const;
+};
+
+/// What begin_step() did, for the step's metrics record.
+struct PrecisionEvent {
+  bool decided = false;   ///< a plan (warmup, re-plan or final) was made at this boundary
+  nlohmann::json metrics = nlohmann::json::object();  ///< keys to merge into the metrics record
+};
+
+/// One way to quantize every layer: `precision.recipe = R` under policy bf16
+/// is an alias of `precision.policy = "uniform-R"` with no warmup and no final
+/// phase (precision.warmup_steps = 0, final_high_precision_fraction = 0,
+/// unless set explicitly), i.e. R on every layer at every step, as the recipe
+/// always ran; R = bf16 is policy bf16. Rewrites `cfg` (precision.recipe
+/// becomes "none") and returns the one-line notice to print, or "" when there
+/// is no alias. Throws UserError for an unknown recipe. Call before
+/// constructing a PrecisionController.
+std::string resolve_precision_alias(Config& cfg);
+
+/// Decides and applies each layer's precision at step boundaries.
+class PrecisionController {
+ public:
+  /// Validates every [precision] option against `layers` (policy name,
+  /// options, pins, budget feasibility by running the planner on the layer
+  /// list), so a bad configuration fails before anything is written.
+  /// `layers` in forward order (LlamaForCausalLMImpl::linear_layers()).
+  /// Throws UserError (the planner's message for an infeasible budget).
+  PrecisionController(const Config& cfg, std::vector<QuantLinear> layers, at::ScalarType gemm_dtype);
+
+  /// False for policy bf16: begin_step() does nothing.
+  bool active() const { return active_; }
+  const std::string& policy() const { return policy_; }
+  const PrecisionSchedule& schedule() const { return sched_; }
+
+  /// Where plans/ and stats/ go ("" = nowhere, e.g. tests), and whether the
+  /// plan table is printed (stderr) at every decision.
+  void set_output(const std::string& run_dir, bool verbose);
+
+  /// Call at the boundary before step `s` runs, after the LR is set and before
+  /// its first forward. `loss_fn` evaluates the step's first micro-batch
+  /// (deterministic; used only by a stats step). May run a stats step and the
+  /// planner and change the layers' precision. Throws UserError at an
+  /// infeasible re-plan or non-finite statistics.
+  PrecisionEvent begin_step(int64_t s, const std::function<torch::Tensor()>& loss_fn,
+                            torch::optim::AdamW& opt);
+
+  /// FLOPs share of the low option (precision.low_option, "fp4" by default)
+  /// in the current assignment, fraction.
+  double fp4_share() const;
+  /// Plan item -> option of the current assignment (empty before the first
+  /// decision). Items are layer names, or "<layer>:fprop|dgrad|wgrad" with
+  /// precision.granularity = gemm.
+  const std::map<std::string, std::string>& assignments() const { return assign_; }
+  /// The smoothed statistics (no layers before the first stats step).
+  const StatsStep& smoothed() const { return smoothed_; }
+
+  /// Everything resume needs (phase, last decision step, assignment, smoothed
+  /// stats), as JSON; restore() applies it to the layers exactly.
+  nlohmann::json state() const;
+  /// Throws UserError naming `what` for a malformed state.
+  void restore(const nlohmann::json& st, const std::string& what);
+
+ private:
+  void apply(const std::map<std::string, std::string>& assign);
+  /// Plan item names: layer names, or "<layer>:fprop|dgrad|wgrad" per GEMM.
+  std::vector<std::string> item_names() const;
+  /// The options of a layer's fprop, dgrad and wgrad GEMMs under `assign`.
+  PerGemm<std::string> layer_options(const std::map<std::string, std::string>& assign,
+                                           const std::string& layer) const;
+  policy::PlanProblem shape_problem() const;
+  policy::PlanOptions plan_options(bool with_pins) const;
+  void decide(int64_t s, const std::string& phase, const std::function<torch::Tensor()>& loss_fn,
+              torch::optim::AdamW& opt, PrecisionEvent& ev);
+  std::shared_ptr<const OperandQuantizer> quantizer(const std::string& option) const;
+
+  bool active_ = false;
+  std::string policy_;
+  std::vector<QuantLinear> layers_;
+  at::ScalarType gemm_dtype_;
+  PrecisionSchedule sched_;
+  std::set<int64_t> plan_steps_;
+  std::vector<std::string> options_;        // precision.options
+  std::string warmup_precision_, final_precision_;
+  double budget_ = 0.75, smoothing_ = 0.1, alpha_ = 0.5;
+  uint64_t seed_ = 0, stats_seed_ = 0;
+  std::vector<policy::Pin> pins_;
+  std::map<std::string, std::shared_ptr<const OperandQuantizer>> quant_;
+  std::map<std::string, std::shared_ptr<const OperandQuantizer>> per_gemm_quant_;  // "fprop/dgrad/wgrad" options
+  policy::Granularity gran_ = policy::Granularity::layer;
+  std::string first_order_ = "drop";
+  std::string low_ = "fp4";  // precision.low_option: the option the budget and fp4_share count
+  int64_t probes_ = 1;
+  std::string run_dir_;
+  bool verbose_ = false;
+  // state (saved in checkpoints)
+  std::string phase_;                         // "" before the first decision
+  int64_t decided_at_ = -1;
+  std::map<std::string, std::string> assign_;
+  StatsStep smoothed_;
+};
+
+/// Inverse of to_json(StatsStep) (layer granularity or per-GEMM: both carry
+/// "details", which holds every number). Throws UserError naming `what`.
+StatsStep stats_from_json(const nlohmann::json& j, const std::string& what);
+
+}  // namespace snip

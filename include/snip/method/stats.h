@@ -1,0 +1,260 @@
+// snip/method/stats.h: the stats step (METHOD.md section 3). Per quantizable
+// layer and candidate option p, the local quantization errors of the layer's
+// three GEMMs on the real operands of one micro-batch, reduced to a loss
+// divergence LD, a weight divergence WD and the planner's quality loss Q.
+//
+// Shapes (llm.c habit): T = tokens of the micro-batch (B*T flattened),
+// IN = in_features, OUT = out_features, L = number of layers, K = probes.
+//
+// ---------------------------------------------------------------------------
+// What measure() runs (all at full precision: every layer's quantizer is
+// switched off and its GEMMs run in the operand dtype; restored afterwards)
+//
+//  pass A  forward + backward of loss_fn with LinearCapture on every layer:
+//          X [T,IN] from the forward; dW = ∂loss/∂W [OUT,IN] from
+//          torch::autograd::grad (no wgrad GEMM runs: each layer's dW is
+//          computed by its processing below and parked in weight.grad, which
+//          measure() borrows and restores). The graph is not retained.
+//  per layer, inside pass A's backward (LinearCapture::on_dy: the moment
+//          the layer's g = dY = dL/dY [T,OUT] arrives; dY is then dropped, so
+//          at most one layer's dY and temporaries are alive beyond autograd's
+//          own), with the layer's dW = dYᵀ·X recomputed there:
+//          Y = X·Wᵀ [T,OUT], dX = dY·W [T,IN] and for every option p with
+//          quantizer Q (operands laid out [rows, K] as in linear.h, keys
+//          {key_base.seed, step, layer_index, operand}; options are built
+//          afresh per call, so a delayed-scaling recipe measures with
+//          current scaling and the training quantizers' state is untouched):
+//            e_fprop = Q(X)·Q(W)ᵀ     − Y    [T,OUT]
+//            e_dgrad = Q(dY)·Q(Wᵀ)ᵀ   − dX   [T,IN]
+//            e_wgrad = Q(dYᵀ)·Q(Xᵀ)ᵀ  − dW   [OUT,IN]
+//          kept only as sums: <g,e_fprop>, ||e_*||², ||Y||², ||dX||², ||dW||²,
+//          ||U(dW+e_wgrad) − U(dW)||² (see WD own), and for each curvature
+//          probe <ε,g(0)>, ||ε||².
+//  pass C  one extra forward + backward (the forward repeats pass A's) with
+//          relative gradient noise ξ_l added to every layer's dX
+//          (LinearCapture::input_grad_noise): calibrates WD upstream.
+//  pass B  per curvature probe: one extra forward + backward with output
+//          noise ε_l on every layer (LinearCapture::output_noise); the
+//          backward asks autograd for dL/dε_l = g_l(ε) only (no wgrad GEMMs).
+//
+// Formulas (source: METHOD.md section 3 unless said otherwise)
+//
+//  Relative errors  rel_fprop = ||e_fprop||/||Y||, rel_dgrad = ||e_dgrad||/||dX||,
+//                   rel_wgrad = ||e_wgrad||/||dW|| (Frobenius; 0/0 = 0). The cost
+//                   table's per-layer rel_err is their mean (the FLOPs-weighted
+//                   mean of policy::make_problem, the three GEMMs cost the same).
+//
+//  Curvature   ε_l[t,:] = noise_scale · rms(Y_l[t,:]) · z,  z ~ N(0, I) seeded by
+//              (seed, step, layer_index, probe), rms(y) = sqrt(mean_j y_j²).
+//              c_l = Σ_k <ε_lk, g_l(ε_k) − g_l(0)> / Σ_k ||ε_lk||²  (probes averaged
+//              as a ratio of sums: the ||ε||²-weighted mean of the per-probe
+//              ratios, which keeps numerator and denominator all-reducible).
+//              For L = ½||Y−T||²/N this is exactly 1/N. Cross-layer terms
+//              (noise of other layers moving g_l) vanish in expectation.
+//
+//  LD          LD_l(p) = max(0, F + ½·max(c_l,0)·||e_fprop||²), with the first-
+//              order term F from s = <g, e_fprop> (loss units) per first_order:
+//                "drop"   F = 0     (default: curvature term only. Settled by
+//                                   the section 8 study, docs/results.md: over
+//                                   28 layers it correlated best with the
+//                                   measured loss change, Pearson 0.47 vs 0.15
+//                                   for abs and 0.34 for signed; the first-
+//                                   order term's sign flips between batches,
+//                                   so one batch's value is mostly noise)
+//                "abs"    F = |s|   (its magnitude)
+//                "signed" F = s     (the exact Taylor expansion; the tests use it)
+//
+//  WD own      wd_own_l(p) = ||U(dW + e_wgrad) − U(dW)||_F / ||W||_F, U the
+//              AdamW update of torch::optim::AdamW (LibTorch 1.13 adamw.cpp,
+//              = torch.optim.AdamW) from the optimizer's current state for W:
+//                t = step+1, bc1 = 1−β1^t, bc2 = 1−β2^t
+//                m' = β1·m + (1−β1)·g,  v' = β2·v + (1−β2)·g²  (amsgrad: v' ← max(v_max, v'))
+//                U(g) = −(lr/bc1) · m' / (sqrt(v')/sqrt(bc2) + eps)
+//              (m = v = 0, step 0 when the optimizer has no state yet). The
+//              decoupled weight decay W ← W·(1−lr·wd) is the same for both
+//              gradients and cancels. g is grad_scale·(dW or dW+e_wgrad).
+//              Nothing is written to the optimizer or the weights.
+//
+//  WD upstream (this project's estimator; METHOD.md leaves it open)
+//              A dgrad error at layer l enters dX_l, flows backward and moves
+//              the gradients, hence the AdamW updates, of every layer k
+//              upstream of l. Backward is linear in the injected gradient
+//              for a fixed forward, so calibrate with one backward (pass C):
+//                ξ_l = r · ||dX_l||_F · z_l/||z_l||_F   (r = dgrad_noise_rel,
+//                      z_l ~ N(0,I) seeded by (seed, step, layer_index))
+//              on every layer that has an upstream layer, all at once. Each
+//              layer k then measures its own-update change
+//                Δ_k = ||U(dW_k + δ_k) − U(dW_k)||_F / ||W_k||_F,
+//              δ_k = the gradient change caused by all ξ downstream of k.
+//              Independent sources add in quadrature in expectation
+//              (E||Σ_l A_kl ξ_l||² = Σ_l E||A_kl ξ_l||²); we attribute k's
+//              perturbation energy to its sources in proportion to their
+//              injected energy E_l = ||ξ_l||² = r²||dX_l||² (an equal-gain
+//              assumption: every source reaches k through the same residual
+//              path; exact for a single source). Source l's part of Δ_k is
+//              Δ_k·sqrt(E_l / Σ_{l'∈D(k)} E_l'), linear in r for small r, so
+//                S_l = (1/r) Σ_{k∈U(l)} Δ_k · sqrt(E_l / Σ_{l'∈D(k)} E_l')
+//                wd_up_l(p) = rel_dgrad_l(p) · S_l
+//              i.e. the sum over upstream layers of the relative update
+//              divergence that a dgrad error of relative size rel_dgrad, taken
+//              as noise of that energy, causes there (same units as wd_own).
+//              One calibration backward for all layers instead of one per
+//              layer: that is what the quadrature + equal-gain assumptions buy.
+//              U(l) (upstream of l) = layers earlier in `layers` whose input
+//              is not the same tensor as l's (q/k/v and gate/up share their
+//              input, so none is upstream of its siblings); D(k) = the l with
+//              k ∈ U(l). So `layers` must be in forward order, as
+//              LlamaForCausalLMImpl::linear_layers() returns them.
+//              WD_l(p) = wd_own_l(p) + wd_up_l(p).
+//
+//  Normalisation  LDn = LD / Σ_l LD_l(low), WDn = WD / Σ_l WD_l(low) (low =
+//              the cheapest option, "fp4"; a zero sum leaves the metric
+//              unscaled), Q_l(p) = α·LDn + (1−α)·WDn, so Σ_l Q_l(low) = 1.
+//              The reference option ("bf16") has Q = 0 by definition.
+//
+//  Smoothing   M ← (1−s)·M_new + s·M_old on every recorded number, Q included
+//              (smoothing Q itself keeps Σ_l Q_l(low) = 1).
+//
+// Data-parallel ranks: every per-rank quantity above is first gathered into
+// one float64 tensor of sums [L·fields + 1] (the +1 is a 1 per rank, so the
+// reduced value is the rank count R). StatsOptions::all_reduce_sum, when set,
+// is called on it exactly once (e.g. an NCCL/Gloo all-reduce SUM); all
+// outputs are then derived from the reduced tensor divided by R, i.e. from
+// the mean over ranks of each sum (losses are per-rank means, so <g,e> and
+// ||e||² average; ratios such as c_l and rel_err become ratios of the
+// averaged sums; wd_own is sqrt(mean_r ||ΔU_r||²)/||W||; first_order "abs"
+// takes |mean_r <g,e>_r|, the signed mean over micro-batches). Every rank thus
+// ends with bit-identical numbers. Without the hook R = 1.
+//
+// Memory: beyond the training step's own tensors, measure() holds one
+// gradient copy per weight (dW, from pass A to pass C, and in pass C dW + δ),
+// the noise tensors of one pass (ε or ξ, one per layer: the probes need them
+// on every layer at once), per layer a [T] row-RMS vector and O(options)
+// scalars, and the temporaries of the one layer being processed (quantized
+// operands, e_*, U). bench/bench_stats.cpp measures the extra peak.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "snip/model/linear.h"
+#include "snip/quant/gemm.h"
+#include "snip/policy/planner.h"
+
+namespace snip {
+
+/// The knobs of measure(). Validated by measure() (UserError naming the field).
+struct StatsOptions {
+  /// Candidate options, measured per layer: recipe names for
+  /// make_recipe_quantizer, or keys of `quantizers`. Non-empty, unique,
+  /// without `reference`.
+  std::vector<std::string> options = {"fp4", "fp8"};
+  /// Quantizers by option name, overriding the recipe registry (nullptr =
+  /// identity, zero error). For custom or test options.
+  std::map<std::string, std::shared_ptr<const OperandQuantizer>> quantizers;
+  /// The cheapest option: LD and WD are normalised by their sum over layers
+  /// at this option. Must be in `options`.
+  std::string low_option = "fp4";
+  /// The full-precision reference option, Q = 0 in the cost table.
+  std::string reference = "bf16";
+  /// Curvature probes K (extra forward+backward each), >= 0; 0 = c_l = 0.
+  int curvature_probes = 1;
+  /// Output-noise std as a fraction of each output row's RMS, > 0.
+  double noise_scale = 1e-2;
+  /// Weight of LD in Q = α·LDn + (1−α)·WDn, in [0, 1].
+  double alpha = 0.5;
+  /// "drop" (default), "abs" or "signed": the first-order LD term.
+  std::string first_order = "drop";
+  /// r: relative size ||ξ_l||/||dX_l|| of the WD-upstream calibration noise, > 0.
+  double dgrad_noise_rel = 0.05;
+  /// Multiplier of dW before the AdamW update U (e.g. the trainer's clip
+  /// coefficient, or 1/accumulation steps when loss_fn is not pre-scaled), > 0.
+  double grad_scale = 1.0;
+  /// Seed of the probe noise (ε, ξ); quantization keys use each layer's key_base.seed.
+  uint64_t seed = 0;
+  /// Optional: sums the float64 tensor in place across data-parallel ranks
+  /// (called exactly once per measure(); see the header comment).
+  std::function<void(torch::Tensor&)> all_reduce_sum;
+};
+
+/// One layer at one option.
+struct OptionStats {
+  double ld_first = 0;   ///< <g, e_fprop> (signed, loss units)
+  double ld_second = 0;  ///< ½·max(c,0)·||e_fprop||² (loss units)
+  double ld = 0;         ///< LD after the first_order rule, clamped >= 0 (loss units)
+  double wd_own = 0;     ///< ||U(dW+e_wgrad) − U(dW)|| / ||W|| (fraction)
+  double wd_up = 0;      ///< rel_dgrad · S_l (fraction)
+  double q = 0;          ///< α·LDn + (1−α)·WDn (dimensionless)
+  PerGemm<double> rel_err;  ///< per GEMM: ||e_gemm||_F / ||exact output||_F (fractions)
+};
+
+/// One quantizable layer.
+struct LayerStats {
+  std::string name;
+  int64_t layer_index = 0;
+  int64_t tokens = 0, in_features = 0, out_features = 0;  ///< T, IN, OUT
+  double gemm_flops = 0;       ///< FLOPs of ONE GEMM: 2·T·IN·OUT (the layer runs 3)
+  double curvature = 0;        ///< c_l (loss units per squared output unit)
+  double up_sensitivity = 0;   ///< S_l: Σ upstream Δ per unit relative dgrad error
+  int n_upstream = 0;          ///< |U(l)|
+  std::map<std::string, OptionStats> options;  ///< option name -> stats
+};
+
+/// Everything one stats step measured (or its smoothed running value).
+struct StatsStep {
+  int64_t step = -1;
+  std::vector<std::string> options;  ///< in StatsOptions order
+  std::string low_option = "fp4", reference = "bf16", first_order = "abs";
+  double alpha = 0.5;
+  double ld_sum_low = 0;  ///< Σ_l LD_l(low) (the LD normaliser, loss units)
+  double wd_sum_low = 0;  ///< Σ_l WD_l(low) (the WD normaliser, fraction)
+  int64_t ranks = 1;      ///< R, data-parallel ranks the sums came from
+  std::vector<LayerStats> layers;  ///< in `layers` order
+};
+
+/// Runs the stats step on the micro-batch that `loss_fn` evaluates (forward
+/// only, returning the scalar loss; it must be deterministic: same batch,
+/// no dropout). `layers` in forward order; every layer must take part in the
+/// loss and its weight must be in `opt`. Leaves weights, their .grad, the
+/// optimizer and every layer's precision / capture / noise probes as they
+/// were (also when it throws). Throws UserError on bad options, a layer the
+/// loss does not reach, a weight `opt` does not hold, or non-finite results.
+StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Tensor()>& loss_fn,
+                  torch::optim::AdamW& opt, const StatsOptions& options, int64_t step);
+
+/// prev ← (1−s)·fresh + s·prev on every number (step, options, names from
+/// fresh). An empty prev (no layers) becomes fresh. Throws UserError if
+/// s ∉ [0,1] or the layer names differ.
+void smooth(StatsStep& prev_smoothed, const StatsStep& fresh, double s = 0.1);
+
+/// The planner's cost table (policy/cost_table.h): {"step", "layers": [{"name",
+/// "flops" (3 GEMMs), "q": {options..., reference: 0}, "rel_err": {options...}}],
+/// "details": {...}}. per_gemm: entries {"name", "gemms": {"fprop": {"flops",
+/// "q": α·LDn, "rel_err"}, "dgrad": {.., (1−α)·wd_up/Σ}, "wgrad": {.., (1−α)·wd_own/Σ}}}
+/// (the three sum to the layer's Q: LD depends on fprop only, wd_up on dgrad,
+/// wd_own on wgrad). Everything else (ld, wd, c, ...) is under "details".
+nlohmann::json to_json(const StatsStep& s, bool per_gemm = false);
+
+/// The planning problem of to_json(s) at granularity g (via
+/// policy::parse_cost_table and policy::make_problem).
+policy::PlanProblem to_plan_problem(const StatsStep& s,
+                                    policy::Granularity g = policy::Granularity::layer);
+
+/// The AdamW update U(g) of `param` from `opt`'s current state (formula in
+/// the header comment; without the decoupled weight decay −lr·wd·W, which
+/// cancels in every difference the stats take): [same shape as param],
+/// nothing modified. Throws
+/// UserError if `param` is not in `opt`.
+torch::Tensor adamw_update(const torch::optim::AdamW& opt, const torch::Tensor& param,
+                           const torch::Tensor& grad);
+
+}  // namespace snip

@@ -1,0 +1,90 @@
+// snip/method/study.h: the correlation study of METHOD.md section 8: does the
+// stats step's predicted quality loss Q_l(fp4) rank layers the way training
+// does?
+//
+// From one checkpoint (weights, AdamW moments, data position of a run):
+//   1. prediction: one stats step (stats.h measure(), options {fp4, fp8},
+//      low option fp4) on the micro-batch the next step would train on, with
+//      the run's precision.alpha / first_order / curvature_probes;
+//   2. baseline: K steps of ordinary training (every layer BF16 GEMMs, the
+//      run's LR schedule and data order), then the validation loss v_0 and
+//      the mean training loss over the K steps t_0;
+//   3. per studied layer l: back to the checkpoint, the same K steps with ONLY
+//      layer l quantized at `option` (all three GEMMs), then v_l and t_l.
+//      measured Δval_l = v_l − v_0, Δtrain_l = t_l − t_0 (nats/token).
+// Everything is deterministic (same data, same stochastic-rounding keys), so
+// Δ_l is the effect of quantizing l alone, not run-to-run noise.
+//
+// Correlations: Pearson (linear) and Spearman (Pearson of average ranks, ties
+// share their mean rank; report::pearson / report::spearman, report.h) between the measured Δval and each predictor: Q, LD,
+// WD, and the grid of open choices of METHOD.md section 3 — first-order term
+// abs | signed | drop × α ∈ {0, 0.25, 0.5, 0.75, 1} — recomputed from the
+// same measured parts (LD = max(0, F + ½·max(c,0)·||e||²), normalised by its
+// sum over the studied layers, likewise WD; Q = α·LDn + (1−α)·WDn).
+//
+// Output (OUT = options.out_dir): OUT/correlation.json (every number, the
+// command's options and the correlation grid), OUT/correlation.csv (one row
+// per layer), written atomically.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace snip {
+
+/// Options of correlation_study().
+struct CorrelationOptions {
+  std::string run_dir;        ///< a run of `snip train` (its config.toml and checkpoints/)
+  int64_t step = -1;          ///< checkpoint step; -1 = the newest checkpoint
+  int64_t steps = 20;         ///< K: training steps per arm, >= 1
+  std::string option = "fp4"; ///< the option the studied layer runs (a recipe name)
+  std::vector<std::string> layers;  ///< glob patterns on layer names; empty = every quantizable layer
+  int64_t eval_batches = -1;  ///< validation micro-batches; -1 = the run's train.eval_batches
+  std::string out_dir;        ///< where the results go ("" = nowhere)
+  bool quiet = false;         ///< no progress lines
+};
+
+/// One studied layer.
+struct CorrelationLayer {
+  std::string name;
+  double q = 0, ld = 0, wd = 0;                 ///< predicted (the run's α, first_order), at `option`
+  double ld_first = 0, ld_second = 0;           ///< <g,e_fprop>, ½·max(c,0)·||e||² (nats)
+  double wd_own = 0, wd_up = 0;                 ///< fractions
+  double rel_err_fprop = 0;                     ///< ||e_fprop||/||Y|| at `option`
+  double val_loss = 0, train_loss = 0;          ///< after / over the K steps (nats/token)
+  double delta_val = 0, delta_train = 0;        ///< minus the baseline (nats/token)
+};
+
+/// What correlation_study() found.
+struct CorrelationResult {
+  int64_t step = 0, steps = 0;
+  std::string option;
+  double base_val_loss = 0, base_train_loss = 0;  ///< the all-BF16 arm (nats/token)
+  std::vector<CorrelationLayer> layers;
+  /// predictor name ("q", "ld", "wd", "rel_err_fprop", "q[abs,a=0.5]", ...) ->
+  /// {"pearson", "spearman"} against delta_val, and "<name>/train" against delta_train.
+  std::map<std::string, std::map<std::string, double>> correlations;
+  double seconds = 0;  ///< wall time of the study
+};
+
+/// Runs the study (header comment). Throws UserError for a missing run or
+/// checkpoint, a pattern that matches no layer, fewer than 2 layers, steps < 1,
+/// an unknown option, or data that does not match the run.
+CorrelationResult correlation_study(const CorrelationOptions& options);
+
+/// Everything in `r` as JSON (the correlation.json layout).
+nlohmann::json to_json(const CorrelationResult& r);
+/// Inverse of to_json (layers and base losses; correlations recomputed by the
+/// caller). Throws UserError naming `what` for a malformed file.
+CorrelationResult correlation_from_json(const nlohmann::json& j, const std::string& what);
+/// The values of one predictor per studied layer: "q", "ld", "wd", "wd_own",
+/// "rel_err_fprop", "ld[abs|signed|drop]" or "q[<first_order>,a=<α>]" (the
+/// grid of the header comment, any α in [0, 1]). Throws UserError for an
+/// unknown name.
+std::vector<double> predictor_values(const CorrelationResult& r, const std::string& name);
+
+}  // namespace snip

@@ -1,0 +1,118 @@
+// snip/model/linear.h: the one linear layer every `*_proj` goes through.
+//
+// Shapes (llm.c habit): T = tokens in the micro-batch (B*T flattened),
+// IN = in_features, OUT = out_features.
+//
+// The layer's three GEMMs are explicit in a custom autograd function
+// (METHOD.md section 1):
+//
+//   fprop  Y  = X  · Wᵀ     X [T, IN],  W [OUT, IN]   reduction dim K = IN
+//   dgrad  dX = dY · W      dY [T, OUT], W [OUT, IN]  reduction dim K = OUT
+//   wgrad  dW = dYᵀ · X     dY [T, OUT], X [T, IN]    reduction dim K = T
+//
+// Each of the six operands passes through the layer's OperandQuantizer
+// before its GEMM, laid out [rows, K] with K contiguous, because scaling
+// blocks always run along the GEMM's reduction dimension. So W is handed over
+// as W [OUT, IN] for fprop and as Wᵀ [IN, OUT] for dgrad; X as X [T, IN] for
+// fprop and as Xᵀ [IN, T] for wgrad; dY as dY [T, OUT] for dgrad and as
+// dYᵀ [OUT, T] for wgrad. With no quantizer the hook is skipped entirely
+// (identity, zero cost). The GEMM itself runs in `gemm_dtype` (BF16 with FP32
+// accumulation, or the input dtype) and its output is cast back to the input
+// dtype (FP32 master weights and activations, or FP64 in tests).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "snip/quant/gemm.h"
+
+namespace snip {
+
+/// What identifies one quantization call, for stochastic rounding's
+/// counter-based generator: results depend only on this key and the element
+/// index, never on thread count.
+struct QuantKey {
+  uint64_t seed = 0;   ///< run seed
+  int64_t step = 0;    ///< optimizer step
+  int64_t layer = 0;   ///< index of the linear layer in the model
+  Operand operand = Operand::kFpropX;
+};
+
+/// The quantizer hook: fake-quantizes one GEMM operand.
+class OperandQuantizer {
+ public:
+  virtual ~OperandQuantizer() = default;
+  /// t: [rows, K], contiguous, K = the GEMM's reduction dimension; float32 or
+  /// float64. Returns the dequantized tensor, same shape and dtype.
+  virtual torch::Tensor quantize(const torch::Tensor& t, const QuantKey& key) const = 0;
+  /// A short name for logs ("fp8", "nvfp4", ...).
+  virtual std::string name() const = 0;
+};
+
+/// The precision a linear layer runs at during one step. A value: the
+/// trainer swaps it between steps (a plan change at a step boundary).
+struct LinearPrecision {
+  /// nullptr = identity on every operand (no quantization).
+  std::shared_ptr<const OperandQuantizer> quantizer;
+  /// dtype the GEMMs run in: at::kBFloat16 (FP32 accumulation inside
+  /// oneDNN/cuBLAS, output rounded to BF16 then cast back), or
+  /// at::ScalarType::Undefined = the input's dtype (FP32, or FP64 in tests).
+  at::ScalarType gemm_dtype = at::ScalarType::Undefined;
+};
+
+/// What a layer records for the stats step (METHOD.md section 3) while
+/// QuantLinearImpl::capture is set: the real operands of one step.
+struct LinearCapture {
+  torch::Tensor x;   ///< [T, IN] input of the last forward (detached)
+  torch::Tensor dy;  ///< [T, OUT] dL/dY of the last backward (detached; not kept when on_dy is set)
+  /// When set, called in the layer's backward with dL/dY [T, OUT] (detached)
+  /// instead of storing it in `dy`: the stats step processes each layer as its
+  /// gradient arrives, so no layer's dY outlives its own backward.
+  std::function<void(const torch::Tensor& dy)> on_dy;
+  /// When set, backward skips the wgrad GEMM and returns no dW (probe passes
+  /// that need only dY, which on_dy receives).
+  bool skip_wgrad = false;
+  /// When set, called in forward; its [T, OUT] result is added to Y after the
+  /// GEMM (curvature probe; generated on the fly, so one layer's noise is
+  /// alive at a time). dL/dY is unchanged.
+  std::function<torch::Tensor()> output_noise;
+  /// When set, called in backward; its [T, IN] result is added to dX after the
+  /// dgrad GEMM (WD-upstream calibration).
+  std::function<torch::Tensor()> input_grad_noise;
+};
+
+/// A bias-free linear layer y = x · Wᵀ with explicit fprop/dgrad/wgrad GEMMs.
+/// Parameter: `weight` [OUT, IN] (Hugging Face name `<layer>.weight`).
+class QuantLinearImpl : public torch::nn::Module {
+ public:
+  /// Weight initialised N(0, init_std²). Throws std::invalid_argument if a
+  /// size is not positive.
+  QuantLinearImpl(int64_t in_features, int64_t out_features, double init_std);
+
+  /// x: [..., IN] -> [..., OUT] (same dtype as x).
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::Tensor weight;  ///< [OUT, IN]
+  int64_t in_features, out_features;
+  std::string name;      ///< Hugging Face module name, e.g. "model.layers.0.self_attn.q_proj"
+  int64_t layer_index = 0;
+  LinearPrecision precision;
+  QuantKey key_base;     ///< seed and step; layer and operand are filled per call
+
+  // ---- stats-step probes (off unless set; see METHOD.md section 3)
+  /// When set, forward stores X and backward stores dY into it.
+  std::shared_ptr<LinearCapture> capture;
+  /// When defined ([T, OUT], the input's dtype), added to Y after the GEMM:
+  /// the forward noise injection of the curvature probe. dL/dY is unchanged.
+  torch::Tensor output_noise;
+  /// When defined ([T, IN]), added to dX after the dgrad GEMM: the backward
+  /// noise injection that calibrates the upstream effect of dgrad error.
+  torch::Tensor input_grad_noise;
+};
+TORCH_MODULE(QuantLinear);
+
+}  // namespace snip

@@ -1,0 +1,163 @@
+// snip/model/llama.h: the Llama decoder, with Hugging Face parameter names.
+//
+// Dimension vocabulary (llm.c habit):
+//   B  batch size            T   sequence length       C  hidden_size
+//   NH query heads           NKV key/value heads       HD head_dim = C / NH
+//   F  intermediate_size     V   vocab_size            L  num_hidden_layers
+//
+// Semantics follow Hugging Face `LlamaForCausalLM` (transformers
+// modeling_llama.py): RMSNorm x·rsqrt(mean(x²)+eps)·w; RoPE in the
+// rotate_half convention with inv_freq = θ^(-2i/HD); grouped-query attention
+// where KV head j serves query heads j·NH/NKV .. (j+1)·NH/NKV-1; causal
+// softmax attention scaled by 1/sqrt(HD); SwiGLU MLP down(silu(gate(x))·up(x));
+// optional tied embeddings. Parameter names are exactly HF's:
+// model.embed_tokens.weight, model.layers.{i}.self_attn.{q,k,v,o}_proj.weight,
+// model.layers.{i}.mlp.{gate,up,down}_proj.weight,
+// model.layers.{i}.{input,post_attention}_layernorm.weight, model.norm.weight,
+// lm_head.weight (absent when tied). tools/ref_llama.py is the independent
+// plain-PyTorch reference the tests compare against.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "snip/model/linear.h"
+
+namespace snip {
+
+class Config;
+
+/// The model shape: field names and meaning of HF's LlamaConfig.
+struct LlamaConfig {
+  int64_t vocab_size = 8192;         ///< V
+  int64_t hidden_size = 256;         ///< C
+  int64_t intermediate_size = 688;   ///< F
+  int64_t num_hidden_layers = 4;     ///< L
+  int64_t num_attention_heads = 8;   ///< NH
+  int64_t num_key_value_heads = 4;   ///< NKV
+  double rms_norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  bool tie_word_embeddings = true;
+  int64_t max_position_embeddings = 2048;  ///< tokens
+  double init_std = 0.02;                  ///< not an HF field; init only
+
+  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+
+  /// From the [model] section of a run config (vocab_size 0 -> `vocab`).
+  static LlamaConfig from_run_config(const Config& cfg, int64_t vocab);
+  /// From a Hugging Face config.json object; `what` names the file in errors.
+  /// Throws UserError for a missing/mistyped field or an inconsistent shape.
+  static LlamaConfig from_hf_json(const nlohmann::json& j, const std::string& what);
+  /// As a Hugging Face config.json object (architectures, model_type, ...).
+  nlohmann::json to_hf_json() const;
+  /// Throws UserError naming the field when shapes are inconsistent.
+  void validate(const std::string& what) const;
+
+  /// Parameters (count) with tied embeddings counted once.
+  int64_t num_parameters() const;
+  /// Training FLOPs per token (fprop+dgrad+wgrad = 6 FLOPs per weight of every
+  /// GEMM incl. lm_head, plus the attention score/value products
+  /// 6·2·L·T·C for causal length T, halved for causality is NOT applied:
+  /// this is the PaLM appendix B "model FLOPs" convention).
+  double train_flops_per_token(int64_t seq_len) const;
+};
+
+/// RMSNorm over the last dim: x [..., C] -> [..., C]; parameter `weight` [C].
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;  ///< [C], initialised to 1
+  double eps;
+};
+TORCH_MODULE(RMSNorm);
+
+/// Grouped-query self-attention with RoPE.
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const LlamaConfig& cfg);
+  /// x [B, T, C], cos/sin [T, HD] -> [B, T, C].
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  QuantLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  int64_t nh, nkv, hd;
+  /// dtype of QKᵀ and AV (Undefined = the activation dtype).
+  at::ScalarType bmm_dtype = at::ScalarType::Undefined;
+};
+TORCH_MODULE(Attention);
+
+/// SwiGLU MLP: x [B, T, C] -> down(silu(gate(x)) * up(x)) [B, T, C].
+class MLPImpl : public torch::nn::Module {
+ public:
+  explicit MLPImpl(const LlamaConfig& cfg);
+  torch::Tensor forward(const torch::Tensor& x);
+  QuantLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(MLP);
+
+/// One pre-norm decoder block.
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit DecoderLayerImpl(const LlamaConfig& cfg);
+  /// x [B, T, C] -> [B, T, C].
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  Attention self_attn{nullptr};
+  MLP mlp{nullptr};
+};
+TORCH_MODULE(DecoderLayer);
+
+/// The decoder stack without the head ("model." prefix in HF names).
+class LlamaModelImpl : public torch::nn::Module {
+ public:
+  explicit LlamaModelImpl(const LlamaConfig& cfg);
+  /// ids [B, T] (int64) -> hidden states [B, T, C].
+  torch::Tensor forward(const torch::Tensor& ids);
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  RMSNorm norm{nullptr};
+  LlamaConfig cfg;
+};
+TORCH_MODULE(LlamaModel);
+
+/// Llama with the language-model head.
+class LlamaForCausalLMImpl : public torch::nn::Module {
+ public:
+  /// Builds and initialises the model (weights N(0, init_std²), norms 1) with
+  /// the current torch seed. Throws UserError if the shape is inconsistent.
+  explicit LlamaForCausalLMImpl(const LlamaConfig& cfg);
+  /// ids [B, T] -> logits [B, T, V].
+  torch::Tensor forward(const torch::Tensor& ids);
+  /// Mean cross-entropy (nats per token) of logits [B, T, V] vs targets [B, T].
+  static torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& targets);
+
+  /// Every quantizable linear layer (q/k/v/o/gate/up/down_proj), block order,
+  /// with `name` and `layer_index` set.
+  std::vector<QuantLinear> linear_layers() const;
+  /// Sets the same precision on every quantizable linear layer.
+  void set_precision(const LinearPrecision& p);
+  /// dtype of the GEMMs outside the quantizable layers: lm_head (tied or
+  /// not) and the attention products QKᵀ, AV. at::kBFloat16 for the BF16
+  /// baseline; Undefined = the activation dtype.
+  void set_non_linear_gemm_dtype(at::ScalarType dtype);
+  /// Sets the optimizer step and seed used to key stochastic rounding.
+  void set_step(uint64_t seed, int64_t step);
+
+  /// Parameters by Hugging Face name (tied lm_head omitted).
+  std::vector<std::pair<std::string, torch::Tensor>> hf_parameters() const;
+
+  LlamaModel model{nullptr};
+  QuantLinear lm_head{nullptr};  ///< untied head [V, C] (never quantized: pinned BF16); null when tied
+  at::ScalarType head_gemm_dtype = at::ScalarType::Undefined;  ///< head GEMM dtype (Undefined = input's)
+  LlamaConfig cfg;
+};
+TORCH_MODULE(LlamaForCausalLM);
+
+/// RoPE tables for positions 0..T-1: returns {cos, sin}, each [T, HD], in
+/// `dtype`, HF's cat(freqs, freqs) layout.
+std::pair<torch::Tensor, torch::Tensor> rope_tables(int64_t T, int64_t head_dim, double theta,
+                                                    at::ScalarType dtype);
+
+}  // namespace snip

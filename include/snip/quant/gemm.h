@@ -1,0 +1,57 @@
+// snip/quant/gemm.h: the one vocabulary of a linear layer's GEMMs and their
+// operands (METHOD.md section 1; docs/method.md). LibTorch-free: formats,
+// recipes, the policy, the stats step and the layer all use it.
+//
+// A linear layer with weight W [OUT, IN] and input X [T, IN] (T tokens) runs
+// three GEMMs per step, each 2·T·IN·OUT FLOPs:
+//
+//   Gemm     computes        operands (in Operand order)   reduction dim K
+//   fprop    Y  = X  · Wᵀ    fprop.x = X,   fprop.w = W      IN
+//   dgrad    dX = dY · W     dgrad.dy = dY, dgrad.w = W      OUT
+//   wgrad    dW = dYᵀ · X    wgrad.dy = dY, wgrad.x = X      T
+//
+// Operand numbering is stable (it keys stochastic rounding, formats/rounding.h,
+// and names recipe entries): operand 2g and 2g+1 belong to GEMM g.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <string>
+
+namespace snip {
+
+enum class Gemm : int { kFprop = 0, kDgrad = 1, kWgrad = 2 };
+inline constexpr int kNumGemms = 3;
+inline constexpr std::array<Gemm, kNumGemms> kAllGemms = {Gemm::kFprop, Gemm::kDgrad, Gemm::kWgrad};
+
+enum class Operand : int { kFpropX = 0, kFpropW, kDgradDY, kDgradW, kWgradDY, kWgradX };
+inline constexpr int kNumOperands = 6;
+
+/// The GEMM an operand feeds.
+constexpr Gemm gemm_of(Operand op) { return Gemm(int(op) / 2); }
+
+/// "fprop", "dgrad", "wgrad" (the names of plan items "<layer>:<gemm>" and of
+/// cost-table "gemms" entries).
+constexpr const char* gemm_name(Gemm g) {
+  return g == Gemm::kFprop ? "fprop" : g == Gemm::kDgrad ? "dgrad" : g == Gemm::kWgrad ? "wgrad" : "?";
+}
+
+/// "fprop.x", "fprop.w", "dgrad.dy", "dgrad.w", "wgrad.dy", "wgrad.x".
+constexpr const char* operand_name(Operand op) {
+  constexpr const char* kNames[kNumOperands] = {"fprop.x", "fprop.w", "dgrad.dy", "dgrad.w", "wgrad.dy", "wgrad.x"};
+  return int(op) >= 0 && int(op) < kNumOperands ? kNames[int(op)] : "?";
+}
+
+/// Inverse of operand_name. Throws snip::UserError "<where>: unknown GEMM
+/// operand 'x' (expected fprop.x, ...)".
+Operand parse_operand(const std::string& name, const std::string& where);
+
+/// One value per GEMM, indexed by Gemm.
+template <typename T>
+struct PerGemm {
+  std::array<T, kNumGemms> v{};
+  T& operator[](Gemm g) { return v[size_t(g)]; }
+  const T& operator[](Gemm g) const { return v[size_t(g)]; }
+};
+
+}  // namespace snip

@@ -1,0 +1,61 @@
+// snip/train/step.h: one optimizer step, the single definition every driver
+// calls (`snip train`, the correlation study; `snip experiment` runs
+// `snip train`).
+//
+// Dimensions (the glossary is in model/llama.h): B sequences of T tokens per
+// micro-batch, `grad_accum` micro-batches per step.
+//
+// A step, in order (llm.c's loop: next batch, forward, zero_grad, backward,
+// update):
+//   1. lr set on every parameter group; the model's stochastic-rounding key
+//      set to (seed, step);
+//   2. gradients zeroed;
+//   3. per micro-batch: next batch from the loader; on the first one, the
+//      precision controller's step-boundary hook (a stats step and a re-plan
+//      when due, method/controller.h); forward, loss, backward of
+//      loss / grad_accum (gradients accumulate);
+//   4. the mean loss must be finite (else UserError "training diverged");
+//   5. global gradient L2 norm computed and clipped to grad_clip
+//      (torch::nn::utils::clip_grad_norm_);
+//   6. optimizer update (AdamW, train/optimizer.h).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "snip/data/loader.h"
+#include "snip/method/controller.h"
+#include "snip/model/llama.h"
+
+namespace snip {
+
+/// Token ids [B*T] (int32, row-major) -> [B, T] int64 tensor (a copy).
+torch::Tensor to_ids(const std::vector<int32_t>& ids, int64_t B, int64_t T);
+
+/// What one step reads and changes. References, not owners.
+struct StepContext {
+  LlamaForCausalLM& model;
+  torch::optim::AdamW& optimizer;
+  data::TokenLoader& loader;       ///< yields this rank's [B, T] batches
+  int64_t B = 0, T = 0;            ///< micro-batch shape: sequences, tokens per sequence
+  int64_t grad_accum = 1;          ///< micro-batches per step, >= 1
+  double grad_clip = 0;            ///< max global gradient L2 norm; 0 = no clipping
+  uint64_t seed = 0;               ///< run seed (stochastic-rounding keys)
+  PrecisionController* controller = nullptr;  ///< adaptive precision; nullptr or inactive = none
+};
+
+/// What one step produced.
+struct StepResult {
+  double loss = 0;       ///< mean training loss over the micro-batches, nats/token
+  double grad_norm = 0;  ///< global gradient L2 norm before clipping
+  PrecisionEvent precision;  ///< the controller's decision at this step's boundary (if any)
+};
+
+/// Runs optimizer step `step` (0-based: the number of steps completed before
+/// it) at learning rate `lr`. Throws UserError when the loss is not finite
+/// (nothing is updated then) or when the controller's re-plan fails.
+StepResult train_step(StepContext& ctx, int64_t step, double lr);
+
+}  // namespace snip

@@ -1,0 +1,102 @@
+// snip/train/trainer.h: the training loop, evaluation and checkpoints.
+//
+// A step: B·T tokens per micro-batch, `grad_accum` micro-batches, then global
+// gradient-norm clipping, AdamW (decoupled weight decay, Loshchilov & Hutter
+// 2019, as torch.optim.AdamW) with linear warmup + cosine decay to
+// min_lr_ratio·lr, FP32 master weights. Linear-layer GEMMs run in
+// `train.gemm_dtype` (bf16 = the BF16 baseline) after the layer's quantizer,
+// which the PrecisionController (method/controller.h, [precision] options)
+// sets per layer at step boundaries. The step itself is train/step.h,
+// checkpoints train/checkpoint.h, the optimizer train/optimizer.h.
+//
+// A run on disk (ARCHITECTURE.md "A run on disk"):
+//   RUN/config.toml            resolved configuration (every option)
+//   RUN/metrics.jsonl          one JSON object per step: step, loss, lr,
+//                              grad_norm, tokens_per_s, elapsed_s, fp4_share;
+//                              plus val_loss, val_ppl at evaluation steps and
+//                              precision, plan_step, phase, rel_err_fprop on the
+//                              first step after a precision decision
+//   RUN/plans/step-N.json      precision decisions, RUN/stats/step-N.json stats
+//                              steps (precision.policy != bf16; controller.h)
+//   RUN/checkpoints/step-N/    model.safetensors (HF names, F32), config.json,
+//                              optimizer.pt (LibTorch archive of AdamW state),
+//                              trainer_state.json (step, loader position,
+//                              RNG state, file checksums, and "precision": the
+//                              controller's plan, smoothed stats and phase)
+//   RUN/summary.json           the end-of-run summary, over the whole run
+//                              (every invocation of a resumed one): steps,
+//                              tokens, seconds, tokens_per_s, final/best val
+//                              loss; "invocation": {steps, tokens, seconds} of
+//                              the last invocation alone
+//   RUN/.lock                  held (flock) by the trainer writing the run
+//   RUN/report.html            the run report (report/report.h), rewritten at
+//                              every checkpoint and at the end
+// elapsed_s (metrics, trainer_state.json) is wall time since the run's first
+// step in seconds, continued across resumes.
+// Every file is written atomically; a checkpoint directory appears only
+// complete (written as step-N.tmp, then renamed).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "snip/config/config.h"
+#include "snip/model/llama.h"
+#include "snip/train/checkpoint.h"
+#include "snip/train/optimizer.h"
+
+namespace snip {
+
+/// What `snip train` returns (also written to RUN/summary.json).
+/// The whole run, every invocation of a resumed one included.
+struct TrainSummary {
+  int64_t steps = 0;              ///< optimizer steps completed
+  int64_t tokens = 0;             ///< training tokens of those steps
+  double seconds = 0;             ///< training wall time over every invocation, seconds
+  double tokens_per_s = 0;        ///< tokens / seconds
+  double final_train_loss = 0;    ///< mean loss of the last min(10, steps) steps, nats/token
+  double final_val_loss = 0;      ///< validation loss at the end, nats/token
+  double best_val_loss = 0;       ///< lowest validation loss of the run, nats/token
+  int64_t invocation_steps = 0;   ///< steps run by this invocation
+  double invocation_seconds = 0;  ///< wall time of this invocation, seconds
+  std::string run_dir;
+};
+
+/// Options of one `snip train` invocation beyond the config.
+struct TrainOptions {
+  std::string run_dir;      ///< RUN; created if missing
+  bool resume = false;      ///< continue from RUN's newest complete checkpoint
+  std::string init_from;    ///< optional Hugging Face folder to initialise weights from
+  bool quiet = false;       ///< no progress line (tests)
+  /// Stop after this many steps of this invocation (simulated interruption in
+  /// tests; 0 = run to train.max_steps). The end-of-run checkpoint is still
+  /// written only when max_steps is reached.
+  int64_t stop_after = 0;
+};
+
+/// Runs training. Validates the whole configuration and the data before
+/// creating anything in RUN. With `resume`, continues from RUN's newest
+/// checkpoint, or starts RUN from step 0 when it was stopped before its first
+/// checkpoint (RUN/config.toml exists). Throws UserError for bad config,
+/// missing or mismatched data (vocabulary of the shards vs model.vocab_size),
+/// an unwritable RUN, RUN in use by another process, a missing/corrupt
+/// checkpoint on resume, a failed metrics write (disk full), a non-finite loss.
+TrainSummary train(const Config& cfg, const TrainOptions& opts);
+
+/// LibTorch's intra-op threads: `threads` (train.threads), or every core when 0.
+void set_threads(int64_t threads);
+
+/// The GEMM dtype train.gemm_dtype names: at::kBFloat16 for "bf16", at::kFloat
+/// otherwise.
+at::ScalarType gemm_dtype_of(const Config& cfg);
+
+/// Validation loss of `model` on the shard at `val_path`: mean cross-entropy
+/// (nats/token) over the first `batches` micro-batches of B windows of T+1
+/// tokens in shard order (0 = all windows). No gradients.
+double evaluate(LlamaForCausalLM& model, const std::string& val_path, int64_t batch, int64_t seq,
+                int64_t batches);
+
+
+}  // namespace snip

@@ -1,0 +1,389 @@
+// Run configuration: the option table, TOML parsing, overrides, suggestions.
+#include "snip/config/config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <cmath>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "snip/util/error.h"
+
+namespace snip {
+namespace {
+
+using T = OptionType;
+
+OptionSpec opt(std::string key, T type, OptionValue def, std::string unit, std::string help) {
+  return OptionSpec{std::move(key), type, std::move(def), std::move(unit), std::move(help)};
+}
+
+std::vector<OptionSpec> make_table() {
+  std::vector<OptionSpec> t = {
+      // [model]: Hugging Face LlamaConfig fields (same names as config.json).
+      opt("model.vocab_size", T::kInt, int64_t{0}, "tokens",
+          "vocabulary size V; 0 = take it from the tokenizer of data.dir"),
+      opt("model.hidden_size", T::kInt, int64_t{256}, "", "model width C"),
+      opt("model.intermediate_size", T::kInt, int64_t{688}, "", "SwiGLU inner width F"),
+      opt("model.num_hidden_layers", T::kInt, int64_t{4}, "", "decoder blocks L"),
+      opt("model.num_attention_heads", T::kInt, int64_t{8}, "", "query heads NH"),
+      opt("model.num_key_value_heads", T::kInt, int64_t{4}, "",
+          "key/value heads NKV (grouped-query attention; divides NH)"),
+      opt("model.rms_norm_eps", T::kFloat, 1e-5, "", "RMSNorm epsilon"),
+      opt("model.rope_theta", T::kFloat, 10000.0, "", "RoPE base frequency"),
+      opt("model.tie_word_embeddings", T::kBool, true, "", "lm_head shares embed_tokens' weight"),
+      opt("model.max_position_embeddings", T::kInt, int64_t{2048}, "tokens",
+          "longest sequence RoPE tables are built for"),
+      opt("model.init_std", T::kFloat, 0.02, "", "std of the normal init of linear/embedding weights"),
+      // [data]
+      opt("data.dir", T::kString, std::string("data/brown"), "",
+          "prepared data folder (train.bin, val.bin, tokenizer.model from `snip data prepare`)"),
+      // [train]
+      opt("train.seed", T::kInt, int64_t{1234}, "", "seed for init and data order"),
+      opt("train.batch_size", T::kInt, int64_t{16}, "sequences", "micro-batch size B"),
+      opt("train.seq_len", T::kInt, int64_t{128}, "tokens", "sequence length T"),
+      opt("train.grad_accum", T::kInt, int64_t{1}, "micro-batches",
+          "micro-batches accumulated per optimizer step"),
+      opt("train.max_steps", T::kInt, int64_t{1000}, "steps", "optimizer steps to run"),
+      opt("train.lr", T::kFloat, 3e-3, "", "peak learning rate"),
+      opt("train.min_lr_ratio", T::kFloat, 0.1, "fraction", "final LR as a fraction of train.lr"),
+      opt("train.warmup_steps", T::kInt, int64_t{50}, "steps", "linear LR warmup"),
+      opt("train.weight_decay", T::kFloat, 0.1, "",
+          "AdamW decoupled weight decay (2-D weights only; norms are not decayed)"),
+      opt("train.beta1", T::kFloat, 0.9, "", "AdamW beta1"),
+      opt("train.beta2", T::kFloat, 0.95, "", "AdamW beta2"),
+      opt("train.eps", T::kFloat, 1e-8, "", "AdamW epsilon"),
+      opt("train.grad_clip", T::kFloat, 1.0, "", "max global gradient L2 norm; 0 = off"),
+      opt("train.gemm_dtype", T::kString, std::string("bf16"), "",
+          "dtype the linear-layer GEMMs run in: bf16 (FP32 accumulate) or fp32"),
+      opt("train.eval_interval", T::kInt, int64_t{100}, "steps", "evaluate every N steps (and at the end)"),
+      opt("train.eval_batches", T::kInt, int64_t{16}, "micro-batches",
+          "validation micro-batches per evaluation; 0 = the whole validation split"),
+      opt("train.checkpoint_interval", T::kInt, int64_t{500}, "steps",
+          "checkpoint every N steps (and at the end); 0 = only at the end"),
+      opt("train.keep_checkpoints", T::kInt, int64_t{2}, "", "newest checkpoints kept; 0 = all"),
+      opt("train.log_interval", T::kInt, int64_t{10}, "steps", "progress line every N steps"),
+      opt("train.threads", T::kInt, int64_t{0}, "", "CPU threads for LibTorch; 0 = all cores"),
+      // [precision]
+      opt("precision.recipe", T::kString, std::string("none"), "",
+          "quantization recipe applied to every linear layer (none, or a name from `snip formats --recipes`); "
+          "only with precision.policy = bf16 (use policy uniform-<recipe> otherwise)"),
+      // [precision]: the adaptive method (METHOD.md sections 3-6; docs/planner.md "In training").
+      opt("precision.policy", T::kString, std::string("bf16"), "",
+          "who chooses each layer's precision: bf16 (no quantization), uniform-<option> (e.g. uniform-fp8, "
+          "uniform-fp4), snip (stats + ILP), min-rel-err, layer-type, first-last-fp8, random"),
+      opt("precision.budget", T::kFloat, 0.75, "fraction",
+          "FP4 FLOPs share every plan must reach (snip and the ordered heuristics)"),
+      opt("precision.options", T::kString, std::string("fp4,fp8"), "list",
+          "options a layer may run (comma-separated recipe names or bf16); must contain precision.low_option"),
+      opt("precision.pins", T::kString, std::string(""), "list",
+          "comma-separated GLOB=OPTION pins, e.g. '*.down_proj=fp8,layers.3.mlp.*=fp8'"),
+      opt("precision.warmup_steps", T::kInt, int64_t{-1}, "steps",
+          "steps run at warmup_precision before the first plan; -1 = warmup_fraction of train.max_steps"),
+      opt("precision.warmup_fraction", T::kFloat, 0.05, "fraction",
+          "warmup as a fraction of train.max_steps (when warmup_steps = -1)"),
+      opt("precision.warmup_precision", T::kString, std::string("bf16"), "",
+          "option every layer runs during warmup (bf16 or fp8, or any option)"),
+      opt("precision.initial_interval", T::kInt, int64_t{-1}, "steps",
+          "re-plan interval at the start of the run; -1 = initial_interval_fraction of train.max_steps"),
+      opt("precision.initial_interval_fraction", T::kFloat, 0.2, "fraction",
+          "initial re-plan interval as a fraction of train.max_steps (when initial_interval = -1)"),
+      opt("precision.final_interval", T::kInt, int64_t{-1}, "steps",
+          "re-plan interval at the end of the run (grows linearly from initial_interval); "
+          "-1 = final_interval_fraction of train.max_steps"),
+      opt("precision.final_interval_fraction", T::kFloat, 1.0, "fraction",
+          "final re-plan interval as a fraction of train.max_steps (when final_interval = -1)"),
+      opt("precision.final_high_precision_fraction", T::kFloat, 0.1, "fraction",
+          "last fraction of train.max_steps run with every layer at final_precision"),
+      opt("precision.final_precision", T::kString, std::string("fp8"), "",
+          "option every layer runs in the final high-precision phase"),
+      opt("precision.smoothing", T::kFloat, 0.1, "fraction",
+          "s in M <- (1-s)*M_new + s*M_old between stats steps (larger = steadier plans)"),
+      opt("precision.alpha", T::kFloat, 0.5, "fraction", "weight of the loss divergence in Q = a*LD + (1-a)*WD"),
+      opt("precision.seed", T::kInt, int64_t{0}, "", "seed of the random policy"),
+      opt("precision.low_option", T::kString, std::string("fp4"), "",
+          "the cheap option the budget counts (its FLOPs share is fp4_share in metrics): fp4 (NVFP4), or another "
+          "4-bit recipe such as mxfp4; must be in precision.options"),
+      opt("precision.granularity", T::kString, std::string("layer"), "",
+          "what one plan decision covers: layer (all three GEMMs of a linear layer) or gemm (fprop, dgrad and "
+          "wgrad separately, METHOD.md section 2)"),
+      opt("precision.first_order", T::kString, std::string("drop"), "",
+          "first-order term of the loss divergence: drop (curvature term only; best in the correlation study, "
+          "docs/results.md), abs (|<g,e>|) or signed (<g,e>)"),
+      opt("precision.curvature_probes", T::kInt, int64_t{1}, "",
+          "noise-injection probes per stats step for the LD curvature term (each one extra forward+backward)"),
+  };
+  std::sort(t.begin(), t.end(), [](const OptionSpec& a, const OptionSpec& b) { return a.key < b.key; });
+  return t;
+}
+
+const OptionSpec* find_spec(const std::string& key) {
+  for (const auto& s : option_table())
+    if (s.key == key) return &s;
+  return nullptr;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1] ? 1 : 0)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+const char* type_name(OptionType t) {
+  switch (t) {
+    case T::kBool: return "a boolean (true/false)";
+    case T::kInt: return "an integer";
+    case T::kFloat: return "a number";
+    case T::kString: return "a string";
+  }
+  return "?";
+}
+
+[[noreturn]] void unknown_key(const std::string& key, const std::string& what) {
+  fail(what, ": unknown option '", key, "' (did you mean '", closest_option_key(key),
+       "'? `snip train --help` lists every option)");
+}
+
+}  // namespace
+
+const std::vector<OptionSpec>& option_table() {
+  static const std::vector<OptionSpec> table = make_table();
+  return table;
+}
+
+std::string closest_option_key(const std::string& key) {
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  // Compare against the full key and against the last component, so that
+  // "train.learning_rat" and "lr" both find "train.lr".
+  for (const auto& s : option_table()) {
+    size_t d = edit_distance(key, s.key);
+    const auto dot = s.key.find('.');
+    if (key.find('.') == std::string::npos && dot != std::string::npos)
+      d = std::min(d, edit_distance(key, s.key.substr(dot + 1)));
+    if (d < best_d) best_d = d, best = s.key;
+  }
+  return best;
+}
+
+std::string format_option_value(const OptionValue& v) {
+  std::ostringstream os;
+  if (const auto* b = std::get_if<bool>(&v)) os << (*b ? "true" : "false");
+  else if (const auto* i = std::get_if<int64_t>(&v)) os << *i;
+  else if (const auto* d = std::get_if<double>(&v)) {
+    // The shortest decimal that reads back as the same double (0.9, not
+    // 0.90000000000000002).
+    std::string s;
+    for (int prec = 1; prec <= 17; ++prec) {
+      std::ostringstream t;
+      t.precision(prec);
+      t << *d;
+      s = t.str();
+      if (std::stod(s) == *d || !std::isfinite(*d)) break;
+    }
+    if (s.find_first_of(".eEni") == std::string::npos) s += ".0";
+    os << s;
+  } else os << toml::value<std::string>(std::get<std::string>(v));
+  return os.str();
+}
+
+Config::Config() {}
+
+const OptionValue& Config::raw(const std::string& key) const {
+  auto it = values_.find(key);
+  if (it != values_.end()) return it->second;
+  const OptionSpec* s = find_spec(key);
+  SNIP_CHECK(s != nullptr, "no option named ", key);
+  return s->def;
+}
+
+bool Config::get_bool(const std::string& key) const { return std::get<bool>(raw(key)); }
+int64_t Config::get_int(const std::string& key) const { return std::get<int64_t>(raw(key)); }
+double Config::get_float(const std::string& key) const { return std::get<double>(raw(key)); }
+const std::string& Config::get_string(const std::string& key) const {
+  return std::get<std::string>(raw(key));
+}
+
+void Config::set(const std::string& key, const OptionValue& v, const std::string& what) {
+  const OptionSpec* s = find_spec(key);
+  if (!s) unknown_key(key, what);
+  OptionValue val = v;
+  // An integer is accepted where a number is expected.
+  if (s->type == T::kFloat && std::holds_alternative<int64_t>(v))
+    val = static_cast<double>(std::get<int64_t>(v));
+  const bool ok = (s->type == T::kBool && std::holds_alternative<bool>(val)) ||
+                  (s->type == T::kInt && std::holds_alternative<int64_t>(val)) ||
+                  (s->type == T::kFloat && std::holds_alternative<double>(val)) ||
+                  (s->type == T::kString && std::holds_alternative<std::string>(val));
+  if (!ok)
+    fail(what, ": ", key, ": expected ", type_name(s->type), ", got ", format_option_value(v));
+  values_[key] = val;
+}
+
+void Config::load_toml_string(const std::string& text, const std::string& what) {
+  toml::table tbl;
+  try {
+    tbl = toml::parse(text, what);
+  } catch (const toml::parse_error& e) {
+    fail(what, ":", e.source().begin.line, ":", e.source().begin.column, ": TOML syntax error: ",
+         e.description());
+  }
+  for (auto&& [section, node] : tbl) {
+    const std::string sec(section.str());
+    const toml::table* sub = node.as_table();
+    if (!sub) unknown_key(sec, what);
+    for (auto&& [name, val] : *sub) {
+      const std::string key = sec + "." + std::string(name.str());
+      OptionValue v;
+      if (auto b = val.value_exact<bool>()) v = *b;
+      else if (auto i = val.value_exact<int64_t>()) v = *i;
+      else if (auto d = val.value_exact<double>()) v = *d;
+      else if (auto s = val.value_exact<std::string>()) v = *s;
+      else {
+        if (!find_spec(key)) unknown_key(key, what);
+        fail(what, ":", val.source().begin.line, ": ", key, ": expected ",
+             type_name(find_spec(key)->type), ", got a TOML ", val.type());
+      }
+      set(key, v, str_cat(what, ":", val.source().begin.line));
+    }
+  }
+}
+
+void Config::load_toml_file(const std::string& path) {
+  if (std::filesystem::is_directory(path)) fail("config file '", path, "' is a directory, expected a TOML file");
+  std::ifstream in(path);
+  if (!in) fail("config file '", path, "' cannot be read: ", std::strerror(errno));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  load_toml_string(ss.str(), path);
+}
+
+void Config::set_override(const std::string& assignment) {
+  const std::string what = "--set " + assignment;
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) fail(what, ": expected section.key=value");
+  const std::string key = assignment.substr(0, eq);
+  const std::string text = assignment.substr(eq + 1);
+  const OptionSpec* s = find_spec(key);
+  if (!s) unknown_key(key, what);
+  OptionValue v;
+  switch (s->type) {
+    case T::kBool:
+      if (text == "true" || text == "1") v = true;
+      else if (text == "false" || text == "0") v = false;
+      else fail(what, ": ", key, ": expected true or false, got '", text, "'");
+      break;
+    case T::kInt: {
+      size_t pos = 0;
+      long long x = 0;
+      try { x = std::stoll(text, &pos); } catch (...) { pos = 0; }
+      if (pos == 0 || pos != text.size()) fail(what, ": ", key, ": expected an integer, got '", text, "'");
+      v = int64_t{x};
+      break;
+    }
+    case T::kFloat: {
+      size_t pos = 0;
+      double x = 0;
+      try { x = std::stod(text, &pos); } catch (...) { pos = 0; }
+      if (pos == 0 || pos != text.size()) fail(what, ": ", key, ": expected a number, got '", text, "'");
+      v = x;
+      break;
+    }
+    case T::kString: v = text; break;
+  }
+  set(key, v, what);
+}
+
+std::string Config::to_toml() const {
+  std::ostringstream os;
+  os << "# Resolved snip configuration (every option, defaults included).\n";
+  std::string section;
+  for (const auto& s : option_table()) {
+    const auto dot = s.key.find('.');
+    const std::string sec = s.key.substr(0, dot);
+    if (sec != section) {
+      os << (section.empty() ? "" : "\n") << "[" << sec << "]\n";
+      section = sec;
+    }
+    os << s.key.substr(dot + 1) << " = " << format_option_value(raw(s.key)) << "  # " << s.help;
+    if (!s.unit.empty()) os << " [" << s.unit << "]";
+    os << "\n";
+  }
+  return os.str();
+}
+
+void Config::validate() const {
+  auto positive = [&](const char* key) {
+    if (get_int(key) <= 0) fail("config: ", key, ": expected a positive integer, got ", get_int(key));
+  };
+  for (const char* k : {"model.hidden_size", "model.intermediate_size", "model.num_hidden_layers",
+                        "model.num_attention_heads", "model.num_key_value_heads",
+                        "model.max_position_embeddings", "train.batch_size", "train.seq_len",
+                        "train.grad_accum", "train.max_steps", "train.eval_interval",
+                        "train.log_interval"})
+    positive(k);
+  for (const char* k : {"model.vocab_size", "train.warmup_steps", "train.eval_batches",
+                        "train.checkpoint_interval", "train.keep_checkpoints", "train.threads"})
+    if (get_int(k) < 0) fail("config: ", k, ": expected >= 0, got ", get_int(k));
+  const int64_t C = get_int("model.hidden_size"), NH = get_int("model.num_attention_heads"),
+                NKV = get_int("model.num_key_value_heads");
+  if (C % NH != 0)
+    fail("config: model.hidden_size (", C, ") must be divisible by model.num_attention_heads (", NH, ")");
+  if ((C / NH) % 2 != 0)
+    fail("config: head dimension hidden_size/num_attention_heads = ", C / NH, " must be even (RoPE)");
+  if (NH % NKV != 0)
+    fail("config: model.num_attention_heads (", NH, ") must be divisible by model.num_key_value_heads (",
+         NKV, ")");
+  if (get_int("train.seq_len") > get_int("model.max_position_embeddings"))
+    fail("config: train.seq_len (", get_int("train.seq_len"), ") exceeds model.max_position_embeddings (",
+         get_int("model.max_position_embeddings"), ")");
+  const double lr = get_float("train.lr");
+  if (!(lr > 0) || !std::isfinite(lr)) fail("config: train.lr: expected a positive number, got ", lr);
+  const double r = get_float("train.min_lr_ratio");
+  if (!(r >= 0 && r <= 1)) fail("config: train.min_lr_ratio: expected a fraction in [0, 1], got ", r);
+  for (const char* k : {"train.beta1", "train.beta2"}) {
+    const double b = get_float(k);
+    if (!(b >= 0 && b < 1)) fail("config: ", k, ": expected a value in [0, 1), got ", b);
+  }
+  auto finite_at_least = [&](const char* k, double lo, bool strict) {
+    const double v = get_float(k);
+    if (!std::isfinite(v) || (strict ? !(v > lo) : !(v >= lo)))
+      fail("config: ", k, ": expected a finite number ", strict ? "> " : ">= ", lo, ", got ", v);
+  };
+  finite_at_least("train.grad_clip", 0, false);
+  finite_at_least("train.weight_decay", 0, false);
+  finite_at_least("train.eps", 0, true);
+  finite_at_least("model.init_std", 0, true);
+  finite_at_least("model.rms_norm_eps", 0, true);
+  finite_at_least("model.rope_theta", 0, true);
+  // Sizes beyond these are typos, not models this build can train: they
+  // would overflow 32-bit loader indices or allocations before step 1.
+  auto at_most = [&](const char* k, int64_t hi) {
+    if (get_int(k) > hi) fail("config: ", k, ": expected at most ", hi, ", got ", get_int(k));
+  };
+  at_most("train.batch_size", 1 << 20);
+  at_most("train.seq_len", 1 << 20);
+  at_most("train.grad_accum", 1 << 20);
+  at_most("train.threads", 1024);
+  at_most("model.num_hidden_layers", 4096);
+  at_most("model.hidden_size", 1 << 17);
+  at_most("model.intermediate_size", 1 << 19);
+  at_most("model.vocab_size", 1 << 22);
+  at_most("model.num_attention_heads", 1 << 12);
+  if (get_int("train.batch_size") * get_int("train.seq_len") > (int64_t{1} << 24))
+    fail("config: train.batch_size x train.seq_len = ", get_int("train.batch_size") * get_int("train.seq_len"),
+         " tokens per micro-batch, expected at most ", int64_t{1} << 24);
+  const std::string& g = get_string("train.gemm_dtype");
+  if (g != "bf16" && g != "fp32") fail("config: train.gemm_dtype: expected bf16 or fp32, got '", g, "'");
+}
+
+}  // namespace snip

@@ -1,0 +1,670 @@
+// The stats step (METHOD.md section 3): local GEMM errors per layer and
+// option, reduced to LD, WD and Q. Formulas and their sources: stats.h.
+#include "snip/method/stats.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <exception>
+#include <limits>
+#include <set>
+#include <utility>
+
+#include "snip/quant/quantizers.h"
+#include "snip/policy/cost_table.h"
+#include "snip/util/error.h"
+
+namespace snip {
+
+namespace {
+
+using torch::Tensor;
+
+// ---------------------------------------------------------------------------
+// Per-layer sums (per rank), the all-reduce unit. Each is a 0-dim float64
+// tensor on the layer's device, so nothing syncs until the one reduction.
+
+enum Field : int {
+  kYSq = 0,   // ||Y||²
+  kDxSq,      // ||dX||²
+  kDwSq,      // ||dW||²
+  kWSq,       // ||W||²
+  kCNum,      // Σ_k <ε_k, g(ε_k) − g(0)>
+  kCDen,      // Σ_k ||ε_k||²
+  kCalDuSq,   // ||U(dW + δ) − U(dW)||² of the calibration pass
+  kNumCommon
+};
+enum OptField : int {
+  kGe = 0,  // <g, e_fprop>
+  kEfSq,    // ||e_fprop||²
+  kEdSq,    // ||e_dgrad||²
+  kEwSq,    // ||e_wgrad||²
+  kDuSq,    // ||U(dW + e_wgrad) − U(dW)||²
+  kNumPerOption
+};
+
+Tensor sq_sum(const Tensor& t) { return t.pow(2).sum(at::kDouble); }
+Tensor inner_sum(const Tensor& a, const Tensor& b) { return (a * b).sum(at::kDouble); }
+
+// splitmix64's finaliser (Steele, Lea, Flood 2014): a bijective 64-bit mix.
+uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// Purposes of the probe noise streams: curvature probe k uses k, the
+// WD-upstream calibration this one.
+constexpr uint64_t kCalibrationStream = 0xca11b4a7e0000000ULL;
+
+uint64_t noise_seed(uint64_t seed, int64_t step, int64_t layer, uint64_t stream) {
+  uint64_t h = mix64(seed);
+  h = mix64(h ^ uint64_t(step));
+  h = mix64(h ^ uint64_t(layer));
+  return mix64(h ^ stream);
+}
+
+// z ~ N(0, 1) [rows, cols], drawn on the CPU (the same numbers on every
+// device), in `like`'s dtype and device.
+Tensor gaussian(int64_t rows, int64_t cols, uint64_t seed, const Tensor& like) {
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  // Drawn directly in the operand dtype: no float64 copy of an activation-sized tensor.
+  return torch::randn({rows, cols}, gen, like.options().device(torch::kCPU)).to(like.device());
+}
+
+// ---------------------------------------------------------------------------
+// AdamW, read-only.
+
+struct AdamState {
+  Tensor m, v, vmax;  // [param shape]; undefined = zeros (no state yet)
+  int64_t step = 0;
+  double lr = 0, beta1 = 0, beta2 = 0, eps = 0;
+  bool amsgrad = false;
+};
+
+AdamState adam_state(const torch::optim::AdamW& opt, const Tensor& param, const std::string& what) {
+  const c10::TensorImpl* impl = param.unsafeGetTensorImpl();
+  const torch::optim::AdamWOptions* o = nullptr;
+  for (const auto& g : opt.param_groups())
+    for (const auto& p : g.params())
+      if (p.unsafeGetTensorImpl() == impl)
+        o = &static_cast<const torch::optim::AdamWOptions&>(g.options());
+  if (!o) fail("stats: ", what, ": expected the weight to be a parameter of the optimizer, got one it does not hold");
+  AdamState s;
+  s.lr = o->lr();
+  s.beta1 = std::get<0>(o->betas());
+  s.beta2 = std::get<1>(o->betas());
+  s.eps = o->eps();
+  s.amsgrad = o->amsgrad();
+  // LibTorch keys the state by the TensorImpl address (optim/adamw.cpp).
+  auto it = opt.state().find(c10::guts::to_string(impl));
+  if (it != opt.state().end()) {
+    const auto& st = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+    s.m = st.exp_avg();
+    s.v = st.exp_avg_sq();
+    s.vmax = st.max_exp_avg_sq();
+    s.step = st.step();
+  }
+  return s;
+}
+
+// U(g) of torch::optim::AdamW, weight decay left out (it cancels in every
+// difference we take). Same operation order as LibTorch 1.13 adamw.cpp.
+Tensor adam_update(const AdamState& s, const Tensor& g) {
+  const double t = double(s.step + 1);
+  const double bc1 = 1.0 - std::pow(s.beta1, t);
+  const double bc2 = 1.0 - std::pow(s.beta2, t);
+  Tensor m = s.m.defined() ? s.m * s.beta1 : torch::zeros_like(g);
+  m = m.add(g, 1.0 - s.beta1);
+  Tensor v = s.v.defined() ? s.v * s.beta2 : torch::zeros_like(g);
+  v = v.addcmul(g, g, 1.0 - s.beta2);
+  if (s.amsgrad && s.vmax.defined()) v = torch::max(s.vmax, v);
+  Tensor denom = (v.sqrt() / std::sqrt(bc2)).add_(s.eps);
+  return m.div(denom).mul_(-s.lr / bc1);
+}
+
+// ---------------------------------------------------------------------------
+// Saves and restores every probe and precision of the layers (RAII, so a
+// throwing loss_fn leaves nothing behind).
+class LayerStateGuard {
+ public:
+  explicit LayerStateGuard(const std::vector<QuantLinear>& layers) : layers_(layers) {
+    for (const auto& l : layers_) {
+      precision_.push_back(l->precision);
+      capture_.push_back(l->capture);
+      output_noise_.push_back(l->output_noise);
+      input_grad_noise_.push_back(l->input_grad_noise);
+    }
+  }
+  ~LayerStateGuard() {
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      layers_[i]->precision = precision_[i];
+      layers_[i]->capture = capture_[i];
+      layers_[i]->output_noise = output_noise_[i];
+      layers_[i]->input_grad_noise = input_grad_noise_[i];
+    }
+  }
+  LayerStateGuard(const LayerStateGuard&) = delete;
+  LayerStateGuard& operator=(const LayerStateGuard&) = delete;
+
+ private:
+  std::vector<QuantLinear> layers_;
+  std::vector<LinearPrecision> precision_;
+  std::vector<std::shared_ptr<LinearCapture>> capture_;
+  std::vector<Tensor> output_noise_, input_grad_noise_;
+};
+
+void validate(const StatsOptions& o) {
+  if (o.options.empty()) fail("stats.options: expected at least one option, got none");
+  std::set<std::string> seen;
+  for (const auto& p : o.options) {
+    if (p.empty()) fail("stats.options: expected non-empty option names, got \"\"");
+    if (!seen.insert(p).second) fail("stats.options: expected unique names, got '", p, "' twice");
+    if (p == o.reference)
+      fail("stats.options: expected candidate options, got the reference '", p,
+           "' (its Q is 0 by definition; leave it out)");
+  }
+  if (!seen.count(o.low_option))
+    fail("stats.low_option: expected one of the options, got '", o.low_option, "'");
+  if (o.curvature_probes < 0)
+    fail("stats.curvature_probes: expected an integer >= 0, got ", o.curvature_probes);
+  if (!(o.noise_scale > 0) || !std::isfinite(o.noise_scale))
+    fail("stats.noise_scale: expected a finite number > 0, got ", o.noise_scale);
+  if (!(o.alpha >= 0 && o.alpha <= 1)) fail("stats.alpha: expected a number in [0, 1], got ", o.alpha);
+  if (o.first_order != "abs" && o.first_order != "signed" && o.first_order != "drop")
+    fail("stats.first_order: expected \"abs\", \"signed\" or \"drop\", got \"", o.first_order, "\"");
+  if (!(o.dgrad_noise_rel > 0) || !std::isfinite(o.dgrad_noise_rel))
+    fail("stats.dgrad_noise_rel: expected a finite number > 0, got ", o.dgrad_noise_rel);
+  if (!(o.grad_scale > 0) || !std::isfinite(o.grad_scale))
+    fail("stats.grad_scale: expected a finite number > 0, got ", o.grad_scale);
+}
+
+std::shared_ptr<const OperandQuantizer> resolve_quantizer(const StatsOptions& o, const std::string& name) {
+  auto it = o.quantizers.find(name);
+  if (it != o.quantizers.end()) return it->second;
+  try {
+    return make_recipe_quantizer(name);
+  } catch (const UserError& e) {
+    fail("stats.options: option '", name, "': ", e.what());
+  }
+}
+
+// What measure() keeps of one layer between passes.
+struct LayerWork {
+  std::shared_ptr<LinearCapture> capture;  // pass A's X; released after pass A
+  bool processed = false;                   // pass A's on_dy hook ran
+  const void* x_ptr = nullptr;              // pass A's X: storage and shape (siblings share X)
+  std::vector<int64_t> x_sizes;
+  bool calibrated = false;                  // pass C's on_dy hook ran
+  int probed = 0;                           // curvature probes whose on_dy hook ran
+  std::vector<Tensor> f;                   // [kNumCommon + kNumPerOption·options] sums
+  Tensor row_rms;                          // [T, 1] rms of Y's rows
+  std::vector<Tensor> eps_dot_g0;          // [K] <ε_k, g(0)>
+  std::vector<int> upstream;               // U(l), indices into layers
+  int64_t T = 0;
+};
+
+double ratio_sqrt(double num, double den) {
+  if (den > 0) return std::sqrt(num / den);
+  return num > 0 ? std::numeric_limits<double>::infinity() : 0.0;
+}
+
+}  // namespace
+
+torch::Tensor adamw_update(const torch::optim::AdamW& opt, const torch::Tensor& param,
+                           const torch::Tensor& grad) {
+  torch::NoGradGuard ng;
+  return adam_update(adam_state(opt, param, "adamw_update"), grad.detach());
+}
+
+StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Tensor()>& loss_fn,
+                  torch::optim::AdamW& opt, const StatsOptions& o, int64_t step) {
+  validate(o);
+  const size_t L = layers.size();
+  if (L == 0) fail("stats: expected at least one layer, got none");
+  for (size_t i = 0; i < L; ++i) SNIP_CHECK(!layers[i].is_empty(), "layer ", i, " is null");
+  const size_t n_opt = o.options.size();
+  std::vector<std::shared_ptr<const OperandQuantizer>> quant;
+  for (const auto& p : o.options) quant.push_back(resolve_quantizer(o, p));
+  const int K = o.curvature_probes;
+  const double r = o.dgrad_noise_rel;
+  auto what = [&](size_t l) {
+    return str_cat("layer '", layers[l]->name, "' (index ", layers[l]->layer_index, ")");
+  };
+
+  LayerStateGuard guard(layers);
+  torch::AutoGradMode grad_on(true);
+  std::vector<Tensor> weights;
+  for (auto& l : layers) {
+    l->precision = LinearPrecision{};  // measure at full precision (operand dtype GEMMs)
+    l->capture = nullptr;
+    l->output_noise = Tensor();
+    l->input_grad_noise = Tensor();
+    weights.push_back(l->weight);
+  }
+  std::vector<AdamState> adam;
+  for (size_t l = 0; l < L; ++l) adam.push_back(adam_state(opt, layers[l]->weight, what(l)));
+
+  auto scalar_loss = [&](const char* pass) {
+    Tensor loss = loss_fn();
+    if (!loss.defined() || loss.numel() != 1 || !loss.requires_grad())
+      fail("stats: loss_fn (", pass, "): expected a scalar loss that requires grad, got ",
+           loss.defined() ? str_cat("a tensor of shape ", loss.sizes(), loss.requires_grad() ? "" : " without grad")
+                          : std::string("an undefined tensor"));
+    return loss.reshape({});
+  };
+
+  const auto dopt = torch::TensorOptions().dtype(torch::kDouble).device(weights[0].device());
+  auto zero = [&] { return torch::zeros({}, dopt); };
+  std::vector<LayerWork> work(L);
+  auto make_eps = [&](size_t l, int k, const Tensor& like) {
+    const int64_t T = work[l].T, OUT = layers[l]->out_features;
+    return gaussian(T, OUT, noise_seed(o.seed, step, layers[l]->layer_index, uint64_t(k)), like)
+        .mul_(work[l].row_rms * o.noise_scale);
+  };
+
+  // ---- per layer: errors of every option on pass A's operands, computed in
+  // the layer's own backward as its dY arrives (LinearCapture::on_dy), so only
+  // the layer being processed holds temporaries and no dY is kept.
+  auto process = [&](size_t l, const Tensor& dy) {
+    torch::NoGradGuard ng;
+    work[l].T = work[l].capture->x.size(0);
+    LayerWork& w = work[l];
+    w.f.assign(kNumCommon + kNumPerOption * n_opt, Tensor());
+    for (auto& t : w.f) t = zero();
+    const Tensor X = w.capture->x;                                // [T, IN]
+    const Tensor G = dy.reshape({w.T, -1});                       // [T, OUT]
+    const Tensor W = layers[l]->weight.detach().to(X.scalar_type());  // [OUT, IN]
+    // dW [OUT, IN] = dYᵀ·X in the operand dtype (the pass itself runs no wgrad GEMM).
+    const Tensor dWl = torch::mm(G.t(), X);
+    const Tensor Y = torch::mm(X, W.t());                         // [T, OUT]
+    const Tensor dX = torch::mm(G, W);                            // [T, IN]
+    w.f[kYSq] = sq_sum(Y);
+    w.f[kDxSq] = sq_sum(dX);
+    w.f[kDwSq] = sq_sum(dWl);
+    w.f[kWSq] = sq_sum(W);
+    w.row_rms = Y.pow(2).mean(1, /*keepdim=*/true).sqrt();       // [T, 1]
+    for (int k = 0; k < K; ++k) {
+      const Tensor eps = make_eps(l, k, Y);                        // [T, OUT]
+      w.eps_dot_g0.push_back(inner_sum(eps, G));
+      w.f[kCDen] = w.f[kCDen] + sq_sum(eps);
+    }
+    const AdamState& st = adam[l];
+    const Tensor wdt = layers[l]->weight;
+    const Tensor dWp = dWl.to(wdt.scalar_type());
+    const Tensor u0 = adam_update(st, dWp * o.grad_scale);       // [OUT, IN], param dtype
+    for (size_t p = 0; p < n_opt; ++p) {
+      const OperandQuantizer* q = quant[p].get();
+      auto Q = [&](const Tensor& t, Operand op) {
+        if (!q) return t;
+        QuantKey key{layers[l]->key_base.seed, step, layers[l]->layer_index, op};
+        return q->quantize(t.contiguous(), key);
+      };
+      Tensor* f = &w.f[kNumCommon + kNumPerOption * p];
+      {
+        Tensor ef = torch::mm(Q(X, Operand::kFpropX), Q(W, Operand::kFpropW).t());
+        ef.sub_(Y);  // in place: one [T, OUT] temporary, not two
+        f[kGe] = inner_sum(G, ef);
+        f[kEfSq] = sq_sum(ef);
+      }
+      {
+        Tensor ed = torch::mm(Q(G, Operand::kDgradDY), Q(W.t(), Operand::kDgradW).t());
+        ed.sub_(dX);
+        f[kEdSq] = sq_sum(ed);
+      }
+      {
+        Tensor ew = torch::mm(Q(G.t(), Operand::kWgradDY), Q(X.t(), Operand::kWgradX).t());
+        ew.sub_(dWl);
+        f[kEwSq] = sq_sum(ew);
+        const Tensor g1 = (dWp + ew.to(wdt.scalar_type())) * o.grad_scale;
+        f[kDuSq] = sq_sum(adam_update(st, g1) - u0);
+      }
+    }
+    // Kept until pass C in the weight's .grad (the scratch measure() borrows).
+    layers[l]->weight.mutable_grad().copy_(dWp);
+    // Identity of X for the upstream sets, then let autograd free it.
+    work[l].x_ptr = w.capture->x.data_ptr();
+    work[l].x_sizes = w.capture->x.sizes().vec();
+    w.capture->x = Tensor();
+    work[l].processed = true;
+  };
+
+  // dW of pass A lives in each weight's .grad until pass C: at a step boundary
+  // (after zero_grad) those are allocated zeros, so the stats step needs no
+  // gradient copy of its own. Whatever they held is put back at the end.
+  struct GradBackup {
+    std::vector<Tensor>& w;
+    std::vector<int> kind;  // 0 undefined, 1 zeros, 2 saved copy
+    std::vector<Tensor> saved;
+    ~GradBackup() {
+      torch::NoGradGuard ng;
+      for (size_t i = 0; i < w.size(); ++i) {
+        if (kind[i] == 0) w[i].mutable_grad() = Tensor();
+        else if (kind[i] == 1) w[i].mutable_grad().zero_();
+        else w[i].mutable_grad().copy_(saved[i]);
+      }
+    }
+  } grads{weights, std::vector<int>(L, 0), std::vector<Tensor>(L)};
+  {
+    torch::NoGradGuard ng;
+    for (size_t l = 0; l < L; ++l) {
+      Tensor& g = weights[l].mutable_grad();
+      if (!g.defined()) {
+        g = torch::zeros_like(weights[l]);
+      } else if (g.count_nonzero().item<int64_t>() == 0) {
+        grads.kind[l] = 1;
+      } else {
+        grads.kind[l] = 2;
+        grads.saved[l] = g.clone();
+      }
+    }
+  }
+
+  // ---- pass A: clean forward + backward with capture on; each layer is
+  // processed in its backward (no wgrad: process() computes dW itself).
+  std::exception_ptr hook_error;
+  auto guarded = [&](auto&& f) {
+    if (hook_error) return;
+    try {
+      f();
+    } catch (...) {
+      hook_error = std::current_exception();
+    }
+  };
+  for (size_t l = 0; l < L; ++l) {
+    work[l].capture = std::make_shared<LinearCapture>();
+    work[l].capture->skip_wgrad = true;
+    work[l].capture->on_dy = [&, l](const Tensor& dy) { guarded([&] { process(l, dy); }); };
+    layers[l]->capture = work[l].capture;
+  }
+  Tensor loss0 = scalar_loss("pass A");
+  // Not retained: pass C runs its own forward, so activations are freed as
+  // this backward proceeds, as in a training step.
+  torch::autograd::grad({loss0}, weights, {}, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+  loss0 = Tensor();
+  for (auto& l : layers) l->capture = nullptr;
+  if (hook_error) std::rethrow_exception(hook_error);
+  for (size_t l = 0; l < L; ++l) {
+    if (!work[l].processed)
+      fail("stats: ", what(l), ": expected it to take part in loss_fn's forward and backward, ",
+           "got no input/gradient (is it in the model loss_fn runs?)");
+  }
+  // U(l): earlier layers whose input is not l's input tensor (q/k/v and
+  // gate/up share one input: siblings, not upstream of each other).
+  for (size_t l = 0; l < L; ++l) {
+    for (size_t k = 0; k < l; ++k) {
+      const bool same = work[k].x_ptr == work[l].x_ptr && work[k].x_sizes == work[l].x_sizes;
+      if (!same) work[l].upstream.push_back(int(k));
+    }
+  }
+
+  // ---- pass C: one extra backward of pass A's graph with relative noise ξ_l
+  // on every dX that has upstream layers (WD upstream calibration). Each
+  // layer's dW + δ = (dY + δdY)ᵀ·X and its update change are computed in its
+  // backward; ξ_l is generated when the layer's dgrad needs it.
+  {
+    std::vector<std::shared_ptr<LinearCapture>> cap(L);
+    for (size_t l = 0; l < L; ++l) {
+      cap[l] = std::make_shared<LinearCapture>();
+      cap[l]->skip_wgrad = true;
+      cap[l]->on_dy = [&, l](const Tensor& dy) {
+        guarded([&] {
+          torch::NoGradGuard ng;
+          const Tensor X = cap[l]->x;  // [T, IN] of pass C's forward (= pass A's: deterministic)
+          cap[l]->x = Tensor();
+          const Tensor dWc = torch::mm(dy.reshape({work[l].T, -1}).t(), X).to(weights[l].scalar_type());
+          const Tensor du = adam_update(adam[l], dWc * o.grad_scale) -
+                            adam_update(adam[l], weights[l].grad() * o.grad_scale);
+          work[l].f[kCalDuSq] = sq_sum(du);
+          work[l].calibrated = true;
+        });
+      };
+      if (!work[l].upstream.empty()) {
+        cap[l]->input_grad_noise = [&, l] {
+          torch::NoGradGuard ng;
+          const Tensor like = torch::empty({0}, weights[l].options());
+          Tensor z = gaussian(work[l].T, layers[l]->in_features,
+                              noise_seed(o.seed, step, layers[l]->layer_index, kCalibrationStream), like);
+          return z.mul_((work[l].f[kDxSq].sqrt() * r / z.pow(2).sum(at::kDouble).sqrt()).to(z.scalar_type()));
+        };
+      }
+      layers[l]->capture = cap[l];
+    }
+    Tensor loss_c = scalar_loss("calibration");
+    torch::autograd::grad({loss_c}, weights, {}, /*retain_graph=*/false, /*create_graph=*/false,
+                          /*allow_unused=*/true);
+    for (auto& l : layers) l->capture = nullptr;
+    if (hook_error) std::rethrow_exception(hook_error);
+    for (size_t l = 0; l < L; ++l) SNIP_CHECK(work[l].calibrated, "calibration backward lost ", what(l));
+  }
+  for (auto& w : work) w.capture.reset();
+
+  // ---- pass B: curvature probes, one forward + backward each, output noise
+  // ε_l on every layer, generated in the layer's forward and again in its
+  // backward, where dL/dY = g_l(ε) arrives (no wgrad GEMMs, no stored ε).
+  for (int k = 0; k < K; ++k) {
+    for (size_t l = 0; l < L; ++l) {
+      auto c = std::make_shared<LinearCapture>();
+      c->skip_wgrad = true;
+      const Tensor like = torch::empty({0}, work[l].row_rms.options());
+      c->output_noise = [&, l, k, like] {
+        torch::NoGradGuard ng;
+        return make_eps(l, k, like);
+      };
+      c->on_dy = [&, l, k, like](const Tensor& dy) {
+        guarded([&] {
+          torch::NoGradGuard ng;
+          const Tensor eps = make_eps(l, k, like);
+          work[l].f[kCNum] = work[l].f[kCNum] + inner_sum(eps, dy.reshape(eps.sizes())) - work[l].eps_dot_g0[size_t(k)];
+          work[l].probed = k + 1;
+        });
+      };
+      layers[l]->capture = c;
+    }
+    Tensor loss = scalar_loss("curvature probe");
+    torch::autograd::grad({loss}, weights, {}, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+    for (auto& l : layers) l->capture = nullptr;
+    if (hook_error) std::rethrow_exception(hook_error);
+    for (size_t l = 0; l < L; ++l)
+      if (work[l].probed != k + 1)
+        fail("stats: ", what(l), ": expected its output to reach the loss in the curvature probe, got no gradient");
+  }
+
+  // ---- one reduction: [L·fields + 1] float64 sums (the last is the rank count).
+  std::vector<Tensor> flat;
+  for (size_t l = 0; l < L; ++l)
+    for (const Tensor& t : work[l].f) flat.push_back(t.to(dopt));
+  flat.push_back(torch::ones({}, dopt));
+  Tensor buf = torch::stack(flat);
+  if (o.all_reduce_sum) o.all_reduce_sum(buf);
+  buf = buf.to(torch::kCPU).contiguous();
+  SNIP_CHECK(buf.numel() == int64_t(flat.size()) && buf.scalar_type() == torch::kDouble,
+             "all_reduce_sum changed the buffer's shape or dtype");
+  const double* b = buf.data_ptr<double>();
+  const double R = b[flat.size() - 1];
+  SNIP_CHECK(R >= 1, "all_reduce_sum produced a rank count of ", R);
+  const size_t F = kNumCommon + kNumPerOption * n_opt;
+  auto field = [&](size_t l, size_t i) { return b[l * F + i] / R; };
+
+  // ---- derive.
+  StatsStep out;
+  out.step = step;
+  out.options = o.options;
+  out.low_option = o.low_option;
+  out.reference = o.reference;
+  out.first_order = o.first_order;
+  out.alpha = o.alpha;
+  out.ranks = int64_t(std::llround(R));
+  std::vector<double> delta2(L, 0.0), energy(L, 0.0), den(L, 0.0);
+  for (size_t l = 0; l < L; ++l) {
+    const double w_sq = field(l, kWSq);
+    delta2[l] = w_sq > 0 ? field(l, kCalDuSq) / w_sq : 0.0;
+    if (!work[l].upstream.empty()) energy[l] = r * r * field(l, kDxSq);
+  }
+  for (size_t l = 0; l < L; ++l)
+    for (int k : work[l].upstream) den[size_t(k)] += energy[l];
+  for (size_t l = 0; l < L; ++l) {
+    LayerStats ls;
+    ls.name = layers[l]->name;
+    ls.layer_index = layers[l]->layer_index;
+    ls.tokens = work[l].T;
+    ls.in_features = layers[l]->in_features;
+    ls.out_features = layers[l]->out_features;
+    ls.gemm_flops = 2.0 * double(ls.tokens) * double(ls.in_features) * double(ls.out_features);
+    const double cden = field(l, kCDen);
+    ls.curvature = cden > 0 ? field(l, kCNum) / cden : 0.0;
+    ls.n_upstream = int(work[l].upstream.size());
+    double s = 0;
+    for (int k : work[l].upstream)
+      if (den[size_t(k)] > 0) s += std::sqrt(delta2[size_t(k)] * energy[l] / den[size_t(k)]);
+    ls.up_sensitivity = s / r;
+    for (size_t p = 0; p < n_opt; ++p) {
+      const size_t base = kNumCommon + kNumPerOption * p;
+      OptionStats os;
+      const double ge = field(l, base + kGe), ef_sq = field(l, base + kEfSq);
+      os.ld_first = ge;
+      os.ld_second = 0.5 * std::max(ls.curvature, 0.0) * ef_sq;
+      const double first = o.first_order == "abs" ? std::abs(ge) : o.first_order == "signed" ? ge : 0.0;
+      os.ld = std::max(0.0, first + os.ld_second);
+      os.rel_err[Gemm::kFprop] = ratio_sqrt(ef_sq, field(l, kYSq));
+      os.rel_err[Gemm::kDgrad] = ratio_sqrt(field(l, base + kEdSq), field(l, kDxSq));
+      os.rel_err[Gemm::kWgrad] = ratio_sqrt(field(l, base + kEwSq), field(l, kDwSq));
+      os.wd_own = ratio_sqrt(field(l, base + kDuSq), field(l, kWSq));
+      os.wd_up = os.rel_err[Gemm::kDgrad] * ls.up_sensitivity;
+      ls.options[o.options[p]] = os;
+    }
+    out.layers.push_back(std::move(ls));
+  }
+  for (const LayerStats& ls : out.layers) {
+    const OptionStats& lo = ls.options.at(o.low_option);
+    out.ld_sum_low += lo.ld;
+    out.wd_sum_low += lo.wd_own + lo.wd_up;
+  }
+  const double ld_n = out.ld_sum_low > 0 ? out.ld_sum_low : 1.0;
+  const double wd_n = out.wd_sum_low > 0 ? out.wd_sum_low : 1.0;
+  for (LayerStats& ls : out.layers) {
+    for (auto& [name, os] : ls.options) {
+      os.q = o.alpha * os.ld / ld_n + (1.0 - o.alpha) * (os.wd_own + os.wd_up) / wd_n;
+      const double vals[] = {os.ld_first, os.ld_second, os.ld, os.wd_own, os.wd_up, os.q,
+                             os.rel_err[Gemm::kFprop], os.rel_err[Gemm::kDgrad], os.rel_err[Gemm::kWgrad], ls.curvature};
+      for (double v : vals)
+        if (!std::isfinite(v))
+          fail("stats step ", step, ": layer '", ls.name, "' option '", name,
+               "': expected finite statistics, got ", v, " (non-finite loss, activations or gradients?)");
+    }
+  }
+  return out;
+}
+
+void smooth(StatsStep& prev, const StatsStep& fresh, double s) {
+  if (!(s >= 0 && s <= 1)) fail("stats smoothing: expected s in [0, 1], got ", s);
+  if (prev.layers.empty()) {
+    prev = fresh;
+    return;
+  }
+  if (prev.layers.size() != fresh.layers.size())
+    fail("stats smoothing: expected the same ", prev.layers.size(), " layers as before, got ",
+         fresh.layers.size());
+  for (size_t i = 0; i < fresh.layers.size(); ++i)
+    if (prev.layers[i].name != fresh.layers[i].name)
+      fail("stats smoothing: layers[", i, "]: expected '", prev.layers[i].name, "', got '",
+           fresh.layers[i].name, "'");
+  auto mix = [s](double old_v, double new_v) { return (1.0 - s) * new_v + s * old_v; };
+  StatsStep out = fresh;
+  out.ld_sum_low = mix(prev.ld_sum_low, fresh.ld_sum_low);
+  out.wd_sum_low = mix(prev.wd_sum_low, fresh.wd_sum_low);
+  for (size_t i = 0; i < out.layers.size(); ++i) {
+    LayerStats& n = out.layers[i];
+    const LayerStats& old = prev.layers[i];
+    n.curvature = mix(old.curvature, n.curvature);
+    n.up_sensitivity = mix(old.up_sensitivity, n.up_sensitivity);
+    for (auto& [name, os] : n.options) {
+      auto it = old.options.find(name);
+      if (it == old.options.end()) continue;  // a new option starts from its fresh value
+      const OptionStats& po = it->second;
+      os.ld_first = mix(po.ld_first, os.ld_first);
+      os.ld_second = mix(po.ld_second, os.ld_second);
+      os.ld = mix(po.ld, os.ld);
+      os.wd_own = mix(po.wd_own, os.wd_own);
+      os.wd_up = mix(po.wd_up, os.wd_up);
+      os.q = mix(po.q, os.q);
+      for (Gemm g : kAllGemms) os.rel_err[g] = mix(po.rel_err[g], os.rel_err[g]);
+    }
+  }
+  prev = std::move(out);
+}
+
+nlohmann::json to_json(const StatsStep& s, bool per_gemm) {
+  using nlohmann::json;
+  const double ld_n = s.ld_sum_low > 0 ? s.ld_sum_low : 1.0;
+  const double wd_n = s.wd_sum_low > 0 ? s.wd_sum_low : 1.0;
+  json layers = json::array(), details_layers = json::array();
+  for (const LayerStats& ls : s.layers) {
+    json e;
+    e["name"] = ls.name;
+    if (!per_gemm) {
+      json q = json::object(), rel = json::object();
+      for (const auto& p : s.options) {
+        const OptionStats& os = ls.options.at(p);
+        q[p] = os.q;
+        rel[p] = (os.rel_err[Gemm::kFprop] + os.rel_err[Gemm::kDgrad] + os.rel_err[Gemm::kWgrad]) / 3.0;
+      }
+      q[s.reference] = 0.0;
+      e["flops"] = 3.0 * ls.gemm_flops;
+      e["q"] = std::move(q);
+      e["rel_err"] = std::move(rel);
+    } else {
+      json gemms = json::object();
+      for (Gemm g : kAllGemms) {
+        json q = json::object(), rel = json::object();
+        for (const auto& p : s.options) {
+          const OptionStats& os = ls.options.at(p);
+          q[p] = g == Gemm::kFprop ? s.alpha * os.ld / ld_n
+                 : g == Gemm::kDgrad ? (1.0 - s.alpha) * os.wd_up / wd_n
+                                     : (1.0 - s.alpha) * os.wd_own / wd_n;
+          rel[p] = os.rel_err[g];
+        }
+        q[s.reference] = 0.0;
+        gemms[gemm_name(g)] = {{"flops", ls.gemm_flops}, {"q", std::move(q)}, {"rel_err", std::move(rel)}};
+      }
+      e["gemms"] = std::move(gemms);
+    }
+    layers.push_back(std::move(e));
+
+    json opts = json::object();
+    for (const auto& p : s.options) {
+      const OptionStats& os = ls.options.at(p);
+      opts[p] = {{"ld", os.ld},
+                 {"ld_first", os.ld_first},
+                 {"ld_second", os.ld_second},
+                 {"wd_own", os.wd_own},
+                 {"wd_up", os.wd_up},
+                 {"q", os.q},
+                 {"rel_err", {{"fprop", os.rel_err[Gemm::kFprop]}, {"dgrad", os.rel_err[Gemm::kDgrad]}, {"wgrad", os.rel_err[Gemm::kWgrad]}}}};
+    }
+    details_layers.push_back({{"name", ls.name},
+                              {"layer_index", ls.layer_index},
+                              {"tokens", ls.tokens},
+                              {"in_features", ls.in_features},
+                              {"out_features", ls.out_features},
+                              {"gemm_flops", ls.gemm_flops},
+                              {"curvature", ls.curvature},
+                              {"up_sensitivity", ls.up_sensitivity},
+                              {"n_upstream", ls.n_upstream},
+                              {"options", std::move(opts)}});
+  }
+  json details = {{"options", s.options},       {"low_option", s.low_option},
+                  {"reference", s.reference},   {"first_order", s.first_order},
+                  {"alpha", s.alpha},           {"ld_sum_low", s.ld_sum_low},
+                  {"wd_sum_low", s.wd_sum_low}, {"ranks", s.ranks},
+                  {"layers", std::move(details_layers)}};
+  return json{{"step", s.step}, {"layers", std::move(layers)}, {"details", std::move(details)}};
+}
+
+policy::PlanProblem to_plan_problem(const StatsStep& s, policy::Granularity g) {
+  const std::string source = str_cat("stats step ", s.step);
+  return policy::make_problem(policy::parse_cost_table(to_json(s, g == policy::Granularity::gemm), source), g);
+}
+
+}  // namespace snip

@@ -1,0 +1,306 @@
+// The correlation study of METHOD.md section 8 (see study.h).
+#include "snip/method/study.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+#include <regex>
+#include <sstream>
+
+#include "snip/config/config.h"
+#include "snip/model/hf.h"
+#include "snip/model/llama.h"
+#include "snip/quant/quantizers.h"
+#include "snip/method/stats.h"
+#include "snip/train/checkpoint.h"
+#include "snip/train/optimizer.h"
+#include "snip/train/step.h"
+#include "snip/train/trainer.h"
+#include "snip/data/loader.h"
+#include "snip/io/atomic_file.h"
+#include "snip/io/safetensors.h"
+#include "snip/policy/planner.h"
+#include "snip/report/report.h"
+#include "snip/util/error.h"
+
+namespace snip {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+CorrelationResult correlation_study(const CorrelationOptions& o) {
+  using clock = std::chrono::steady_clock;
+  const auto t_start = clock::now();
+  if (o.steps < 1) fail("--steps: expected >= 1 training steps per arm, got ", o.steps);
+  const fs::path run(o.run_dir);
+  if (!fs::is_regular_file(run / "config.toml"))
+    fail("--run: ", (run / "config.toml").string(), " does not exist (expected a run of `snip train`)");
+  Config cfg;
+  cfg.load_toml_file((run / "config.toml").string());
+  cfg.validate();
+  std::string ckpt;
+  if (o.step >= 0) {
+    ckpt = (run / "checkpoints" / ("step-" + std::to_string(o.step))).string();
+    if (!fs::is_directory(ckpt)) fail("--step: ", ckpt, " does not exist (list ", (run / "checkpoints").string(), ")");
+  } else {
+    ckpt = latest_checkpoint(o.run_dir);
+    if (ckpt.empty()) fail("--run: no complete checkpoint in ", (run / "checkpoints").string());
+  }
+  const json st = verify_checkpoint(ckpt);
+  const int64_t step0 = st.at("step").get<int64_t>();
+  if (o.option == "bf16" || o.option == "none")
+    fail("--option: expected a quantizing recipe (e.g. fp4, mxfp4), got the reference '", o.option, "'");
+  std::shared_ptr<const OperandQuantizer> quant;
+  try {
+    quant = make_recipe_quantizer(o.option);
+  } catch (const UserError& e) {
+    std::string m = e.what();
+    const std::string pre = "precision.recipe: ";
+    if (m.rfind(pre, 0) == 0) m = m.substr(pre.size());
+    fail("--option: ", m);
+  }
+  if (o.step < -1) fail("--step: expected a checkpoint step >= 0, got ", o.step);
+
+  const fs::path data_dir(cfg.get_string("data.dir"));
+  const std::string train_bin = (data_dir / "train.bin").string(), val_bin = (data_dir / "val.bin").string();
+  if (!fs::exists(train_bin)) fail("data.dir: ", train_bin, " does not exist (the run's data is needed)");
+  const int64_t B = cfg.get_int("train.batch_size"), T = cfg.get_int("train.seq_len");
+  const int64_t accum = cfg.get_int("train.grad_accum"), max_steps = cfg.get_int("train.max_steps");
+  const uint64_t seed = uint64_t(cfg.get_int("train.seed"));
+  const int64_t eval_batches = o.eval_batches >= 0 ? o.eval_batches : cfg.get_int("train.eval_batches");
+  auto lr_of = [&](int64_t step) {
+    return lr_at(step, max_steps, cfg.get_int("train.warmup_steps"), cfg.get_float("train.lr"),
+                 cfg.get_float("train.min_lr_ratio"));
+  };
+  set_threads(cfg.get_int("train.threads"));
+  data::TokenLoader loader(train_bin, int(B), int(T), seed);
+  loader.restore({st.at("loader").at("epoch").get<uint64_t>(), st.at("loader").at("cursor").get<uint64_t>()});
+  const data::LoaderState loader0 = loader.state();
+
+  torch::manual_seed(seed);
+  LlamaForCausalLM model(LlamaConfig::from_run_config(cfg, loader.vocab_size()));
+  load_checkpoint_weights(ckpt, model);
+  const at::ScalarType gemm = gemm_dtype_of(cfg);
+  model->set_precision(LinearPrecision{nullptr, gemm});
+  model->set_non_linear_gemm_dtype(gemm);
+  const std::string opt_path = (fs::path(ckpt) / "optimizer.pt").string();
+  const std::string opt_bytes = io::read_file(opt_path);
+  auto opt = make_optimizer(model, cfg);
+  load_optimizer_state(*opt, opt_bytes, opt_path);
+  std::vector<torch::Tensor> weights0;
+  {
+    torch::NoGradGuard ng;
+    for (const auto& p : model->parameters()) weights0.push_back(p.detach().clone());
+  }
+  auto reset = [&] {
+    torch::NoGradGuard ng;
+    auto params = model->parameters();
+    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(weights0[i]);
+    opt = make_optimizer(model, cfg);
+    load_optimizer_state(*opt, opt_bytes, opt_path);
+    loader.restore(loader0);
+    model->set_precision(LinearPrecision{nullptr, gemm});
+  };
+
+  // The layers to study.
+  std::vector<QuantLinear> all = model->linear_layers(), studied;
+  std::vector<policy::Pin> pins;
+  for (const auto& g : o.layers) pins.push_back(policy::parse_pin(g + "=" + o.option));
+  for (const auto& l : all) {
+    policy::PlanItem it;
+    it.name = it.layer = l->name;
+    bool take = pins.empty();
+    for (const auto& p : pins) take = take || policy::pin_matches(p, it, policy::Granularity::layer);
+    if (take) studied.push_back(l);
+  }
+  for (size_t i = 0; i < pins.size(); ++i) {
+    bool any = false;
+    for (const auto& l : all) {
+      policy::PlanItem it;
+      it.name = it.layer = l->name;
+      any = any || policy::pin_matches(pins[i], it, policy::Granularity::layer);
+    }
+    if (!any) fail("--layers: pattern '", o.layers[i], "' matches no quantizable layer");
+  }
+  if (studied.size() < 2) fail("--layers: expected at least 2 layers to correlate, got ", studied.size());
+
+  CorrelationResult res;
+  res.step = step0;
+  res.steps = o.steps;
+  res.option = o.option;
+
+  // After every cheap check, before hours of training: the output folder.
+  if (!o.out_dir.empty()) io::ensure_writable_dir(o.out_dir);
+
+  // 1. prediction: the stats step on the next step's first micro-batch.
+  std::vector<int32_t> in, tg;
+  StatsStep pred;
+  {
+    set_lr(*opt, lr_of(step0));
+    model->set_step(seed, step0);
+    loader.next(in, tg);
+    const torch::Tensor ids = to_ids(in, B, T), targets = to_ids(tg, B, T);
+    StatsOptions so;
+    so.options = {o.option};
+    if (o.option != "fp8") so.options.push_back("fp8");
+    so.low_option = o.option;
+    so.alpha = cfg.get_float("precision.alpha");
+    so.first_order = cfg.get_string("precision.first_order");
+    so.curvature_probes = int(cfg.get_int("precision.curvature_probes"));
+    so.seed = seed;
+    if (!o.quiet) spdlog::info("correlation study: stats step at step {} of {}", step0, o.run_dir);
+    pred = measure(all, [&] { return LlamaForCausalLMImpl::loss(model(ids), targets); }, *opt, so, step0);
+    loader.restore(loader0);
+  }
+
+  // 2./3. K training steps per arm.
+  auto run_arm = [&](QuantLinear* only) -> std::pair<double, double> {
+    reset();
+    if (only) (*only)->precision = LinearPrecision{quant, gemm};
+    StepContext sc{model, *opt, loader, B, T, accum, cfg.get_float("train.grad_clip"), seed, nullptr};
+    double train_sum = 0;
+    for (int64_t k = 0; k < o.steps; ++k) train_sum += train_step(sc, step0 + k, lr_of(step0 + k)).loss;
+    const double v = evaluate(model, val_bin, B, T, eval_batches);
+    if (!std::isfinite(v)) fail("correlation study: the validation loss is ", v, " (training diverged)");
+    return {v, train_sum / double(o.steps)};
+  };
+  auto t0 = clock::now();
+  std::tie(res.base_val_loss, res.base_train_loss) = run_arm(nullptr);
+  if (!o.quiet)
+    spdlog::info("baseline (BF16, {} steps from step {}): val {:.5f}, train {:.5f} ({:.1f} s per arm)", o.steps,
+                 step0, res.base_val_loss, res.base_train_loss,
+                 std::chrono::duration<double>(clock::now() - t0).count());
+  for (size_t i = 0; i < studied.size(); ++i) {
+    QuantLinear& l = studied[i];
+    CorrelationLayer cl;
+    cl.name = l->name;
+    const LayerStats* ls = nullptr;
+    for (const auto& x : pred.layers)
+      if (x.name == l->name) ls = &x;
+    SNIP_CHECK(ls, "no stats for ", l->name);
+    const OptionStats& os = ls->options.at(o.option);
+    cl.q = os.q, cl.ld = os.ld, cl.wd = os.wd_own + os.wd_up;
+    cl.ld_first = os.ld_first, cl.ld_second = os.ld_second, cl.wd_own = os.wd_own, cl.wd_up = os.wd_up;
+    cl.rel_err_fprop = os.rel_err[Gemm::kFprop];
+    std::tie(cl.val_loss, cl.train_loss) = run_arm(&l);
+    cl.delta_val = cl.val_loss - res.base_val_loss;
+    cl.delta_train = cl.train_loss - res.base_train_loss;
+    if (!o.quiet)
+      spdlog::info("[{}/{}] {}: Q {:.4g}  measured dval {:+.5f} dtrain {:+.5f}", i + 1, studied.size(), cl.name,
+                   cl.q, cl.delta_val, cl.delta_train);
+    res.layers.push_back(cl);
+  }
+  model->set_precision(LinearPrecision{nullptr, gemm});
+
+  // Correlations.
+  std::vector<double> dv, dt;
+  for (const auto& cl : res.layers) dv.push_back(cl.delta_val), dt.push_back(cl.delta_train);
+  std::vector<std::string> names = {"q", "ld", "wd", "wd_own", "rel_err_fprop"};
+  for (const std::string fo : {"abs", "signed", "drop"}) {
+    names.push_back("ld[" + fo + "]");
+    for (const char* a : {"0", "0.25", "0.5", "0.75", "1"}) names.push_back("q[" + fo + ",a=" + a + "]");
+  }
+  for (const auto& name : names) {
+    const std::vector<double> x = predictor_values(res, name);
+    res.correlations[name] = {{"pearson", report::pearson(x, dv)}, {"spearman", report::spearman(x, dv)}};
+    res.correlations[name + "/train"] = {{"pearson", report::pearson(x, dt)}, {"spearman", report::spearman(x, dt)}};
+  }
+  res.seconds = std::chrono::duration<double>(clock::now() - t_start).count();
+
+  if (!o.out_dir.empty()) {
+    io::ensure_writable_dir(o.out_dir);
+    json j = to_json(res);
+    j["run"] = o.run_dir;
+    j["checkpoint"] = ckpt;
+    io::write_file_atomic((fs::path(o.out_dir) / "correlation.json").string(), j.dump(2) + "\n");
+    std::ostringstream csv;
+    csv << "layer,q,ld,wd,ld_first,ld_second,wd_own,wd_up,rel_err_fprop,val_loss,train_loss,delta_val,delta_train\n";
+    csv.precision(10);
+    for (const auto& c : res.layers)
+      csv << c.name << "," << c.q << "," << c.ld << "," << c.wd << "," << c.ld_first << "," << c.ld_second << ","
+          << c.wd_own << "," << c.wd_up << "," << c.rel_err_fprop << "," << c.val_loss << "," << c.train_loss << ","
+          << c.delta_val << "," << c.delta_train << "\n";
+    io::write_file_atomic((fs::path(o.out_dir) / "correlation.csv").string(), csv.str());
+  }
+  return res;
+}
+
+std::vector<double> predictor_values(const CorrelationResult& r, const std::string& name) {
+  std::vector<double> v;
+  auto col = [&](double CorrelationLayer::*f) {
+    for (const auto& c : r.layers) v.push_back(c.*f);
+    return v;
+  };
+  if (name == "q") return col(&CorrelationLayer::q);
+  if (name == "ld") return col(&CorrelationLayer::ld);
+  if (name == "wd") return col(&CorrelationLayer::wd);
+  if (name == "wd_own") return col(&CorrelationLayer::wd_own);
+  if (name == "rel_err_fprop") return col(&CorrelationLayer::rel_err_fprop);
+  std::smatch m;
+  static const std::regex re(R"((ld|q)\[(abs|signed|drop)(,a=([0-9.]+))?\])");
+  if (!std::regex_match(name, m, re) || (m[1] == "q") != m[3].matched)
+    fail("--predictor: unknown predictor '", name, "' (expected q, ld, wd, wd_own, rel_err_fprop, ld[abs|signed|drop] "
+         "or q[drop,a=0.5])");
+  const std::string fo = m[2];
+  std::vector<double> ld, wd;
+  for (const auto& c : r.layers) {
+    const double F = fo == "abs" ? std::abs(c.ld_first) : fo == "signed" ? c.ld_first : 0.0;
+    ld.push_back(std::max(0.0, F + c.ld_second));
+    wd.push_back(c.wd);
+  }
+  if (m[1] == "ld") return ld;
+  const double a = std::stod(m[4]);
+  if (!(a >= 0 && a <= 1)) fail("--predictor: alpha must be in [0, 1], got ", a);
+  const double ls = std::accumulate(ld.begin(), ld.end(), 0.0), ws = std::accumulate(wd.begin(), wd.end(), 0.0);
+  for (size_t i = 0; i < ld.size(); ++i)
+    v.push_back(a * (ls > 0 ? ld[i] / ls : ld[i]) + (1 - a) * (ws > 0 ? wd[i] / ws : wd[i]));
+  return v;
+}
+
+CorrelationResult correlation_from_json(const json& j, const std::string& what) {
+  CorrelationResult r;
+  try {
+    r.step = j.at("step").get<int64_t>();
+    r.steps = j.at("steps").get<int64_t>();
+    r.option = j.at("option").get<std::string>();
+    r.base_val_loss = j.at("base_val_loss").get<double>();
+    r.base_train_loss = j.at("base_train_loss").get<double>();
+    for (const json& l : j.at("layers")) {
+      CorrelationLayer c;
+      c.name = l.at("name").get<std::string>();
+      for (auto [k, f] : std::initializer_list<std::pair<const char*, double CorrelationLayer::*>>{
+               {"q", &CorrelationLayer::q}, {"ld", &CorrelationLayer::ld}, {"wd", &CorrelationLayer::wd},
+               {"ld_first", &CorrelationLayer::ld_first}, {"ld_second", &CorrelationLayer::ld_second},
+               {"wd_own", &CorrelationLayer::wd_own}, {"wd_up", &CorrelationLayer::wd_up},
+               {"rel_err_fprop", &CorrelationLayer::rel_err_fprop}, {"val_loss", &CorrelationLayer::val_loss},
+               {"train_loss", &CorrelationLayer::train_loss}, {"delta_val", &CorrelationLayer::delta_val},
+               {"delta_train", &CorrelationLayer::delta_train}})
+        c.*f = l.at(k).get<double>();
+      r.layers.push_back(c);
+    }
+  } catch (const json::exception& e) {
+    fail(what, ": expected a correlation.json written by `snip correlate` (", e.what(), ")");
+  }
+  return r;
+}
+
+json to_json(const CorrelationResult& r) {
+  json layers = json::array();
+  for (const auto& c : r.layers)
+    layers.push_back({{"name", c.name}, {"q", c.q}, {"ld", c.ld}, {"wd", c.wd}, {"ld_first", c.ld_first},
+                      {"ld_second", c.ld_second}, {"wd_own", c.wd_own}, {"wd_up", c.wd_up},
+                      {"rel_err_fprop", c.rel_err_fprop}, {"val_loss", c.val_loss}, {"train_loss", c.train_loss},
+                      {"delta_val", c.delta_val}, {"delta_train", c.delta_train}});
+  json corr = json::object();
+  for (const auto& [k, m] : r.correlations)
+    for (const auto& [kk, v] : m) corr[k][kk] = std::isfinite(v) ? json(v) : json(nullptr);
+  return {{"step", r.step}, {"steps", r.steps}, {"option", r.option}, {"base_val_loss", r.base_val_loss},
+          {"base_train_loss", r.base_train_loss}, {"layers", layers}, {"correlations", corr},
+          {"seconds", r.seconds}};
+}
+
+}  // namespace snip

@@ -1,0 +1,126 @@
+// Plan files: rendering and look-up (see plan_file.h).
+#include "snip/policy/plan_file.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <vector>
+
+#include "snip/util/error.h"
+
+namespace snip {
+
+namespace {
+std::string fmtd(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+}  // namespace
+
+std::string format_plan_table(const nlohmann::json& pj) {
+  std::ostringstream os;
+  try {
+    const std::string low = pj.value("low_option", std::string("fp4"));
+    std::string up = low;
+    for (char& c : up) c = char(std::toupper(static_cast<unsigned char>(c)));
+    const nlohmann::json& items = pj.at("items");
+    const bool has_q = pj.contains("q_table"), has_rel = pj.contains("rel_err_fprop");
+    std::vector<std::string> cols;
+    if (has_q) {
+      std::set<std::string> all;
+      for (const auto& [layer, q] : pj["q_table"].items())
+        for (const auto& [opt, v] : q.items()) all.insert(opt);
+      cols.assign(all.begin(), all.end());
+      std::map<std::string, double> cost = pj.value("option_costs", std::map<std::string, double>{});
+      auto c = [&](const std::string& s) { return cost.count(s) ? cost[s] : 1e300; };
+      std::stable_sort(cols.begin(), cols.end(), [&](const std::string& a, const std::string& b) {
+        if ((a == low) != (b == low)) return a == low;
+        return c(a) < c(b);
+      });
+    }
+    size_t w = 4;
+    double total = 0;
+    for (const nlohmann::json& it : items) {
+      w = std::max(w, it.at("name").get<std::string>().size());
+      total += it.at("flops").get<double>();
+    }
+    auto pad = [](const std::string& s, size_t n) { return s.size() >= n ? s : s + std::string(n - s.size(), ' '); };
+    auto lpad = [](const std::string& s, size_t n) { return s.size() >= n ? s : std::string(n - s.size(), ' ') + s; };
+    os << "precision plan at step " << pj.value("step", int64_t{-1}) << ": policy "
+       << pj.value("policy", std::string("?")) << ", phase " << pj.value("phase", std::string("?")) << "\n";
+    os << pad("item", w) << "  " << pad("option", 8) << lpad("FLOPs %", 9);
+    for (const auto& c : cols) os << lpad("Q(" + c + ")", 13);
+    if (has_rel) os << lpad("rel.err fprop", 15);
+    os << "\n";
+    for (const nlohmann::json& it : items) {
+      const std::string name = it.at("name").get<std::string>(), opt = it.at("option").get<std::string>();
+      os << pad(name, w) << "  " << pad(opt, 8) << lpad(fmtd("%.2f%%", 100.0 * it.at("flops").get<double>() / total), 9);
+      for (const auto& c : cols) {
+        const nlohmann::json& q = pj["q_table"].value(name, nlohmann::json::object());
+        os << lpad(q.contains(c) ? fmtd("%.4g", q[c].get<double>()) : "-", 13);
+      }
+      if (has_rel) {
+        const nlohmann::json& r = pj["rel_err_fprop"].value(name, nlohmann::json::object());
+        os << lpad(r.contains(opt) ? fmtd("%.4g", r[opt].get<double>()) : "-", 15);
+      }
+      os << "\n";
+    }
+    os << "\n";
+    const std::string method = pj.value("method", std::string("?"));
+    if (pj.contains("budget") && pj["budget"].is_number() && pj.value("phase", std::string()) == "plan" &&
+        method.rfind("uniform-", 0) != 0)
+      os << "budget:    " << up << " FLOPs share >= " << fmtd("%.4g", pj["budget"].get<double>()) << "\n";
+    os << "achieved:  " << up << " share " << fmtd("%.4f", pj.at("fp4_share").get<double>());
+    if (pj.contains("cost_per_flop") && pj["cost_per_flop"].is_number())
+      os << ", cost " << fmtd("%.4f", pj["cost_per_flop"].get<double>()) << " per FLOP";
+    os << "\n";
+    if (has_q) os << "objective: sum Q = " << fmtd("%.6g", pj.at("objective").get<double>()) << "\n";
+    if (method == "ilp")
+      os << "solver:    cbc " << pj.value("status", std::string("?"))
+         << (pj.value("proven_optimal", false) ? " (proven)" : " (NOT proven optimal)") << " in "
+         << fmtd("%.3f", pj.value("solve_seconds", 0.0)) << " s\n";
+    else
+      os << "method:    " << (method.rfind("uniform-", 0) == 0 ? "" : "heuristic ") << method << " in "
+         << fmtd("%.3f", pj.value("solve_seconds", 0.0)) << " s\n";
+    if (pj.contains("stats_seconds")) os << "stats:     " << fmtd("%.3f", pj["stats_seconds"].get<double>()) << " s\n";
+  } catch (const nlohmann::json::exception& e) {
+    fail("plan JSON: expected a plan file written by `snip train` (", e.what(), ")");
+  }
+  return os.str();
+}
+
+std::string find_plan_file(const std::string& run_dir, int64_t step) {
+  const std::filesystem::path dir = std::filesystem::path(run_dir) / "plans";
+  if (step >= 0) {
+    const std::filesystem::path p = dir / ("step-" + std::to_string(step) + ".json");
+    if (!std::filesystem::exists(p)) fail("snip plan show: ", p.string(), " does not exist");
+    return p.string();
+  }
+  if (!std::filesystem::is_directory(dir)) fail("snip plan show: ", dir.string(), " does not exist (no plan was made in ", run_dir, ")");
+  std::vector<int64_t> steps;
+  const std::regex re("step-([0-9]+)\\.json");
+  for (auto& e : std::filesystem::directory_iterator(dir)) {
+    std::smatch m;
+    const std::string n = e.path().filename().string();
+    if (std::regex_match(n, m, re)) steps.push_back(std::stoll(m[1]));
+  }
+  if (steps.empty()) fail("snip plan show: no plans/step-N.json in ", run_dir);
+  std::sort(steps.rbegin(), steps.rend());
+  auto path = [&](int64_t s) { return (dir / ("step-" + std::to_string(s) + ".json")).string(); };
+  // The newest real plan (phase "plan"), not the final phase's all-FP8 decision.
+  for (int64_t s : steps) {
+    std::ifstream in(path(s));
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.value("phase", std::string()) == "plan") return path(s);
+  }
+  return path(steps.front());
+}
+
+}  // namespace snip

@@ -1,0 +1,274 @@
+// The recipe registry and the built-in recipes (see quant/recipe.h).
+#include "snip/quant/recipe.h"
+
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "snip/formats/integer.h"
+#include "snip/formats/minifloat.h"
+#include "snip/formats/posit.h"
+#include "snip/util/error.h"
+
+namespace snip::quant {
+
+using formats::BlockShape;
+using formats::QuantSpec;
+using formats::Rounding;
+using formats::ScaleFormat;
+using formats::ScaleRule;
+
+namespace {
+
+QuantSpec spec(const formats::ElementFormat& elem, ScaleRule rule, ScaleFormat sf, BlockShape block,
+               Rounding rounding = Rounding::kRNE) {
+  QuantSpec s;
+  s.element = elem;
+  s.rule = rule;
+  s.scale_format = sf;
+  s.block = block;
+  s.rounding = rounding;
+  return s;
+}
+
+bool is_grad(Operand op) { return op == Operand::kDgradDY || op == Operand::kWgradDY; }
+bool is_weight(Operand op) { return op == Operand::kFpropW || op == Operand::kDgradW; }
+
+// A recipe from a per-operand function.
+template <typename F>
+Recipe make(const std::string& name, const std::string& description, F&& per_operand) {
+  Recipe r;
+  r.name = name;
+  r.description = description;
+  for (int i = 0; i < kNumOperands; ++i) r.operands[size_t(i)] = per_operand(Operand(i));
+  return r;
+}
+
+std::vector<Recipe> builtin_recipes() {
+  using namespace formats;
+  std::vector<Recipe> v;
+  v.push_back(make("bf16", "every operand cast to BF16 (RNE, IEEE overflow); no scaling",
+                   [](Operand) {
+                     QuantSpec s = spec(kBF16, ScaleRule::kNone, ScaleFormat::kFP32,
+                                        BlockShape::tensor());
+                     s.saturate = false;
+                     return s;
+                   }));
+  v.push_back(make("fp8",
+                   "E4M3; X and dY in 1x128 tiles, W in 128x128 blocks; FP32 power-of-two "
+                   "scales rounded up (no saturation); RNE (DeepSeek-V3 layout, METHOD.md 1)",
+                   [](Operand op) {
+                     return spec(kE4M3, ScaleRule::kCurrent, ScaleFormat::kFP32Pow2,
+                                 is_weight(op) ? BlockShape::square(128) : BlockShape::tile(128));
+                   }));
+  v.push_back(make("fp4",
+                   "E2M1 with NVFP4 scaling (1x16 blocks, E4M3 block scale, FP32 tensor "
+                   "scale); RNE for X and W, stochastic rounding for dY (METHOD.md 1)",
+                   [](Operand op) {
+                     return spec(kE2M1, ScaleRule::kTwoLevel, ScaleFormat::kE4M3,
+                                 BlockShape::tile(16),
+                                 is_grad(op) ? Rounding::kStochastic : Rounding::kRNE);
+                   }));
+  v.push_back(make("nvfp4",
+                   "TransformerEngine NVFP4BlockScaling: E2M1, E4M3 x FP32 two-level scales; "
+                   "X and dY in 1x16 blocks, W in 16x16 blocks; SR for dY (no Hadamard transform)",
+                   [](Operand op) {
+                     return spec(kE2M1, ScaleRule::kTwoLevel, ScaleFormat::kE4M3,
+                                 is_weight(op) ? BlockShape::square(16) : BlockShape::tile(16),
+                                 is_grad(op) ? Rounding::kStochastic : Rounding::kRNE);
+                   }));
+  v.push_back(make("mxfp8", "OCP MX v1.0 MXFP8: E4M3, 1x32 blocks, E8M0 scale (spec floor rule), RNE",
+                   [](Operand) {
+                     return spec(kE4M3, ScaleRule::kMxFloor, ScaleFormat::kE8M0,
+                                 BlockShape::tile(32));
+                   }));
+  v.push_back(make("mxfp8_rceil",
+                   "MXFP8 with E8M0 scales rounded up (RCEIL, NVIDIA cuBLAS/TE): no saturation",
+                   [](Operand) {
+                     return spec(kE4M3, ScaleRule::kCurrent, ScaleFormat::kE8M0,
+                                 BlockShape::tile(32));
+                   }));
+  v.push_back(make("mxfp4",
+                   "OCP MX v1.0 MXFP4: E2M1, 1x32 blocks, E8M0 scale (floor rule); RNE for X "
+                   "and W, SR for dY",
+                   [](Operand op) {
+                     return spec(kE2M1, ScaleRule::kMxFloor, ScaleFormat::kE8M0,
+                                 BlockShape::tile(32),
+                                 is_grad(op) ? Rounding::kStochastic : Rounding::kRNE);
+                   }));
+  v.push_back(make("mxfp4_rceil", "MXFP4 with E8M0 scales rounded up (RCEIL); SR for dY",
+                   [](Operand op) {
+                     return spec(kE2M1, ScaleRule::kCurrent, ScaleFormat::kE8M0,
+                                 BlockShape::tile(32),
+                                 is_grad(op) ? Rounding::kStochastic : Rounding::kRNE);
+                   }));
+  v.push_back(make("mxfp6", "OCP MX v1.0 MXFP6 (E2M3): 1x32 blocks, E8M0 scale (floor rule), RNE",
+                   [](Operand) {
+                     return spec(kE2M3, ScaleRule::kMxFloor, ScaleFormat::kE8M0,
+                                 BlockShape::tile(32));
+                   }));
+  v.push_back(make("block_fp8", "Block-FP8: E4M3, 1x16 blocks, FP32 scale amax/448, RNE",
+                   [](Operand) {
+                     return spec(kE4M3, ScaleRule::kCurrent, ScaleFormat::kFP32,
+                                 BlockShape::tile(16));
+                   }));
+  v.push_back(make("fp8_tensor",
+                   "TransformerEngine DelayedScaling HYBRID: E4M3 for X and W, E5M2 for dY; "
+                   "per-tensor FP32 scales from the max of a 1024-step amax history",
+                   [](Operand op) {
+                     return spec(is_grad(op) ? kE5M2 : kE4M3, ScaleRule::kDelayed,
+                                 ScaleFormat::kFP32, BlockShape::tensor());
+                   }));
+  v.push_back(make("e1m2",
+                   "E1M2 (uniform 4-bit grid) with NVFP4-style two-level scaling (1x16 "
+                   "blocks, E4M3 x FP32); RNE for X and W, SR for dY",
+                   [](Operand op) {
+                     return spec(kE1M2, ScaleRule::kTwoLevel, ScaleFormat::kE4M3,
+                                 BlockShape::tile(16),
+                                 is_grad(op) ? Rounding::kStochastic : Rounding::kRNE);
+                   }));
+  v.push_back(make("posit8",
+                   "Posit8 (es = 2, 2022 standard), 1x128 tiles, FP32 power-of-two scales "
+                   "mapping amax to 16, RNE",
+                   [](Operand) {
+                     return spec(kPosit8, ScaleRule::kCurrent, ScaleFormat::kFP32Pow2,
+                                 BlockShape::tile(128));
+                   }));
+  v.push_back(make("int8", "INT8 (-127..127), one FP32 scale amax/127 per row, RNE",
+                   [](Operand) {
+                     return spec(kInt8, ScaleRule::kCurrent, ScaleFormat::kFP32, BlockShape::row());
+                   }));
+  return v;
+}
+
+void validate_recipe(const Recipe& r) {
+  if (r.name.empty()) fail("register_recipe: recipe name: expected a non-empty name");
+  for (int i = 0; i < kNumOperands; ++i)
+    formats::validate_quant_spec(r.operands[size_t(i)],
+                                 str_cat("recipe '", r.name, "' ", operand_name(Operand(i))));
+}
+
+struct Registry {
+  std::mutex mu;
+  std::map<std::string, Recipe> recipes;
+  Registry() {
+    for (const Recipe& r : builtin_recipes()) {
+      validate_recipe(r);
+      recipes.emplace(r.name, r);
+    }
+  }
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+}  // namespace
+
+OperandLayout operand_layout(Operand op) {
+  switch (op) {
+    case Operand::kFpropX: return {"X", "X [T, in]", "in"};
+    case Operand::kFpropW: return {"W", "W [out, in]", "in"};
+    case Operand::kDgradDY: return {"dY", "dY [T, out]", "out"};
+    case Operand::kDgradW: return {"W", "W^T [in, out]", "out"};
+    case Operand::kWgradDY: return {"dY", "dY^T [out, T]", "T"};
+    case Operand::kWgradX: return {"X", "X^T [in, T]", "T"};
+  }
+  return {"?", "?", "?"};
+}
+
+bool Recipe::is_passthrough() const {
+  for (const QuantSpec& s : operands)
+    if (!s.is_bf16_passthrough()) return false;
+  return true;
+}
+
+void register_recipe(const Recipe& recipe, bool replace) {
+  validate_recipe(recipe);
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  const auto it = reg.recipes.find(recipe.name);
+  if (it != reg.recipes.end()) {
+    if (!replace) fail("register_recipe: a recipe named '", recipe.name, "' already exists");
+    it->second = recipe;
+    return;
+  }
+  reg.recipes.emplace(recipe.name, recipe);
+}
+
+Recipe find_recipe(const std::string& name) {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  const auto it = reg.recipes.find(name);
+  if (it != reg.recipes.end()) return it->second;
+  std::string known;
+  for (const auto& kv : reg.recipes) known += (known.empty() ? "" : ", ") + kv.first;
+  fail("unknown recipe '", name, "' (known: ", known, ")");
+}
+
+std::vector<std::string> recipe_names() {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  std::vector<std::string> names;
+  for (const auto& kv : reg.recipes) names.push_back(kv.first);
+  return names;
+}
+
+nlohmann::json to_json(const Recipe& r) {
+  nlohmann::json ops = nlohmann::json::object();
+  for (int i = 0; i < kNumOperands; ++i)
+    ops[operand_name(Operand(i))] = formats::to_json(r.operands[size_t(i)]);
+  return {{"name", r.name}, {"description", r.description}, {"operands", ops}};
+}
+
+Recipe recipe_from_json(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object()) fail(where, ": expected an object, got ", j.type_name());
+  Recipe r;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
+    if (key == "name" || key == "description") {
+      if (!it->is_string()) fail(where, ".", key, ": expected a string, got ", it->dump());
+      (key == "name" ? r.name : r.description) = it->get<std::string>();
+    } else if (key != "operands") {
+      fail(where, ".", key, ": unknown key (expected name, description, operands)");
+    }
+  }
+  if (r.name.empty()) fail(where, ".name: expected a non-empty string");
+  const auto ops_it = j.find("operands");
+  if (ops_it == j.end() || !ops_it->is_object())
+    fail(where, ".operands: expected an object with fprop.x .. wgrad.x (or all)");
+  const nlohmann::json& ops = *ops_it;
+  nlohmann::json base = nlohmann::json::object();
+  if (ops.contains("all")) {
+    if (!ops["all"].is_object()) fail(where, ".operands.all: expected an object");
+    base = ops["all"];
+  }
+  for (auto it = ops.begin(); it != ops.end(); ++it) {
+    if (it.key() == "all") continue;
+    parse_operand(it.key(), where + ".operands");
+    if (!it->is_object()) fail(where, ".operands.", it.key(), ": expected an object");
+  }
+  for (int i = 0; i < kNumOperands; ++i) {
+    const char* name = operand_name(Operand(i));
+    nlohmann::json merged = base;
+    if (ops.contains(name)) merged.update(ops[name]);
+    if (!ops.contains(name) && !ops.contains("all"))
+      fail(where, ".operands.", name, ": missing (give every operand, or an 'all' entry)");
+    r.operands[size_t(i)] = formats::quant_spec_from_json(merged, str_cat(where, ".operands.", name));
+  }
+  return r;
+}
+
+}  // namespace snip::quant
+
+namespace snip {
+
+Operand parse_operand(const std::string& name, const std::string& where) {
+  for (int i = 0; i < kNumOperands; ++i)
+    if (name == operand_name(Operand(i))) return Operand(i);
+  fail(where, ": unknown GEMM operand '", name,
+       "' (expected fprop.x, fprop.w, dgrad.dy, dgrad.w, wgrad.dy or wgrad.x)");
+}
+
+}  // namespace snip

@@ -1,0 +1,53 @@
+// RUN/metrics.jsonl (see metrics.h).
+#include "snip/train/metrics.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "snip/io/atomic_file.h"
+#include "snip/util/error.h"
+
+namespace snip {
+
+using json = nlohmann::json;
+
+MetricsLog::MetricsLog(const std::string& path, int64_t resume_step) : path_(path) {
+  std::string kept;
+  if (resume_step >= 0) {
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) {
+      const json r = json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (!r.is_object()) continue;  // a torn last line from a killed run
+      if (r.value("step", int64_t{0}) <= resume_step) {
+        kept += line + "\n";
+        earlier_.push_back(r);
+      }
+    }
+  }
+  io::write_file_atomic(path, kept);
+  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (fd_ < 0) fail("cannot open ", path, ": ", std::strerror(errno));
+}
+
+MetricsLog::~MetricsLog() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void MetricsLog::append(const json& record) {
+  const std::string line = record.dump() + "\n";
+  size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      fail("cannot write ", path_, ": ", n < 0 ? std::strerror(errno) : "nothing written",
+           " (the run stops here; its last checkpoint is intact, continue with --resume once fixed)");
+    done += size_t(n);
+  }
+}
+
+}  // namespace snip

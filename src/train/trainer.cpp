@@ -1,0 +1,290 @@
+// The training loop and evaluation (see trainer.h). The step itself is
+// train/step.h; checkpoints train/checkpoint.h; metrics train/metrics.h.
+#include "snip/train/trainer.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <filesystem>
+#include <limits>
+#include <thread>
+
+#include "snip/data/loader.h"
+#include "snip/io/atomic_file.h"
+#include "snip/io/dir_lock.h"
+#include "snip/method/controller.h"
+#include "snip/model/hf.h"
+#include "snip/quant/quantizers.h"
+#include "snip/report/report.h"
+#include "snip/train/checkpoint.h"
+#include "snip/train/metrics.h"
+#include "snip/train/optimizer.h"
+#include "snip/train/step.h"
+#include "snip/util/error.h"
+
+namespace snip {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+std::string fmt_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const int64_t t = int64_t(s + 0.5);
+  char buf[32];
+  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", long(t / 3600), long(t / 60 % 60));
+  else std::snprintf(buf, sizeof buf, "%ldm%02lds", long(t / 60), long(t % 60));
+  return buf;
+}
+
+// RUN/report.html (report.h); a failure is a warning, never the run's end.
+void write_run_report(const std::string& run_dir) {
+  try {
+    report::write_report(run_dir);
+  } catch (const std::exception& e) {
+    spdlog::warn("run report not written: {}", e.what());
+  }
+}
+
+}  // namespace
+
+void set_threads(int64_t threads) {
+  torch::set_num_threads(threads > 0 ? int(threads) : int(std::max(1u, std::thread::hardware_concurrency())));
+}
+
+at::ScalarType gemm_dtype_of(const Config& cfg) {
+  return cfg.get_string("train.gemm_dtype") == "bf16" ? at::kBFloat16 : at::kFloat;
+}
+
+double evaluate(LlamaForCausalLM& model, const std::string& val_path, int64_t B, int64_t T, int64_t batches) {
+  torch::NoGradGuard ng;
+  data::TokenLoader val(val_path, int(B), int(T), 0);
+  if (int64_t(val.vocab_size()) > model->cfg.vocab_size)
+    fail(val_path, ": vocabulary ", val.vocab_size(), " is larger than the model's ", model->cfg.vocab_size,
+         " (data prepared with another tokenizer?)");
+  const uint64_t W = val.num_windows();
+  uint64_t n = batches > 0 ? std::min<uint64_t>(W, uint64_t(batches) * B) : W;
+  std::vector<int32_t> in, tg, bin, btg;
+  double sum = 0;
+  uint64_t tokens = 0;
+  for (uint64_t i = 0; i < n; i += B) {
+    const uint64_t b = std::min<uint64_t>(B, n - i);
+    bin.clear(), btg.clear();
+    for (uint64_t k = 0; k < b; ++k) {
+      val.window(i + k, in, tg);
+      bin.insert(bin.end(), in.begin(), in.end());
+      btg.insert(btg.end(), tg.begin(), tg.end());
+    }
+    torch::Tensor logits = model(to_ids(bin, b, T));
+    sum += LlamaForCausalLMImpl::loss(logits, to_ids(btg, b, T)).item<double>() * double(b * T);
+    tokens += b * T;
+  }
+  return sum / double(tokens);
+}
+
+TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
+  Config cfg = cfg_in;
+  if (opts.run_dir.empty()) fail("--run-dir: expected a directory name, got an empty string");
+  const fs::path run(opts.run_dir);
+  // One writer per run folder: a second trainer stops here, naming the first.
+  std::unique_ptr<io::DirLock> lock;
+  if (fs::is_directory(run)) lock = std::make_unique<io::DirLock>(opts.run_dir, "run directory");
+  // ---- validate everything before touching the run directory
+  std::string resume_ckpt;
+  if (opts.resume) {
+    resume_ckpt = latest_checkpoint(opts.run_dir);
+    if (resume_ckpt.empty() && !fs::is_regular_file(run / "config.toml"))
+      fail("--resume: no complete checkpoint in ", (run / "checkpoints").string());
+  } else if (fs::exists(run / "metrics.jsonl") || fs::exists(run / "checkpoints")) {
+    fail("run directory ", opts.run_dir, " already holds a run; continue it with --resume, or choose "
+         "another --run-dir (or delete it)");
+  }
+  const std::string alias = resolve_precision_alias(cfg);
+  cfg.validate();
+  const fs::path data_dir(cfg.get_string("data.dir"));
+  const std::string train_bin = (data_dir / "train.bin").string(), val_bin = (data_dir / "val.bin").string();
+  for (const auto& p : {train_bin, val_bin})
+    if (!fs::exists(p))
+      fail("data.dir: ", p, " does not exist (run `snip data prepare --out ", data_dir.string(), "` first)");
+  const int64_t B = cfg.get_int("train.batch_size"), T = cfg.get_int("train.seq_len");
+  const int64_t accum = cfg.get_int("train.grad_accum"), max_steps = cfg.get_int("train.max_steps");
+  const uint64_t seed = uint64_t(cfg.get_int("train.seed"));
+  data::TokenLoader loader(train_bin, int(B), int(T), seed);
+  {
+    data::TokenLoader check_val(val_bin, 1, int(T), 0);
+    if (check_val.vocab_size() != loader.vocab_size())
+      fail("data.dir: ", val_bin, " has vocabulary ", check_val.vocab_size(), " but ", train_bin, " has ",
+           loader.vocab_size(), " (prepared with different tokenizers?)");
+  }
+  const int64_t shard_vocab = loader.vocab_size();
+  const int64_t cfg_vocab = cfg.get_int("model.vocab_size");
+  if (cfg_vocab > 0 && cfg_vocab < shard_vocab)
+    fail("model.vocab_size ", cfg_vocab, " is smaller than the tokenizer's vocabulary ", shard_vocab, " (",
+         train_bin, "); set it to 0 to use the tokenizer's");
+  set_threads(cfg.get_int("train.threads"));
+
+  torch::manual_seed(seed);
+  LlamaConfig mcfg = LlamaConfig::from_run_config(cfg, shard_vocab);
+  LlamaForCausalLM model(mcfg);
+  if (!opts.init_from.empty()) {
+    LlamaForCausalLM src = import_hf(opts.init_from);
+    load_model_from_safetensors(model, model_to_safetensors(src), opts.init_from);
+  }
+  const at::ScalarType gemm = gemm_dtype_of(cfg);
+  model->set_precision(LinearPrecision{nullptr, gemm});
+  model->set_non_linear_gemm_dtype(gemm);
+  auto optimizer = make_optimizer(model, cfg);
+  // The adaptive precision controller (inactive for policy bf16). Validates
+  // the [precision] options against the layer list, pins and budget included.
+  PrecisionController ctl(cfg, model->linear_layers(), gemm);
+
+  int64_t step = 0;
+  json resume_state;
+  if (!resume_ckpt.empty()) {
+    resume_state = verify_checkpoint(resume_ckpt);
+    try {
+      load_checkpoint_weights(resume_ckpt, model);
+    } catch (const UserError& e) {
+      fail("--resume: ", e.what());
+    }
+    const std::string op = (fs::path(resume_ckpt) / "optimizer.pt").string();
+    load_optimizer_state(*optimizer, io::read_file(op), op);
+    step = resume_state.at("step").get<int64_t>();
+    // A run killed between its last checkpoint and its summary is finished, not refused.
+    if (step > max_steps || (step == max_steps && fs::exists(run / "summary.json")))
+      fail("--resume: the checkpoint is at step ", step, " and train.max_steps is ", max_steps,
+           ": nothing to do (raise train.max_steps to train further)");
+    if (ctl.active() && resume_state.contains("precision"))
+      ctl.restore(resume_state["precision"], (fs::path(resume_ckpt) / "trainer_state.json").string());
+    loader.restore({resume_state.at("loader").at("epoch").get<uint64_t>(),
+                    resume_state.at("loader").at("cursor").get<uint64_t>()});
+  }
+
+  // ---- the run directory: only now is anything written
+  io::ensure_writable_dir(opts.run_dir);
+  if (!lock) lock = std::make_unique<io::DirLock>(opts.run_dir, "run directory");
+  io::write_file_atomic((run / "config.toml").string(), cfg.to_toml());
+  MetricsLog metrics((run / "metrics.jsonl").string(), opts.resume ? step : -1);
+  std::deque<double> recent;  // training losses of the last 10 steps (the summary's train loss)
+  double best_val = std::numeric_limits<double>::infinity();
+  double last_val = std::nan("");
+  for (const json& r : metrics.earlier()) {
+    recent.push_back(r.value("loss", 0.0));
+    if (recent.size() > 10) recent.pop_front();
+    if (r.contains("val_loss") && r["val_loss"].is_number()) {
+      last_val = r["val_loss"].get<double>();
+      best_val = std::min(best_val, last_val);
+    }
+  }
+  ctl.set_output(opts.run_dir, !opts.quiet);
+
+  const bool tty = !opts.quiet && isatty(STDERR_FILENO);
+  const int64_t tokens_per_step = B * T * accum;
+  const int64_t log_every = cfg.get_int("train.log_interval");
+  const int64_t eval_every = cfg.get_int("train.eval_interval");
+  const int64_t ckpt_every = cfg.get_int("train.checkpoint_interval");
+  const int64_t eval_batches = cfg.get_int("train.eval_batches");
+  const int64_t warmup = cfg.get_int("train.warmup_steps");
+  const double lr_peak = cfg.get_float("train.lr"), min_lr_ratio = cfg.get_float("train.min_lr_ratio");
+  if (!opts.quiet) {
+    if (!alias.empty()) spdlog::info("{}", alias);
+    if (warmup > max_steps)
+      spdlog::warn("train.warmup_steps = {} is larger than train.max_steps = {}: the learning rate never reaches "
+                   "train.lr (peak {:.3g} at the last step)", warmup, max_steps,
+                   lr_at(max_steps - 1, max_steps, warmup, lr_peak, min_lr_ratio));
+    spdlog::info("model: {} parameters ({} layers, C={}, V={}), {} tokens/step, GEMMs in {}, policy {}",
+                 mcfg.num_parameters(), mcfg.num_hidden_layers, mcfg.hidden_size, mcfg.vocab_size,
+                 tokens_per_step, cfg.get_string("train.gemm_dtype"), ctl.policy());
+    if (step == max_steps) spdlog::info("{} holds the run's last step {}: writing its summary", resume_ckpt, step);
+    else if (!resume_ckpt.empty()) spdlog::info("resumed from {} at step {}", resume_ckpt, step);
+    else if (opts.resume)
+      spdlog::info("{} has no checkpoint yet: starting it from step 0 with its saved configuration", opts.run_dir);
+  }
+
+  StepContext sc{model, *optimizer, loader, B, T, accum, cfg.get_float("train.grad_clip"), seed, &ctl};
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  // Wall time of the earlier invocations (a resumed run's elapsed_s continues).
+  const double elapsed0 = resume_ckpt.empty() ? 0.0 : resume_state.value("elapsed_s", 0.0);
+  const int64_t start_step = step;
+  auto checkpoint_state = [&] {
+    auto ls = loader.state();
+    json st = {{"step", step}, {"loader", {{"epoch", ls.epoch}, {"cursor", ls.cursor}}}, {"seed", seed},
+               {"val_loss", std::isfinite(last_val) ? json(last_val) : json(nullptr)},
+               {"elapsed_s", elapsed0 + elapsed()}};
+    if (ctl.active()) st["precision"] = ctl.state();
+    return st;
+  };
+
+  while (step < max_steps) {
+    if (opts.stop_after > 0 && step - start_step >= opts.stop_after) break;
+    const auto ts = std::chrono::steady_clock::now();
+    const double lr = lr_at(step, max_steps, warmup, lr_peak, min_lr_ratio);
+    const StepResult r = train_step(sc, step, lr);
+    ++step;
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
+    recent.push_back(r.loss);
+    if (recent.size() > 10) recent.pop_front();
+    json rec = {{"step", step}, {"loss", r.loss}, {"lr", lr}, {"grad_norm", r.grad_norm},
+                {"tokens_per_s", double(tokens_per_step) / dt}, {"elapsed_s", elapsed0 + elapsed()},
+                {"fp4_share", ctl.fp4_share()}};
+    for (auto& [k, v] : r.precision.metrics.items()) rec[k] = v;
+    const bool eval_step = step % eval_every == 0 || step == max_steps;
+    if (eval_step) {
+      last_val = evaluate(model, val_bin, B, T, eval_batches);
+      best_val = std::min(best_val, last_val);
+      rec["val_loss"] = last_val;
+      rec["val_ppl"] = std::exp(last_val);
+    }
+    metrics.append(rec);
+    if (!opts.quiet && (step % log_every == 0 || step == max_steps || eval_step)) {
+      const double tps = double((step - start_step) * tokens_per_step) / elapsed();
+      const double eta = double((max_steps - step) * tokens_per_step) / tps;
+      std::string line = fmt::format("step {:>6}/{} | loss {:.4f} | lr {:.2e} | gnorm {:.2f} | {:.0f} tok/s | ETA {}",
+                                     step, max_steps, r.loss, lr, r.grad_norm, tps, fmt_duration(eta));
+      if (eval_step) line += fmt::format(" | val {:.4f}", last_val);
+      if (tty) std::fprintf(stderr, "\r%s\033[K", line.c_str());
+      else std::fprintf(stderr, "%s\n", line.c_str());
+      if (tty && eval_step) std::fprintf(stderr, "\n");
+    }
+    if ((ckpt_every > 0 && step % ckpt_every == 0) || step == max_steps) {
+      save_checkpoint(opts.run_dir, step, model, *optimizer, checkpoint_state(), cfg.get_int("train.keep_checkpoints"));
+      if (step != max_steps) write_run_report(opts.run_dir);
+    }
+  }
+  if (tty) std::fprintf(stderr, "\n");
+  // The summary covers the whole run, every invocation of a resumed one.
+  TrainSummary sum;
+  sum.run_dir = opts.run_dir;
+  sum.steps = step;
+  sum.tokens = step * tokens_per_step;
+  sum.seconds = elapsed0 + elapsed();
+  sum.tokens_per_s = sum.seconds > 0 ? double(sum.tokens) / sum.seconds : 0;
+  sum.invocation_steps = step - start_step;
+  sum.invocation_seconds = elapsed();
+  double acc = 0;
+  for (double l : recent) acc += l;
+  sum.final_train_loss = recent.empty() ? 0 : acc / double(recent.size());
+  sum.final_val_loss = last_val;
+  sum.best_val_loss = std::isfinite(best_val) ? best_val : last_val;
+  auto num = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
+  json s = {{"steps", sum.steps}, {"tokens", sum.tokens}, {"seconds", sum.seconds},
+            {"tokens_per_s", sum.tokens_per_s}, {"final_train_loss", sum.final_train_loss},
+            {"final_val_loss", num(last_val)}, {"final_val_ppl", num(std::exp(last_val))},
+            {"best_val_loss", num(sum.best_val_loss)},
+            {"vocab_size", mcfg.vocab_size}, {"ln_vocab", std::log(double(mcfg.vocab_size))},
+            {"parameters", mcfg.num_parameters()}, {"policy", ctl.policy()},
+            {"gemm_dtype", cfg.get_string("train.gemm_dtype")}, {"elapsed_s", sum.seconds},
+            {"tokens_total", sum.tokens},
+            {"invocation", {{"steps", sum.invocation_steps}, {"tokens", sum.invocation_steps * tokens_per_step},
+                            {"seconds", sum.invocation_seconds}}}};
+  io::write_file_atomic((run / "summary.json").string(), s.dump(2) + "\n");
+  write_run_report(opts.run_dir);
+  return sum;
+}
+
+}  // namespace snip

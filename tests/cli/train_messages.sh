@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# What `snip train` tells a person, through the real binary: the warning for a
+# warmup longer than the run, the recipe alias notice (printed once), the
+# progress line showing the validation loss only on evaluation steps, the
+# end-of-run summary naming what the run folder holds, the notice of a resume
+# that starts from step 0, and the lock a second trainer runs into.
+#
+# usage: train_messages.sh SNIP_BINARY PREPARED_DATA_DIR
+set -u
+snip="$1"; data="$2"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+pass=0; fail=0
+check() {  # check NAME FILE PATTERN [COUNT]: PATTERN (grep -E) occurs in FILE (COUNT times if given)
+  local n; n=$(grep -cE -- "$3" "$2")
+  if { [ $# -ge 4 ] && [ "$n" -eq "$4" ]; } || { [ $# -lt 4 ] && [ "$n" -gt 0 ]; }; then pass=$((pass + 1))
+  else fail=$((fail + 1)); echo "FAIL $1: '$3' found $n times in $2:" >&2; cat "$2" >&2; fi
+}
+
+cat >"$tmp/m.toml" <<TOML
+[model]
+hidden_size = 32
+intermediate_size = 64
+num_hidden_layers = 1
+num_attention_heads = 2
+num_key_value_heads = 1
+max_position_embeddings = 32
+[data]
+dir = "$data"
+[train]
+batch_size = 2
+seq_len = 16
+max_steps = 6
+warmup_steps = 9
+eval_interval = 3
+eval_batches = 2
+log_interval = 1
+threads = 1
+[precision]
+recipe = "fp4"
+TOML
+
+"$snip" train --config "$tmp/m.toml" --run-dir "$tmp/run" >"$tmp/out" 2>"$tmp/err" || { fail=$((fail + 1)); cat "$tmp/err" >&2; }
+check "warmup warning" "$tmp/err" "warn.*train.warmup_steps = 9 is larger than train.max_steps = 6"
+check "alias notice once" "$tmp/err" "precision.recipe = 'fp4' is read as precision.policy = 'uniform-fp4'" 1
+check "progress lines" "$tmp/err" "^step +[0-9]+/6 \\|" 6
+check "val on eval steps" "$tmp/err" "^step +(3|6)/6 .*\\| val [0-9.]+$" 2
+check "no val elsewhere" "$tmp/err" "^step +(1|2|4|5)/6 .*\\| val" 0
+check "summary lists the run" "$tmp/out" "run directory .*: report.html, metrics.jsonl, summary.json, config.toml, checkpoints/ \\(1\\), plans/ \\([0-9]+\\)"
+grep -q 'policy = "uniform-fp4"' "$tmp/run/config.toml" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: config.toml lacks the resolved policy" >&2; }
+
+# Stopped before its first checkpoint: --resume starts it again from step 0.
+sed -i 's/^max_steps = 6/max_steps = 4/; s/^warmup_steps = 9/warmup_steps = 1/' "$tmp/m.toml"
+mkdir -p "$tmp/early" && cp "$tmp/run/config.toml" "$tmp/early/config.toml"
+"$snip" train --run-dir "$tmp/early" --resume --set train.max_steps=2 >"$tmp/out2" 2>"$tmp/err2" || { fail=$((fail + 1)); cat "$tmp/err2" >&2; }
+check "resume from zero" "$tmp/err2" "has no checkpoint yet: starting it from step 0 with its saved configuration" 1
+
+# A second trainer on a folder in use gets one line naming the first.
+"$snip" train --config "$tmp/m.toml" --set train.max_steps=1000000 --set train.log_interval=1000000 --set train.eval_interval=1000000 --run-dir "$tmp/busy" >/dev/null 2>&1 &
+first=$!
+for _ in $(seq 1 100); do [ -s "$tmp/busy/.lock" ] && break; sleep 0.1; done
+"$snip" train --config "$tmp/m.toml" --run-dir "$tmp/busy" --resume >"$tmp/out3" 2>"$tmp/err3"; rc=$?
+kill "$first" 2>/dev/null; wait "$first" 2>/dev/null
+[ "$rc" -eq 2 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL lock: rc=$rc" >&2; }
+check "lock names the first" "$tmp/err3" "^snip: error: run directory $tmp/busy is in use by process $first " 1
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,83 @@
+// The run configuration: TOML parsing, overrides, errors with suggestions,
+// and the resolved TOML round trip.
+#include <gtest/gtest.h>
+
+#include "snip/config/config.h"
+#include "snip/util/error.h"
+#include "micro.h"
+
+using namespace snip;
+
+namespace {
+using test::error_of;
+}  // namespace
+
+TEST(Config, DefaultsAndOverrides) {
+  Config c;
+  EXPECT_EQ(c.get_int("train.batch_size"), 16);
+  c.load_toml_string("[train]\nbatch_size = 4\nlr = 1\n[model]\ntie_word_embeddings = false\n", "t.toml");
+  EXPECT_EQ(c.get_int("train.batch_size"), 4);
+  EXPECT_DOUBLE_EQ(c.get_float("train.lr"), 1.0);  // an integer is accepted as a number
+  EXPECT_FALSE(c.get_bool("model.tie_word_embeddings"));
+  c.set_override("train.lr=0.25");
+  c.set_override("data.dir=some/where");
+  c.set_override("model.tie_word_embeddings=true");
+  EXPECT_DOUBLE_EQ(c.get_float("train.lr"), 0.25);
+  EXPECT_EQ(c.get_string("data.dir"), "some/where");
+  EXPECT_TRUE(c.get_bool("model.tie_word_embeddings"));
+}
+
+TEST(Config, UnknownKeyNamesTheClosestValidOne) {
+  Config c;
+  EXPECT_EQ(error_of([&] { c.load_toml_string("[train]\nbatch_sise = 4\n", "run.toml"); }),
+            "run.toml:2: unknown option 'train.batch_sise' (did you mean 'train.batch_size'? "
+            "`snip train --help` lists every option)");
+  EXPECT_NE(error_of([&] { c.set_override("train.warmup_step=3"); }).find("did you mean 'train.warmup_steps'"),
+            std::string::npos);
+  EXPECT_EQ(closest_option_key("hiden_size"), "model.hidden_size");
+  EXPECT_EQ(closest_option_key("model.num_layers"), "model.num_hidden_layers");
+}
+
+TEST(Config, WrongTypesAreNamed) {
+  Config c;
+  EXPECT_EQ(error_of([&] { c.load_toml_string("[train]\nbatch_size = \"big\"\n", "r.toml"); }),
+            "r.toml:2: train.batch_size: expected an integer, got 'big'");
+  EXPECT_EQ(error_of([&] { c.set_override("train.lr=fast"); }),
+            "--set train.lr=fast: train.lr: expected a number, got 'fast'");
+  EXPECT_EQ(error_of([&] { c.set_override("train.lr"); }), "--set train.lr: expected section.key=value");
+  EXPECT_NE(error_of([&] { c.load_toml_string("[train\n", "broken.toml"); }).find("broken.toml:1:"),
+            std::string::npos);
+}
+
+TEST(Config, ValidateChecksShapes) {
+  Config c;
+  c.set_override("model.num_attention_heads=3");
+  EXPECT_NE(error_of([&] { c.validate(); }).find("must be divisible by model.num_attention_heads (3)"),
+            std::string::npos);
+  Config d;
+  d.set_override("train.seq_len=4096");
+  EXPECT_NE(error_of([&] { d.validate(); }).find("exceeds model.max_position_embeddings"), std::string::npos);
+}
+
+TEST(Config, ResolvedTomlRoundTrips) {
+  Config c;
+  c.set_override("train.lr=0.1");
+  c.set_override("data.dir=a \"quoted\" path");
+  Config d;
+  d.load_toml_string(c.to_toml(), "resolved");
+  for (const auto& o : option_table()) {
+    SCOPED_TRACE(o.key);
+    EXPECT_EQ(format_option_value(d.values().at(o.key)),
+              format_option_value(c.values().count(o.key) ? c.values().at(o.key) : o.def));
+  }
+  EXPECT_EQ(d.get_string("data.dir"), "a \"quoted\" path");
+}
+
+TEST(Config, NumbersPrintAsTheShortestDecimalThatReadsBack) {
+  EXPECT_EQ(format_option_value(0.9), "0.9");
+  EXPECT_EQ(format_option_value(1e-5), "1e-05");
+  EXPECT_EQ(format_option_value(3.0), "3.0");
+  EXPECT_EQ(format_option_value(0.1 + 0.2), "0.30000000000000004");  // needs all 17 digits
+  EXPECT_EQ(format_option_value(int64_t{42}), "42");
+  EXPECT_EQ(format_option_value(std::string("a b")), "'a b'");
+}

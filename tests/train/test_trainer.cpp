@@ -1,0 +1,342 @@
+// The trainer on real text (the Brown Corpus, prepared by the CTest fixture
+// `prepare_brown512`: BPE vocabulary 512): the loss decreases, resume is
+// exact, and bad input fails with one clear error leaving nothing behind.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "snip/config/config.h"
+#include "snip/train/trainer.h"
+#include "snip/io/atomic_file.h"
+#include "snip/io/dir_lock.h"
+#include "snip/util/error.h"
+#include "micro.h"
+
+using namespace snip;
+namespace fs = std::filesystem;
+
+namespace {
+
+using test::micro_config;
+const std::string& kData = test::kBrown512;
+
+std::string fresh_dir(const std::string& name) {
+  const std::string d = (fs::temp_directory_path() / ("snip-test-" + name + "-" + std::to_string(getpid()))).string();
+  fs::remove_all(d);
+  return d;
+}
+
+std::vector<nlohmann::json> read_metrics(const std::string& run) {
+  std::ifstream in(run + "/metrics.jsonl");
+  std::vector<nlohmann::json> out;
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+void require_data() {
+  if (!fs::exists(kData + "/train.bin")) GTEST_SKIP() << "no prepared Brown data at " << kData;
+}
+
+// Runs f, expects a UserError whose message contains `needle` and is one line.
+template <typename F>
+void expect_user_error(F f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected UserError containing '" << needle << "'";
+  } catch (const UserError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(needle), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << "not one line: " << m;
+  }
+}
+
+}  // namespace
+
+TEST(Schedule, WarmupThenCosineByHand) {
+  // warmup 10 steps to lr=1: step 0 -> 0.1, step 9 -> 1.0
+  EXPECT_DOUBLE_EQ(lr_at(0, 110, 10, 1.0, 0.1), 0.1);
+  EXPECT_DOUBLE_EQ(lr_at(9, 110, 10, 1.0, 0.1), 1.0);
+  EXPECT_DOUBLE_EQ(lr_at(10, 110, 10, 1.0, 0.1), 1.0);  // cosine starts at the peak
+  // halfway through the decay: min + (1-min)*0.5*(1+cos(pi/2)) = 0.1 + 0.45 = 0.55
+  EXPECT_NEAR(lr_at(60, 110, 10, 1.0, 0.1), 0.55, 1e-15);
+  EXPECT_NEAR(lr_at(110, 110, 10, 1.0, 0.1), 0.1, 1e-15);
+}
+
+TEST(Trainer, LossDecreasesOnRealText) {
+  require_data();
+  Config c = micro_config();
+  c.set("train.max_steps", int64_t{150}, "test");
+  c.set("train.eval_interval", int64_t{150}, "test");
+  const std::string run = fresh_dir("loss");
+  TrainOptions o;
+  o.run_dir = run;
+  o.quiet = true;
+  TrainSummary s = train(c, o);
+  auto m = read_metrics(run);
+  ASSERT_EQ(m.size(), 150u);
+  const double first = m.front()["loss"].get<double>();
+  // An untrained model predicts ~uniformly: loss ~ ln(512) = 6.24 nats.
+  EXPECT_NEAR(first, std::log(512.0), 0.1);
+  // 150 steps of 512 tokens on Brown reach well below the unigram level.
+  EXPECT_LT(s.final_val_loss, 0.8 * std::log(512.0));
+  EXPECT_LT(s.final_train_loss, first - 1.0);
+  EXPECT_TRUE(m.back().contains("val_loss"));
+  EXPECT_TRUE(fs::exists(run + "/checkpoints/step-150/model.safetensors"));
+  fs::remove_all(run);
+}
+
+TEST(Trainer, ResumeIsExact) {
+  require_data();
+  Config c = micro_config();
+  c.set("train.max_steps", int64_t{16}, "test");
+  c.set("train.checkpoint_interval", int64_t{8}, "test");
+  c.set("train.eval_interval", int64_t{8}, "test");
+  c.set("train.grad_accum", int64_t{2}, "test");
+  TrainOptions o;
+  o.quiet = true;
+  o.run_dir = fresh_dir("straight");
+  train(c, o);
+  const auto straight = read_metrics(o.run_dir);
+
+  TrainOptions r = o;
+  r.run_dir = fresh_dir("resumed");
+  r.stop_after = 11;  // killed after step 11: steps 9-11 are lost, checkpoint at 8
+  train(c, r);
+  ASSERT_EQ(read_metrics(r.run_dir).size(), 11u);
+  r.stop_after = 0;
+  r.resume = true;
+  const TrainSummary sum = train(c, r);
+  const auto resumed = read_metrics(r.run_dir);
+  // The summary covers the whole run, not only the resumed invocation.
+  EXPECT_EQ(sum.steps, 16);
+  EXPECT_EQ(sum.tokens, 16 * 8 * 64 * 2);  // steps x B x T x grad_accum
+  EXPECT_EQ(sum.invocation_steps, 8);      // from the step-8 checkpoint
+  EXPECT_GE(sum.seconds, sum.invocation_seconds);
+  EXPECT_EQ(sum.best_val_loss, std::min(straight[7]["val_loss"].get<double>(), straight[15]["val_loss"].get<double>()));
+  ASSERT_EQ(resumed.size(), straight.size());
+  for (size_t i = 0; i < straight.size(); ++i) {
+    SCOPED_TRACE(i);
+    // Bit-identical: JSON doubles are written with 17 significant digits.
+    EXPECT_EQ(resumed[i]["step"], straight[i]["step"]);
+    EXPECT_EQ(resumed[i]["loss"].get<double>(), straight[i]["loss"].get<double>());
+    EXPECT_EQ(resumed[i]["grad_norm"].get<double>(), straight[i]["grad_norm"].get<double>());
+    EXPECT_EQ(resumed[i].value("val_loss", -1.0), straight[i].value("val_loss", -1.0));
+  }
+  const auto a = io::read_file(o.run_dir + "/checkpoints/step-16/model.safetensors");
+  const auto b = io::read_file(r.run_dir + "/checkpoints/step-16/model.safetensors");
+  EXPECT_TRUE(a == b) << "final weights differ";
+  fs::remove_all(o.run_dir);
+  fs::remove_all(r.run_dir);
+}
+
+TEST(Trainer, CorruptOrTruncatedCheckpointIsRefused) {
+  require_data();
+  Config c = micro_config();
+  c.set("train.max_steps", int64_t{4}, "test");
+  TrainOptions o;
+  o.quiet = true;
+  o.run_dir = fresh_dir("corrupt");
+  train(c, o);
+  const std::string w = o.run_dir + "/checkpoints/step-4/model.safetensors";
+  std::string bytes = io::read_file(w);
+  c.set("train.max_steps", int64_t{8}, "test");
+  o.resume = true;
+  // One flipped bit in the tensor data: the header is still valid.
+  std::string flipped = bytes;
+  flipped[flipped.size() - 3] ^= 0x10;
+  io::write_file_atomic(w, flipped);
+  expect_user_error([&] { train(c, o); }, "checksum mismatch");
+  io::write_file_atomic(w, bytes.substr(0, bytes.size() / 2));
+  expect_user_error([&] { train(c, o); }, "checksum mismatch");
+  expect_user_error([&] { load_checkpoint_model(o.run_dir + "/checkpoints/step-4"); }, "checksum mismatch");
+  // Nothing was written by the failed attempts: metrics still hold 4 steps.
+  EXPECT_EQ(read_metrics(o.run_dir).size(), 4u);
+  fs::remove_all(o.run_dir);
+}
+
+TEST(Trainer, BadInputFailsBeforeWritingAnything) {
+  require_data();
+  TrainOptions o;
+  o.quiet = true;
+  o.run_dir = fresh_dir("bad");
+  {
+    Config c = micro_config();
+    c.set("data.dir", std::string("/nonexistent/data"), "test");
+    expect_user_error([&] { train(c, o); }, "does not exist");
+  }
+  {
+    Config c = micro_config();
+    c.set("model.vocab_size", int64_t{100}, "test");  // tokenizer has 512
+    expect_user_error([&] { train(c, o); }, "smaller than the tokenizer's vocabulary 512");
+  }
+  {
+    Config c = micro_config();
+    c.set("precision.recipe", std::string("fp3"), "test");
+    expect_user_error([&] { train(c, o); }, "unknown recipe 'fp3'");
+  }
+  {
+    Config c = micro_config();
+    c.set("model.num_key_value_heads", int64_t{3}, "test");
+    expect_user_error([&] { train(c, o); }, "num_attention_heads (4) must be divisible by model.num_key_value_heads (3)");
+  }
+  {
+    Config c = micro_config();
+    TrainOptions r = o;
+    r.resume = true;
+    expect_user_error([&] { train(c, r); }, "no complete checkpoint");
+  }
+  EXPECT_FALSE(fs::exists(o.run_dir)) << "a failed start created the run directory";
+  {
+    Config c = micro_config();
+    TrainOptions u = o;
+    u.run_dir = "/proc/snip-cannot-write-here";
+    expect_user_error([&] { train(c, u); }, "not writable");
+  }
+}
+
+TEST(Trainer, SecondTrainerOnOneRunFolderIsRefused) {
+  require_data();
+  Config c = micro_config();
+  c.set("train.max_steps", int64_t{2}, "test");
+  TrainOptions o;
+  o.quiet = true;
+  o.run_dir = fresh_dir("locked");
+  {
+    io::DirLock other(o.run_dir, "run directory");  // another trainer holds the folder
+    expect_user_error([&] { train(c, o); }, "is in use by process " + std::to_string(getpid()));
+    EXPECT_FALSE(fs::exists(o.run_dir + "/metrics.jsonl"));
+  }
+  train(c, o);  // released: the folder is free again
+  EXPECT_EQ(read_metrics(o.run_dir).size(), 2u);
+  fs::remove_all(o.run_dir);
+}
+
+TEST(Trainer, FailedMetricsWriteStopsTheRunAndKeepsTheCheckpoint) {
+  require_data();
+  Config c = micro_config();
+  c.set("train.max_steps", int64_t{8}, "test");
+  TrainOptions o;
+  o.quiet = true;
+  o.run_dir = fresh_dir("diskfull");
+  train(c, o);  // checkpoint at step 8
+  const std::string ckpt = o.run_dir + "/checkpoints/step-8";
+  // Disk full, as the run sees it: no file may grow beyond a few KiB more than
+  // the config it rewrites (RLIMIT_FSIZE; writes then fail with EFBIG).
+  const auto limit = rlim_t(fs::file_size(o.run_dir + "/config.toml") + 4096);
+  c.set("train.max_steps", int64_t{1000}, "test");
+  c.set("train.checkpoint_interval", int64_t{0}, "test");
+  o.resume = true;
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto* old_handler = signal(SIGXFSZ, SIG_IGN);
+  rlimit small = old;
+  small.rlim_cur = limit;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  const std::string m = test::error_of([&] { train(c, o); });
+  setrlimit(RLIMIT_FSIZE, &old);
+  signal(SIGXFSZ, old_handler);
+  EXPECT_NE(m.find("cannot write " + o.run_dir + "/metrics.jsonl: File too large"), std::string::npos) << m;
+  EXPECT_NE(m.find("its last checkpoint is intact"), std::string::npos) << m;
+  // It stopped at the failed write, long before step 1000, and step 8 is intact.
+  const auto rows = read_metrics(o.run_dir);
+  EXPECT_GT(rows.size(), 8u);
+  EXPECT_LT(rows.size(), 100u);
+  EXPECT_EQ(latest_checkpoint(o.run_dir), ckpt);
+  EXPECT_EQ(verify_checkpoint(ckpt)["step"], 8);
+  fs::remove_all(o.run_dir);
+}
+
+TEST(Trainer, RunStoppedBeforeItsFirstCheckpointResumesFromStepZero) {
+  require_data();
+  Config c = micro_config();
+  c.set("train.max_steps", int64_t{6}, "test");
+  c.set("train.checkpoint_interval", int64_t{0}, "test");
+  TrainOptions o;
+  o.quiet = true;
+  o.run_dir = fresh_dir("straight6");
+  train(c, o);
+  const auto straight = read_metrics(o.run_dir);
+
+  TrainOptions r = o;
+  r.run_dir = fresh_dir("early-kill");
+  r.stop_after = 3;  // killed at step 3: no checkpoint yet
+  train(c, r);
+  EXPECT_EQ(latest_checkpoint(r.run_dir), "");
+  r.stop_after = 0;
+  expect_user_error([&] { train(c, r); }, "already holds a run; continue it with --resume");
+  r.resume = true;
+  train(c, r);  // from step 0, same data order: the straight run, bit for bit
+  const auto resumed = read_metrics(r.run_dir);
+  ASSERT_EQ(resumed.size(), straight.size());
+  for (size_t i = 0; i < straight.size(); ++i)
+    EXPECT_EQ(resumed[i]["loss"].get<double>(), straight[i]["loss"].get<double>()) << i;
+  fs::remove_all(o.run_dir);
+  fs::remove_all(r.run_dir);
+}
+
+TEST(Trainer, RecipeIsTheUniformPolicyOnEveryLayerAndStep) {
+  require_data();
+  auto run = [&](const std::string& name, const std::vector<std::pair<std::string, OptionValue>>& sets) {
+    Config c = micro_config();
+    c.set("train.max_steps", int64_t{5}, "test");
+    for (const auto& [k, v] : sets) c.set(k, v, "test");
+    TrainOptions o;
+    o.quiet = true;
+    o.run_dir = fresh_dir(name);
+    train(c, o);
+    auto m = read_metrics(o.run_dir);
+    fs::remove_all(o.run_dir);
+    return m;
+  };
+  const auto alias = run("alias", {{"precision.recipe", std::string("fp4")}});
+  const auto policy = run("uniform", {{"precision.policy", std::string("uniform-fp4")},
+                                      {"precision.warmup_steps", int64_t{0}},
+                                      {"precision.final_high_precision_fraction", 0.0}});
+  ASSERT_EQ(alias.size(), 5u);
+  ASSERT_EQ(policy.size(), 5u);
+  for (size_t i = 0; i < alias.size(); ++i) {
+    EXPECT_EQ(alias[i]["loss"].get<double>(), policy[i]["loss"].get<double>()) << i;
+    EXPECT_EQ(alias[i]["fp4_share"].get<double>(), 1.0) << i;
+  }
+  // Every 4-bit recipe runs 100% of the GEMM FLOPs in 4 bits, whatever
+  // precision.low_option names; an 8-bit one none.
+  for (const auto& [recipe, share] : std::vector<std::pair<std::string, double>>{
+           {"nvfp4", 1.0}, {"mxfp4", 1.0}, {"fp8", 0.0}}) {
+    SCOPED_TRACE(recipe);
+    const auto m = run("share-" + recipe, {{"precision.recipe", recipe}});
+    for (const auto& r : m) EXPECT_EQ(r["fp4_share"].get<double>(), share);
+  }
+  const auto mx = run("uniform-mxfp4", {{"precision.policy", std::string("uniform-mxfp4")},
+                                        {"precision.warmup_steps", int64_t{2}},
+                                        {"precision.final_high_precision_fraction", 0.0}});
+  EXPECT_EQ(mx[0]["fp4_share"].get<double>(), 0.0);  // warmup: BF16
+  EXPECT_EQ(mx[2]["fp4_share"].get<double>(), 1.0);  // planned: every layer MXFP4
+}
+
+TEST(Trainer, RunKilledBetweenLastCheckpointAndSummaryIsFinishedOnResume) {
+  require_data();
+  Config c = micro_config();
+  c.set("train.max_steps", int64_t{4}, "test");
+  c.set("train.eval_interval", int64_t{2}, "test");
+  TrainOptions o;
+  o.quiet = true;
+  o.run_dir = fresh_dir("nosummary");
+  const TrainSummary first = train(c, o);
+  fs::remove(o.run_dir + "/summary.json");  // killed right after the step-4 checkpoint
+  o.resume = true;
+  const TrainSummary again = train(c, o);
+  EXPECT_EQ(again.steps, 4);
+  EXPECT_EQ(again.invocation_steps, 0);
+  EXPECT_EQ(again.final_val_loss, first.final_val_loss);  // from metrics.jsonl, step 4
+  EXPECT_EQ(again.best_val_loss, first.best_val_loss);
+  EXPECT_EQ(read_metrics(o.run_dir).size(), 4u);
+  EXPECT_TRUE(fs::exists(o.run_dir + "/summary.json"));
+  // With its summary written, a further resume has nothing to do.
+  expect_user_error([&] { train(c, o); }, "nothing to do");
+  fs::remove_all(o.run_dir);
+}
