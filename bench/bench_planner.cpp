@@ -72,7 +72,7 @@ PlanProblem llama_problem(int n_blocks, int64_t hidden, int64_t inter, int heads
       for (int k = 0; k < 3; ++k) {
         PlanItem it;
         it.layer = l.name;
-        it.gemm = gemm_name(Gemm(k));
+        it.gemm = snip::gemm_name(snip::Gemm(k));
         it.name = l.name + ":" + it.gemm;
         it.flops = l.gemm_flops;
         it.q = item_q(gemm_factor[k]);

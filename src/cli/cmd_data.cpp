@@ -23,6 +23,7 @@ std::string with_commas(uint64_t v) {
 void add_data_commands(CLI::App& app) {
   CLI::App* data = app.add_subcommand("data", "Prepare training data: corpus, tokenizer, token shards");
   data->require_subcommand(1);
+  add_token_commands(data);
   CLI::App* prep = data->add_subcommand(
       "prepare",
       "Read a corpus, train (or load) a SentencePiece tokenizer, write OUT/{tokenizer.model,train.bin,val.bin,"

@@ -7,6 +7,7 @@
 
 #include "commands.h"
 #include "snip/config/config.h"
+#include "snip/data/token_client.h"
 #include "snip/model/hf.h"
 #include "snip/train/trainer.h"
 #include "snip/util/error.h"
@@ -80,6 +81,7 @@ void add_train_commands(CLI::App& app) {
     opts.run_dir = run_dir;
     opts.resume = args->resume;
     opts.init_from = args->init_from;
+    opts.snip_data = data::TokenizerClient::sibling_program();
     TrainSummary s = snip::train(cfg, opts);
     std::cout << fmt::format(
         "\nsummary: {} steps, {} tokens in {:.1f} s ({:.0f} tokens/s){}\n"

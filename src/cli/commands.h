@@ -10,6 +10,8 @@ namespace snip::cli {
 
 void add_train_commands(CLI::App& app);    // train, eval       (cmd_train.cpp)
 void add_data_commands(CLI::App& app);     // data prepare      (cmd_data.cpp)
+void add_token_commands(CLI::App* data);   // data encode/decode (cmd_tokens.cpp, snip-data only)
+void add_sample_commands(CLI::App& app);   // sample            (cmd_sample.cpp)
 void add_format_commands(CLI::App& app);   // formats, quantize (cmd_formats.cpp)
 void add_plan_commands(CLI::App& app);     // plan              (cmd_plan.cpp)
 void add_report_commands(CLI::App& app);   // report            (cmd_report.cpp)

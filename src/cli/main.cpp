@@ -35,5 +35,6 @@ int main(int argc, char** argv) {
   snip::cli::add_plan_commands(app);
   snip::cli::add_report_commands(app);
   snip::cli::add_experiment_commands(app);
+  snip::cli::add_sample_commands(app);
   return snip::cli::run_app(app, argc, argv);
 }

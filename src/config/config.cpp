@@ -67,6 +67,9 @@ std::vector<OptionSpec> make_table() {
       opt("train.keep_checkpoints", T::kInt, int64_t{2}, "", "newest checkpoints kept; 0 = all"),
       opt("train.log_interval", T::kInt, int64_t{10}, "steps", "progress line every N steps"),
       opt("train.threads", T::kInt, int64_t{0}, "", "CPU threads for LibTorch; 0 = all cores"),
+      opt("train.sample_tokens", T::kInt, int64_t{32}, "tokens",
+          "at each evaluation, print a sample of this many tokens after train.sample_prompt; 0 = none"),
+      opt("train.sample_prompt", T::kString, std::string("The"), "", "prompt of the samples printed at evaluations"),
       // [precision]
       opt("precision.recipe", T::kString, std::string("none"), "",
           "quantization recipe applied to every linear layer (none, or a name from `snip formats --recipes`); "

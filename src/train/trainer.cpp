@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "snip/data/loader.h"
+#include "snip/data/token_client.h"
 #include "snip/io/atomic_file.h"
 #include "snip/io/dir_lock.h"
 #include "snip/method/controller.h"
@@ -22,6 +23,7 @@
 #include "snip/train/checkpoint.h"
 #include "snip/train/metrics.h"
 #include "snip/train/optimizer.h"
+#include "snip/train/sample.h"
 #include "snip/train/step.h"
 #include "snip/util/error.h"
 
@@ -205,6 +207,36 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       spdlog::info("{} has no checkpoint yet: starting it from step 0 with its saved configuration", opts.run_dir);
   }
 
+  // A short sample at each evaluation, to see what the model learned. A
+  // sample that cannot be made is a warning, never the run's end.
+  std::unique_ptr<data::TokenizerClient> sampler;
+  std::vector<int32_t> sample_prompt;
+  SampleOptions sample_opts;
+  sample_opts.max_new_tokens = cfg.get_int("train.sample_tokens");
+  if (!opts.quiet && sample_opts.max_new_tokens > 0 && !opts.snip_data.empty()) {
+    try {
+      sampler = std::make_unique<data::TokenizerClient>(opts.snip_data, (data_dir / "tokenizer.model").string());
+      sample_prompt = sampler->encode(cfg.get_string("train.sample_prompt"), /*bos=*/true);
+      const json meta = json::parse(io::read_file((data_dir / "meta.json").string()), nullptr, false);
+      if (meta.is_object() && meta.contains("eos_id") && meta["eos_id"].is_number_integer())
+        sample_opts.eos_id = meta["eos_id"].get<int64_t>();
+    } catch (const std::exception& e) {
+      spdlog::warn("no samples at evaluations: {}", e.what());
+      sampler.reset();
+    }
+  }
+  auto print_sample = [&] {
+    try {
+      sample_opts.seed = seed + uint64_t(step);
+      std::string text = sampler->decode(sample(model, sample_prompt, sample_opts));
+      for (char& c : text) if (c == '\n' || c == '\r') c = ' ';
+      std::fprintf(stderr, "sample: %s\n", text.c_str());
+    } catch (const std::exception& e) {
+      spdlog::warn("no more samples: {}", e.what());
+      sampler.reset();
+    }
+  };
+
   StepContext sc{model, *optimizer, loader, B, T, accum, cfg.get_float("train.grad_clip"), seed, &ctl};
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
@@ -250,6 +282,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       if (tty) std::fprintf(stderr, "\r%s\033[K", line.c_str());
       else std::fprintf(stderr, "%s\n", line.c_str());
       if (tty && eval_step) std::fprintf(stderr, "\n");
+      if (eval_step && sampler) print_sample();
     }
     if ((ckpt_every > 0 && step % ckpt_every == 0) || step == max_steps) {
       save_checkpoint(opts.run_dir, step, model, *optimizer, checkpoint_state(), cfg.get_int("train.keep_checkpoints"));

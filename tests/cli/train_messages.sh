@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # What `snip train` tells a person, through the real binary: the warning for a
 # warmup longer than the run, the recipe alias notice (printed once), the
-# progress line showing the validation loss only on evaluation steps, the
-# end-of-run summary naming what the run folder holds, the notice of a resume
-# that starts from step 0, and the lock a second trainer runs into.
+# progress line showing the validation loss only on evaluation steps, a
+# sample at each evaluation, the end-of-run summary naming what the run folder
+# holds, `snip sample`, the notice of a resume that starts from step 0, and the
+# lock a second trainer runs into.
 #
 # usage: train_messages.sh SNIP_BINARY PREPARED_DATA_DIR
 set -u
@@ -45,8 +46,17 @@ check "alias notice once" "$tmp/err" "precision.recipe = 'fp4' is read as precis
 check "progress lines" "$tmp/err" "^step +[0-9]+/6 \\|" 6
 check "val on eval steps" "$tmp/err" "^step +(3|6)/6 .*\\| val [0-9.]+$" 2
 check "no val elsewhere" "$tmp/err" "^step +(1|2|4|5)/6 .*\\| val" 0
+check "a sample at each evaluation" "$tmp/err" "^sample: The" 2
 check "summary lists the run" "$tmp/out" "run directory .*: report.html, metrics.jsonl, summary.json, config.toml, checkpoints/ \\(1\\), plans/ \\([0-9]+\\)"
 grep -q 'policy = "uniform-fp4"' "$tmp/run/config.toml" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: config.toml lacks the resolved policy" >&2; }
+
+# snip sample: the same seed gives the same text, another seed (almost surely) another.
+"$snip" sample --run-dir "$tmp/run" --prompt "The jury" --max-new-tokens 12 --seed 3 >"$tmp/s1" 2>"$tmp/serr" || { fail=$((fail + 1)); cat "$tmp/serr" >&2; }
+"$snip" sample --run-dir "$tmp/run" --prompt "The jury" --max-new-tokens 12 --seed 3 >"$tmp/s2" 2>&1
+"$snip" sample --run-dir "$tmp/run" --prompt "The jury" --max-new-tokens 12 --seed 4 >"$tmp/s3" 2>&1
+check "sample continues the prompt" "$tmp/s1" "^The jury" 1
+cmp -s "$tmp/s1" "$tmp/s2" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: same seed, other text" >&2; }
+cmp -s "$tmp/s1" "$tmp/s3" && { fail=$((fail + 1)); echo "FAIL: seeds 3 and 4 gave the same text" >&2; } || pass=$((pass + 1))
 
 # Stopped before its first checkpoint: --resume starts it again from step 0.
 sed -i 's/^max_steps = 6/max_steps = 4/; s/^warmup_steps = 9/warmup_steps = 1/' "$tmp/m.toml"

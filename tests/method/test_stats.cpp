@@ -355,7 +355,7 @@ TEST(StatsSmoothing, MatchesTheFormulaByHand) {
       os.wd_own = base + 3;
       os.wd_up = base + 4;
       os.q = base + 5;
-      os.rel_err = {base + 6, base + 7, base + 8};
+      os.rel_err.v = {base + 6, base + 7, base + 8};
       l.options[p] = os;
     }
     s.layers.push_back(l);
@@ -380,7 +380,7 @@ TEST(StatsSmoothing, MatchesTheFormulaByHand) {
     EXPECT_DOUBLE_EQ(os.wd_own, expect(13, 23));
     EXPECT_DOUBLE_EQ(os.wd_up, expect(14, 24));
     EXPECT_DOUBLE_EQ(os.q, expect(15, 25));
-    for (int g = 0; g < 3; ++g) EXPECT_DOUBLE_EQ(os.rel_err[size_t(g)], expect(16 + g, 26 + g));
+    for (int g = 0; g < 3; ++g) EXPECT_DOUBLE_EQ(os.rel_err[Gemm(g)], expect(16 + g, 26 + g));
   }
   StatsStep other = make(30);
   other.layers[0].name = "b";
@@ -407,7 +407,7 @@ TEST(StatsJson, RoundTripsThroughTheCostTableParser) {
     for (const char* p : {"fp4", "fp8"}) {
       const OptionStats& os = s.layers[l].options.at(p);
       EXPECT_DOUBLE_EQ(lc.q.at(p), os.q);
-      EXPECT_DOUBLE_EQ(lc.rel_err.at(p), (os.rel_err[0] + os.rel_err[1] + os.rel_err[2]) / 3);
+      EXPECT_DOUBLE_EQ(lc.rel_err.at(p), (os.rel_err[Gemm::kFprop] + os.rel_err[Gemm::kDgrad] + os.rel_err[Gemm::kWgrad]) / 3);
     }
   }
   // The file `snip plan --stats FILE` reads.

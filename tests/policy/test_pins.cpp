@@ -194,8 +194,8 @@ TEST(Pins, BoundaryInGemmModeCoversAllThreeGemms) {
   p.granularity = Granularity::gemm;
   for (const char* l : {"model.layers.0.mlp.up_proj", "model.layers.0.mlp.gate_proj",
                         "model.layers.0.mlp.down_proj"})
-    for (Gemm gemm : kAllGemms) {
-      const char* g = gemm_name(gemm);
+    for (snip::Gemm gemm : snip::kAllGemms) {
+      const char* g = snip::gemm_name(gemm);
       PlanItem it = gemm_item(l, g);
       it.stage = 0;
       p.items.push_back(it);

@@ -178,8 +178,8 @@ TEST(Planner, Llama70BPerGemmWithPinsAndStages) {
   PlanProblem p;
   p.granularity = Granularity::gemm;
   for (const LinearLayerShape& l : llama_linear_layers(80, 8192, 28672, 64, 8, 4096))
-    for (Gemm gemm : kAllGemms) {
-      const char* g = gemm_name(gemm);
+    for (snip::Gemm gemm : snip::kAllGemms) {
+      const char* g = snip::gemm_name(gemm);
       PlanItem it;
       it.layer = l.name;
       it.gemm = g;

@@ -66,7 +66,7 @@ Inst make_instance(Rng& r, Mode mode) {
     for (int g = 0; g < (gemm ? 3 : 1); ++g) {
       PlanItem it;
       it.layer = layer;
-      it.gemm = gemm ? gemm_name(Gemm(g)) : "";
+      it.gemm = gemm ? snip::gemm_name(snip::Gemm(g)) : "";
       it.name = gemm ? layer + ":" + it.gemm : layer;
       it.flops = gemm && r.p(0.3) ? r.u(0.5e9, 5e9) : layer_flops;
       it.q["fp8"] = qv(0.5);

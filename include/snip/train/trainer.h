@@ -69,7 +69,10 @@ struct TrainOptions {
   std::string run_dir;      ///< RUN; created if missing
   bool resume = false;      ///< continue from RUN's newest complete checkpoint
   std::string init_from;    ///< optional Hugging Face folder to initialise weights from
-  bool quiet = false;       ///< no progress line (tests)
+  bool quiet = false;       ///< no progress line, no samples (tests)
+  /// The snip-data program that tokenizes the samples printed at evaluations
+  /// (train.sample_tokens); "" = no samples.
+  std::string snip_data;
   /// Stop after this many steps of this invocation (simulated interruption in
   /// tests; 0 = run to train.max_steps). The end-of-run checkpoint is still
   /// written only when max_steps is reached.

@@ -1,0 +1,63 @@
+// `snip sample`: what a trained model writes (see snip/train/sample.h).
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <iostream>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "snip/config/config.h"
+#include "snip/data/token_client.h"
+#include "snip/io/atomic_file.h"
+#include "snip/train/checkpoint.h"
+#include "snip/train/sample.h"
+#include "snip/util/error.h"
+
+namespace snip::cli {
+
+namespace fs = std::filesystem;
+
+void add_sample_commands(CLI::App& app) {
+  struct Args {
+    std::string run_dir, checkpoint, prompt, tokenizer;
+    SampleOptions o;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* s = app.add_subcommand("sample", "text a checkpoint writes after a prompt (the run's tokenizer)");
+  s->add_option("--run-dir", a->run_dir, "run directory (its newest checkpoint and data.dir's tokenizer)")->required();
+  s->add_option("--checkpoint", a->checkpoint, "a checkpoint folder (default: the run's newest)");
+  s->add_option("--prompt", a->prompt, "text to continue")->required();
+  s->add_option("--max-new-tokens", a->o.max_new_tokens, "tokens to generate")->capture_default_str();
+  s->add_option("--temperature", a->o.temperature, "softmax temperature; 0 = greedy")->capture_default_str();
+  s->add_option("--top-k", a->o.top_k, "sample among the k most likely tokens; 0 = all")->capture_default_str();
+  s->add_option("--seed", a->o.seed, "seed of the draws (same seed, same text)")->capture_default_str();
+  s->add_option("--tokenizer", a->tokenizer, "tokenizer.model (default: the run's data.dir/tokenizer.model)");
+  s->callback([a] {
+    const fs::path run(a->run_dir);
+    if (!fs::is_regular_file(run / "config.toml"))
+      fail("--run-dir: ", (run / "config.toml").string(), " does not exist (expected a run of `snip train`)");
+    Config cfg;
+    cfg.load_toml_file((run / "config.toml").string());
+    std::string ckpt = a->checkpoint.empty() ? latest_checkpoint(a->run_dir) : a->checkpoint;
+    if (ckpt.empty()) fail("--run-dir: no complete checkpoint in ", (run / "checkpoints").string());
+    const std::string tok = a->tokenizer.empty()
+                                ? (fs::path(cfg.get_string("data.dir")) / "tokenizer.model").string()
+                                : a->tokenizer;
+    if (!fs::is_regular_file(tok)) fail("tokenizer ", tok, " does not exist (give --tokenizer)");
+    LlamaForCausalLM model = load_checkpoint_model(ckpt);
+    const data::TokenizerClient client(data::TokenizerClient::sibling_program(), tok);
+    const std::vector<int32_t> prompt = client.encode(a->prompt, /*bos=*/true);
+    // Stop at the end of a document: meta.json beside a prepared tokenizer names EOS.
+    const fs::path meta = fs::path(tok).parent_path() / "meta.json";
+    if (fs::is_regular_file(meta)) {
+      const auto j = nlohmann::json::parse(io::read_file(meta.string()), nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.contains("eos_id") && j["eos_id"].is_number_integer()) a->o.eos_id = j["eos_id"].get<int64_t>();
+    }
+    const std::vector<int32_t> ids = sample(model, prompt, a->o);
+    std::cout << client.decode(ids) << "\n";
+  });
+}
+
+}  // namespace snip::cli
