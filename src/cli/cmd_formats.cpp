@@ -138,7 +138,7 @@ void print_recipes(std::ostream& out, bool json) {
       continue;
     }
     os << r.name << ": " << r.description << "\n";
-    for (int i = 0; i < quant::kNumOperands; ++i)
+    for (int i = 0; i < kNumOperands; ++i)
       os << "  " << std::left << std::setw(9) << operand_name(Operand(i))
          << r.operands[size_t(i)].describe() << "\n";
   }

@@ -36,7 +36,7 @@ std::vector<std::pair<std::string, QuantSpec>> recipe_specs() {
   std::set<std::string> seen;
   for (const std::string& name : quant::recipe_names()) {
     const quant::Recipe r = quant::find_recipe(name);
-    for (int i = 0; i < quant::kNumOperands; ++i) {
+    for (int i = 0; i < kNumOperands; ++i) {
       const QuantSpec& s = r.operands[size_t(i)];
       if (seen.insert(s.describe()).second)
         out.push_back({name + " " + operand_name(Operand(i)), s});
