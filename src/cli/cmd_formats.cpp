@@ -10,6 +10,8 @@
 //     (viewed as [numel / last, last]) with the recipe's spec for the chosen
 //     GEMM operand, writes FP32 tensors (other dtypes are copied unchanged)
 //     and prints per-tensor SQNR (dB) and relative error.
+//     --output is checked first (its folder exists and takes a new file);
+//     an unwritable one fails before anything is read or printed.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -25,6 +27,7 @@
 #include "snip/formats/element_format.h"
 #include "snip/formats/fake_quant.h"
 #include "snip/formats/minifloat.h"
+#include "snip/io/atomic_file.h"
 #include "snip/io/safetensors.h"
 #include "snip/quant/recipe.h"
 #include "snip/util/error.h"
@@ -198,6 +201,7 @@ void run_quantize(const QuantizeOpts& o, std::ostream& out) {
   const quant::Recipe recipe = quant::find_recipe(o.scheme);
   const Operand op = parse_operand(o.operand, "--operand");
   const formats::QuantSpec spec = recipe[op];
+  io::ensure_writable_file(o.output, "--output");  // before any work or output
   const io::SafeTensors in = io::read_safetensors(o.input);
   io::SafeTensors result;
   result.metadata = in.metadata;
@@ -296,6 +300,8 @@ void add_format_commands(CLI::App& app) {
       "quantize",
       "Fake-quantize every tensor of a safetensors file along its last dimension; "
       "print per-tensor SQNR and relative error");
+  quantize_cmd->footer(
+      "--output must be a file in an existing, writable folder; it is checked before any work.");
   quantize_cmd->add_option("--scheme", qo->scheme, "recipe name (see `snip formats --recipes`)")
       ->required();
   quantize_cmd->add_option("--input", qo->input, "input .safetensors")->required();

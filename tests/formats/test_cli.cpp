@@ -2,10 +2,14 @@
 // (src/cli/cmd_formats.cpp is compiled into this test).
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -35,6 +39,41 @@ std::string run(const std::string& args) {
   }
   std::cout.rdbuf(old);
   return captured.str();
+}
+
+// What one `snip <args>` printed on stdout and stderr, and the message of the
+// UserError it threw ("" if none).
+struct Ran {
+  std::string out, err, error;
+};
+Ran run_all(const std::string& args) {
+  CLI::App app("snip");
+  add_format_commands(app);
+  std::ostringstream out, err;
+  Ran r;
+  std::streambuf* old_out = std::cout.rdbuf(out.rdbuf());
+  std::streambuf* old_err = std::cerr.rdbuf(err.rdbuf());
+  try {
+    app.parse(args, /*program_name_included=*/false);
+  } catch (const UserError& e) {
+    r.error = e.what();
+  } catch (...) {
+    std::cout.rdbuf(old_out);
+    std::cerr.rdbuf(old_err);
+    throw;
+  }
+  std::cout.rdbuf(old_out);
+  std::cerr.rdbuf(old_err);
+  r.out = out.str();
+  r.err = err.str();
+  return r;
+}
+
+// Names in `dir` (to see that nothing, not even a temp file, was left).
+std::set<std::string> listing(const std::filesystem::path& dir) {
+  std::set<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) names.insert(e.path().filename().string());
+  return names;
 }
 
 class CliTest : public ::testing::Test {
@@ -189,6 +228,49 @@ TEST_F(CliTest, QuantizeErrorsAreUserErrorsAndLeaveNoOutput) {
                    " --output " + at("o.safetensors")),
                UserError);
   EXPECT_FALSE(std::filesystem::exists(at("o.safetensors")));
+}
+
+// An output that cannot be written is refused before any work: one line
+// naming --output and the path, nothing on stdout, no file (not even the
+// atomic writer's temp file) left behind, no folder created.
+TEST_F(CliTest, QuantizeRefusesAnUnwritableOutputBeforePrintingAnything) {
+  io::SafeTensors st;
+  const std::vector<float> v = {1, 2, 3};
+  st.add("v", io::DType::F32, {3}, v.data());
+  io::write_safetensors(at("in.safetensors"), st);
+  std::vector<std::pair<std::string, std::string>> cases = {  // output, expected reason
+      {"/proc/x/out.safetensors", "folder /proc/x does not exist"},
+      {at("missing/out.safetensors"), "folder " + at("missing") + " does not exist"},
+      {dir_.string(), "it is a folder"},
+  };
+  // A folder that exists but refuses new files: mode 0555, unless we are a
+  // user that permission bits do not stop (root); /sys refuses root too
+  // (EACCES on sysfs, EROFS where it is mounted read-only).
+  std::filesystem::create_directory(at("ro"));
+  ASSERT_EQ(::chmod(at("ro").c_str(), 0555), 0);
+  if (::access(at("ro").c_str(), W_OK) != 0) cases.push_back({at("ro/out.safetensors"), ""});
+  if (std::filesystem::is_directory("/sys")) cases.push_back({"/sys/out.safetensors", ""});
+  const std::set<std::string> before = listing(dir_);
+  for (const auto& [output, reason] : cases) {
+    SCOPED_TRACE(output);
+    const Ran r = run_all("quantize --scheme fp4 --input " + at("in.safetensors") + " --output " + output);
+    EXPECT_EQ(r.error.rfind("--output " + output + " is not writable: ", 0), 0u) << r.error;
+    EXPECT_NE(r.error.find(reason), std::string::npos) << r.error;
+    EXPECT_EQ(r.error.find('\n'), std::string::npos) << r.error;
+    EXPECT_EQ(r.out, "");
+    EXPECT_EQ(r.err, "");
+    EXPECT_FALSE(std::filesystem::is_regular_file(output));
+  }
+  EXPECT_EQ(listing(dir_), before);  // no temp file, no "missing" folder created
+  EXPECT_TRUE(listing(at("ro")).empty());
+  ::chmod(at("ro").c_str(), 0755);
+  // The check does not refuse what can be written: a new file, and an
+  // existing file (replaced atomically), here the input itself.
+  EXPECT_EQ(run_all("quantize --scheme fp4 --input " + at("in.safetensors") + " --output " +
+                    at("out.safetensors")).error, "");
+  EXPECT_EQ(run_all("quantize --scheme fp4 --input " + at("in.safetensors") + " --output " +
+                    at("in.safetensors")).error, "");
+  EXPECT_EQ(listing(dir_), (std::set<std::string>{"in.safetensors", "out.safetensors", "ro"}));
 }
 
 }  // namespace
