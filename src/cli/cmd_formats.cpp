@@ -10,6 +10,9 @@
 //     (viewed as [numel / last, last]) with the recipe's spec for the chosen
 //     GEMM operand, writes FP32 tensors (other dtypes are copied unchanged)
 //     and prints per-tensor SQNR (dB) and relative error.
+//     --output is checked first (its folder exists and takes a new file);
+//     an unwritable one fails before anything is read or printed.
+//     A tensor that the scales flush to zero is named on stderr (kFlushWarning).
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -25,6 +28,7 @@
 #include "snip/formats/element_format.h"
 #include "snip/formats/fake_quant.h"
 #include "snip/formats/minifloat.h"
+#include "snip/io/atomic_file.h"
 #include "snip/io/safetensors.h"
 #include "snip/quant/recipe.h"
 #include "snip/util/error.h"
@@ -183,13 +187,35 @@ bool to_float(const io::TensorRecord& t, std::vector<float>& out) {
   }
 }
 
+// Flush-to-zero warning rule of `snip quantize`: a tensor is named on stderr
+// when it has nonzero (non-NaN) inputs and MORE than this fraction of them
+// came out exactly 0. Block scaling rounds an element to 0 when it is below
+// half the smallest element step of its block (|x| < amax_block / 24 for
+// E2M1), which for ordinary data is a small minority (~7% of a Gaussian
+// 1x16 block); a majority means the scales themselves failed, e.g. NVFP4's
+// FP32 tensor scale S_enc = 2688 / amax is clamped to FLT_MAX for
+// amax < ~7.9e-36, so a tensor of 1e-40 values (FP32 subnormals) becomes all
+// zeros. The message says "every ... became 0" when none survived.
+constexpr double kFlushWarning = 0.5;
+
+// The warning line for one tensor, or "" (rule: kFlushWarning).
+std::string flush_warning(const std::string& tensor, const std::string& scheme,
+                          int64_t nonzero, int64_t flushed) {
+  if (nonzero == 0 || double(flushed) <= kFlushWarning * double(nonzero)) return "";
+  if (flushed == nonzero)
+    return str_cat("snip: warning: tensor '", tensor, "' flushed to zero by ", scheme,
+                   " (every one of its ", nonzero, " nonzero inputs became 0)");
+  return str_cat("snip: warning: tensor '", tensor, "' mostly flushed to zero by ", scheme, " (",
+                 flushed, " of its ", nonzero, " nonzero inputs became 0)");
+}
+
 struct QuantizeOpts {
   std::string scheme, input, output, operand = "fprop.w";
   uint64_t seed = 0;
   bool json = false;
 };
 
-void run_quantize(const QuantizeOpts& o, std::ostream& out) {
+void run_quantize(const QuantizeOpts& o, std::ostream& out, std::ostream& err) {
   std::ostringstream os;  // flushed line by line; std::cout's flags stay untouched
   auto flush = [&] {
     out << os.str() << std::flush;
@@ -198,6 +224,7 @@ void run_quantize(const QuantizeOpts& o, std::ostream& out) {
   const quant::Recipe recipe = quant::find_recipe(o.scheme);
   const Operand op = parse_operand(o.operand, "--operand");
   const formats::QuantSpec spec = recipe[op];
+  io::ensure_writable_file(o.output, "--output");  // before any work or output
   const io::SafeTensors in = io::read_safetensors(o.input);
   io::SafeTensors result;
   result.metadata = in.metadata;
@@ -236,6 +263,10 @@ void run_quantize(const QuantizeOpts& o, std::ostream& out) {
     }
     result.add(t.name, io::DType::F32, t.shape, y.data());
     total.merge(st);
+    int64_t nonzero = 0;  // the inputs st.underflow counts among (x != 0, NaN excluded)
+    for (const float v : x) nonzero += v != 0.0f && !std::isnan(v);
+    if (const std::string w = flush_warning(t.name, o.scheme, nonzero, st.underflow); !w.empty())
+      err << w << "\n" << std::flush;
     if (o.json) {
       os << nlohmann::json{{"tensor", t.name},
                            {"shape", t.shape},
@@ -296,6 +327,12 @@ void add_format_commands(CLI::App& app) {
       "quantize",
       "Fake-quantize every tensor of a safetensors file along its last dimension; "
       "print per-tensor SQNR and relative error");
+  quantize_cmd->footer(
+      "--output must be a file in an existing, writable folder; it is checked before any work.\n"
+      "A tensor with nonzero inputs of which more than half come out exactly 0 is named on\n"
+      "stderr, one line each: \"snip: warning: tensor 'NAME' [mostly] flushed to zero by RECIPE\n"
+      "(K of its N nonzero inputs became 0)\" (e.g. values ~1e-40, below what NVFP4's FP32\n"
+      "tensor scale can lift into the E2M1 range).");
   quantize_cmd->add_option("--scheme", qo->scheme, "recipe name (see `snip formats --recipes`)")
       ->required();
   quantize_cmd->add_option("--input", qo->input, "input .safetensors")->required();
@@ -305,7 +342,7 @@ void add_format_commands(CLI::App& app) {
       ->capture_default_str();
   quantize_cmd->add_option("--seed", qo->seed, "seed of stochastic rounding")->capture_default_str();
   quantize_cmd->add_flag("--json", qo->json, "one JSON object per tensor instead of a table");
-  quantize_cmd->callback([qo] { run_quantize(*qo, std::cout); });
+  quantize_cmd->callback([qo] { run_quantize(*qo, std::cout, std::cerr); });
 }
 
 }  // namespace snip::cli

@@ -29,6 +29,22 @@ std::string parent_dir(const std::string& path) {
 /// EINTR; Linux always releases it) and returns the errno or 0.
 int close_fd(int fd) { return ::close(fd) == 0 ? 0 : errno; }
 
+/// Creates `file`, writes one byte, closes and removes it: 0 when all of that
+/// worked, else the first errno. Flags as AtomicFileWriter's temp file.
+int probe_create(const std::string& file) {
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return errno;
+  const char byte = 0;
+  ssize_t n;
+  do {
+    n = ::write(fd, &byte, 1);
+  } while (n < 0 && errno == EINTR);
+  const int werr = n == 1 ? 0 : (n < 0 ? errno : EIO);
+  const int cerr = close_fd(fd);
+  ::unlink(file.c_str());
+  return werr != 0 ? werr : cerr;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- writer ---
@@ -167,21 +183,25 @@ void ensure_writable_dir(const std::string& dir) {
   const std::string probe =
       (fs::path(dir) / str_cat(".snip-write-probe.", static_cast<long>(::getpid())))
           .string();
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    const int err = errno;
+  if (const int err = probe_create(probe))
     fail("run directory ", dir, " is not writable: ", errno_text(err));
-  }
-  const char byte = 0;
-  ssize_t n;
-  do {
-    n = ::write(fd, &byte, 1);
-  } while (n < 0 && errno == EINTR);
-  const int werr = n == 1 ? 0 : (n < 0 ? errno : EIO);
-  const int cerr = close_fd(fd);
-  ::unlink(probe.c_str());
-  if (werr != 0 || cerr != 0)
-    fail("run directory ", dir, " is not writable: ", errno_text(werr ? werr : cerr));
+}
+
+void ensure_writable_file(const std::string& path, std::string_view what) {
+  if (path.empty()) fail(what, ": expected a file path, got ''");
+  const auto refuse = [&](const auto&... why) {
+    fail(what, " ", path, " is not writable: ", why...);
+  };
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) refuse("it is a folder; expected a file path");
+  const std::string dir = parent_dir(path);
+  const fs::file_status st = fs::status(dir, ec);
+  if (st.type() == fs::file_type::not_found) refuse("folder ", dir, " does not exist");
+  if (ec) refuse("folder ", dir, ": ", ec.message());
+  if (st.type() != fs::file_type::directory) refuse(dir, " is not a folder");
+  // The very name and flags AtomicFileWriter will use for its temp file.
+  if (const int err = probe_create(str_cat(path, ".tmp.", static_cast<long>(::getpid()))))
+    refuse(errno_text(err));
 }
 
 }  // namespace snip::io

@@ -2,10 +2,15 @@
 // (src/cli/cmd_formats.cpp is compiled into this test).
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cstring>
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -35,6 +40,41 @@ std::string run(const std::string& args) {
   }
   std::cout.rdbuf(old);
   return captured.str();
+}
+
+// What one `snip <args>` printed on stdout and stderr, and the message of the
+// UserError it threw ("" if none).
+struct Ran {
+  std::string out, err, error;
+};
+Ran run_all(const std::string& args) {
+  CLI::App app("snip");
+  add_format_commands(app);
+  std::ostringstream out, err;
+  Ran r;
+  std::streambuf* old_out = std::cout.rdbuf(out.rdbuf());
+  std::streambuf* old_err = std::cerr.rdbuf(err.rdbuf());
+  try {
+    app.parse(args, /*program_name_included=*/false);
+  } catch (const UserError& e) {
+    r.error = e.what();
+  } catch (...) {
+    std::cout.rdbuf(old_out);
+    std::cerr.rdbuf(old_err);
+    throw;
+  }
+  std::cout.rdbuf(old_out);
+  std::cerr.rdbuf(old_err);
+  r.out = out.str();
+  r.err = err.str();
+  return r;
+}
+
+// Names in `dir` (to see that nothing, not even a temp file, was left).
+std::set<std::string> listing(const std::filesystem::path& dir) {
+  std::set<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) names.insert(e.path().filename().string());
+  return names;
 }
 
 class CliTest : public ::testing::Test {
@@ -189,6 +229,118 @@ TEST_F(CliTest, QuantizeErrorsAreUserErrorsAndLeaveNoOutput) {
                    " --output " + at("o.safetensors")),
                UserError);
   EXPECT_FALSE(std::filesystem::exists(at("o.safetensors")));
+}
+
+// An output that cannot be written is refused before any work: one line
+// naming --output and the path, nothing on stdout, no file (not even the
+// atomic writer's temp file) left behind, no folder created.
+TEST_F(CliTest, QuantizeRefusesAnUnwritableOutputBeforePrintingAnything) {
+  io::SafeTensors st;
+  const std::vector<float> v = {1, 2, 3};
+  st.add("v", io::DType::F32, {3}, v.data());
+  io::write_safetensors(at("in.safetensors"), st);
+  std::vector<std::pair<std::string, std::string>> cases = {  // output, expected reason
+      {"/proc/x/out.safetensors", "folder /proc/x does not exist"},
+      {at("missing/out.safetensors"), "folder " + at("missing") + " does not exist"},
+      {dir_.string(), "it is a folder"},
+  };
+  // A folder that exists but refuses new files: mode 0555, unless we are a
+  // user that permission bits do not stop (root); /sys refuses root too
+  // (EACCES on sysfs, EROFS where it is mounted read-only).
+  std::filesystem::create_directory(at("ro"));
+  ASSERT_EQ(::chmod(at("ro").c_str(), 0555), 0);
+  if (::access(at("ro").c_str(), W_OK) != 0) cases.push_back({at("ro/out.safetensors"), ""});
+  if (std::filesystem::is_directory("/sys")) cases.push_back({"/sys/out.safetensors", ""});
+  const std::set<std::string> before = listing(dir_);
+  for (const auto& [output, reason] : cases) {
+    SCOPED_TRACE(output);
+    const Ran r = run_all("quantize --scheme fp4 --input " + at("in.safetensors") + " --output " + output);
+    EXPECT_EQ(r.error.rfind("--output " + output + " is not writable: ", 0), 0u) << r.error;
+    EXPECT_NE(r.error.find(reason), std::string::npos) << r.error;
+    EXPECT_EQ(r.error.find('\n'), std::string::npos) << r.error;
+    EXPECT_EQ(r.out, "");
+    EXPECT_EQ(r.err, "");
+    EXPECT_FALSE(std::filesystem::is_regular_file(output));
+  }
+  EXPECT_EQ(listing(dir_), before);  // no temp file, no "missing" folder created
+  EXPECT_TRUE(listing(at("ro")).empty());
+  ::chmod(at("ro").c_str(), 0755);
+  // The check does not refuse what can be written: a new file, and an
+  // existing file (replaced atomically), here the input itself.
+  EXPECT_EQ(run_all("quantize --scheme fp4 --input " + at("in.safetensors") + " --output " +
+                    at("out.safetensors")).error, "");
+  EXPECT_EQ(run_all("quantize --scheme fp4 --input " + at("in.safetensors") + " --output " +
+                    at("in.safetensors")).error, "");
+  EXPECT_EQ(listing(dir_), (std::set<std::string>{"in.safetensors", "out.safetensors", "ro"}));
+}
+
+std::vector<float> floats_of(const io::TensorRecord& r) {
+  std::vector<float> f(size_t(r.numel()));
+  std::memcpy(f.data(), r.data.data(), f.size() * 4);
+  return f;
+}
+
+// fp4 (fprop.w: E2M1, 1x16 blocks, E4M3 block scale, FP32 tensor scale) on a
+// tensor of 1e-40 values (FP32 subnormals), by hand: S_enc = 448 * 6 / 1e-40
+// = 2.7e43 is clamped to FLT_MAX = 3.4e38, so S_dec = 2.9e-39; the block
+// scale 1e-40 / 6 * FLT_MAX = 5.7e-3 rounds to the E4M3 subnormal 3 * 2^-9,
+// d = 3 * 2^-9 * S_dec = 1.7e-41 and m = 1/d overflows to FLT_MAX; x * m =
+// 0.034 is below half of E2M1's smallest step 0.5, so every element is 0.
+// The normal tensor (E2M1 grid values, amax 6) comes back to within 1e-6.
+TEST_F(CliTest, QuantizeWarnsAboutATensorFlushedToZero) {
+  io::SafeTensors st;
+  const std::vector<float> w = {6, -4, 3, -2, 1.5f, 1, -0.5f, 0, 6, 4, -3, 2, -1.5f, -1, 0.5f, 0};
+  std::vector<float> tiny(16, 1e-40f);
+  for (size_t i = 0; i < tiny.size(); i += 2) tiny[i] = -1e-40f;
+  ASSERT_NE(tiny[1], 0.0f);  // the compiler keeps subnormals (no flush-to-zero mode)
+  st.add("w", io::DType::F32, {1, 16}, w.data());
+  st.add("tiny", io::DType::F32, {1, 16}, tiny.data());
+  io::write_safetensors(at("in.safetensors"), st);
+  for (const char* json : {"", " --json"}) {
+    SCOPED_TRACE(json);
+    const Ran r = run_all("quantize --scheme fp4 --input " + at("in.safetensors") + " --output " +
+                          at("out.safetensors") + json);
+    ASSERT_EQ(r.error, "");
+    EXPECT_EQ(r.err, "snip: warning: tensor 'tiny' flushed to zero by fp4 (every one of its 16 "
+                     "nonzero inputs became 0)\n");
+    EXPECT_EQ(r.out.find("warning"), std::string::npos) << r.out;  // stdout stays a table / JSON
+    const io::SafeTensors got = io::read_safetensors(at("out.safetensors"));
+    for (const float y : floats_of(*got.find("tiny"))) EXPECT_EQ(y, 0.0f);
+    const std::vector<float> gw = floats_of(*got.find("w"));
+    for (size_t i = 0; i < w.size(); ++i) EXPECT_NEAR(gw[i], w[i], 1e-6) << i;
+  }
+}
+
+// The rule's threshold (kFlushWarning): more than half of the nonzero inputs.
+// One 1x16 block with amax 6 has d = 1 up to an ulp, so 0.1 rounds to 0
+// (below 0.25) and 1 stays 1; zero inputs count neither way.
+TEST_F(CliTest, QuantizeWarnsWhenMoreThanHalfOfTheNonzeroInputsBecomeZero) {
+  auto block = [](int small, int zeros) {  // 6, then `small` x 0.1, `zeros` x 0, the rest 1
+    std::vector<float> b(16, 1.0f);
+    b[0] = 6;
+    for (int i = 0; i < small; ++i) b[size_t(1 + i)] = 0.1f;
+    for (int i = 0; i < zeros; ++i) b[size_t(15 - i)] = 0.0f;
+    return b;
+  };
+  io::SafeTensors st;
+  const auto half = block(8, 0), most = block(9, 0), with_zeros = block(7, 3);
+  st.add("half", io::DType::F32, {1, 16}, half.data());              // 8 of 16: no warning
+  st.add("most", io::DType::F32, {1, 16}, most.data());              // 9 of 16
+  st.add("with_zeros", io::DType::F32, {1, 16}, with_zeros.data());  // 7 of 13
+  io::write_safetensors(at("in.safetensors"), st);
+  const Ran r = run_all("quantize --scheme fp4 --input " + at("in.safetensors") + " --output " +
+                        at("out.safetensors"));
+  ASSERT_EQ(r.error, "");
+  EXPECT_EQ(r.err,
+            "snip: warning: tensor 'most' mostly flushed to zero by fp4 (9 of its 16 nonzero inputs "
+            "became 0)\n"
+            "snip: warning: tensor 'with_zeros' mostly flushed to zero by fp4 (7 of its 13 nonzero "
+            "inputs became 0)\n");
+  // The counts are the file's: 0.1 -> 0, 1 -> 1.
+  const io::SafeTensors got = io::read_safetensors(at("out.safetensors"));
+  const std::vector<float> gh = floats_of(*got.find("half"));
+  EXPECT_EQ(std::count(gh.begin(), gh.end(), 0.0f), 8);
+  EXPECT_NEAR(gh[15], 1.0f, 1e-6);
 }
 
 }  // namespace

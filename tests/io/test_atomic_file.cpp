@@ -160,5 +160,23 @@ TEST_F(AtomicFile, EnsureWritableDir) {
   EXPECT_THAT(msg, HasSubstr("ot a directory"));  // errno text or ours
 }
 
+TEST_F(AtomicFile, EnsureWritableFile) {
+  ensure_writable_file(at("new.bin"), "--output");  // a new file in an existing folder
+  write_file_atomic(at("old.bin"), "keep");
+  ensure_writable_file(at("old.bin"), "--output");  // an existing file is replaced atomically
+  EXPECT_EQ(read_file(at("old.bin")), "keep");      // ... but not touched by the check
+  EXPECT_EQ(entries(), std::vector<std::string>{"old.bin"});  // probe removed
+  const std::string prefix = "--output " + at("no/new.bin") + " is not writable: ";
+  EXPECT_EQ(user_error([&] { ensure_writable_file(at("no/new.bin"), "--output"); }),
+            prefix + "folder " + at("no") + " does not exist");
+  EXPECT_FALSE(std::filesystem::exists(at("no")));  // no folder created
+  EXPECT_THAT(user_error([&] { ensure_writable_file(at("old.bin/x"), "--out"); }),
+              HasSubstr(at("old.bin") + " is not a folder"));
+  EXPECT_THAT(user_error([&] { ensure_writable_file(dir_.string(), "--out"); }),
+              HasSubstr("it is a folder"));
+  EXPECT_THAT(user_error([&] { ensure_writable_file("", "--out"); }), HasSubstr("--out: expected"));
+  EXPECT_EQ(entries(), std::vector<std::string>{"old.bin"});
+}
+
 }  // namespace
 }  // namespace snip::io

@@ -1,5 +1,6 @@
 // snip/io/atomic_file.h: crash-safe file writes (write, fsync, rename, fsync
-// the directory), whole-file reads and the run-directory writability probe.
+// the directory), whole-file reads and the writability probes (run
+// directory, output file).
 //
 // Every file snip writes for later use (checkpoints, plans, stats, configs)
 // goes through here, so a killed run never leaves a torn file: readers see
@@ -47,6 +48,16 @@ std::string read_file(const std::string& path);
 /// creating and removing a probe file in it. Throws UserError
 /// "run directory <dir> is not writable: <reason>".
 void ensure_writable_dir(const std::string& dir);
+
+/// Proves, before any work is done, that write_file_atomic(path, ...) could
+/// create `path` now, without creating folders or leaving files behind:
+/// `path` is not a folder, its folder exists, and the writer's own temp file
+/// `path.tmp.<pid>` can be created and written there (then it is removed).
+/// For commands that compute a single output file and should refuse an
+/// unwritable one before printing anything. Throws UserError
+/// "<what> <path> is not writable: <reason>" (`what` names the option, e.g.
+/// "--output"; reason e.g. "folder /x does not exist", "Permission denied").
+void ensure_writable_file(const std::string& path, std::string_view what);
 
 /// Streaming form of write_file_atomic for large files (checkpoints): the
 /// constructor creates `path.tmp.<pid>`, write() appends, commit() fsyncs,
