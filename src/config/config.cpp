@@ -2,6 +2,7 @@
 #include "snip/config/config.h"
 
 #include <algorithm>
+#include <limits>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -18,7 +19,22 @@ namespace {
 using T = OptionType;
 
 OptionSpec opt(std::string key, T type, OptionValue def, std::string unit, std::string help) {
-  return OptionSpec{std::move(key), type, std::move(def), std::move(unit), std::move(help)};
+  return OptionSpec{std::move(key), type, std::move(def), std::move(unit), std::move(help), {}, {}};
+}
+
+// "a or b", "a, b or c".
+std::string either(const std::vector<std::string>& w) {
+  std::string s;
+  for (size_t i = 0; i < w.size(); ++i) s += (i == 0 ? "" : i + 1 == w.size() ? " or " : ", ") + w[i];
+  return s;
+}
+
+std::string number(double v, bool integer) {
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  std::ostringstream os;
+  if (integer) os << int64_t(v);
+  else os << v;
+  return os.str();
 }
 
 std::vector<OptionSpec> make_table() {
@@ -119,6 +135,66 @@ std::vector<OptionSpec> make_table() {
       opt("precision.curvature_probes", T::kInt, int64_t{1}, "",
           "noise-injection probes per stats step for the LD curvature term (each one extra forward+backward)"),
   };
+  // Allowed values, checked by Config::validate() (sizes beyond the upper
+  // bounds are typos, not models this build can train: they would overflow
+  // 32-bit loader indices or allocations before step 1).
+  const double inf = std::numeric_limits<double>::infinity();
+  const OptionRange positive{1, inf}, non_negative{0, inf}, fraction{0, 1}, above_zero{0, inf, true};
+  const std::vector<std::pair<const char*, OptionRange>> ranges = {
+      {"model.vocab_size", {0, double(1 << 22)}},
+      {"model.hidden_size", {1, double(1 << 17)}},
+      {"model.intermediate_size", {1, double(1 << 19)}},
+      {"model.num_hidden_layers", {1, 4096}},
+      {"model.num_attention_heads", {1, double(1 << 12)}},
+      {"model.num_key_value_heads", positive},
+      {"model.max_position_embeddings", positive},
+      {"model.rms_norm_eps", above_zero},
+      {"model.rope_theta", above_zero},
+      {"model.init_std", above_zero},
+      {"train.seed", non_negative},
+      {"train.batch_size", {1, double(1 << 20)}},
+      {"train.seq_len", {1, double(1 << 20)}},
+      {"train.grad_accum", {1, double(1 << 20)}},
+      {"train.max_steps", positive},
+      {"train.lr", above_zero},
+      {"train.min_lr_ratio", fraction},
+      {"train.warmup_steps", non_negative},
+      {"train.weight_decay", non_negative},
+      {"train.beta1", {0, 1, false, true}},
+      {"train.beta2", {0, 1, false, true}},
+      {"train.eps", above_zero},
+      {"train.grad_clip", non_negative},
+      {"train.eval_interval", positive},
+      {"train.eval_batches", non_negative},
+      {"train.checkpoint_interval", non_negative},
+      {"train.keep_checkpoints", non_negative},
+      {"train.log_interval", positive},
+      {"train.threads", {0, 1024}},
+      {"train.sample_tokens", {0, 4096}},
+      {"precision.budget", fraction},
+      {"precision.warmup_steps", {-1, inf}},
+      {"precision.warmup_fraction", fraction},
+      {"precision.initial_interval", {-1, inf}},
+      {"precision.initial_interval_fraction", fraction},
+      {"precision.final_interval", {-1, inf}},
+      {"precision.final_interval_fraction", fraction},
+      {"precision.final_high_precision_fraction", fraction},
+      {"precision.smoothing", fraction},
+      {"precision.alpha", fraction},
+      {"precision.curvature_probes", {0, 64}},
+  };
+  const std::vector<std::pair<const char*, std::vector<std::string>>> words = {
+      {"train.gemm_dtype", {"bf16", "fp32"}},
+      {"precision.granularity", {"layer", "gemm"}},
+      {"precision.first_order", {"abs", "signed", "drop"}},
+  };
+  auto spec = [&](const char* key) -> OptionSpec& {
+    for (auto& s : t)
+      if (s.key == key) return s;
+    SNIP_CHECK(false, "no option ", key);
+  };
+  for (const auto& [key, r] : ranges) spec(key).range = r;
+  for (const auto& [key, w] : words) spec(key).choices = w;
   std::sort(t.begin(), t.end(), [](const OptionSpec& a, const OptionSpec& b) { return a.key < b.key; });
   return t;
 }
@@ -325,18 +401,21 @@ std::string Config::to_toml() const {
 }
 
 void Config::validate() const {
-  auto positive = [&](const char* key) {
-    if (get_int(key) <= 0) fail("config: ", key, ": expected a positive integer, got ", get_int(key));
-  };
-  for (const char* k : {"model.hidden_size", "model.intermediate_size", "model.num_hidden_layers",
-                        "model.num_attention_heads", "model.num_key_value_heads",
-                        "model.max_position_embeddings", "train.batch_size", "train.seq_len",
-                        "train.grad_accum", "train.max_steps", "train.eval_interval",
-                        "train.log_interval"})
-    positive(k);
-  for (const char* k : {"model.vocab_size", "train.warmup_steps", "train.eval_batches",
-                        "train.checkpoint_interval", "train.keep_checkpoints", "train.threads"})
-    if (get_int(k) < 0) fail("config: ", k, ": expected >= 0, got ", get_int(k));
+  // Each option alone: its range or its allowed words (option_table()).
+  for (const auto& s : option_table()) {
+    if (s.type == T::kInt || s.type == T::kFloat) {
+      const bool integer = s.type == T::kInt;
+      const double v = integer ? double(get_int(s.key)) : get_float(s.key);
+      if ((!integer && !std::isfinite(v)) || !s.range.contains(v))
+        fail("config: ", s.key, ": expected ", integer ? "an integer" : "a finite number", " ",
+             s.range.describe(integer), ", got ", integer ? std::to_string(get_int(s.key)) : number(v, false));
+    } else if (s.type == T::kString && !s.choices.empty()) {
+      const std::string& v = get_string(s.key);
+      if (std::find(s.choices.begin(), s.choices.end(), v) == s.choices.end())
+        fail("config: ", s.key, ": expected ", either(s.choices), ", got '", v, "'");
+    }
+  }
+  // Options together.
   const int64_t C = get_int("model.hidden_size"), NH = get_int("model.num_attention_heads"),
                 NKV = get_int("model.num_key_value_heads");
   if (C % NH != 0)
@@ -349,44 +428,141 @@ void Config::validate() const {
   if (get_int("train.seq_len") > get_int("model.max_position_embeddings"))
     fail("config: train.seq_len (", get_int("train.seq_len"), ") exceeds model.max_position_embeddings (",
          get_int("model.max_position_embeddings"), ")");
-  const double lr = get_float("train.lr");
-  if (!(lr > 0) || !std::isfinite(lr)) fail("config: train.lr: expected a positive number, got ", lr);
-  const double r = get_float("train.min_lr_ratio");
-  if (!(r >= 0 && r <= 1)) fail("config: train.min_lr_ratio: expected a fraction in [0, 1], got ", r);
-  for (const char* k : {"train.beta1", "train.beta2"}) {
-    const double b = get_float(k);
-    if (!(b >= 0 && b < 1)) fail("config: ", k, ": expected a value in [0, 1), got ", b);
-  }
-  auto finite_at_least = [&](const char* k, double lo, bool strict) {
-    const double v = get_float(k);
-    if (!std::isfinite(v) || (strict ? !(v > lo) : !(v >= lo)))
-      fail("config: ", k, ": expected a finite number ", strict ? "> " : ">= ", lo, ", got ", v);
-  };
-  finite_at_least("train.grad_clip", 0, false);
-  finite_at_least("train.weight_decay", 0, false);
-  finite_at_least("train.eps", 0, true);
-  finite_at_least("model.init_std", 0, true);
-  finite_at_least("model.rms_norm_eps", 0, true);
-  finite_at_least("model.rope_theta", 0, true);
-  // Sizes beyond these are typos, not models this build can train: they
-  // would overflow 32-bit loader indices or allocations before step 1.
-  auto at_most = [&](const char* k, int64_t hi) {
-    if (get_int(k) > hi) fail("config: ", k, ": expected at most ", hi, ", got ", get_int(k));
-  };
-  at_most("train.batch_size", 1 << 20);
-  at_most("train.seq_len", 1 << 20);
-  at_most("train.grad_accum", 1 << 20);
-  at_most("train.threads", 1024);
-  at_most("model.num_hidden_layers", 4096);
-  at_most("model.hidden_size", 1 << 17);
-  at_most("model.intermediate_size", 1 << 19);
-  at_most("model.vocab_size", 1 << 22);
-  at_most("model.num_attention_heads", 1 << 12);
   if (get_int("train.batch_size") * get_int("train.seq_len") > (int64_t{1} << 24))
     fail("config: train.batch_size x train.seq_len = ", get_int("train.batch_size") * get_int("train.seq_len"),
          " tokens per micro-batch, expected at most ", int64_t{1} << 24);
-  const std::string& g = get_string("train.gemm_dtype");
-  if (g != "bf16" && g != "fp32") fail("config: train.gemm_dtype: expected bf16 or fp32, got '", g, "'");
+}
+
+std::string OptionRange::describe(bool integer) const {
+  const bool has_lo = std::isfinite(lo), has_hi = std::isfinite(hi);
+  if (has_lo && has_hi)
+    return std::string("in ") + (lo_open ? "(" : "[") + number(lo, integer) + ", " + number(hi, integer) +
+           (hi_open ? ")" : "]");
+  if (has_lo) return std::string(lo_open ? "> " : ">= ") + number(lo, integer);
+  if (has_hi) return std::string(hi_open ? "< " : "<= ") + number(hi, integer);
+  return "";
+}
+
+bool OptionRange::contains(double v) const {
+  return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) {
+    const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    if (b != std::string::npos) out.push_back(item.substr(b, e - b + 1));
+  }
+  return out;
+}
+
+const char* to_string(Policy p) {
+  switch (p) {
+    case Policy::kBf16: return "bf16";
+    case Policy::kUniform: return "uniform";
+    case Policy::kSnip: return "snip";
+    case Policy::kMinRelErr: return "min-rel-err";
+    case Policy::kLayerType: return "layer-type";
+    case Policy::kFirstLastFp8: return "first-last-fp8";
+    case Policy::kRandom: return "random";
+  }
+  return "?";
+}
+
+const char* to_string(FirstOrder f) {
+  switch (f) {
+    case FirstOrder::kDrop: return "drop";
+    case FirstOrder::kAbs: return "abs";
+    case FirstOrder::kSigned: return "signed";
+  }
+  return "?";
+}
+
+FirstOrder parse_first_order(const std::string& s, const std::string& what) {
+  for (FirstOrder f : {FirstOrder::kAbs, FirstOrder::kSigned, FirstOrder::kDrop})
+    if (s == to_string(f)) return f;
+  fail(what, ": expected abs, signed or drop, got '", s, "'");
+}
+
+std::string PrecisionConfig::policy_name() const {
+  return policy == Policy::kUniform ? "uniform-" + uniform_option : to_string(policy);
+}
+
+RunConfig RunConfig::from(const Config& c) {
+  c.validate();
+  RunConfig r;
+  ModelConfig& m = r.model;
+  m.vocab_size = c.get_int("model.vocab_size");
+  m.hidden_size = c.get_int("model.hidden_size");
+  m.intermediate_size = c.get_int("model.intermediate_size");
+  m.num_hidden_layers = c.get_int("model.num_hidden_layers");
+  m.num_attention_heads = c.get_int("model.num_attention_heads");
+  m.num_key_value_heads = c.get_int("model.num_key_value_heads");
+  m.max_position_embeddings = c.get_int("model.max_position_embeddings");
+  m.rms_norm_eps = c.get_float("model.rms_norm_eps");
+  m.rope_theta = c.get_float("model.rope_theta");
+  m.init_std = c.get_float("model.init_std");
+  m.tie_word_embeddings = c.get_bool("model.tie_word_embeddings");
+  r.data.dir = c.get_string("data.dir");
+  TrainConfig& t = r.train;
+  t.seed = c.get_int("train.seed");
+  t.batch_size = c.get_int("train.batch_size");
+  t.seq_len = c.get_int("train.seq_len");
+  t.grad_accum = c.get_int("train.grad_accum");
+  t.max_steps = c.get_int("train.max_steps");
+  t.warmup_steps = c.get_int("train.warmup_steps");
+  t.lr = c.get_float("train.lr");
+  t.min_lr_ratio = c.get_float("train.min_lr_ratio");
+  t.weight_decay = c.get_float("train.weight_decay");
+  t.beta1 = c.get_float("train.beta1");
+  t.beta2 = c.get_float("train.beta2");
+  t.eps = c.get_float("train.eps");
+  t.grad_clip = c.get_float("train.grad_clip");
+  t.gemm_bf16 = c.get_string("train.gemm_dtype") == "bf16";
+  t.eval_interval = c.get_int("train.eval_interval");
+  t.eval_batches = c.get_int("train.eval_batches");
+  t.checkpoint_interval = c.get_int("train.checkpoint_interval");
+  t.keep_checkpoints = c.get_int("train.keep_checkpoints");
+  t.log_interval = c.get_int("train.log_interval");
+  t.threads = c.get_int("train.threads");
+  t.sample_tokens = c.get_int("train.sample_tokens");
+  t.sample_prompt = c.get_string("train.sample_prompt");
+  PrecisionConfig& p = r.precision;
+  const std::string& policy = c.get_string("precision.policy");
+  if (policy.rfind("uniform-", 0) == 0 && policy.size() > 8) {
+    p.policy = Policy::kUniform;
+    p.uniform_option = policy.substr(8);
+  } else {
+    bool known = false;
+    for (Policy q : {Policy::kBf16, Policy::kSnip, Policy::kMinRelErr, Policy::kLayerType, Policy::kFirstLastFp8,
+                     Policy::kRandom})
+      if (policy == to_string(q)) p.policy = q, known = true;
+    if (!known)
+      fail("config: precision.policy: expected bf16, uniform-<option> (e.g. uniform-fp8), snip, min-rel-err, "
+           "layer-type, first-last-fp8 or random, got '", policy, "'");
+  }
+  p.recipe = c.get_string("precision.recipe");
+  p.budget = c.get_float("precision.budget");
+  p.options = split_list(c.get_string("precision.options"));
+  p.pins = split_list(c.get_string("precision.pins"));
+  p.warmup_steps = c.get_int("precision.warmup_steps");
+  p.warmup_fraction = c.get_float("precision.warmup_fraction");
+  p.warmup_precision = c.get_string("precision.warmup_precision");
+  p.initial_interval = c.get_int("precision.initial_interval");
+  p.initial_interval_fraction = c.get_float("precision.initial_interval_fraction");
+  p.final_interval = c.get_int("precision.final_interval");
+  p.final_interval_fraction = c.get_float("precision.final_interval_fraction");
+  p.final_high_precision_fraction = c.get_float("precision.final_high_precision_fraction");
+  p.final_precision = c.get_string("precision.final_precision");
+  p.smoothing = c.get_float("precision.smoothing");
+  p.alpha = c.get_float("precision.alpha");
+  p.seed = c.get_int("precision.seed");
+  p.low_option = c.get_string("precision.low_option");
+  p.per_gemm = c.get_string("precision.granularity") == "gemm";
+  p.first_order = parse_first_order(c.get_string("precision.first_order"), "config: precision.first_order");
+  p.curvature_probes = c.get_int("precision.curvature_probes");
+  return r;
 }
 
 }  // namespace snip

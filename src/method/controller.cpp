@@ -29,24 +29,12 @@ namespace {
 
 const char* kReference = "bf16";
 
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::string cur;
-  std::istringstream is(s);
-  while (std::getline(is, cur, ',')) {
-    const auto b = cur.find_first_not_of(" \t"), e = cur.find_last_not_of(" \t");
-    if (b != std::string::npos) out.push_back(cur.substr(b, e - b + 1));
-  }
-  return out;
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
+  return s;
 }
-
-bool is_heuristic_policy(const std::string& p) {
-  return p == "min-rel-err" || p == "layer-type" || p == "first-last-fp8" || p == "random";
-}
-
-bool is_uniform_policy(const std::string& p) { return p.rfind("uniform-", 0) == 0 && p.size() > 8; }
-
-bool needs_stats(const std::string& p) { return p == "snip" || p == "min-rel-err"; }
 
 // A recipe whose fprop operands are 4-bit elements (E2M1, E1M2, INT4, ...).
 bool is_4bit_option(const std::string& name) {
@@ -70,12 +58,6 @@ class PerGemmQuantizer : public OperandQuantizer {
   PerGemm<std::shared_ptr<const OperandQuantizer>> q_;
   std::string name_;
 };
-
-double fraction(const Config& cfg, const char* key) {
-  const double v = cfg.get_float(key);
-  if (!(v >= 0 && v <= 1)) fail("config: ", key, ": expected a fraction in [0, 1], got ", v);
-  return v;
-}
 
 }  // namespace
 
@@ -101,27 +83,25 @@ std::string resolve_precision_alias(Config& cfg) {
 // ---------------------------------------------------------------------------
 // Schedule
 
-PrecisionSchedule PrecisionSchedule::from_config(const Config& cfg) {
+PrecisionSchedule PrecisionSchedule::from_config(const RunConfig& rc) {
+  const PrecisionConfig& p = rc.precision;
   PrecisionSchedule s;
-  s.max_steps = cfg.get_int("train.max_steps");
+  s.max_steps = rc.train.max_steps;
   const double N = double(s.max_steps);
-  const int64_t ws = cfg.get_int("precision.warmup_steps");
-  if (ws < -1) fail("config: precision.warmup_steps: expected -1 (use warmup_fraction) or >= 0, got ", ws);
-  s.warmup_end = ws >= 0 ? ws : std::llround(fraction(cfg, "precision.warmup_fraction") * N);
-  auto interval = [&](const char* key, const char* frac_key) {
-    const int64_t v = cfg.get_int(key);
+  s.warmup_end = p.warmup_steps >= 0 ? p.warmup_steps : std::llround(p.warmup_fraction * N);
+  auto interval = [&](int64_t v, double f, const char* key, const char* frac_key) {
     if (v == -1) {
-      const double f = fraction(cfg, frac_key);
       if (!(f > 0)) fail("config: ", frac_key, ": expected a fraction in (0, 1], got ", f);
       return f * N;
     }
     if (v < 1) fail("config: ", key, ": expected -1 (use ", frac_key, ") or >= 1 steps, got ", v);
     return double(v);
   };
-  s.initial_interval = interval("precision.initial_interval", "precision.initial_interval_fraction");
-  s.final_interval = interval("precision.final_interval", "precision.final_interval_fraction");
-  s.final_start =
-      s.max_steps - std::llround(fraction(cfg, "precision.final_high_precision_fraction") * N);
+  s.initial_interval = interval(p.initial_interval, p.initial_interval_fraction, "precision.initial_interval",
+                                "precision.initial_interval_fraction");
+  s.final_interval = interval(p.final_interval, p.final_interval_fraction, "precision.final_interval",
+                              "precision.final_interval_fraction");
+  s.final_start = s.max_steps - std::llround(p.final_high_precision_fraction * N);
   return s;
 }
 
@@ -137,66 +117,64 @@ std::vector<int64_t> PrecisionSchedule::plan_steps() const {
   return out;
 }
 
-std::string PrecisionSchedule::phase_at(int64_t s) const {
-  if (s >= final_start) return "final";
-  if (s < warmup_end) return "warmup";
-  return "plan";
+Phase PrecisionSchedule::phase_at(int64_t s) const {
+  if (s >= final_start) return Phase::kFinal;
+  if (s < warmup_end) return Phase::kWarmup;
+  return Phase::kPlan;
+}
+
+const char* to_string(Phase p) {
+  switch (p) {
+    case Phase::kNone: return "";
+    case Phase::kWarmup: return "warmup";
+    case Phase::kPlan: return "plan";
+    case Phase::kFinal: return "final";
+  }
+  return "?";
+}
+
+Phase parse_phase(const std::string& s, const std::string& what) {
+  for (Phase p : {Phase::kNone, Phase::kWarmup, Phase::kPlan, Phase::kFinal})
+    if (s == to_string(p)) return p;
+  fail(what, ": expected a phase (warmup, plan or final), got '", s, "'");
 }
 
 // ---------------------------------------------------------------------------
 // Controller
 
-PrecisionController::PrecisionController(const Config& cfg, std::vector<QuantLinear> layers,
+PrecisionController::PrecisionController(const RunConfig& rc, std::vector<QuantLinear> layers,
                                          at::ScalarType gemm_dtype)
-    : layers_(std::move(layers)), gemm_dtype_(gemm_dtype) {
-  policy_ = cfg.get_string("precision.policy");
-  const std::string recipe = cfg.get_string("precision.recipe");
-  // Checked for every policy, so a run's config.toml never carries a value a
-  // later resume or `snip correlate` would reject.
-  const std::string gran = cfg.get_string("precision.granularity");
-  if (gran == "layer") gran_ = policy::Granularity::layer;
-  else if (gran == "gemm") gran_ = policy::Granularity::gemm;
-  else fail("config: precision.granularity: expected layer or gemm, got '", gran, "'");
-  first_order_ = cfg.get_string("precision.first_order");
-  if (first_order_ != "abs" && first_order_ != "signed" && first_order_ != "drop")
-    fail("config: precision.first_order: expected abs, signed or drop, got '", first_order_, "'");
-  probes_ = cfg.get_int("precision.curvature_probes");
-  if (probes_ < 0 || probes_ > 64)
-    fail("config: precision.curvature_probes: expected 0..64 probes, got ", probes_);
-  stats_seed_ = uint64_t(cfg.get_int("train.seed"));
-  warmup_precision_ = cfg.get_string("precision.warmup_precision");
-  final_precision_ = cfg.get_string("precision.final_precision");
-  low_ = cfg.get_string("precision.low_option");
+    : pc_(rc.precision), layers_(std::move(layers)), gemm_dtype_(gemm_dtype) {
+  // Ranges and words were checked by RunConfig::from for every policy, so a
+  // run's config.toml never carries a value a later resume or `snip correlate`
+  // would reject; what follows needs the layers or the recipe registry.
+  policy_ = pc_.policy_name();
+  gran_ = pc_.per_gemm ? policy::Granularity::gemm : policy::Granularity::layer;
+  stats_seed_ = uint64_t(rc.train.seed);
+  low_ = pc_.low_option;
   if (low_.empty() || low_ == kReference)
     fail("config: precision.low_option: expected the name of a quantizing option (e.g. fp4, mxfp4), got '", low_, "'");
-  SNIP_CHECK(policy_ != "bf16" || recipe == "none" || recipe.empty(),
+  const std::string& recipe = pc_.recipe;
+  SNIP_CHECK(pc_.policy != Policy::kBf16 || recipe == "none" || recipe.empty(),
              "precision.recipe = ", recipe, " reached the controller: call resolve_precision_alias() first");
-  if (policy_ == "bf16") return;  // inactive: nothing is quantized
-  if (policy_ != "snip" && !is_heuristic_policy(policy_) && !is_uniform_policy(policy_))
-    fail("config: precision.policy: expected bf16, uniform-<option> (e.g. uniform-fp8), snip, min-rel-err, "
-         "layer-type, first-last-fp8 or random, got '", policy_, "'");
+  if (pc_.policy == Policy::kBf16) return;  // inactive: nothing is quantized
   if (recipe != "none" && !recipe.empty())
     fail("config: precision.recipe = '", recipe, "' applies one recipe to every layer and cannot be combined "
          "with precision.policy = '", policy_, "'; set precision.recipe = \"none\" (or use policy uniform-",
          recipe, ")");
   active_ = true;
   SNIP_CHECK(!layers_.empty(), "no quantizable layers");
-  sched_ = PrecisionSchedule::from_config(cfg);
+  sched_ = PrecisionSchedule::from_config(rc);
   for (int64_t p : sched_.plan_steps()) plan_steps_.insert(p);
-  budget_ = cfg.get_float("precision.budget");
-  smoothing_ = fraction(cfg, "precision.smoothing");
-  alpha_ = fraction(cfg, "precision.alpha");
-  seed_ = uint64_t(cfg.get_int("precision.seed"));
-  options_ = split_list(cfg.get_string("precision.options"));
-  if (options_.empty()) fail("config: precision.options: expected a comma-separated list of options, got none");
+  const std::vector<std::string>& options = pc_.options;
+  if (options.empty()) fail("config: precision.options: expected a comma-separated list of options, got none");
   {
     std::set<std::string> seen;
-    for (const auto& o : options_)
+    for (const auto& o : options)
       if (!seen.insert(o).second) fail("config: precision.options: expected unique names, got '", o, "' twice");
-    if (!is_uniform_policy(policy_) && !seen.count(low_))
+    if (pc_.policy != Policy::kUniform && !seen.count(low_))
       fail("config: precision.options: expected a list containing ", low_,
-           " (precision.low_option, the option the budget counts), got '",
-           cfg.get_string("precision.options"), "'");
+           " (precision.low_option, the option the budget counts), got '", join(options), "'");
   }
   // One quantizer per option (UserError for an unknown recipe name).
   auto add = [&](const std::string& name, const char* key) {
@@ -215,17 +193,17 @@ PrecisionController::PrecisionController(const Config& cfg, std::vector<QuantLin
     }
     if (!quant_[name]) fail("config: ", key, ": expected an option name, got '", name, "'");
   };
-  for (const auto& o : options_) add(o, "precision.options");
-  add(warmup_precision_, "precision.warmup_precision");
-  add(final_precision_, "precision.final_precision");
-  if (is_uniform_policy(policy_)) {
-    add(policy_.substr(8), "precision.policy");
+  for (const auto& o : options) add(o, "precision.options");
+  add(pc_.warmup_precision, "precision.warmup_precision");
+  add(pc_.final_precision, "precision.final_precision");
+  if (pc_.policy == Policy::kUniform) {
+    add(pc_.uniform_option, "precision.policy");
     // A uniform 4-bit policy counts its own option in the FP4 share:
     // uniform-mxfp4 runs every GEMM in 4 bits whatever low_option names.
-    if (is_4bit_option(policy_.substr(8))) low_ = policy_.substr(8);
+    if (is_4bit_option(pc_.uniform_option)) low_ = pc_.uniform_option;
   }
   add(kReference, "precision.options");
-  for (const auto& p : split_list(cfg.get_string("precision.pins"))) {
+  for (const auto& p : pc_.pins) {
     try {
       pins_.push_back(policy::parse_pin(p));
     } catch (const UserError& e) {
@@ -236,12 +214,12 @@ PrecisionController::PrecisionController(const Config& cfg, std::vector<QuantLin
   // nothing, conflicting pins, options, budget feasibility): run the very
   // decision a plan step will make, on placeholder Q values.
   policy::PlanProblem prob = shape_problem();
-  if (policy_ == "snip") {
+  if (pc_.policy == Policy::kSnip) {
     policy::plan(prob, plan_options(true));
   } else {
     policy::PlanOptions o = plan_options(true);
-    if (is_uniform_policy(policy_)) o.allowed_options.clear();
-    policy::run_heuristic(policy_, prob, o, seed_);
+    if (pc_.policy == Policy::kUniform) o.allowed_options.clear();
+    policy::run_heuristic(policy_, prob, o, uint64_t(pc_.seed));
   }
 }
 
@@ -285,9 +263,9 @@ policy::PlanProblem PrecisionController::shape_problem() const {
 
 policy::PlanOptions PrecisionController::plan_options(bool with_pins) const {
   policy::PlanOptions o;
-  o.budget = policy::Budget::share(budget_);
+  o.budget = policy::Budget::share(pc_.budget);
   o.low_option = low_;
-  o.allowed_options = options_;
+  o.allowed_options = pc_.options;
   if (with_pins) o.pins = pins_;
   return o;
 }
@@ -355,13 +333,13 @@ PrecisionEvent PrecisionController::begin_step(int64_t s, const std::function<to
                                                torch::optim::AdamW& opt) {
   PrecisionEvent ev;
   if (!active_) return ev;
-  const std::string ph = sched_.phase_at(s);
-  const bool need = ph == "plan" ? (plan_steps_.count(s) > 0 || phase_ != "plan") : phase_ != ph;
+  const Phase ph = sched_.phase_at(s);
+  const bool need = ph == Phase::kPlan ? (plan_steps_.count(s) > 0 || phase_ != Phase::kPlan) : phase_ != ph;
   if (need) decide(s, ph, loss_fn, opt, ev);
   return ev;
 }
 
-void PrecisionController::decide(int64_t s, const std::string& phase,
+void PrecisionController::decide(int64_t s, Phase phase,
                                  const std::function<torch::Tensor()>& loss_fn, torch::optim::AdamW& opt,
                                  PrecisionEvent& ev) {
   using clock = std::chrono::steady_clock;
@@ -370,25 +348,26 @@ void PrecisionController::decide(int64_t s, const std::string& phase,
   StatsStep fresh;
   bool have_stats = false;
   double stats_s = 0;
-  if (phase != "plan") {
+  const std::string& every_layer = phase == Phase::kWarmup ? pc_.warmup_precision : pc_.final_precision;
+  if (phase != Phase::kPlan) {
     prob = shape_problem();
     policy::PlanOptions o = plan_options(false);  // "every layer": pins do not apply
     o.allowed_options.clear();
-    r = policy::heuristic_uniform(prob, o, phase == "warmup" ? warmup_precision_ : final_precision_);
-  } else if (needs_stats(policy_)) {
+    r = policy::heuristic_uniform(prob, o, every_layer);
+  } else if (pc_.needs_stats()) {
     const auto t0 = clock::now();
     StatsOptions so;
     so.options.clear();
-    for (const auto& o : options_)
+    for (const auto& o : pc_.options)
       if (o != kReference) so.options.push_back(o);
     so.low_option = low_;
     so.reference = kReference;
-    so.alpha = alpha_;
+    so.alpha = pc_.alpha;
     so.seed = stats_seed_;
-    so.first_order = first_order_;
-    so.curvature_probes = int(probes_);
+    so.first_order = pc_.first_order;
+    so.curvature_probes = int(pc_.curvature_probes);
     fresh = measure(layers_, loss_fn, opt, so, s);
-    smooth(smoothed_, fresh, smoothing_);
+    smooth(smoothed_, fresh, pc_.smoothing);
     smoothed_.step = s;
     have_stats = true;
     stats_s = std::chrono::duration<double>(clock::now() - t0).count();
@@ -396,22 +375,23 @@ void PrecisionController::decide(int64_t s, const std::string& phase,
       fs::create_directories(fs::path(run_dir_) / "stats");
       const bool pg = gran_ == policy::Granularity::gemm;
       json j = to_json(smoothed_, pg);
-      j["smoothing"] = smoothing_;
+      j["smoothing"] = pc_.smoothing;
       j["measured"] = to_json(fresh, pg);
       policy::save_json_atomic(j, (fs::path(run_dir_) / "stats" / ("step-" + std::to_string(s) + ".json")).string());
     }
     prob = to_plan_problem(smoothed_, gran_);
     const policy::PlanOptions o = plan_options(true);
     try {
-      r = policy_ == "snip" ? policy::plan(prob, o) : policy::run_heuristic(policy_, prob, o, seed_);
+      r = pc_.policy == Policy::kSnip ? policy::plan(prob, o)
+                                      : policy::run_heuristic(policy_, prob, o, uint64_t(pc_.seed));
     } catch (const UserError& e) {
       fail("precision plan at step ", s, ": ", e.what());
     }
   } else {
     prob = shape_problem();
     policy::PlanOptions o = plan_options(true);
-    if (is_uniform_policy(policy_)) o.allowed_options.clear();
-    r = policy::run_heuristic(policy_, prob, o, seed_);
+    if (pc_.policy == Policy::kUniform) o.allowed_options.clear();
+    r = policy::run_heuristic(policy_, prob, o, uint64_t(pc_.seed));
   }
   apply(r.assignments());
   phase_ = phase;
@@ -420,7 +400,7 @@ void PrecisionController::decide(int64_t s, const std::string& phase,
   json pj = policy::plan_to_json(r);
   pj["step"] = s;
   pj["policy"] = policy_;
-  pj["phase"] = phase;
+  pj["phase"] = to_string(phase);
   json rel_chosen = json::object();
   if (have_stats) {
     json qt = json::object(), rel = json::object();
@@ -442,12 +422,11 @@ void PrecisionController::decide(int64_t s, const std::string& phase,
     policy::save_json_atomic(pj, (fs::path(run_dir_) / "plans" / ("step-" + std::to_string(s) + ".json")).string());
   }
   if (verbose_) {
-    if (phase == "plan")
+    if (phase == Phase::kPlan)
       std::fprintf(stderr, "\n%s", format_plan_table(pj).c_str());
     else  // every layer at one option: one line instead of the table
       std::fprintf(stderr, "\nprecision at step %ld: %s phase, every layer %s (FP4 share %.4f)\n", long(s),
-                   phase.c_str(), phase == "warmup" ? warmup_precision_.c_str() : final_precision_.c_str(),
-                   r.fp4_share);
+                   to_string(phase), every_layer.c_str(), r.fp4_share);
   }
 
   ev.decided = true;
@@ -455,12 +434,12 @@ void PrecisionController::decide(int64_t s, const std::string& phase,
   for (const std::string& n : item_names()) prec[n] = assign_.at(n);
   ev.metrics["precision"] = std::move(prec);
   ev.metrics["plan_step"] = s;
-  ev.metrics["phase"] = phase;
+  ev.metrics["phase"] = to_string(phase);
   if (have_stats) ev.metrics["rel_err_fprop"] = std::move(rel_chosen);
 }
 
 json PrecisionController::state() const {
-  json st = {{"policy", policy_}, {"phase", phase_}, {"decided_at", decided_at_},
+  json st = {{"policy", policy_}, {"phase", to_string(phase_)}, {"decided_at", decided_at_},
              {"assignments", assign_}};
   st["smoothed"] = smoothed_.layers.empty() ? json(nullptr) : to_json(smoothed_);
   return st;
@@ -474,11 +453,11 @@ void PrecisionController::restore(const json& st, const std::string& what) {
                    st.at("policy").get<std::string>(), policy_);
       return;
     }
-    phase_ = st.at("phase").get<std::string>();
+    phase_ = parse_phase(st.at("phase").get<std::string>(), what + ": precision.phase");
     decided_at_ = st.at("decided_at").get<int64_t>();
     const auto assign = st.at("assignments").get<std::map<std::string, std::string>>();
     smoothed_ = st.at("smoothed").is_null() ? StatsStep{} : stats_from_json(st.at("smoothed"), what + ": smoothed");
-    if (!phase_.empty()) {
+    if (phase_ != Phase::kNone) {
       for (const std::string& n : item_names())
         if (!assign.count(n))
           fail(what, ": precision.assignments: no option for '", n, "' (precision.granularity changed?)");
@@ -491,55 +470,6 @@ void PrecisionController::restore(const json& st, const std::string& what) {
   } catch (const json::exception& e) {
     fail(what, ": malformed precision state (", e.what(), ")");
   }
-}
-
-// ---------------------------------------------------------------------------
-// StatsStep from JSON
-
-StatsStep stats_from_json(const json& j, const std::string& what) {
-  StatsStep s;
-  try {
-    s.step = j.at("step").get<int64_t>();
-    const json& d = j.at("details");
-    s.options = d.at("options").get<std::vector<std::string>>();
-    s.low_option = d.at("low_option").get<std::string>();
-    s.reference = d.at("reference").get<std::string>();
-    s.first_order = d.at("first_order").get<std::string>();
-    s.alpha = d.at("alpha").get<double>();
-    s.ld_sum_low = d.at("ld_sum_low").get<double>();
-    s.wd_sum_low = d.at("wd_sum_low").get<double>();
-    s.ranks = d.at("ranks").get<int64_t>();
-    for (const json& l : d.at("layers")) {
-      LayerStats ls;
-      ls.name = l.at("name").get<std::string>();
-      ls.layer_index = l.at("layer_index").get<int64_t>();
-      ls.tokens = l.at("tokens").get<int64_t>();
-      ls.in_features = l.at("in_features").get<int64_t>();
-      ls.out_features = l.at("out_features").get<int64_t>();
-      ls.gemm_flops = l.at("gemm_flops").get<double>();
-      ls.curvature = l.at("curvature").get<double>();
-      ls.up_sensitivity = l.at("up_sensitivity").get<double>();
-      ls.n_upstream = l.at("n_upstream").get<int>();
-      for (const auto& [name, o] : l.at("options").items()) {
-        OptionStats os;
-        os.ld = o.at("ld").get<double>();
-        os.ld_first = o.at("ld_first").get<double>();
-        os.ld_second = o.at("ld_second").get<double>();
-        os.wd_own = o.at("wd_own").get<double>();
-        os.wd_up = o.at("wd_up").get<double>();
-        os.q = o.at("q").get<double>();
-        const json& re = o.at("rel_err");
-        os.rel_err.v = {re.at("fprop").get<double>(), re.at("dgrad").get<double>(), re.at("wgrad").get<double>()};
-        ls.options[name] = os;
-      }
-      for (const auto& p : s.options)
-        if (!ls.options.count(p)) fail(what, ": layer '", ls.name, "': expected stats for option '", p, "'");
-      s.layers.push_back(std::move(ls));
-    }
-  } catch (const json::exception& e) {
-    fail(what, ": malformed stats JSON (", e.what(), ")");
-  }
-  return s;
 }
 
 }  // namespace snip

@@ -172,8 +172,6 @@ void validate(const StatsOptions& o) {
   if (!(o.noise_scale > 0) || !std::isfinite(o.noise_scale))
     fail("stats.noise_scale: expected a finite number > 0, got ", o.noise_scale);
   if (!(o.alpha >= 0 && o.alpha <= 1)) fail("stats.alpha: expected a number in [0, 1], got ", o.alpha);
-  if (o.first_order != "abs" && o.first_order != "signed" && o.first_order != "drop")
-    fail("stats.first_order: expected \"abs\", \"signed\" or \"drop\", got \"", o.first_order, "\"");
   if (!(o.dgrad_noise_rel > 0) || !std::isfinite(o.dgrad_noise_rel))
     fail("stats.dgrad_noise_rel: expected a finite number > 0, got ", o.dgrad_noise_rel);
   if (!(o.grad_scale > 0) || !std::isfinite(o.grad_scale))
@@ -525,7 +523,7 @@ StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Te
       const double ge = field(l, base + kGe), ef_sq = field(l, base + kEfSq);
       os.ld_first = ge;
       os.ld_second = 0.5 * std::max(ls.curvature, 0.0) * ef_sq;
-      const double first = o.first_order == "abs" ? std::abs(ge) : o.first_order == "signed" ? ge : 0.0;
+      const double first = o.first_order == FirstOrder::kAbs ? std::abs(ge) : o.first_order == FirstOrder::kSigned ? ge : 0.0;
       os.ld = std::max(0.0, first + os.ld_second);
       os.rel_err[Gemm::kFprop] = ratio_sqrt(ef_sq, field(l, kYSq));
       os.rel_err[Gemm::kDgrad] = ratio_sqrt(field(l, base + kEdSq), field(l, kDxSq));
@@ -595,43 +593,46 @@ void smooth(StatsStep& prev, const StatsStep& fresh, double s) {
   prev = std::move(out);
 }
 
-nlohmann::json to_json(const StatsStep& s, bool per_gemm) {
-  using nlohmann::json;
+policy::CostTable to_cost_table(const StatsStep& s, bool per_gemm) {
   const double ld_n = s.ld_sum_low > 0 ? s.ld_sum_low : 1.0;
   const double wd_n = s.wd_sum_low > 0 ? s.wd_sum_low : 1.0;
-  json layers = json::array(), details_layers = json::array();
+  policy::CostTable t;
+  t.source = str_cat("stats step ", s.step);
   for (const LayerStats& ls : s.layers) {
-    json e;
-    e["name"] = ls.name;
+    policy::LayerCost lc;
+    lc.name = ls.name;
     if (!per_gemm) {
-      json q = json::object(), rel = json::object();
       for (const auto& p : s.options) {
         const OptionStats& os = ls.options.at(p);
-        q[p] = os.q;
-        rel[p] = (os.rel_err[Gemm::kFprop] + os.rel_err[Gemm::kDgrad] + os.rel_err[Gemm::kWgrad]) / 3.0;
+        lc.q[p] = os.q;
+        lc.rel_err[p] = (os.rel_err[Gemm::kFprop] + os.rel_err[Gemm::kDgrad] + os.rel_err[Gemm::kWgrad]) / 3.0;
       }
-      q[s.reference] = 0.0;
-      e["flops"] = 3.0 * ls.gemm_flops;
-      e["q"] = std::move(q);
-      e["rel_err"] = std::move(rel);
+      lc.q[s.reference] = 0.0;
+      lc.flops = 3.0 * ls.gemm_flops;
     } else {
-      json gemms = json::object();
+      lc.has_gemms = true;
       for (Gemm g : kAllGemms) {
-        json q = json::object(), rel = json::object();
+        policy::GemmCost& gc = lc.gemms[size_t(g)];
         for (const auto& p : s.options) {
           const OptionStats& os = ls.options.at(p);
-          q[p] = g == Gemm::kFprop ? s.alpha * os.ld / ld_n
-                 : g == Gemm::kDgrad ? (1.0 - s.alpha) * os.wd_up / wd_n
-                                     : (1.0 - s.alpha) * os.wd_own / wd_n;
-          rel[p] = os.rel_err[g];
+          gc.q[p] = g == Gemm::kFprop ? s.alpha * os.ld / ld_n
+                    : g == Gemm::kDgrad ? (1.0 - s.alpha) * os.wd_up / wd_n
+                                        : (1.0 - s.alpha) * os.wd_own / wd_n;
+          gc.rel_err[p] = os.rel_err[g];
         }
-        q[s.reference] = 0.0;
-        gemms[gemm_name(g)] = {{"flops", ls.gemm_flops}, {"q", std::move(q)}, {"rel_err", std::move(rel)}};
+        gc.q[s.reference] = 0.0;
+        gc.flops = ls.gemm_flops;
       }
-      e["gemms"] = std::move(gemms);
     }
-    layers.push_back(std::move(e));
+    t.layers.push_back(std::move(lc));
+  }
+  return t;
+}
 
+nlohmann::json to_json(const StatsStep& s, bool per_gemm) {
+  using nlohmann::json;
+  json details_layers = json::array();
+  for (const LayerStats& ls : s.layers) {
     json opts = json::object();
     for (const auto& p : s.options) {
       const OptionStats& os = ls.options.at(p);
@@ -655,16 +656,65 @@ nlohmann::json to_json(const StatsStep& s, bool per_gemm) {
                               {"options", std::move(opts)}});
   }
   json details = {{"options", s.options},       {"low_option", s.low_option},
-                  {"reference", s.reference},   {"first_order", s.first_order},
+                  {"reference", s.reference},   {"first_order", to_string(s.first_order)},
                   {"alpha", s.alpha},           {"ld_sum_low", s.ld_sum_low},
                   {"wd_sum_low", s.wd_sum_low}, {"ranks", s.ranks},
                   {"layers", std::move(details_layers)}};
-  return json{{"step", s.step}, {"layers", std::move(layers)}, {"details", std::move(details)}};
+  json j = policy::to_json(to_cost_table(s, per_gemm));
+  j["step"] = s.step;
+  j["details"] = std::move(details);
+  return j;
 }
 
+StatsStep stats_from_json(const nlohmann::json& j, const std::string& what) {
+  StatsStep s;
+  try {
+    s.step = j.at("step").get<int64_t>();
+    const nlohmann::json& d = j.at("details");
+    s.options = d.at("options").get<std::vector<std::string>>();
+    s.low_option = d.at("low_option").get<std::string>();
+    s.reference = d.at("reference").get<std::string>();
+    s.first_order = parse_first_order(d.at("first_order").get<std::string>(), what + ": first_order");
+    s.alpha = d.at("alpha").get<double>();
+    s.ld_sum_low = d.at("ld_sum_low").get<double>();
+    s.wd_sum_low = d.at("wd_sum_low").get<double>();
+    s.ranks = d.at("ranks").get<int64_t>();
+    for (const nlohmann::json& l : d.at("layers")) {
+      LayerStats ls;
+      ls.name = l.at("name").get<std::string>();
+      ls.layer_index = l.at("layer_index").get<int64_t>();
+      ls.tokens = l.at("tokens").get<int64_t>();
+      ls.in_features = l.at("in_features").get<int64_t>();
+      ls.out_features = l.at("out_features").get<int64_t>();
+      ls.gemm_flops = l.at("gemm_flops").get<double>();
+      ls.curvature = l.at("curvature").get<double>();
+      ls.up_sensitivity = l.at("up_sensitivity").get<double>();
+      ls.n_upstream = l.at("n_upstream").get<int>();
+      for (const auto& [name, o] : l.at("options").items()) {
+        OptionStats os;
+        os.ld = o.at("ld").get<double>();
+        os.ld_first = o.at("ld_first").get<double>();
+        os.ld_second = o.at("ld_second").get<double>();
+        os.wd_own = o.at("wd_own").get<double>();
+        os.wd_up = o.at("wd_up").get<double>();
+        os.q = o.at("q").get<double>();
+        const nlohmann::json& re = o.at("rel_err");
+        os.rel_err.v = {re.at("fprop").get<double>(), re.at("dgrad").get<double>(), re.at("wgrad").get<double>()};
+        ls.options[name] = os;
+      }
+      for (const auto& p : s.options)
+        if (!ls.options.count(p)) fail(what, ": layer '", ls.name, "': expected stats for option '", p, "'");
+      s.layers.push_back(std::move(ls));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail(what, ": malformed stats JSON (", e.what(), ")");
+  }
+  return s;
+}
+
+
 policy::PlanProblem to_plan_problem(const StatsStep& s, policy::Granularity g) {
-  const std::string source = str_cat("stats step ", s.step);
-  return policy::make_problem(policy::parse_cost_table(to_json(s, g == policy::Granularity::gemm), source), g);
+  return policy::make_problem(to_cost_table(s, g == policy::Granularity::gemm), g);
 }
 
 }  // namespace snip

@@ -41,7 +41,8 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
     fail("--run: ", (run / "config.toml").string(), " does not exist (expected a run of `snip train`)");
   Config cfg;
   cfg.load_toml_file((run / "config.toml").string());
-  cfg.validate();
+  const RunConfig rc = RunConfig::from(cfg);
+  const TrainConfig& tc = rc.train;
   std::string ckpt;
   if (o.step >= 0) {
     ckpt = (run / "checkpoints" / ("step-" + std::to_string(o.step))).string();
@@ -65,31 +66,27 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
   }
   if (o.step < -1) fail("--step: expected a checkpoint step >= 0, got ", o.step);
 
-  const fs::path data_dir(cfg.get_string("data.dir"));
+  const fs::path data_dir(rc.data.dir);
   const std::string train_bin = (data_dir / "train.bin").string(), val_bin = (data_dir / "val.bin").string();
   if (!fs::exists(train_bin)) fail("data.dir: ", train_bin, " does not exist (the run's data is needed)");
-  const int64_t B = cfg.get_int("train.batch_size"), T = cfg.get_int("train.seq_len");
-  const int64_t accum = cfg.get_int("train.grad_accum"), max_steps = cfg.get_int("train.max_steps");
-  const uint64_t seed = uint64_t(cfg.get_int("train.seed"));
-  const int64_t eval_batches = o.eval_batches >= 0 ? o.eval_batches : cfg.get_int("train.eval_batches");
-  auto lr_of = [&](int64_t step) {
-    return lr_at(step, max_steps, cfg.get_int("train.warmup_steps"), cfg.get_float("train.lr"),
-                 cfg.get_float("train.min_lr_ratio"));
-  };
-  set_threads(cfg.get_int("train.threads"));
+  const int64_t B = tc.batch_size, T = tc.seq_len, accum = tc.grad_accum;
+  const uint64_t seed = uint64_t(tc.seed);
+  const int64_t eval_batches = o.eval_batches >= 0 ? o.eval_batches : tc.eval_batches;
+  auto lr_of = [&](int64_t step) { return lr_at(step, tc.max_steps, tc.warmup_steps, tc.lr, tc.min_lr_ratio); };
+  set_threads(tc.threads);
   data::TokenLoader loader(train_bin, int(B), int(T), seed);
   loader.restore({st.at("loader").at("epoch").get<uint64_t>(), st.at("loader").at("cursor").get<uint64_t>()});
   const data::LoaderState loader0 = loader.state();
 
   torch::manual_seed(seed);
-  LlamaForCausalLM model(LlamaConfig::from_run_config(cfg, loader.vocab_size()));
+  LlamaForCausalLM model(LlamaConfig::from_run_config(rc.model, loader.vocab_size()));
   load_checkpoint_weights(ckpt, model);
-  const at::ScalarType gemm = gemm_dtype_of(cfg);
+  const at::ScalarType gemm = gemm_dtype_of(tc);
   model->set_precision(LinearPrecision{nullptr, gemm});
   model->set_non_linear_gemm_dtype(gemm);
   const std::string opt_path = (fs::path(ckpt) / "optimizer.pt").string();
   const std::string opt_bytes = io::read_file(opt_path);
-  auto opt = make_optimizer(model, cfg);
+  auto opt = make_optimizer(model, tc);
   load_optimizer_state(*opt, opt_bytes, opt_path);
   std::vector<torch::Tensor> weights0;
   {
@@ -100,7 +97,7 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
     torch::NoGradGuard ng;
     auto params = model->parameters();
     for (size_t i = 0; i < params.size(); ++i) params[i].copy_(weights0[i]);
-    opt = make_optimizer(model, cfg);
+    opt = make_optimizer(model, tc);
     load_optimizer_state(*opt, opt_bytes, opt_path);
     loader.restore(loader0);
     model->set_precision(LinearPrecision{nullptr, gemm});
@@ -148,9 +145,9 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
     so.options = {o.option};
     if (o.option != "fp8") so.options.push_back("fp8");
     so.low_option = o.option;
-    so.alpha = cfg.get_float("precision.alpha");
-    so.first_order = cfg.get_string("precision.first_order");
-    so.curvature_probes = int(cfg.get_int("precision.curvature_probes"));
+    so.alpha = rc.precision.alpha;
+    so.first_order = rc.precision.first_order;
+    so.curvature_probes = int(rc.precision.curvature_probes);
     so.seed = seed;
     if (!o.quiet) spdlog::info("correlation study: stats step at step {} of {}", step0, o.run_dir);
     pred = measure(all, [&] { return LlamaForCausalLMImpl::loss(model(ids), targets); }, *opt, so, step0);
@@ -161,7 +158,7 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
   auto run_arm = [&](QuantLinear* only) -> std::pair<double, double> {
     reset();
     if (only) (*only)->precision = LinearPrecision{quant, gemm};
-    StepContext sc{model, *opt, loader, B, T, accum, cfg.get_float("train.grad_clip"), seed, nullptr};
+    StepContext sc{model, *opt, loader, B, T, accum, tc.grad_clip, seed, nullptr};
     double train_sum = 0;
     for (int64_t k = 0; k < o.steps; ++k) train_sum += train_step(sc, step0 + k, lr_of(step0 + k)).loss;
     const double v = evaluate(model, val_bin, B, T, eval_batches);

@@ -10,21 +10,25 @@ namespace snip {
 
 // ---------------------------------------------------------------- config --
 
-LlamaConfig LlamaConfig::from_run_config(const Config& c, int64_t vocab) {
+LlamaConfig LlamaConfig::from_run_config(const ModelConfig& c, int64_t vocab) {
   LlamaConfig m;
-  m.vocab_size = c.get_int("model.vocab_size") > 0 ? c.get_int("model.vocab_size") : vocab;
-  m.hidden_size = c.get_int("model.hidden_size");
-  m.intermediate_size = c.get_int("model.intermediate_size");
-  m.num_hidden_layers = c.get_int("model.num_hidden_layers");
-  m.num_attention_heads = c.get_int("model.num_attention_heads");
-  m.num_key_value_heads = c.get_int("model.num_key_value_heads");
-  m.rms_norm_eps = c.get_float("model.rms_norm_eps");
-  m.rope_theta = c.get_float("model.rope_theta");
-  m.tie_word_embeddings = c.get_bool("model.tie_word_embeddings");
-  m.max_position_embeddings = c.get_int("model.max_position_embeddings");
-  m.init_std = c.get_float("model.init_std");
+  m.vocab_size = c.vocab_size > 0 ? c.vocab_size : vocab;
+  m.hidden_size = c.hidden_size;
+  m.intermediate_size = c.intermediate_size;
+  m.num_hidden_layers = c.num_hidden_layers;
+  m.num_attention_heads = c.num_attention_heads;
+  m.num_key_value_heads = c.num_key_value_heads;
+  m.rms_norm_eps = c.rms_norm_eps;
+  m.rope_theta = c.rope_theta;
+  m.tie_word_embeddings = c.tie_word_embeddings;
+  m.max_position_embeddings = c.max_position_embeddings;
+  m.init_std = c.init_std;
   m.validate("config [model]");
   return m;
+}
+
+LlamaConfig LlamaConfig::from_run_config(const Config& c, int64_t vocab) {
+  return from_run_config(RunConfig::from(c).model, vocab);
 }
 
 namespace {

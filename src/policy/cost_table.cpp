@@ -82,6 +82,29 @@ bool CostTable::per_gemm() const {
   return true;
 }
 
+json to_json(const CostTable& t) {
+  json layers = json::array();
+  for (const LayerCost& l : t.layers) {
+    json e = {{"name", l.name}};
+    if (l.stage >= 0) e["stage"] = l.stage;
+    if (l.has_gemms) {
+      json g = json::object();
+      for (Gemm k : kAllGemms) {
+        const GemmCost& c = l.gemms[size_t(k)];
+        g[gemm_name(k)] = {{"flops", c.flops}, {"q", c.q}};
+        if (!c.rel_err.empty()) g[gemm_name(k)]["rel_err"] = c.rel_err;
+      }
+      e["gemms"] = std::move(g);
+    } else {
+      e["flops"] = l.flops;
+      e["q"] = l.q;
+      if (!l.rel_err.empty()) e["rel_err"] = l.rel_err;
+    }
+    layers.push_back(std::move(e));
+  }
+  return {{"layers", std::move(layers)}};
+}
+
 CostTable parse_cost_table(const json& j, const std::string& source) {
   const Ctx c{source};
   CostTable t;

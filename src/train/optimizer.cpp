@@ -14,20 +14,20 @@ double lr_at(int64_t step, int64_t total, int64_t warmup, double lr, double min_
   return lr * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + std::cos(M_PI * progress)));
 }
 
-std::unique_ptr<torch::optim::AdamW> make_optimizer(LlamaForCausalLM& model, const Config& cfg) {
+std::unique_ptr<torch::optim::AdamW> make_optimizer(LlamaForCausalLM& model, const TrainConfig& t) {
   std::vector<torch::Tensor> decay, no_decay;
   for (auto& p : model->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
   auto opts = [&](double wd) {
-    auto o = std::make_unique<torch::optim::AdamWOptions>(cfg.get_float("train.lr"));
-    o->betas({cfg.get_float("train.beta1"), cfg.get_float("train.beta2")});
-    o->eps(cfg.get_float("train.eps"));
+    auto o = std::make_unique<torch::optim::AdamWOptions>(t.lr);
+    o->betas({t.beta1, t.beta2});
+    o->eps(t.eps);
     o->weight_decay(wd);
     return o;
   };
   std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, opts(cfg.get_float("train.weight_decay")));
+  groups.emplace_back(decay, opts(t.weight_decay));
   groups.emplace_back(no_decay, opts(0.0));
-  return std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(cfg.get_float("train.lr")));
+  return std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(t.lr));
 }
 
 void set_lr(torch::optim::Optimizer& opt, double lr) {

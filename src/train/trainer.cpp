@@ -58,9 +58,7 @@ void set_threads(int64_t threads) {
   torch::set_num_threads(threads > 0 ? int(threads) : int(std::max(1u, std::thread::hardware_concurrency())));
 }
 
-at::ScalarType gemm_dtype_of(const Config& cfg) {
-  return cfg.get_string("train.gemm_dtype") == "bf16" ? at::kBFloat16 : at::kFloat;
-}
+at::ScalarType gemm_dtype_of(const TrainConfig& t) { return t.gemm_bf16 ? at::kBFloat16 : at::kFloat; }
 
 double evaluate(LlamaForCausalLM& model, const std::string& val_path, int64_t B, int64_t T, int64_t batches) {
   torch::NoGradGuard ng;
@@ -106,15 +104,15 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
          "another --run-dir (or delete it)");
   }
   const std::string alias = resolve_precision_alias(cfg);
-  cfg.validate();
-  const fs::path data_dir(cfg.get_string("data.dir"));
+  const RunConfig rc = RunConfig::from(cfg);  // every option checked and typed, once
+  const TrainConfig& tc = rc.train;
+  const fs::path data_dir(rc.data.dir);
   const std::string train_bin = (data_dir / "train.bin").string(), val_bin = (data_dir / "val.bin").string();
   for (const auto& p : {train_bin, val_bin})
     if (!fs::exists(p))
       fail("data.dir: ", p, " does not exist (run `snip data prepare --out ", data_dir.string(), "` first)");
-  const int64_t B = cfg.get_int("train.batch_size"), T = cfg.get_int("train.seq_len");
-  const int64_t accum = cfg.get_int("train.grad_accum"), max_steps = cfg.get_int("train.max_steps");
-  const uint64_t seed = uint64_t(cfg.get_int("train.seed"));
+  const int64_t B = tc.batch_size, T = tc.seq_len, accum = tc.grad_accum, max_steps = tc.max_steps;
+  const uint64_t seed = uint64_t(tc.seed);
   data::TokenLoader loader(train_bin, int(B), int(T), seed);
   {
     data::TokenLoader check_val(val_bin, 1, int(T), 0);
@@ -123,26 +121,26 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
            loader.vocab_size(), " (prepared with different tokenizers?)");
   }
   const int64_t shard_vocab = loader.vocab_size();
-  const int64_t cfg_vocab = cfg.get_int("model.vocab_size");
+  const int64_t cfg_vocab = rc.model.vocab_size;
   if (cfg_vocab > 0 && cfg_vocab < shard_vocab)
     fail("model.vocab_size ", cfg_vocab, " is smaller than the tokenizer's vocabulary ", shard_vocab, " (",
          train_bin, "); set it to 0 to use the tokenizer's");
-  set_threads(cfg.get_int("train.threads"));
+  set_threads(tc.threads);
 
   torch::manual_seed(seed);
-  LlamaConfig mcfg = LlamaConfig::from_run_config(cfg, shard_vocab);
+  LlamaConfig mcfg = LlamaConfig::from_run_config(rc.model, shard_vocab);
   LlamaForCausalLM model(mcfg);
   if (!opts.init_from.empty()) {
     LlamaForCausalLM src = import_hf(opts.init_from);
     load_model_from_safetensors(model, model_to_safetensors(src), opts.init_from);
   }
-  const at::ScalarType gemm = gemm_dtype_of(cfg);
+  const at::ScalarType gemm = gemm_dtype_of(tc);
   model->set_precision(LinearPrecision{nullptr, gemm});
   model->set_non_linear_gemm_dtype(gemm);
-  auto optimizer = make_optimizer(model, cfg);
+  auto optimizer = make_optimizer(model, tc);
   // The adaptive precision controller (inactive for policy bf16). Validates
   // the [precision] options against the layer list, pins and budget included.
-  PrecisionController ctl(cfg, model->linear_layers(), gemm);
+  PrecisionController ctl(rc, model->linear_layers(), gemm);
 
   int64_t step = 0;
   json resume_state;
@@ -186,21 +184,16 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
 
   const bool tty = !opts.quiet && isatty(STDERR_FILENO);
   const int64_t tokens_per_step = B * T * accum;
-  const int64_t log_every = cfg.get_int("train.log_interval");
-  const int64_t eval_every = cfg.get_int("train.eval_interval");
-  const int64_t ckpt_every = cfg.get_int("train.checkpoint_interval");
-  const int64_t eval_batches = cfg.get_int("train.eval_batches");
-  const int64_t warmup = cfg.get_int("train.warmup_steps");
-  const double lr_peak = cfg.get_float("train.lr"), min_lr_ratio = cfg.get_float("train.min_lr_ratio");
+  const int64_t warmup = tc.warmup_steps;
   if (!opts.quiet) {
     if (!alias.empty()) spdlog::info("{}", alias);
     if (warmup > max_steps)
       spdlog::warn("train.warmup_steps = {} is larger than train.max_steps = {}: the learning rate never reaches "
                    "train.lr (peak {:.3g} at the last step)", warmup, max_steps,
-                   lr_at(max_steps - 1, max_steps, warmup, lr_peak, min_lr_ratio));
+                   lr_at(max_steps - 1, max_steps, warmup, tc.lr, tc.min_lr_ratio));
     spdlog::info("model: {} parameters ({} layers, C={}, V={}), {} tokens/step, GEMMs in {}, policy {}",
                  mcfg.num_parameters(), mcfg.num_hidden_layers, mcfg.hidden_size, mcfg.vocab_size,
-                 tokens_per_step, cfg.get_string("train.gemm_dtype"), ctl.policy());
+                 tokens_per_step, tc.gemm_bf16 ? "bf16" : "fp32", ctl.policy());
     if (step == max_steps) spdlog::info("{} holds the run's last step {}: writing its summary", resume_ckpt, step);
     else if (!resume_ckpt.empty()) spdlog::info("resumed from {} at step {}", resume_ckpt, step);
     else if (opts.resume)
@@ -212,11 +205,11 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   std::unique_ptr<data::TokenizerClient> sampler;
   std::vector<int32_t> sample_prompt;
   SampleOptions sample_opts;
-  sample_opts.max_new_tokens = cfg.get_int("train.sample_tokens");
+  sample_opts.max_new_tokens = tc.sample_tokens;
   if (!opts.quiet && sample_opts.max_new_tokens > 0 && !opts.snip_data.empty()) {
     try {
       sampler = std::make_unique<data::TokenizerClient>(opts.snip_data, (data_dir / "tokenizer.model").string());
-      sample_prompt = sampler->encode(cfg.get_string("train.sample_prompt"), /*bos=*/true);
+      sample_prompt = sampler->encode(tc.sample_prompt, /*bos=*/true);
       const json meta = json::parse(io::read_file((data_dir / "meta.json").string()), nullptr, false);
       if (meta.is_object() && meta.contains("eos_id") && meta["eos_id"].is_number_integer())
         sample_opts.eos_id = meta["eos_id"].get<int64_t>();
@@ -237,7 +230,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     }
   };
 
-  StepContext sc{model, *optimizer, loader, B, T, accum, cfg.get_float("train.grad_clip"), seed, &ctl};
+  StepContext sc{model, *optimizer, loader, B, T, accum, tc.grad_clip, seed, &ctl};
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   // Wall time of the earlier invocations (a resumed run's elapsed_s continues).
@@ -255,7 +248,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   while (step < max_steps) {
     if (opts.stop_after > 0 && step - start_step >= opts.stop_after) break;
     const auto ts = std::chrono::steady_clock::now();
-    const double lr = lr_at(step, max_steps, warmup, lr_peak, min_lr_ratio);
+    const double lr = lr_at(step, max_steps, warmup, tc.lr, tc.min_lr_ratio);
     const StepResult r = train_step(sc, step, lr);
     ++step;
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
@@ -265,15 +258,15 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
                 {"tokens_per_s", double(tokens_per_step) / dt}, {"elapsed_s", elapsed0 + elapsed()},
                 {"fp4_share", ctl.fp4_share()}};
     for (auto& [k, v] : r.precision.metrics.items()) rec[k] = v;
-    const bool eval_step = step % eval_every == 0 || step == max_steps;
+    const bool eval_step = step % tc.eval_interval == 0 || step == max_steps;
     if (eval_step) {
-      last_val = evaluate(model, val_bin, B, T, eval_batches);
+      last_val = evaluate(model, val_bin, B, T, tc.eval_batches);
       best_val = std::min(best_val, last_val);
       rec["val_loss"] = last_val;
       rec["val_ppl"] = std::exp(last_val);
     }
     metrics.append(rec);
-    if (!opts.quiet && (step % log_every == 0 || step == max_steps || eval_step)) {
+    if (!opts.quiet && (step % tc.log_interval == 0 || step == max_steps || eval_step)) {
       const double tps = double((step - start_step) * tokens_per_step) / elapsed();
       const double eta = double((max_steps - step) * tokens_per_step) / tps;
       std::string line = fmt::format("step {:>6}/{} | loss {:.4f} | lr {:.2e} | gnorm {:.2f} | {:.0f} tok/s | ETA {}",
@@ -284,8 +277,8 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       if (tty && eval_step) std::fprintf(stderr, "\n");
       if (eval_step && sampler) print_sample();
     }
-    if ((ckpt_every > 0 && step % ckpt_every == 0) || step == max_steps) {
-      save_checkpoint(opts.run_dir, step, model, *optimizer, checkpoint_state(), cfg.get_int("train.keep_checkpoints"));
+    if ((tc.checkpoint_interval > 0 && step % tc.checkpoint_interval == 0) || step == max_steps) {
+      save_checkpoint(opts.run_dir, step, model, *optimizer, checkpoint_state(), tc.keep_checkpoints);
       if (step != max_steps) write_run_report(opts.run_dir);
     }
   }
@@ -311,7 +304,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
             {"best_val_loss", num(sum.best_val_loss)},
             {"vocab_size", mcfg.vocab_size}, {"ln_vocab", std::log(double(mcfg.vocab_size))},
             {"parameters", mcfg.num_parameters()}, {"policy", ctl.policy()},
-            {"gemm_dtype", cfg.get_string("train.gemm_dtype")}, {"elapsed_s", sum.seconds},
+            {"gemm_dtype", tc.gemm_bf16 ? "bf16" : "fp32"}, {"elapsed_s", sum.seconds},
             {"tokens_total", sum.tokens},
             {"invocation", {{"steps", sum.invocation_steps}, {"tokens", sum.invocation_steps * tokens_per_step},
                             {"seconds", sum.invocation_seconds}}}};

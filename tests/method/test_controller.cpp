@@ -66,11 +66,11 @@ TEST(ControllerSchedule, StepsByHand) {
     EXPECT_EQ(s.warmup_end, 10);
     EXPECT_EQ(s.final_start, 36);
     EXPECT_EQ(s.plan_steps(), (std::vector<int64_t>{10, 20, 30}));
-    EXPECT_EQ(s.phase_at(0), "warmup");
-    EXPECT_EQ(s.phase_at(9), "warmup");
-    EXPECT_EQ(s.phase_at(10), "plan");
-    EXPECT_EQ(s.phase_at(35), "plan");
-    EXPECT_EQ(s.phase_at(36), "final");
+    EXPECT_STREQ(to_string(s.phase_at(0)), "warmup");
+    EXPECT_STREQ(to_string(s.phase_at(9)), "warmup");
+    EXPECT_STREQ(to_string(s.phase_at(10)), "plan");
+    EXPECT_STREQ(to_string(s.phase_at(35)), "plan");
+    EXPECT_STREQ(to_string(s.phase_at(36)), "final");
   }
   {  // the defaults as fractions, METHOD.md's 100k run: W = 5k, I0 = 20k -> I1 = 100k, F = 90k
     Config c;
@@ -93,7 +93,7 @@ TEST(ControllerSchedule, StepsByHand) {
     c.set("precision.final_high_precision_fraction", 0.0, "test");
     const PrecisionSchedule s = PrecisionSchedule::from_config(c);
     EXPECT_EQ(s.plan_steps(), (std::vector<int64_t>{0, 4, 8}));
-    EXPECT_EQ(s.phase_at(9), "plan");
+    EXPECT_STREQ(to_string(s.phase_at(9)), "plan");
   }
 }
 

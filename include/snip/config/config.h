@@ -1,15 +1,23 @@
-// snip/config/config.h: the run configuration, as option records.
+// snip/config/config.h: the run configuration, as option records, and the
+// typed records it is parsed into. LibTorch-free.
 //
 // Every option is one record (HiGHS options habit): dotted key
-// (`section.name`), type, default, unit and meaning, in ONE table
-// (config.cpp, option_table()). The same table drives: TOML parsing,
-// `--set section.key=value` overrides, `snip train --help`'s option list and
-// the resolved `runs/NAME/config.toml`. An unknown key is a UserError naming
-// the key and the closest valid one ("did you mean ..."); a wrong type names
-// the key, the expected type and the value found.
+// (`section.name`), type, default, unit, range (or the allowed words) and
+// meaning, in ONE table (config.cpp, option_table()). The same table drives:
+// TOML parsing, `--set section.key=value` overrides, the range checks of
+// validate(), `snip train --help`'s option list and the resolved
+// `runs/NAME/config.toml`. An unknown key is a UserError naming the key and
+// the closest valid one ("did you mean ..."); a wrong type names the key, the
+// expected type and the value found; a value out of range names the key and
+// the allowed range.
+//
+// A run reads its options once, through RunConfig::from(), into ModelConfig,
+// DataConfig, TrainConfig and PrecisionConfig records (policy and first-order
+// choices as enums); no string look-ups in the code that runs.
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 #include <variant>
@@ -23,6 +31,17 @@ using OptionValue = std::variant<bool, int64_t, double, std::string>;
 /// Type of an option; "list" options are comma-separated strings.
 enum class OptionType { kBool, kInt, kFloat, kString };
 
+/// Allowed values of a numeric option: lo..hi, each end closed ([) or open
+/// ((); infinite ends are unbounded.
+struct OptionRange {
+  double lo = -std::numeric_limits<double>::infinity();
+  double hi = std::numeric_limits<double>::infinity();
+  bool lo_open = false, hi_open = false;
+  /// "in [0, 1]", ">= 0", "> 0", "in [0, 1)", ... ("" when unbounded).
+  std::string describe(bool integer) const;
+  bool contains(double v) const;
+};
+
 /// The record of one option.
 struct OptionSpec {
   std::string key;       ///< dotted, e.g. "train.lr"
@@ -30,6 +49,8 @@ struct OptionSpec {
   OptionValue def;       ///< default value
   std::string unit;      ///< e.g. "steps", "tokens", "fraction", "" if none
   std::string help;      ///< one-line meaning
+  OptionRange range;     ///< kInt, kFloat: allowed values (floats must also be finite)
+  std::vector<std::string> choices;  ///< kString: the allowed words (empty = any string)
 };
 
 /// All options snip knows, sorted by key.
@@ -72,8 +93,10 @@ class Config {
   /// as a comment; loading it back gives an equal Config.
   std::string to_toml() const;
 
-  /// Throws UserError when options are individually valid but inconsistent
-  /// (e.g. hidden_size not divisible by num_attention_heads).
+  /// Throws UserError "config: <key>: expected ..., got ..." for a value
+  /// outside its option's range or choices, or when options are individually
+  /// valid but inconsistent (e.g. hidden_size not divisible by
+  /// num_attention_heads).
   void validate() const;
 
  private:
@@ -83,5 +106,79 @@ class Config {
 
 /// The option key closest to `key` by edit distance (for "did you mean").
 std::string closest_option_key(const std::string& key);
+
+/// The comma-separated items of a list option, trimmed, empty items dropped.
+std::vector<std::string> split_list(const std::string& s);
+
+// ---- Typed records (every field is the option of the same name; units and
+// meanings are in option_table()).
+
+/// [model]: Hugging Face LlamaConfig fields. Dimension letters as in
+/// model/llama.h: V, C, F, L, NH, NKV.
+struct ModelConfig {
+  int64_t vocab_size = 0;  ///< V; 0 = the tokenizer's
+  int64_t hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0;
+  int64_t num_attention_heads = 0, num_key_value_heads = 0, max_position_embeddings = 0;
+  double rms_norm_eps = 0, rope_theta = 0, init_std = 0;
+  bool tie_word_embeddings = true;
+};
+
+/// [data].
+struct DataConfig {
+  std::string dir;  ///< prepared data folder (train.bin, val.bin, tokenizer.model, meta.json)
+};
+
+/// [train]. B = batch_size sequences of T = seq_len tokens per micro-batch.
+struct TrainConfig {
+  int64_t seed = 0, batch_size = 0, seq_len = 0, grad_accum = 1, max_steps = 0, warmup_steps = 0;
+  double lr = 0, min_lr_ratio = 0, weight_decay = 0, beta1 = 0, beta2 = 0, eps = 0, grad_clip = 0;
+  bool gemm_bf16 = true;  ///< train.gemm_dtype = "bf16" (else "fp32")
+  int64_t eval_interval = 0, eval_batches = 0, checkpoint_interval = 0, keep_checkpoints = 0;
+  int64_t log_interval = 0, threads = 0, sample_tokens = 0;
+  std::string sample_prompt;
+};
+
+/// Who chooses each layer's precision (precision.policy).
+enum class Policy { kBf16, kUniform, kSnip, kMinRelErr, kLayerType, kFirstLastFp8, kRandom };
+/// The first-order term of the loss divergence (precision.first_order; docs/method.md section 3).
+enum class FirstOrder { kDrop, kAbs, kSigned };
+/// "bf16", "uniform-<option>" needs the option: see PrecisionConfig::policy_name().
+const char* to_string(Policy p);
+const char* to_string(FirstOrder f);
+/// Throws UserError "<what>: expected drop, abs or signed, got 'x'".
+FirstOrder parse_first_order(const std::string& s, const std::string& what);
+
+/// [precision] (method/controller.h says what each does).
+struct PrecisionConfig {
+  Policy policy = Policy::kBf16;
+  std::string uniform_option;  ///< the option of policy uniform-<option>, else ""
+  std::string recipe;          ///< precision.recipe ("none" once resolve_precision_alias ran)
+  double budget = 0;
+  std::vector<std::string> options, pins;
+  int64_t warmup_steps = -1, initial_interval = -1, final_interval = -1;
+  double warmup_fraction = 0, initial_interval_fraction = 0, final_interval_fraction = 0;
+  double final_high_precision_fraction = 0;
+  std::string warmup_precision, final_precision, low_option;
+  double smoothing = 0, alpha = 0;
+  int64_t seed = 0;
+  bool per_gemm = false;  ///< precision.granularity = "gemm" (else "layer")
+  FirstOrder first_order = FirstOrder::kDrop;
+  int64_t curvature_probes = 1;
+  /// The policy as written in the configuration ("uniform-fp8", "snip", ...).
+  std::string policy_name() const;
+  /// policy is snip or min-rel-err (they run stats steps).
+  bool needs_stats() const { return policy == Policy::kSnip || policy == Policy::kMinRelErr; }
+};
+
+/// A run's whole configuration, parsed once.
+struct RunConfig {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  PrecisionConfig precision;
+  /// Checks `cfg` (Config::validate) and parses it. Throws UserError naming
+  /// the key for a bad value (e.g. an unknown precision.policy).
+  static RunConfig from(const Config& cfg);
+};
 
 }  // namespace snip

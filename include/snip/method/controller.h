@@ -74,6 +74,14 @@
 
 namespace snip {
 
+/// Where a step sits in the schedule; kNone before the first decision.
+/// Written as "warmup", "plan", "final" in plans, metrics and checkpoints.
+enum class Phase { kNone, kWarmup, kPlan, kFinal };
+/// "warmup", "plan", "final" ("" for kNone).
+const char* to_string(Phase p);
+/// Inverse of to_string. Throws UserError naming `what`.
+Phase parse_phase(const std::string& s, const std::string& what);
+
 /// The re-planning schedule in steps (header comment).
 struct PrecisionSchedule {
   int64_t max_steps = 0;       ///< N
@@ -83,13 +91,14 @@ struct PrecisionSchedule {
   double final_interval = 0;   ///< I1, steps
 
   /// From the [precision] options and train.max_steps. UserError on bad values.
-  static PrecisionSchedule from_config(const Config& cfg);
+  static PrecisionSchedule from_config(const RunConfig& cfg);
+  static PrecisionSchedule from_config(const Config& cfg) { return from_config(RunConfig::from(cfg)); }
   /// Re-plan interval after a plan at step s: max(1, round(I0 + (I1−I0)·s/N)).
   int64_t interval_at(int64_t s) const;
   /// Every plan step p_0 < p_1 < ... < F.
   std::vector<int64_t> plan_steps() const;
-  /// "warmup", "plan" or "final" for the step about to run.
-  std::string phase_at(int64_t s) const;
+  /// The phase of the step about to run (never kNone).
+  Phase phase_at(int64_t s) const;
 };
 
 /// What begin_step() did, for the step's metrics record.
@@ -116,10 +125,13 @@ class PrecisionController {
   /// list), so a bad configuration fails before anything is written.
   /// `layers` in forward order (LlamaForCausalLMImpl::linear_layers()).
   /// Throws UserError (the planner's message for an infeasible budget).
-  PrecisionController(const Config& cfg, std::vector<QuantLinear> layers, at::ScalarType gemm_dtype);
+  PrecisionController(const RunConfig& cfg, std::vector<QuantLinear> layers, at::ScalarType gemm_dtype);
+  PrecisionController(const Config& cfg, std::vector<QuantLinear> layers, at::ScalarType gemm_dtype)
+      : PrecisionController(RunConfig::from(cfg), std::move(layers), gemm_dtype) {}
 
   /// False for policy bf16: begin_step() does nothing.
   bool active() const { return active_; }
+  /// The policy as configured ("snip", "uniform-fp8", ...).
   const std::string& policy() const { return policy_; }
   const PrecisionSchedule& schedule() const { return sched_; }
 
@@ -160,38 +172,30 @@ class PrecisionController {
                                            const std::string& layer) const;
   policy::PlanProblem shape_problem() const;
   policy::PlanOptions plan_options(bool with_pins) const;
-  void decide(int64_t s, const std::string& phase, const std::function<torch::Tensor()>& loss_fn,
+  void decide(int64_t s, Phase phase, const std::function<torch::Tensor()>& loss_fn,
               torch::optim::AdamW& opt, PrecisionEvent& ev);
   std::shared_ptr<const OperandQuantizer> quantizer(const std::string& option) const;
 
   bool active_ = false;
-  std::string policy_;
+  PrecisionConfig pc_;
+  std::string policy_;  // pc_.policy_name()
   std::vector<QuantLinear> layers_;
   at::ScalarType gemm_dtype_;
   PrecisionSchedule sched_;
   std::set<int64_t> plan_steps_;
-  std::vector<std::string> options_;        // precision.options
-  std::string warmup_precision_, final_precision_;
-  double budget_ = 0.75, smoothing_ = 0.1, alpha_ = 0.5;
-  uint64_t seed_ = 0, stats_seed_ = 0;
+  uint64_t stats_seed_ = 0;  // train.seed
   std::vector<policy::Pin> pins_;
   std::map<std::string, std::shared_ptr<const OperandQuantizer>> quant_;
   std::map<std::string, std::shared_ptr<const OperandQuantizer>> per_gemm_quant_;  // "fprop/dgrad/wgrad" options
   policy::Granularity gran_ = policy::Granularity::layer;
-  std::string first_order_ = "drop";
   std::string low_ = "fp4";  // precision.low_option: the option the budget and fp4_share count
-  int64_t probes_ = 1;
   std::string run_dir_;
   bool verbose_ = false;
   // state (saved in checkpoints)
-  std::string phase_;                         // "" before the first decision
+  Phase phase_ = Phase::kNone;
   int64_t decided_at_ = -1;
   std::map<std::string, std::string> assign_;
   StatsStep smoothed_;
 };
-
-/// Inverse of to_json(StatsStep) (layer granularity or per-GEMM: both carry
-/// "details", which holds every number). Throws UserError naming `what`.
-StatsStep stats_from_json(const nlohmann::json& j, const std::string& what);
 
 }  // namespace snip

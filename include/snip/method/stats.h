@@ -146,6 +146,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "snip/config/config.h"
 #include "snip/model/linear.h"
 #include "snip/quant/gemm.h"
 #include "snip/policy/planner.h"
@@ -172,8 +173,8 @@ struct StatsOptions {
   double noise_scale = 1e-2;
   /// Weight of LD in Q = α·LDn + (1−α)·WDn, in [0, 1].
   double alpha = 0.5;
-  /// "drop" (default), "abs" or "signed": the first-order LD term.
-  std::string first_order = "drop";
+  /// The first-order LD term: drop (default), abs or signed.
+  FirstOrder first_order = FirstOrder::kDrop;
   /// r: relative size ||ξ_l||/||dX_l|| of the WD-upstream calibration noise, > 0.
   double dgrad_noise_rel = 0.05;
   /// Multiplier of dW before the AdamW update U (e.g. the trainer's clip
@@ -213,7 +214,8 @@ struct LayerStats {
 struct StatsStep {
   int64_t step = -1;
   std::vector<std::string> options;  ///< in StatsOptions order
-  std::string low_option = "fp4", reference = "bf16", first_order = "abs";
+  std::string low_option = "fp4", reference = "bf16";
+  FirstOrder first_order = FirstOrder::kDrop;
   double alpha = 0.5;
   double ld_sum_low = 0;  ///< Σ_l LD_l(low) (the LD normaliser, loss units)
   double wd_sum_low = 0;  ///< Σ_l WD_l(low) (the WD normaliser, fraction)
@@ -236,16 +238,24 @@ StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Te
 /// s ∉ [0,1] or the layer names differ.
 void smooth(StatsStep& prev_smoothed, const StatsStep& fresh, double s = 0.1);
 
-/// The planner's cost table (policy/cost_table.h): {"step", "layers": [{"name",
-/// "flops" (3 GEMMs), "q": {options..., reference: 0}, "rel_err": {options...}}],
-/// "details": {...}}. per_gemm: entries {"name", "gemms": {"fprop": {"flops",
-/// "q": α·LDn, "rel_err"}, "dgrad": {.., (1−α)·wd_up/Σ}, "wgrad": {.., (1−α)·wd_own/Σ}}}
-/// (the three sum to the layer's Q: LD depends on fprop only, wd_up on dgrad,
-/// wd_own on wgrad). Everything else (ld, wd, c, ...) is under "details".
+/// The planner's cost table (policy/cost_table.h), typed: per layer "flops"
+/// (3 GEMMs, FLOPs per step), "q": {options..., reference: 0}, "rel_err":
+/// {option: mean of the three GEMMs' relative errors}. per_gemm: per layer
+/// "gemms" {fprop: {flops, q: α·LDn, rel_err}, dgrad: {.., (1−α)·wd_up/ΣWD},
+/// wgrad: {.., (1−α)·wd_own/ΣWD}} (for fresh stats the three sum to the
+/// layer's Q: LD depends on fprop only, wd_up on dgrad, wd_own on wgrad).
+policy::CostTable to_cost_table(const StatsStep& s, bool per_gemm = false);
+
+/// The stats file (RUN/stats/step-N.json): policy::to_json(to_cost_table(s,
+/// per_gemm)) plus "step" and "details" (every number: ld, wd, c, ...).
 nlohmann::json to_json(const StatsStep& s, bool per_gemm = false);
 
-/// The planning problem of to_json(s) at granularity g (via
-/// policy::parse_cost_table and policy::make_problem).
+/// Inverse of to_json(StatsStep) (layer granularity or per-GEMM: both carry
+/// "details", which holds every number). Throws UserError naming `what`.
+StatsStep stats_from_json(const nlohmann::json& j, const std::string& what);
+
+/// The planning problem of the stats at granularity g
+/// (policy::make_problem(to_cost_table(s, ...)); no JSON in between).
 policy::PlanProblem to_plan_problem(const StatsStep& s,
                                     policy::Granularity g = policy::Granularity::layer);
 

@@ -29,6 +29,7 @@
 namespace snip {
 
 class Config;
+struct ModelConfig;
 
 /// The model shape: field names and meaning of HF's LlamaConfig.
 struct LlamaConfig {
@@ -47,6 +48,8 @@ struct LlamaConfig {
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
 
   /// From the [model] section of a run config (vocab_size 0 -> `vocab`).
+  static LlamaConfig from_run_config(const ModelConfig& cfg, int64_t vocab);
+  /// The same from an unparsed configuration (RunConfig::from checks it first).
   static LlamaConfig from_run_config(const Config& cfg, int64_t vocab);
   /// From a Hugging Face config.json object; `what` names the file in errors.
   /// Throws UserError for a missing/mistyped field or an inconsistent shape.

@@ -90,6 +90,10 @@ struct CostTable {
 /// got \"x\"").
 CostTable parse_cost_table(const nlohmann::json& j, const std::string& source);
 
+/// `table` as cost-table JSON (the inverse of parse_cost_table; "stage" only
+/// when >= 0, "rel_err" only when non-empty).
+nlohmann::json to_json(const CostTable& table);
+
 /// Reads and parses a cost table file. Throws UserError for a missing or
 /// unreadable file, invalid JSON (with line/column), or a bad table.
 CostTable load_cost_table(const std::string& path);

@@ -19,8 +19,8 @@ namespace snip {
 
 /// AdamW over `model`'s parameters in two groups: 2-D weights with
 /// train.weight_decay, the rest without; lr train.lr, betas (train.beta1,
-/// train.beta2), eps train.eps. Reads the [train] options of `cfg`.
-std::unique_ptr<torch::optim::AdamW> make_optimizer(LlamaForCausalLM& model, const Config& cfg);
+/// train.beta2), eps train.eps.
+std::unique_ptr<torch::optim::AdamW> make_optimizer(LlamaForCausalLM& model, const TrainConfig& t);
 
 /// Sets every parameter group's learning rate (a fraction per step, unitless).
 void set_lr(torch::optim::Optimizer& opt, double lr);

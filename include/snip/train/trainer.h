@@ -92,8 +92,8 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts);
 void set_threads(int64_t threads);
 
 /// The GEMM dtype train.gemm_dtype names: at::kBFloat16 for "bf16", at::kFloat
-/// otherwise.
-at::ScalarType gemm_dtype_of(const Config& cfg);
+/// for "fp32".
+at::ScalarType gemm_dtype_of(const TrainConfig& t);
 
 /// Validation loss of `model` on the shard at `val_path`: mean cross-entropy
 /// (nats/token) over the first `batches` micro-batches of B windows of T+1
