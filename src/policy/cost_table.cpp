@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
@@ -73,6 +74,55 @@ GemmCost parse_gemm(const Ctx& c, const json& v, const std::string& path) {
   return g;
 }
 
+// A parser callback that fails on a key seen twice in one object (nlohmann
+// keeps the last value silently, so "flops": 1, "flops": 2 would drop data).
+// It tracks the JSON path of the open containers for the message:
+// "costs.json: layers[1]: expected each key once, got \"flops\" twice".
+json::parser_callback_t duplicate_key_check(const std::string& source) {
+  struct Frame {
+    bool array = false;
+    size_t index = 0;            // array: index of the element being read
+    std::string key;             // object: key of the value being read
+    std::set<std::string> keys;  // object: keys seen so far
+  };
+  auto stack = std::make_shared<std::vector<Frame>>();
+  return [source, stack](int /*depth*/, json::parse_event_t ev, json& parsed) {
+    std::vector<Frame>& st = *stack;
+    auto element_done = [&] {
+      if (!st.empty() && st.back().array) ++st.back().index;
+    };
+    switch (ev) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        st.push_back(Frame{ev == json::parse_event_t::array_start, 0, {}, {}});
+        break;
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        if (!st.empty()) st.pop_back();
+        element_done();
+        break;
+      case json::parse_event_t::value:
+        element_done();
+        break;
+      case json::parse_event_t::key: {
+        if (st.empty() || st.back().array) break;
+        const std::string k = parsed.get<std::string>();
+        st.back().key = k;
+        if (st.back().keys.insert(k).second) break;
+        // The path of the object holding the duplicate: every open container
+        // but the last contributes the selector of its child.
+        std::string where;
+        for (size_t d = 0; d + 1 < st.size(); ++d)
+          where += st[d].array ? "[" + std::to_string(st[d].index) + "]"
+                               : (where.empty() ? "" : ".") + st[d].key;
+        fail(source, ": ", where.empty() ? "(top level)" : where,
+             ": expected each key once, got \"", k, "\" twice");
+      }
+    }
+    return true;
+  };
+}
+
 }  // namespace
 
 bool CostTable::per_gemm() const {
@@ -131,6 +181,13 @@ CostTable parse_cost_table(const json& j, const std::string& source) {
     }
     t.layers.push_back(std::move(l));
   }
+  // Each entry is finite, but shares divide by the sum (planner.h): 2 x 1e308
+  // would give F/inf = 0 and inf/inf = NaN shares.
+  double total = 0;
+  for (const LayerCost& l : t.layers)
+    total += l.has_gemms ? l.gemms[0].flops + l.gemms[1].flops + l.gemms[2].flops : l.flops;
+  if (!std::isfinite(total))
+    fail(source, ": total FLOPs overflow (sum of entry flops is not finite)");
   return t;
 }
 
@@ -142,7 +199,7 @@ CostTable load_cost_table(const std::string& path) {
   if (in.bad()) fail(path, ": cannot read the cost table");
   json j;
   try {
-    j = json::parse(ss.str());
+    j = json::parse(ss.str(), duplicate_key_check(path));
   } catch (const json::parse_error& e) {
     std::string what = e.what();
     for (char& ch : what)

@@ -24,7 +24,9 @@
 // objective), the options offered are those all three GEMMs offer, and
 // rel_err is the FLOPs-weighted mean. Per-GEMM planning needs "gemms" on
 // every entry. Unknown keys inside an entry are errors (typos such as
-// "flop" must not silently drop data).
+// "flop" must not silently drop data), so are keys repeated in one object
+// (load_cost_table; a parsed json has already dropped them) and a table whose
+// FLOPs sum to more than a double holds.
 //
 // Plan file (JSON, written by plan_to_json / save_plan_json):
 //

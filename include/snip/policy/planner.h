@@ -182,8 +182,10 @@ struct PlanResult {
   double objective = 0;     // Σ_i Q_i(chosen), dimensionless
   double fp4_share = 0;     // achieved low-option FLOPs share, fraction
   double cost = 0;          // Σ_i cost·F_i, cost units x FLOPs; NaN if an
-                            // option has no cost_per_flop entry
-  double cost_per_flop = 0; // cost / Σ F_i; NaN likewise
+                            // option has no cost_per_flop entry; inf past
+                            // DBL_MAX (reporting only)
+  double cost_per_flop = 0; // cost / Σ F_i, summed as Σ_i cost·(F_i/Σ F) so
+                            // it stays finite; NaN likewise
   std::vector<double> stage_fp4_share;  // [n_stages] when items have stages
   std::string status;       // MilpStatus name ("optimal", ...) or "heuristic"
   double solve_seconds = 0; // wall-clock seconds of the whole plan() call
