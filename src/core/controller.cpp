@@ -379,6 +379,7 @@ void PrecisionController::decide(int64_t s, const std::string& phase,
     if (is_uniform_policy(policy_)) o.allowed_options.clear();
     r = policy::run_heuristic(policy_, prob, o, seed_);
   }
+  for (const std::string& w : r.warnings) spdlog::warn("precision plan at step {}: {}", s, w);
   apply(r.assignments());
   phase_ = phase;
   decided_at_ = s;

@@ -286,6 +286,7 @@ json plan_to_json(const PlanResult& r) {
   j["fp4_share"] = r.fp4_share;
   j["cost_per_flop"] = num_or_null(r.cost_per_flop);
   if (!r.stage_fp4_share.empty()) j["stage_fp4_share"] = r.stage_fp4_share;
+  if (!r.warnings.empty()) j["warnings"] = r.warnings;
   json a = json::object();
   json items = json::array();
   for (const PlanChoice& c : r.items) {

@@ -73,6 +73,34 @@ std::string L(int b) { return "model.layers." + std::to_string(b) + ".mlp.up_pro
 
 }  // namespace
 
+// A heuristic's warning reaches the user on stderr and the plan JSON.
+// kTable: blocks 1 and 2 hold 3/8 of the FLOPs, so b = 1 forces the first
+// and last blocks (0 and 3) low.
+TEST(CliPlan, FirstLastFp8WarnsOnStderrAndInTheJson) {
+  TempDir d;
+  const std::string costs = d.file("costs.json", kTable);
+  const std::string out = d.path + "/plan.json";
+  std::ostringstream err;
+  std::streambuf* old = std::cerr.rdbuf(err.rdbuf());
+  const CliResult r = run({"--costs", costs, "--budget", "1", "--heuristic", "first-last-fp8", "--out", out});
+  std::cerr.rdbuf(old);
+  EXPECT_EQ(r.error, "");
+  const std::string warning =
+      "first-last-fp8: budget 1 cannot be met by the inner blocks alone: it forced 2 of the 2 items in "
+      "the first and last blocks (0 and 3) to fp4";
+  EXPECT_EQ(err.str(), "snip: warning: " + warning + "\n");
+  std::ifstream in(out);
+  EXPECT_EQ(json::parse(in)["warnings"], json::array({warning}));
+  // b = 3/8: the inner blocks suffice; no warning, no "warnings" key.
+  err.str("");
+  old = std::cerr.rdbuf(err.rdbuf());
+  run({"--costs", costs, "--budget", "0.375", "--heuristic", "first-last-fp8", "--out", out});
+  std::cerr.rdbuf(old);
+  EXPECT_EQ(err.str(), "");
+  std::ifstream in2(out);
+  EXPECT_FALSE(json::parse(in2).contains("warnings"));
+}
+
 TEST(CliPlan, JsonPlanIsTheHandDerivedOptimum) {
   TempDir d;
   const std::string costs = d.file("costs.json", kTable);

@@ -41,6 +41,7 @@
 //    "cost_per_flop": 1.62,           // null when an option has no cost
 //    "option_costs": {"fp4": 1, "fp8": 2, "bf16": 4},
 //    "stage_fp4_share": [..],         // only when items have stages
+//    "warnings": ["..."],             // only when there are any (PlanResult)
 //    "assignments": {"<item name>": "fp4", ...},
 //    "items": [{"name": .., "flops": .., "option": .., "q": .., "stage": ..}]}
 //

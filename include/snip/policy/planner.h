@@ -190,6 +190,11 @@ struct PlanResult {
   std::string status;       // MilpStatus name ("optimal", ...) or "heuristic"
   double solve_seconds = 0; // wall-clock seconds of the whole plan() call
   bool proven_optimal = false;
+  // Things the user should hear about the plan, one line each (no trailing
+  // period), e.g. a heuristic that could not keep its promise. `snip plan`
+  // prints them as "snip: warning: ...", the trainer logs them; plan_to_json
+  // writes them as "warnings" when there are any.
+  std::vector<std::string> warnings;
 
   /// item name -> option.
   std::map<std::string, std::string> assignments() const;
@@ -285,7 +290,9 @@ PlanResult heuristic_layer_type(
 /// First and last blocks stay high: items of the inner blocks go low first
 /// (problem order), then the first block, then the last block, then items
 /// without a block index. With b <= the inner blocks' share this is exactly
-/// "first and last blocks FP8, the rest filled in block order".
+/// "first and last blocks FP8, the rest filled in block order". When the
+/// budget sends any free item of the first or last block low, the result
+/// carries a warning saying how many (an item pinned low is not counted).
 PlanResult heuristic_first_last_fp8(const PlanProblem& problem, const PlanOptions& options);
 
 /// Items in a seeded random order (mt19937_64 + Fisher-Yates, identical on
