@@ -163,8 +163,8 @@ PrepareSummary prepare_data(const PrepareOptions& opt, const PrepareProgress& pr
   if (opt.out_dir.empty()) fail("out_dir: expected a folder path, got an empty string");
   if (!(opt.val_fraction >= 0.0 && opt.val_fraction < 1.0))
     fail("val_fraction: expected a fraction in [0, 1), got ", opt.val_fraction);
-  if (opt.tokenizer_model.empty() && opt.vocab_size < 1)
-    fail("vocab_size: expected a positive number of pieces, got ", opt.vocab_size);
+  if (opt.tokenizer_model.empty() && (opt.vocab_size < kMinTrainedVocab || opt.vocab_size > kMaxVocab))
+    fail("vocab_size: expected an integer in [", kMinTrainedVocab, ", ", kMaxVocab, "], got ", opt.vocab_size);
   if (opt.text_field.empty()) fail("text_field: expected a JSONL field name, got an empty string");
 
   // ---- expand inputs, build the up-to-date key

@@ -238,6 +238,31 @@ TEST_F(PrepareErrors, VocabTooLargeLeavesNoFiles) {
   EXPECT_FALSE(fs::exists(t_ / "out"));
 }
 
+// SentencePiece's own messages for tiny vocabularies are internal ("[insert_id(
+// trainer_spec_.bos_id(), ...)]"); the range is checked first. Lower bound
+// 261 = 3 special pieces + 256 byte-fallback pieces + "▁" + one character,
+// reached by a one-character corpus; upper bound 2^22 = model.vocab_size's cap.
+TEST_F(PrepareErrors, VocabSizeOutOfRange) {
+  for (int v : {-5, 0, 1, 2, 260, 4194305}) {
+    auto o = small_options(t_);
+    o.vocab_size = v;
+    EXPECT_EQ(run(o), "vocab_size: expected an integer in [261, 4194304], got " + std::to_string(v));
+    EXPECT_FALSE(fs::exists(t_ / "out"));
+  }
+  // The bound is attainable: "a" needs exactly 3 + 256 + 2 ("▁", "a") pieces.
+  write_text(t_ / "one/a.txt", "a\n");
+  auto o = small_options(t_);
+  o.inputs = {t_ / "one"};
+  o.val_fraction = 0;
+  o.vocab_size = 261;
+  EXPECT_EQ(prepare_data(o).vocab_size, 261);
+  // With a given tokenizer the option is ignored, as documented.
+  auto g = small_options(t_, "out2");
+  g.tokenizer_model = t_ / "out/tokenizer.model";
+  g.vocab_size = 1;
+  EXPECT_EQ(prepare_data(g).vocab_size, 261);
+}
+
 TEST_F(PrepareErrors, UnwritableOutDir) {
   write_text(t_ / "file", "x");
   auto o = small_options(t_);
@@ -293,6 +318,20 @@ TEST(CliDataPrepare, RunsPrepare) {
   const auto meta = nlohmann::json::parse(read_bytes(t / "o/meta.json"));
   EXPECT_EQ(meta["vocab_size"], 300);
   EXPECT_EQ(meta["key"]["corpus"], nullptr) << "--input without --corpus means no Brown";
+}
+
+TEST(CliDataPrepare, VocabSizeRangeIsOneClearLine) {
+  for (const std::string v : {"1", "0", "-3", "260", "4194305", "abc", "300.5"}) {
+    CLI::App app("snip");
+    cli::add_data_commands(app);
+    std::string msg = "(no error)";
+    try {
+      parse(app, {"snip", "data", "prepare", "--input", "x", "--vocab-size", v});
+    } catch (const CLI::ParseError& e) {
+      msg = e.what();
+    }
+    EXPECT_EQ(msg, "--vocab-size: expected an integer in [261, 4194304], got " + v);
+  }
 }
 
 TEST(CliDataPrepare, UserErrorPropagates) {
