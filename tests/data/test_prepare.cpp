@@ -7,7 +7,12 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "../../src/cli/commands.h"
 #include "snip/data/prepare.h"
@@ -125,6 +130,48 @@ TEST(Prepare, SecondRunIsUpToDateAndChangesRebuild) {
   EXPECT_EQ(grown.documents, 41u);
   fs::remove(t / "out/val.bin");
   EXPECT_FALSE(prepare_data(other).up_to_date) << "missing shard forces a rebuild";
+}
+
+// A PID that surely names no process: a child that has exited and been reaped.
+pid_t dead_pid() {
+  const pid_t p = ::fork();
+  if (p == 0) ::_exit(0);
+  int status = 0;
+  ::waitpid(p, &status, 0);
+  return p;
+}
+
+// A killed prepare leaves OUT/.prepare.tmp.<pid>/ behind; the next run removes
+// such folders when <pid> is gone (kill(pid, 0) fails with ESRCH), and only
+// then: a live process may be preparing into the same folder.
+TEST(Prepare, RemovesStaleStagingFoldersOfDeadProcesses) {
+  TempDir t;
+  testing::write_synthetic_folder(t / "corpus", 30);
+  const auto o = small_options(t);
+  const std::string dead = t / ("out/.prepare.tmp." + std::to_string(dead_pid()));
+  const std::string alive = t / ("out/.prepare.tmp." + std::to_string(::getppid()));  // the test runner's parent
+  const std::string not_a_pid = t / "out/.prepare.tmp.12ab";
+  write_text(dead + "/train.bin", "partial shard of a killed run");
+  write_text(alive + "/train.bin", "another prepare at work");
+  write_text(not_a_pid + "/x", "not ours");
+  const bool fixed_pid_is_free = ::kill(999999, 0) == -1 && errno == ESRCH;
+  if (fixed_pid_is_free) write_text(t / "out/.prepare.tmp.999999/val.bin", "partial");
+  std::vector<std::string> lines;
+  prepare_data(o, [&](const std::string& l) { lines.push_back(l); });
+  EXPECT_FALSE(fs::exists(dead));
+  if (fixed_pid_is_free) EXPECT_FALSE(fs::exists(t / "out/.prepare.tmp.999999"));
+  EXPECT_TRUE(fs::exists(alive + "/train.bin"));
+  EXPECT_TRUE(fs::exists(not_a_pid + "/x"));
+  EXPECT_NE(std::find(lines.begin(), lines.end(),
+                      "removed stale staging folder " + dead + " (process " + dead.substr(dead.rfind('.') + 1) +
+                          " is gone)"),
+            lines.end());
+  // An up-to-date rerun cleans up too (the stale folder may come from a killed
+  // run with other options).
+  write_text(dead + "/val.bin", "partial");
+  EXPECT_TRUE(prepare_data(o).up_to_date);
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(alive + "/train.bin"));
 }
 
 TEST(Prepare, DeterministicBytes) {
