@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <memory>
 #include <thread>
 
 #include <signal.h>
@@ -23,6 +24,7 @@
 #include "snip/data/shard.h"
 #include "snip/data/tokenizer.h"
 #include "snip/io/atomic_file.h"
+#include "snip/io/signal_cleanup.h"
 #include "snip/util/error.h"
 
 namespace fs = std::filesystem;
@@ -75,6 +77,9 @@ class Staging {
       rollback();
       fail("output directory ", out_, " is not writable: ", why);
     }
+    // SIGINT/SIGTERM remove it too, when the program installed the watcher
+    // (snip-data does; io/signal_cleanup.h).
+    on_signal_ = std::make_unique<io::CleanupOnSignal>(dir_, created_ ? out_ : "");
   }
   ~Staging() {
     if (!committed_) rollback();
@@ -98,6 +103,7 @@ class Staging {
   std::string out_, dir_;
   bool created_;
   bool committed_ = false;
+  std::unique_ptr<io::CleanupOnSignal> on_signal_;  // destroyed after rollback() ran
 };
 
 // Removes out_dir/.prepare.tmp.<pid> folders left by a prepare that was killed

@@ -32,10 +32,12 @@
 // three data files are renamed into out_dir and meta.json is renamed last
 // (a crash in between leaves no meta.json, so the next run redoes the work).
 // On any error the staging folder is removed, and out_dir too if this call
-// created it and it is empty: no partial files are left. A staging folder
-// that a killed prepare left behind (.prepare.tmp.<pid> whose <pid> is no
-// longer a process) is removed by the next prepare into the same out_dir,
-// up to date or not.
+// created it and it is empty: no partial files are left. SIGINT and SIGTERM
+// do the same in a program that called io::install_signal_cleanup()
+// (snip-data does; the process then ends by the signal, status 128 + signal;
+// io/signal_cleanup.h). A staging folder that a killed prepare left behind
+// (.prepare.tmp.<pid> whose <pid> is no longer a process: SIGKILL, a crash)
+// is removed by the next prepare into the same out_dir, up to date or not.
 #pragma once
 
 #include <cstdint>
