@@ -279,6 +279,7 @@ json plan_to_json(const PlanResult& r) {
   }
   j["option_costs"] = r.budget.cost_per_flop;
   j["low_option"] = r.low_option;
+  if (!r.options.empty()) j["options"] = r.options;
   j["status"] = r.status;
   j["proven_optimal"] = r.proven_optimal;
   j["solve_seconds"] = r.solve_seconds;

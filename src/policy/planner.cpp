@@ -302,6 +302,10 @@ PlanResult assemble(const Prepared& p, const PlanOptions& options,
   r.method = method;
   r.budget = options.budget;
   r.low_option = options.low_option;
+  std::set<std::string> offered;
+  for (const PlanItem& item : p.problem.items)
+    for (const auto& kv : item.q) offered.insert(kv.first);
+  r.options.assign(offered.begin(), offered.end());
   double low = 0.0, cost_per_flop = 0.0;
   std::vector<double> stage_low(p.n_stages, 0.0);
   for (size_t i = 0; i < p.problem.items.size(); ++i) {

@@ -287,6 +287,9 @@ TEST(PlanJson, FieldsAndAssignments) {
   EXPECT_EQ(j["items"][1], json({{"name", "a:dgrad"}, {"flops", 1.0}, {"option", "fp8"},
                                  {"q", 0.01}, {"stage", 1}}));
   EXPECT_EQ(j["stage_fp4_share"], json({1.0, 0.0}));
+  EXPECT_FALSE(j.contains("options"));  // unknown (a hand-made result): left out
+  r.options = {"fp4", "fp8"};
+  EXPECT_EQ(plan_to_json(r)["options"], json({"fp4", "fp8"}));
   r.budget = Budget::cost(2.5);
   r.cost_per_flop = std::nan("");
   j = plan_to_json(r);

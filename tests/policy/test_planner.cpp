@@ -193,6 +193,21 @@ TEST(Planner, ResultFields) {
   EXPECT_TRUE(std::isnan(plan(p, o).cost_per_flop));
 }
 
+// The options the plan chose among (after --options), in name order: what a
+// plan table shows Q columns for. Items offering bf16 (Q 0) with
+// allowed_options {fp4, fp8} do not make bf16 one of them.
+TEST(Planner, ResultListsTheOptionsItChoseAmong) {
+  PlanProblem p = two();
+  for (PlanItem& it : p.items) it.q["bf16"] = 0;
+  p.items[1].q["fp6"] = 0.1;  // offered by one item only: still an option of the plan
+  PlanOptions o;
+  o.budget = Budget::share(0.7);
+  EXPECT_EQ(plan(p, o).options, (std::vector<std::string>{"bf16", "fp4", "fp6", "fp8"}));
+  o.allowed_options = {"fp8", "fp4"};
+  EXPECT_EQ(plan(p, o).options, (std::vector<std::string>{"fp4", "fp8"}));
+  EXPECT_EQ(heuristic_layer_type(p, o).options, (std::vector<std::string>{"fp4", "fp8"}));
+}
+
 TEST(Planner, TimeLimitGivesAFeasiblePlanOrProvenOptimum) {
   // A hard knapsack (distinct FLOPs, Q(fp4) - Q(fp8) proportional to FLOPs
   // up to 1e-6) with a 1 s limit: either CBC finishes, or it reports the

@@ -35,6 +35,7 @@
 //    "budget": 0.75 | null,           // FP4 share b; null for a cost budget
 //    "cost_budget": 2.5,              // only for a cost budget: C per FLOP
 //    "low_option": "fp4",
+//    "options": ["fp4", "fp8"],       // what the plan chose among (after --options)
 //    "status": "optimal", "proven_optimal": true, "solve_seconds": 0.01,
 //    "objective": 1.23,               // Σ Q
 //    "fp4_share": 0.7512,             // achieved fraction

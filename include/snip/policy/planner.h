@@ -178,6 +178,9 @@ struct PlanResult {
   std::string method;       // "ilp", or the heuristic name
   Budget budget;            // the budget asked for
   std::string low_option = "fp4";
+  std::vector<std::string> options;  // the options the items offered after
+                                     // allowed_options, name order: what the
+                                     // plan chose among
   std::vector<PlanChoice> items;  // [n_items], problem order
   double objective = 0;     // Σ_i Q_i(chosen), dimensionless
   double fp4_share = 0;     // achieved low-option FLOPs share, fraction
