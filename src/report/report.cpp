@@ -629,7 +629,7 @@ GemmErrors measured_gemm_errors(const json& sj) {
   if (!sj.contains("measured") || !sj["measured"].is_object()) return out;
   const json d = sj["measured"].value("details", json::object());
   if (!d.is_object() || !d.contains("layers") || !d["layers"].is_array()) return out;
-  const std::string ref = d.value("reference", std::string());
+  const std::string ref = d.contains("reference") && d["reference"].is_string() ? d["reference"].get<std::string>() : "";
   for (const json& l : d["layers"]) {
     if (!l.is_object() || !l.contains("name") || !l["name"].is_string()) continue;
     auto& m = out[l["name"].get<std::string>()];
