@@ -3,6 +3,7 @@
 // snip::UserError; main() prints them as one line and exits with status 2.
 #include <iostream>
 #include <memory>
+#include <string>
 
 #include "commands.h"
 #include "snip/data/prepare.h"
@@ -43,9 +44,28 @@ void add_data_commands(CLI::App& app) {
   prep->add_option("--out", opt->out_dir, "Output folder")->capture_default_str();
   prep->add_option("--tokenizer", opt->tokenizer_model,
                    "Existing SentencePiece tokenizer.model to use instead of training one");
-  prep->add_option("--vocab-size", opt->vocab_size, "Vocabulary size of the trained BPE tokenizer (pieces)")
+  // The range check runs on the text, before CLI11's conversion, so that any
+  // bad value ("1", "abc", "300.5") gets the same one line.
+  const std::string vocab_range = "[" + std::to_string(data::kMinTrainedVocab) + ", " +
+                                  std::to_string(data::kMaxVocab) + "]";
+  prep->add_option("--vocab-size", opt->vocab_size,
+                   "Vocabulary size of the trained BPE tokenizer (pieces; at least 3 special + 256 "
+                   "byte-fallback pieces + one per character of the corpus)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Validator(
+          [vocab_range](std::string& v) -> std::string {
+            size_t used = 0;
+            long long n = 0;
+            try {
+              n = std::stoll(v, &used);
+            } catch (const std::exception&) {
+              used = 0;
+            }
+            if (used == 0 || used != v.size() || n < data::kMinTrainedVocab || n > data::kMaxVocab)
+              return "expected an integer in " + vocab_range + ", got " + v;
+            return "";
+          },
+          vocab_range, "vocab size range"));
   prep->add_option("--val-fraction", opt->val_fraction, "Fraction of documents held out for validation, in [0, 1)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));

@@ -260,6 +260,7 @@ void run_plan(const PlanArgs& a) {
     if (r.status == "time_limit_feasible")
       std::cerr << "snip: warning: the solver hit the time limit (" << a.time_limit
                 << " s); the plan meets the budget but is not proven optimal\n";
+    for (const std::string& w : r.warnings) std::cerr << "snip: warning: " << w << "\n";
     out = plan_to_json(r);
     if (a.json)
       std::cout << out.dump(2) << "\n";

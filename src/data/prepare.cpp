@@ -5,11 +5,14 @@
 
 #include <openssl/evp.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <memory>
 #include <thread>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -21,6 +24,7 @@
 #include "snip/data/shard.h"
 #include "snip/data/tokenizer.h"
 #include "snip/io/atomic_file.h"
+#include "snip/io/signal_cleanup.h"
 #include "snip/util/error.h"
 
 namespace fs = std::filesystem;
@@ -73,6 +77,9 @@ class Staging {
       rollback();
       fail("output directory ", out_, " is not writable: ", why);
     }
+    // SIGINT/SIGTERM remove it too, when the program installed the watcher
+    // (snip-data does; io/signal_cleanup.h).
+    on_signal_ = std::make_unique<io::CleanupOnSignal>(dir_, created_ ? out_ : "");
   }
   ~Staging() {
     if (!committed_) rollback();
@@ -96,7 +103,39 @@ class Staging {
   std::string out_, dir_;
   bool created_;
   bool committed_ = false;
+  std::unique_ptr<io::CleanupOnSignal> on_signal_;  // destroyed after rollback() ran
 };
+
+// Removes out_dir/.prepare.tmp.<pid> folders left by a prepare that was killed
+// (SIGKILL, a crash, power loss): those whose <pid> names no process
+// (kill(pid, 0) fails with ESRCH). A live <pid> (also one of another user:
+// EPERM) may be a prepare at work and is left alone; so is a <pid> reused by
+// an unrelated process (the folder goes on a later run). Best effort: a
+// folder that cannot be removed stays, reported at debug level.
+void remove_stale_staging(const std::string& out_dir, const std::function<void(const std::string&)>& report) {
+  std::error_code ec;
+  if (!fs::is_directory(out_dir, ec)) return;
+  const std::string prefix = ".prepare.tmp.";
+  std::vector<std::pair<fs::path, long>> stale;  // collected first: no removal while iterating
+  for (fs::directory_iterator it(out_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    const long pid = std::stol(digits);
+    if (pid <= 0 || pid == static_cast<long>(::getpid())) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    stale.emplace_back(it->path(), pid);
+  }
+  for (const auto& [path, pid] : stale) {
+    std::error_code rm;
+    fs::remove_all(path, rm);
+    if (rm)
+      spdlog::debug("cannot remove stale staging folder {}: {}", path.string(), rm.message());
+    else
+      report(str_cat("removed stale staging folder ", path.string(), " (process ", pid, " is gone)"));
+  }
+}
 
 // Returns the reason meta.json in out_dir is not up to date with `key`, or ""
 // if it is; fills `summary` from it when it is.
@@ -163,8 +202,8 @@ PrepareSummary prepare_data(const PrepareOptions& opt, const PrepareProgress& pr
   if (opt.out_dir.empty()) fail("out_dir: expected a folder path, got an empty string");
   if (!(opt.val_fraction >= 0.0 && opt.val_fraction < 1.0))
     fail("val_fraction: expected a fraction in [0, 1), got ", opt.val_fraction);
-  if (opt.tokenizer_model.empty() && opt.vocab_size < 1)
-    fail("vocab_size: expected a positive number of pieces, got ", opt.vocab_size);
+  if (opt.tokenizer_model.empty() && (opt.vocab_size < kMinTrainedVocab || opt.vocab_size > kMaxVocab))
+    fail("vocab_size: expected an integer in [", kMinTrainedVocab, ", ", kMaxVocab, "], got ", opt.vocab_size);
   if (opt.text_field.empty()) fail("text_field: expected a JSONL field name, got an empty string");
 
   // ---- expand inputs, build the up-to-date key
@@ -205,6 +244,7 @@ PrepareSummary prepare_data(const PrepareOptions& opt, const PrepareProgress& pr
     s.meta_path = (out / "meta.json").string();
     return s;
   };
+  remove_stale_staging(opt.out_dir, report);
   PrepareSummary summary = fresh_summary();
   const std::string stale = check_up_to_date(opt.out_dir, key, summary);
   if (stale.empty()) {

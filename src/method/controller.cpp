@@ -393,6 +393,7 @@ void PrecisionController::decide(int64_t s, Phase phase,
     if (pc_.policy == Policy::kUniform) o.allowed_options.clear();
     r = policy::run_heuristic(policy_, prob, o, uint64_t(pc_.seed));
   }
+  for (const std::string& w : r.warnings) spdlog::warn("precision plan at step {}: {}", s, w);
   apply(r.assignments());
   phase_ = phase;
   decided_at_ = s;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
@@ -71,6 +72,55 @@ GemmCost parse_gemm(const Ctx& c, const json& v, const std::string& path) {
   g.q = option_map(c, v["q"], path + ".q", true);
   if (v.contains("rel_err")) g.rel_err = option_map(c, v["rel_err"], path + ".rel_err", false);
   return g;
+}
+
+// A parser callback that fails on a key seen twice in one object (nlohmann
+// keeps the last value silently, so "flops": 1, "flops": 2 would drop data).
+// It tracks the JSON path of the open containers for the message:
+// "costs.json: layers[1]: expected each key once, got \"flops\" twice".
+json::parser_callback_t duplicate_key_check(const std::string& source) {
+  struct Frame {
+    bool array = false;
+    size_t index = 0;            // array: index of the element being read
+    std::string key;             // object: key of the value being read
+    std::set<std::string> keys;  // object: keys seen so far
+  };
+  auto stack = std::make_shared<std::vector<Frame>>();
+  return [source, stack](int /*depth*/, json::parse_event_t ev, json& parsed) {
+    std::vector<Frame>& st = *stack;
+    auto element_done = [&] {
+      if (!st.empty() && st.back().array) ++st.back().index;
+    };
+    switch (ev) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        st.push_back(Frame{ev == json::parse_event_t::array_start, 0, {}, {}});
+        break;
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        if (!st.empty()) st.pop_back();
+        element_done();
+        break;
+      case json::parse_event_t::value:
+        element_done();
+        break;
+      case json::parse_event_t::key: {
+        if (st.empty() || st.back().array) break;
+        const std::string k = parsed.get<std::string>();
+        st.back().key = k;
+        if (st.back().keys.insert(k).second) break;
+        // The path of the object holding the duplicate: every open container
+        // but the last contributes the selector of its child.
+        std::string where;
+        for (size_t d = 0; d + 1 < st.size(); ++d)
+          where += st[d].array ? "[" + std::to_string(st[d].index) + "]"
+                               : (where.empty() ? "" : ".") + st[d].key;
+        fail(source, ": ", where.empty() ? "(top level)" : where,
+             ": expected each key once, got \"", k, "\" twice");
+      }
+    }
+    return true;
+  };
 }
 
 }  // namespace
@@ -154,6 +204,13 @@ CostTable parse_cost_table(const json& j, const std::string& source) {
     }
     t.layers.push_back(std::move(l));
   }
+  // Each entry is finite, but shares divide by the sum (planner.h): 2 x 1e308
+  // would give F/inf = 0 and inf/inf = NaN shares.
+  double total = 0;
+  for (const LayerCost& l : t.layers)
+    total += l.has_gemms ? l.gemms[0].flops + l.gemms[1].flops + l.gemms[2].flops : l.flops;
+  if (!std::isfinite(total))
+    fail(source, ": total FLOPs overflow (sum of entry flops is not finite)");
   return t;
 }
 
@@ -165,7 +222,7 @@ CostTable load_cost_table(const std::string& path) {
   if (in.bad()) fail(path, ": cannot read the cost table");
   json j;
   try {
-    j = json::parse(ss.str());
+    j = json::parse(ss.str(), duplicate_key_check(path));
   } catch (const json::parse_error& e) {
     std::string what = e.what();
     for (char& ch : what)
@@ -245,6 +302,7 @@ json plan_to_json(const PlanResult& r) {
   }
   j["option_costs"] = r.budget.cost_per_flop;
   j["low_option"] = r.low_option;
+  if (!r.options.empty()) j["options"] = r.options;
   j["status"] = r.status;
   j["proven_optimal"] = r.proven_optimal;
   j["solve_seconds"] = r.solve_seconds;
@@ -252,6 +310,7 @@ json plan_to_json(const PlanResult& r) {
   j["fp4_share"] = r.fp4_share;
   j["cost_per_flop"] = num_or_null(r.cost_per_flop);
   if (!r.stage_fp4_share.empty()) j["stage_fp4_share"] = r.stage_fp4_share;
+  if (!r.warnings.empty()) j["warnings"] = r.warnings;
   json a = json::object();
   json items = json::array();
   for (const PlanChoice& c : r.items) {

@@ -3,6 +3,7 @@
 // as the ILP. See planner.h for the shared fill rule.
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -33,9 +34,12 @@ std::string high_of(const PlanOptions& o, const PlanItem& item) {
 }
 
 // Shared fill: free items start high and go low in `order` until the budget
-// holds (planner.h, "Heuristic baselines").
+// holds (planner.h, "Heuristic baselines"). `switched`, when given, gets one
+// flag per item: 1 where the fill sent a free item low (not a pin, not an
+// item whose only option is the low one).
 PlanResult fill(const PlanProblem& problem, const PlanOptions& options,
-                const std::vector<int>& order, const std::string& method) {
+                const std::vector<int>& order, const std::string& method,
+                std::vector<char>* switched = nullptr) {
   const auto t0 = Clock::now();
   const detail::Prepared p = detail::prepare(problem, options);
   detail::check_feasible(p, options);
@@ -61,6 +65,7 @@ PlanResult fill(const PlanProblem& problem, const PlanOptions& options,
   // the item's own scope, which keeps this O(n^2) worst case for n items,
   // fine for thousands of items.
   bool ok = all_ok();
+  if (switched) switched->assign(n, 0);
   for (int i : order) {
     if (ok) break;
     if (!p.pins.option[i].empty() || !items[i].q.count(options.low_option)) continue;
@@ -71,6 +76,7 @@ PlanResult fill(const PlanProblem& problem, const PlanOptions& options,
     const int scope = options.per_stage_budget ? items[i].stage : -1;
     if (scope_ok(scope)) continue;
     choice[i] = options.low_option;
+    if (switched) (*switched)[i] = 1;
     ok = all_ok();
   }
   if (!ok)
@@ -143,7 +149,30 @@ PlanResult heuristic_first_last_fp8(const PlanProblem& problem, const PlanOption
   };
   std::vector<int> order = identity(problem.items.size());
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return group(a) < group(b); });
-  return fill(problem, options, order, "first-last-fp8");
+  std::vector<char> switched;
+  PlanResult r = fill(problem, options, order, "first-last-fp8", &switched);
+  // The heuristic's promise is "first and last blocks stay high"; when the
+  // inner blocks cannot meet the budget, the fill breaks it: say so.
+  int ends = 0, forced = 0;
+  for (size_t i = 0; i < problem.items.size(); ++i)
+    if (group(static_cast<int>(i)) == 1 || group(static_cast<int>(i)) == 2) {
+      ++ends;
+      forced += switched[i];
+    }
+  if (forced > 0) {
+    char budget[64];
+    std::snprintf(budget, sizeof budget, "%.10g", options.budget.value);
+    const std::string what = options.budget.kind == Budget::Kind::fp4_share
+                                 ? str_cat("budget ", budget)
+                                 : str_cat("cost budget ", budget, " per FLOP");
+    const std::string blocks =
+        first == last ? str_cat("(", first, ")") : str_cat("(", first, " and ", last, ")");
+    r.warnings.push_back(str_cat("first-last-fp8: ", what,
+                                 " cannot be met by the inner blocks alone: it forced ", forced,
+                                 " of the ", ends, " items in the first and last blocks ", blocks,
+                                 " to ", options.low_option));
+  }
+  return r;
 }
 
 PlanResult heuristic_random(const PlanProblem& problem, const PlanOptions& options,

@@ -34,9 +34,15 @@ std::string format_plan_table(const nlohmann::json& pj) {
     const bool has_q = pj.contains("q_table"), has_rel = pj.contains("rel_err_fprop");
     std::vector<std::string> cols;
     if (has_q) {
-      std::set<std::string> all;
+      // Columns: options with a Q that the plan chose among ("options"; the
+      // q_table also holds the bf16 reference when bf16 was not allowed).
+      std::set<std::string> all, allowed;
+      if (pj.contains("options") && pj["options"].is_array())
+        for (const auto& o : pj["options"])
+          if (o.is_string()) allowed.insert(o.get<std::string>());
       for (const auto& [layer, q] : pj["q_table"].items())
-        for (const auto& [opt, v] : q.items()) all.insert(opt);
+        for (const auto& [opt, v] : q.items())
+          if (allowed.empty() || allowed.count(opt)) all.insert(opt);
       cols.assign(all.begin(), all.end());
       std::map<std::string, double> cost = pj.value("option_costs", std::map<std::string, double>{});
       auto c = [&](const std::string& s) { return cost.count(s) ? cost[s] : 1e300; };
@@ -67,7 +73,12 @@ std::string format_plan_table(const nlohmann::json& pj) {
         os << lpad(q.contains(c) ? fmtd("%.4g", q[c].get<double>()) : "-", 13);
       }
       if (has_rel) {
-        const nlohmann::json& r = pj["rel_err_fprop"].value(name, nlohmann::json::object());
+        // Layers, and the fprop GEMM of per-GEMM items ("<layer>:fprop"): the
+        // layer's fprop error; dgrad/wgrad items: "-" (not in the plan file).
+        const size_t colon = name.find(':');
+        const bool fprop = colon == std::string::npos || name.compare(colon + 1, std::string::npos, "fprop") == 0;
+        const nlohmann::json& r =
+            fprop ? pj["rel_err_fprop"].value(name.substr(0, colon), nlohmann::json::object()) : nlohmann::json::object();
         os << lpad(r.contains(opt) ? fmtd("%.4g", r[opt].get<double>()) : "-", 15);
       }
       os << "\n";

@@ -110,6 +110,9 @@ Prepared prepare(const PlanProblem& problem, const PlanOptions& options) {
     p.total_flops += item.flops;
     p.n_stages = std::max(p.n_stages, item.stage + 1);
   }
+  // Shares are fractions of this sum; items each finite can still overflow it.
+  if (!std::isfinite(p.total_flops))
+    fail("plan: total FLOPs overflow (sum of item flops is not finite; give FLOPs in a smaller unit)");
   p.stage_flops.assign(p.n_stages, 0.0);
   for (const PlanItem& item : items)
     if (item.stage >= 0) p.stage_flops[item.stage] += item.flops;
@@ -137,13 +140,14 @@ double max_share(const Prepared& p, const PlanOptions& options, int stage) {
 
 namespace {
 
-// Minimum cost per FLOP over the scope.
+// Minimum cost per FLOP over the scope. Summed as cost x (F_i / scope FLOPs),
+// like the budget rows: cost x F_i alone can overflow for F_i near DBL_MAX.
 double min_cost(const Prepared& p, const PlanOptions& options, int stage) {
-  double c = 0.0, total = 0.0;
+  const double total = stage < 0 ? p.total_flops : p.stage_flops[stage];
+  double c = 0.0;
   for (size_t i = 0; i < p.problem.items.size(); ++i) {
     const PlanItem& item = p.problem.items[i];
     if (stage >= 0 && item.stage != stage) continue;
-    total += item.flops;
     double best;
     if (!p.pins.option[i].empty()) {
       best = option_cost(options, p.pins.option[i]);
@@ -151,9 +155,9 @@ double min_cost(const Prepared& p, const PlanOptions& options, int stage) {
       best = std::numeric_limits<double>::infinity();
       for (const auto& kv : item.q) best = std::min(best, option_cost(options, kv.first));
     }
-    c += best * item.flops;
+    c += best * (item.flops / total);
   }
-  return total > 0 ? c / total : 0.0;
+  return c;
 }
 
 // Shortest fixed-point rendering of v (3..10 decimals) that stays on the
@@ -275,17 +279,17 @@ void check_feasible(const Prepared& p, const PlanOptions& options) {
 
 bool budget_holds(const Prepared& p, const PlanOptions& options,
                   const std::vector<std::string>& choice, int stage) {
-  double num = 0.0, total = 0.0;
+  // Fractions of the scope's FLOPs, as in the solver's rows (no overflow).
+  const double total = stage < 0 ? p.total_flops : p.stage_flops[stage];
+  double v = 0.0;
   for (size_t i = 0; i < p.problem.items.size(); ++i) {
     const PlanItem& item = p.problem.items[i];
     if (stage >= 0 && item.stage != stage) continue;
-    total += item.flops;
     if (options.budget.kind == Budget::Kind::fp4_share)
-      num += choice[i] == options.low_option ? item.flops : 0.0;
+      v += choice[i] == options.low_option ? item.flops / total : 0.0;
     else
-      num += option_cost(options, choice[i]) * item.flops;
+      v += option_cost(options, choice[i]) * (item.flops / total);
   }
-  const double v = num / total;
   return options.budget.kind == Budget::Kind::fp4_share
              ? v >= options.budget.value - kBudgetTolerance
              : v <= options.budget.value + kBudgetTolerance;
@@ -298,7 +302,11 @@ PlanResult assemble(const Prepared& p, const PlanOptions& options,
   r.method = method;
   r.budget = options.budget;
   r.low_option = options.low_option;
-  double low = 0.0, cost = 0.0;
+  std::set<std::string> offered;
+  for (const PlanItem& item : p.problem.items)
+    for (const auto& kv : item.q) offered.insert(kv.first);
+  r.options.assign(offered.begin(), offered.end());
+  double low = 0.0, cost_per_flop = 0.0;
   std::vector<double> stage_low(p.n_stages, 0.0);
   for (size_t i = 0; i < p.problem.items.size(); ++i) {
     const PlanItem& item = p.problem.items[i];
@@ -311,11 +319,12 @@ PlanResult assemble(const Prepared& p, const PlanOptions& options,
       low += item.flops;
       if (item.stage >= 0) stage_low[item.stage] += item.flops;
     }
-    cost += cost_or_nan(options, choice[i]) * item.flops;
+    // cost_p x F_i may overflow where the mean cost per FLOP does not.
+    cost_per_flop += cost_or_nan(options, choice[i]) * (item.flops / p.total_flops);
   }
   r.fp4_share = low / p.total_flops;
-  r.cost = cost;
-  r.cost_per_flop = cost / p.total_flops;
+  r.cost_per_flop = cost_per_flop;
+  r.cost = cost_per_flop * p.total_flops;
   for (int s = 0; s < p.n_stages; ++s)
     r.stage_fp4_share.push_back(p.stage_flops[s] > 0 ? stage_low[s] / p.stage_flops[s] : 0.0);
   return r;

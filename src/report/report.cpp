@@ -3,6 +3,7 @@
 #include "snip/report/report.h"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -352,6 +353,11 @@ double min_finite(const std::vector<double>& v, size_t* at = nullptr) {
 // EMA span of the loss curves: n/60 steps (20 for a 1200-step run), in [1, 100].
 double span_for(size_t n) { return std::clamp(double(n) / 60.0, 1.0, 100.0); }
 
+// Below span 2 (fewer than 120 steps) the EMA is the raw curve (span 1) or
+// next to it: the charts show the raw loss alone, with no EMA label.
+constexpr double kMinEmaSpan = 2.0;
+bool smooths(double span) { return span >= kMinEmaSpan; }
+
 std::string header_html(const RunData& r, const RunData* ref) {
   std::ostringstream os;
   os << "<header><h1>" << esc(r.name) << "</h1><p class=\"sub\">policy <b>" << esc(r.policy) << "</b>";
@@ -420,11 +426,22 @@ std::string loss_section(const RunData& r, const RunData* ref) {
   const RunCurves& c = r.curves;
   std::vector<Series> s;
   const double span = span_for(c.step.size());
-  s.push_back({"train loss (raw)", c.step, c.loss, "#0072B2", false, 0.25, 1.0});
-  s.push_back({"train loss (EMA)", c.step, ema_smooth(c.loss, span), "#0072B2", false, 1.0, 2.0});
+  const bool ema = smooths(span);
+  if (ema) {
+    s.push_back({"train loss (raw)", c.step, c.loss, "#0072B2", false, 0.25, 1.0});
+    s.push_back({"train loss (EMA)", c.step, ema_smooth(c.loss, span), "#0072B2", false, 1.0, 2.0});
+  } else {
+    s.push_back({"train loss", c.step, c.loss, "#0072B2", false, 1.0, 2.0});
+  }
+  bool ref_ema = false;
   if (ref) {
     const RunCurves& rc = ref->curves;
-    s.push_back({ref->name + " train loss (EMA)", rc.step, ema_smooth(rc.loss, span_for(rc.step.size())), "#D55E00", true, 1.0, 2.0});
+    const double rspan = span_for(rc.step.size());
+    ref_ema = smooths(rspan);
+    if (ref_ema)
+      s.push_back({ref->name + " train loss (EMA)", rc.step, ema_smooth(rc.loss, rspan), "#D55E00", true, 1.0, 2.0});
+    else
+      s.push_back({ref->name + " train loss", rc.step, rc.loss, "#D55E00", true, 1.0, 2.0});
   }
   LineChartOptions o;
   o.id = "loss";
@@ -432,8 +449,13 @@ std::string loss_section(const RunData& r, const RunData* ref) {
   o.width = 560;
   o.x_label = "step";
   o.y_label = "loss (nats/token)";
-  os << figure(svg_line_chart(s, o), "Faint: every step's loss; solid: exponential moving average (span " +
-                                         fmt("%.0f", span) + " steps)" + (ref ? "; dashed: the reference run." : "."));
+  std::string caption =
+      ema ? "Faint: every step's loss; solid: exponential moving average (span " + fmt("%.0f", span) + " steps)"
+          : "Training loss at every step (" + std::to_string(c.step.size()) + " steps: too few for a moving average)";
+  if (ref)
+    caption += std::string("; dashed: the reference run") +
+               (ref_ema == ema ? "" : ref_ema ? " (moving average)" : " (every step)");
+  os << figure(svg_line_chart(s, o), caption + ".");
   bool any_val = !c.val_step.empty() || (ref && !ref->curves.val_step.empty());
   if (any_val) {
     std::vector<Series> v;
@@ -545,8 +567,10 @@ std::string precision_section(const RunData& r, const RunData* ref) {
   return os.str();
 }
 
-// Option columns of a plan table: the low option first, then by cost, then name.
-std::vector<std::string> plan_option_columns(const json& pj) {
+// Option columns of a plan table: the options the plan could choose among
+// (`allowed`; empty = not known) that have a Q anywhere in it, the low option
+// first, then by cost, then name.
+std::vector<std::string> plan_option_columns(const json& pj, const std::set<std::string>& allowed) {
   std::set<std::string> all;
   for (const json& it : pj.at("items"))
     if (it.contains("q") && it["q"].is_object())
@@ -555,7 +579,9 @@ std::vector<std::string> plan_option_columns(const json& pj) {
     for (const auto& [layer, q] : pj["q_table"].items())
       if (q.is_object())
         for (const auto& kv : q.items()) all.insert(kv.key());
-  std::vector<std::string> cols(all.begin(), all.end());
+  std::vector<std::string> cols;
+  for (const std::string& o : all)
+    if (allowed.empty() || allowed.count(o)) cols.push_back(o);
   const std::string low = pj.value("low_option", std::string("fp4"));
   std::map<std::string, double> cost;
   if (pj.contains("option_costs") && pj["option_costs"].is_object())
@@ -567,6 +593,55 @@ std::vector<std::string> plan_option_columns(const json& pj) {
     return c(a) < c(b);
   });
   return cols;
+}
+
+// The options a plan could choose among: its "options" (plan_to_json), else
+// the run's precision.options ("fp4,fp8"); empty when neither is known. The
+// q_table alone does not tell: it carries the reference bf16 (Q = 0) even
+// when bf16 is not allowed.
+std::set<std::string> plan_options(const json& pj, const RunData& r) {
+  std::set<std::string> out;
+  if (pj.contains("options") && pj["options"].is_array()) {
+    for (const json& o : pj["options"])
+      if (o.is_string()) out.insert(o.get<std::string>());
+    return out;
+  }
+  auto it = r.config.find("precision.options");
+  if (it == r.config.end()) return out;
+  std::stringstream ss(it->second);
+  for (std::string o; std::getline(ss, o, ',');) {
+    const size_t a = o.find_first_not_of(" \t"), b = o.find_last_not_of(" \t");
+    if (a != std::string::npos) out.insert(o.substr(a, b - a + 1));
+  }
+  return out;
+}
+
+// Relative error per GEMM at each option, measured at a stats step:
+// layer -> option -> {fprop, dgrad, wgrad} (NaN where absent).
+using GemmErrors = std::map<std::string, std::map<std::string, std::array<double, 3>>>;
+
+// From a stats file (core/stats.h to_json): the "measured" part (this step's
+// raw statistics, the same measurement as the plan's rel_err_fprop), details
+// layers[].options[opt].rel_err.{fprop,dgrad,wgrad}; the reference option
+// (details.reference) has error 0. Empty when the file has no "measured".
+GemmErrors measured_gemm_errors(const json& sj) {
+  GemmErrors out;
+  if (!sj.contains("measured") || !sj["measured"].is_object()) return out;
+  const json d = sj["measured"].value("details", json::object());
+  if (!d.is_object() || !d.contains("layers") || !d["layers"].is_array()) return out;
+  const std::string ref = d.contains("reference") && d["reference"].is_string() ? d["reference"].get<std::string>() : "";
+  for (const json& l : d["layers"]) {
+    if (!l.is_object() || !l.contains("name") || !l["name"].is_string()) continue;
+    auto& m = out[l["name"].get<std::string>()];
+    if (!ref.empty()) m[ref] = {0.0, 0.0, 0.0};
+    if (!l.contains("options") || !l["options"].is_object()) continue;
+    for (const auto& [opt, o] : l["options"].items()) {
+      if (!o.is_object() || !o.contains("rel_err") || !o["rel_err"].is_object()) continue;
+      const json& re = o["rel_err"];
+      m[opt] = {num_or_nan(re, "fprop"), num_or_nan(re, "dgrad"), num_or_nan(re, "wgrad")};
+    }
+  }
+  return out;
 }
 
 std::string chip(const std::string& option) {
@@ -609,7 +684,7 @@ std::string plan_section(const RunData& r) {
   }
   try {
     const std::string low = pj.value("low_option", std::string("fp4"));
-    const std::vector<std::string> opts = plan_option_columns(pj);
+    const std::vector<std::string> opts = plan_option_columns(pj, plan_options(pj, r));
     struct Row {
       std::string name, option;
       double flops;
@@ -623,6 +698,20 @@ std::string plan_section(const RunData& r) {
     }
     std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return model_order_less(a.name, b.name); });
     const bool has_rel = pj.contains("rel_err_fprop") && pj["rel_err_fprop"].is_object();
+    // Per-GEMM items ("<layer>:dgrad") show their own GEMM's error: from the
+    // stats step of this decision (stats/step-<step>.json), which the plan
+    // file itself does not carry beyond fprop.
+    bool per_gemm = false;
+    for (const Row& row : rows) per_gemm = per_gemm || row.name.find(':') != std::string::npos;
+    GemmErrors gemm_err;
+    if (per_gemm && has_rel) {
+      const fs::path sp = fs::path(r.dir) / "stats" / ("step-" + std::to_string(step) + ".json");
+      std::error_code ec;
+      if (fs::exists(sp, ec)) {
+        const json sj = read_json_file(sp.string(), "stats");
+        if (sj.is_object()) gemm_err = measured_gemm_errors(sj);
+      }
+    }
     const std::string method = pj.value("method", std::string("?"));
     os << "<p class=\"note\">" << esc(fs::path(path).filename().string()) << ": decision at step " << step << ", phase "
        << esc(pj.value("phase", std::string("?"))) << ", policy " << esc(pj.value("policy", r.policy)) << ", "
@@ -651,7 +740,7 @@ std::string plan_section(const RunData& r) {
     os << "</dl>";
     os << "<div class=\"scroll\"><table class=\"plan\" data-rows=\"" << rows.size() << "\"><thead><tr><th class=\"name\">item</th><th>option</th><th>FLOPs %</th>";
     for (const auto& o : opts) os << "<th>Q(" << esc(o) << ")</th>";
-    if (has_rel) os << "<th>rel. err fprop</th>";
+    if (has_rel) os << (per_gemm ? "<th>rel. err (own GEMM)</th>" : "<th>rel. err fprop</th>");
     os << "</tr></thead><tbody>";
     for (const Row& row : rows) {
       os << "<tr><td class=\"name\">" << esc(row.name) << "</td><td class=\"opt\">" << chip(row.option) << "</td><td>"
@@ -665,8 +754,21 @@ std::string plan_section(const RunData& r) {
         os << "<td>" << fmt("%.4g", v) << "</td>";
       }
       if (has_rel) {
-        const json& m = pj["rel_err_fprop"].value(row.name.substr(0, row.name.find(':')), json::object());
-        os << "<td>" << fmt("%.4g", m.is_object() && m.contains(row.option) && m[row.option].is_number() ? m[row.option].get<double>() : kNaN) << "</td>";
+        const size_t colon = row.name.find(':');
+        const std::string layer = row.name.substr(0, colon);
+        const std::string gemm = colon == std::string::npos ? "fprop" : row.name.substr(colon + 1);
+        double v = kNaN;
+        if (gemm == "fprop") {  // the plan's own record
+          const json& m = pj["rel_err_fprop"].value(layer, json::object());
+          if (m.is_object() && m.contains(row.option) && m[row.option].is_number()) v = m[row.option].get<double>();
+        } else if (gemm == "dgrad" || gemm == "wgrad") {
+          auto l = gemm_err.find(layer);
+          if (l != gemm_err.end()) {
+            auto o = l->second.find(row.option);
+            if (o != l->second.end()) v = o->second[gemm == "dgrad" ? 1 : 2];
+          }
+        }
+        os << "<td>" << fmt("%.4g", v) << "</td>";
       }
       os << "</tr>";
     }

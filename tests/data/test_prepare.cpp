@@ -7,7 +7,12 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "../../src/cli/commands.h"
 #include "snip/data/prepare.h"
@@ -127,6 +132,48 @@ TEST(Prepare, SecondRunIsUpToDateAndChangesRebuild) {
   EXPECT_FALSE(prepare_data(other).up_to_date) << "missing shard forces a rebuild";
 }
 
+// A PID that surely names no process: a child that has exited and been reaped.
+pid_t dead_pid() {
+  const pid_t p = ::fork();
+  if (p == 0) ::_exit(0);
+  int status = 0;
+  ::waitpid(p, &status, 0);
+  return p;
+}
+
+// A killed prepare leaves OUT/.prepare.tmp.<pid>/ behind; the next run removes
+// such folders when <pid> is gone (kill(pid, 0) fails with ESRCH), and only
+// then: a live process may be preparing into the same folder.
+TEST(Prepare, RemovesStaleStagingFoldersOfDeadProcesses) {
+  TempDir t;
+  testing::write_synthetic_folder(t / "corpus", 30);
+  const auto o = small_options(t);
+  const std::string dead = t / ("out/.prepare.tmp." + std::to_string(dead_pid()));
+  const std::string alive = t / ("out/.prepare.tmp." + std::to_string(::getppid()));  // the test runner's parent
+  const std::string not_a_pid = t / "out/.prepare.tmp.12ab";
+  write_text(dead + "/train.bin", "partial shard of a killed run");
+  write_text(alive + "/train.bin", "another prepare at work");
+  write_text(not_a_pid + "/x", "not ours");
+  const bool fixed_pid_is_free = ::kill(999999, 0) == -1 && errno == ESRCH;
+  if (fixed_pid_is_free) write_text(t / "out/.prepare.tmp.999999/val.bin", "partial");
+  std::vector<std::string> lines;
+  prepare_data(o, [&](const std::string& l) { lines.push_back(l); });
+  EXPECT_FALSE(fs::exists(dead));
+  if (fixed_pid_is_free) EXPECT_FALSE(fs::exists(t / "out/.prepare.tmp.999999"));
+  EXPECT_TRUE(fs::exists(alive + "/train.bin"));
+  EXPECT_TRUE(fs::exists(not_a_pid + "/x"));
+  EXPECT_NE(std::find(lines.begin(), lines.end(),
+                      "removed stale staging folder " + dead + " (process " + dead.substr(dead.rfind('.') + 1) +
+                          " is gone)"),
+            lines.end());
+  // An up-to-date rerun cleans up too (the stale folder may come from a killed
+  // run with other options).
+  write_text(dead + "/val.bin", "partial");
+  EXPECT_TRUE(prepare_data(o).up_to_date);
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(alive + "/train.bin"));
+}
+
 TEST(Prepare, DeterministicBytes) {
   TempDir t;
   testing::write_synthetic_folder(t / "corpus", 60);
@@ -238,6 +285,31 @@ TEST_F(PrepareErrors, VocabTooLargeLeavesNoFiles) {
   EXPECT_FALSE(fs::exists(t_ / "out"));
 }
 
+// SentencePiece's own messages for tiny vocabularies are internal ("[insert_id(
+// trainer_spec_.bos_id(), ...)]"); the range is checked first. Lower bound
+// 261 = 3 special pieces + 256 byte-fallback pieces + "▁" + one character,
+// reached by a one-character corpus; upper bound 2^22 = model.vocab_size's cap.
+TEST_F(PrepareErrors, VocabSizeOutOfRange) {
+  for (int v : {-5, 0, 1, 2, 260, 4194305}) {
+    auto o = small_options(t_);
+    o.vocab_size = v;
+    EXPECT_EQ(run(o), "vocab_size: expected an integer in [261, 4194304], got " + std::to_string(v));
+    EXPECT_FALSE(fs::exists(t_ / "out"));
+  }
+  // The bound is attainable: "a" needs exactly 3 + 256 + 2 ("▁", "a") pieces.
+  write_text(t_ / "one/a.txt", "a\n");
+  auto o = small_options(t_);
+  o.inputs = {t_ / "one"};
+  o.val_fraction = 0;
+  o.vocab_size = 261;
+  EXPECT_EQ(prepare_data(o).vocab_size, 261);
+  // With a given tokenizer the option is ignored, as documented.
+  auto g = small_options(t_, "out2");
+  g.tokenizer_model = t_ / "out/tokenizer.model";
+  g.vocab_size = 1;
+  EXPECT_EQ(prepare_data(g).vocab_size, 261);
+}
+
 TEST_F(PrepareErrors, UnwritableOutDir) {
   write_text(t_ / "file", "x");
   auto o = small_options(t_);
@@ -293,6 +365,20 @@ TEST(CliDataPrepare, RunsPrepare) {
   const auto meta = nlohmann::json::parse(read_bytes(t / "o/meta.json"));
   EXPECT_EQ(meta["vocab_size"], 300);
   EXPECT_EQ(meta["key"]["corpus"], nullptr) << "--input without --corpus means no Brown";
+}
+
+TEST(CliDataPrepare, VocabSizeRangeIsOneClearLine) {
+  for (const std::string v : {"1", "0", "-3", "260", "4194305", "abc", "300.5"}) {
+    CLI::App app("snip");
+    cli::add_data_commands(app);
+    std::string msg = "(no error)";
+    try {
+      parse(app, {"snip", "data", "prepare", "--input", "x", "--vocab-size", v});
+    } catch (const CLI::ParseError& e) {
+      msg = e.what();
+    }
+    EXPECT_EQ(msg, "--vocab-size: expected an integer in [261, 4194304], got " + v);
+  }
 }
 
 TEST(CliDataPrepare, UserErrorPropagates) {

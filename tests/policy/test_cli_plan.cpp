@@ -73,6 +73,68 @@ std::string L(int b) { return "model.layers." + std::to_string(b) + ".mlp.up_pro
 
 }  // namespace
 
+// A heuristic's warning reaches the user on stderr and the plan JSON.
+// kTable: blocks 1 and 2 hold 3/8 of the FLOPs, so b = 1 forces the first
+// and last blocks (0 and 3) low.
+TEST(CliPlan, FirstLastFp8WarnsOnStderrAndInTheJson) {
+  TempDir d;
+  const std::string costs = d.file("costs.json", kTable);
+  const std::string out = d.path + "/plan.json";
+  std::ostringstream err;
+  std::streambuf* old = std::cerr.rdbuf(err.rdbuf());
+  const CliResult r = run({"--costs", costs, "--budget", "1", "--heuristic", "first-last-fp8", "--out", out});
+  std::cerr.rdbuf(old);
+  EXPECT_EQ(r.error, "");
+  const std::string warning =
+      "first-last-fp8: budget 1 cannot be met by the inner blocks alone: it forced 2 of the 2 items in "
+      "the first and last blocks (0 and 3) to fp4";
+  EXPECT_EQ(err.str(), "snip: warning: " + warning + "\n");
+  std::ifstream in(out);
+  EXPECT_EQ(json::parse(in)["warnings"], json::array({warning}));
+  // b = 3/8: the inner blocks suffice; no warning, no "warnings" key.
+  err.str("");
+  old = std::cerr.rdbuf(err.rdbuf());
+  run({"--costs", costs, "--budget", "0.375", "--heuristic", "first-last-fp8", "--out", out});
+  std::cerr.rdbuf(old);
+  EXPECT_EQ(err.str(), "");
+  std::ifstream in2(out);
+  EXPECT_FALSE(json::parse(in2).contains("warnings"));
+}
+
+// `snip plan show` (format_plan_table, also what `snip train` prints): Q
+// columns only for the options the plan chose among ("options"), though the
+// q_table carries the bf16 reference; per-GEMM rows: the fprop row shows the
+// layer's fprop error, dgrad/wgrad rows "-" (the plan file has fprop only),
+// never the fprop error under another GEMM's name.
+TEST(CliPlan, ShowHasQColumnsForThePlansOptionsAndPerGemmFpropErrors) {
+  TempDir d;
+  const std::string L0 = "model.layers.0.mlp.up_proj";
+  ASSERT_EQ(std::system(("mkdir -p '" + d.path + "/run/plans'").c_str()), 0);
+  json pj = {{"step", 2}, {"policy", "snip"}, {"phase", "plan"}, {"method", "ilp"}, {"status", "optimal"},
+             {"low_option", "fp4"}, {"budget", 0.5}, {"fp4_share", 0.5}, {"objective", 0.3},
+             {"options", {"fp4", "fp8"}},
+             {"items", {{{"name", L0 + ":fprop"}, {"flops", 100}, {"option", "fp4"}, {"q", 0.1}},
+                        {{"name", L0 + ":dgrad"}, {"flops", 100}, {"option", "fp8"}, {"q", 0.01}}}},
+             {"q_table", {{L0 + ":fprop", {{"fp4", 0.1}, {"fp8", 0.02}, {"bf16", 0}}},
+                          {L0 + ":dgrad", {{"fp4", 0.3}, {"fp8", 0.01}, {"bf16", 0}}}}},
+             {"rel_err_fprop", {{L0, {{"fp4", 0.125}, {"fp8", 0.0625}, {"bf16", 0}}}}}};
+  d.file("run/plans/step-2.json", pj.dump());
+  const CliResult r = run({"show", d.path + "/run"});
+  ASSERT_EQ(r.error, "");
+  EXPECT_NE(r.out.find("Q(fp4)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Q(fp8)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("Q(bf16)"), std::string::npos) << r.out;
+  auto line_of = [&](const std::string& item) {
+    const size_t at = r.out.find(item + " ");
+    return at == std::string::npos ? std::string() : r.out.substr(at, r.out.find('\n', at) - at);
+  };
+  const std::string fprop = line_of(L0 + ":fprop"), dgrad = line_of(L0 + ":dgrad");
+  ASSERT_GT(fprop.size(), 6u);
+  EXPECT_EQ(fprop.substr(fprop.size() - 6), " 0.125") << fprop;  // the last column: rel. err
+  EXPECT_EQ(dgrad.substr(dgrad.size() - 2), " -") << dgrad;
+  EXPECT_EQ(dgrad.find("0.0625"), std::string::npos) << "dgrad row shows the fprop error: " << dgrad;
+}
+
 TEST(CliPlan, JsonPlanIsTheHandDerivedOptimum) {
   TempDir d;
   const std::string costs = d.file("costs.json", kTable);

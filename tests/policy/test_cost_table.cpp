@@ -191,6 +191,77 @@ TEST(CostTable, LoadFromFile) {
   EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;  // one line
 }
 
+// nlohmann::json keeps the last of duplicate keys; a cost table must not
+// silently drop the first "flops" (or a whole "layers" array).
+TEST(CostTable, DuplicateKeysAreErrorsNamingFilePathAndKey) {
+  TempDir dir;
+  struct Case {
+    const char* json;
+    const char* where;  // the object holding the duplicate
+    const char* key;
+  };
+  const Case cases[] = {
+      {R"({"layers": [{"name": "a", "flops": 1, "q": {"fp4": 0}}],
+           "layers": [{"name": "b", "flops": 2, "q": {"fp4": 0}}]})",
+       "(top level)", "layers"},
+      {R"({"layers": [{"name": "a", "flops": 1, "q": {"fp4": 0}},
+                      {"name": "b", "flops": 1, "flops": 2, "q": {"fp4": 0}}]})",
+       "layers[1]", "flops"},
+      {R"({"layers": [{"name": "a", "flops": 1, "q": {"fp4": 0.5, "fp8": 0, "fp4": 0.1}}]})",
+       "layers[0].q", "fp4"},
+      {R"({"layers": [{"name": "a", "gemms": {
+             "fprop": {"flops": 1, "q": {"fp4": 0}},
+             "dgrad": {"flops": 1, "q": {"fp4": 0}, "rel_err": {"fp4": 0.1, "fp4": 0.2}},
+             "wgrad": {"flops": 1, "q": {"fp4": 0}}}}]})",
+       "layers[0].gemms.dgrad.rel_err", "fp4"},
+      {R"({"layers": [{"name": "a", "gemms": {
+             "fprop": {"flops": 1, "q": {"fp4": 0}},
+             "fprop": {"flops": 1, "q": {"fp4": 0}},
+             "dgrad": {"flops": 1, "q": {"fp4": 0}},
+             "wgrad": {"flops": 1, "q": {"fp4": 0}}}}]})",
+       "layers[0].gemms", "fprop"},
+      // Arrays nested in entries and values before the duplicate keep the
+      // index right: the third entry is layers[2].
+      {R"({"other": [[1, {"x": 1}], 2], "layers": [
+             {"name": "a", "flops": 1, "q": {"fp4": 0}},
+             {"name": "b", "flops": 1, "q": {"fp4": 0}, "rel_err": {}},
+             {"name": "c", "name": "d", "flops": 1, "q": {"fp4": 0}}]})",
+       "layers[2]", "name"},
+  };
+  for (const Case& c : cases) {
+    const std::string path = dir.path + "/dup.json";
+    std::ofstream(path) << c.json;
+    EXPECT_EQ(error_of([&] { load_cost_table(path); }),
+              path + ": " + c.where + ": expected each key once, got \"" + c.key + "\" twice")
+        << c.json;
+  }
+  // The same keys in different objects are fine.
+  const std::string ok = dir.path + "/ok.json";
+  std::ofstream(ok) << R"({"layers": [{"name": "a", "flops": 1, "q": {"fp4": 0}},
+                                      {"name": "b", "flops": 1, "q": {"fp4": 0}}]})";
+  EXPECT_EQ(load_cost_table(ok).layers.size(), 2u);
+}
+
+// Every entry's FLOPs is finite, but their sum overflows to inf: shares
+// would be F/inf = 0 or inf/inf = NaN. Rejected when the table is read.
+TEST(CostTable, TotalFlopsOverflowIsAnError) {
+  const std::string expected = "costs.json: total FLOPs overflow (sum of entry flops is not finite)";
+  // 1e308 + 1e308 = 2e308 > DBL_MAX (~1.797e308).
+  EXPECT_EQ(parse_error(R"({"layers": [{"name": "a", "flops": 1e308, "q": {"fp4": 0}},
+                                        {"name": "b", "flops": 1e308, "q": {"fp4": 0}}]})"),
+            expected);
+  // One per-GEMM entry whose three GEMMs sum past DBL_MAX.
+  EXPECT_EQ(parse_error(R"({"layers": [{"name": "a", "gemms": {
+                  "fprop": {"flops": 1e308, "q": {"fp4": 0}},
+                  "dgrad": {"flops": 1e308, "q": {"fp4": 0}},
+                  "wgrad": {"flops": 1, "q": {"fp4": 0}}}}]})"),
+            expected);
+  // Large but finite sums stay valid: 2 x 8e307 = 1.6e308 < DBL_MAX.
+  EXPECT_EQ(parse_error(R"({"layers": [{"name": "a", "flops": 8e307, "q": {"fp4": 0}},
+                                        {"name": "b", "flops": 8e307, "q": {"fp4": 0}}]})"),
+            "(no UserError)");
+}
+
 TEST(PlanJson, FieldsAndAssignments) {
   PlanResult r;
   r.granularity = Granularity::gemm;
@@ -216,6 +287,9 @@ TEST(PlanJson, FieldsAndAssignments) {
   EXPECT_EQ(j["items"][1], json({{"name", "a:dgrad"}, {"flops", 1.0}, {"option", "fp8"},
                                  {"q", 0.01}, {"stage", 1}}));
   EXPECT_EQ(j["stage_fp4_share"], json({1.0, 0.0}));
+  EXPECT_FALSE(j.contains("options"));  // unknown (a hand-made result): left out
+  r.options = {"fp4", "fp8"};
+  EXPECT_EQ(plan_to_json(r)["options"], json({"fp4", "fp8"}));
   r.budget = Budget::cost(2.5);
   r.cost_per_flop = std::nan("");
   j = plan_to_json(r);

@@ -142,6 +142,37 @@ TEST(Heuristics, FirstLastFp8) {
             (V{"fp4", "fp4", "fp4", "fp4", "fp4"}));
 }
 
+// The heuristic's promise is "first and last blocks stay high". Blocks 0..3
+// with 1 FLOP each: the inner blocks 1 and 2 hold half the FLOPs, so b = 0.5
+// keeps the promise silently; b = 0.75 needs block 0 too, b = 1 both ends:
+// the result says so instead of quietly running them in FP4.
+TEST(Heuristics, FirstLastFp8WarnsWhenTheBudgetForcesTheEndsLow) {
+  PlanProblem p;
+  for (int b = 0; b < 4; ++b)
+    p.items.push_back(item("model.layers." + std::to_string(b) + ".mlp.up_proj", 1, 1, 0));
+  PlanResult r = heuristic_first_last_fp8(p, share(0.5));
+  EXPECT_EQ(options_of(r), (V{"fp8", "fp4", "fp4", "fp8"}));
+  EXPECT_TRUE(r.warnings.empty());
+  r = heuristic_first_last_fp8(p, share(0.75));
+  EXPECT_EQ(options_of(r), (V{"fp4", "fp4", "fp4", "fp8"}));
+  EXPECT_EQ(r.warnings, (V{"first-last-fp8: budget 0.75 cannot be met by the inner blocks alone: it "
+                           "forced 1 of the 2 items in the first and last blocks (0 and 3) to fp4"}));
+  r = heuristic_first_last_fp8(p, share(1.0));
+  EXPECT_EQ(options_of(r), (V{"fp4", "fp4", "fp4", "fp4"}));
+  EXPECT_EQ(r.warnings, (V{"first-last-fp8: budget 1 cannot be met by the inner blocks alone: it "
+                           "forced 2 of the 2 items in the first and last blocks (0 and 3) to fp4"}));
+  // An end pinned to fp4 by the user is no broken promise: at b = 0.75 the
+  // pin supplies the FLOPs block 0 would have, nothing is forced.
+  PlanOptions o = share(0.75);
+  o.pins = {parse_pin("layers.3.*=fp4")};
+  r = heuristic_first_last_fp8(p, o);
+  EXPECT_EQ(options_of(r), (V{"fp8", "fp4", "fp4", "fp4"}));
+  EXPECT_TRUE(r.warnings.empty());
+  // The other heuristics and the ILP never warn about this.
+  EXPECT_TRUE(heuristic_layer_type(p, share(1.0)).warnings.empty());
+  EXPECT_TRUE(plan(p, share(1.0)).warnings.empty());
+}
+
 TEST(Heuristics, RandomIsSeededAndMeetsTheBudgetMinimally) {
   PlanProblem p;
   for (int b = 0; b < 10; ++b)

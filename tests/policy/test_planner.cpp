@@ -94,6 +94,50 @@ TEST(Planner, ValidationErrors) {
             "'model.layers.1.mlp.up_proj' has none (give --stages or \"stage\" in the cost table)");
 }
 
+// Items built in code (not from a cost table) whose FLOPs sum overflows:
+// every entry is finite, the total 2e308 is not. plan(), the heuristics
+// and max_fp4_share all validate through the same step.
+TEST(Planner, TotalFlopsOverflowIsAnError) {
+  PlanProblem p;
+  p.items = {item("model.layers.0.mlp.up_proj", 1e308, 0.5, 0),
+             item("model.layers.1.mlp.up_proj", 1e308, 0.2, 0)};
+  const std::string expected =
+      "plan: total FLOPs overflow (sum of item flops is not finite; "
+      "give FLOPs in a smaller unit)";
+  PlanOptions o;
+  o.budget = Budget::share(0.5);
+  EXPECT_EQ(error_of([&] { plan(p, o); }), expected);
+  EXPECT_EQ(error_of([&] { heuristic_first_last_fp8(p, o); }), expected);
+  EXPECT_EQ(error_of([&] { max_fp4_share(p, o); }), expected);
+  // 8e307 each: the total 1.6e308 is finite, the plan is the hand-derived
+  // one (Q: layer 1 is cheaper in FP4, and half the FLOPs meets b = 0.5).
+  p.items[0].flops = p.items[1].flops = 8e307;
+  const PlanResult r = plan(p, o);
+  EXPECT_EQ(r.items[0].option, "fp8");
+  EXPECT_EQ(r.items[1].option, "fp4");
+  EXPECT_DOUBLE_EQ(r.fp4_share, 0.5);
+}
+
+// A finite total whose cost sum would overflow: cost 4 x 1.5e308 FLOPs is
+// inf, but the cost per FLOP (a fraction-weighted mean of costs) is not.
+// Hand-derived plan under cost budget 3: the big item cannot run bf16
+// (cost ~4 > 3), so fp8 (Q 0.1); the tiny one (6.7e-9 of the FLOPs) takes
+// bf16 (Q 0): cost per FLOP 2 + 2 x 6.7e-9.
+TEST(Planner, CostBudgetWithHugeFlopsDoesNotOverflow) {
+  PlanProblem p;
+  p.items = {item("model.layers.0.mlp.up_proj", 1.5e308, 0.5, 0.1),
+             item("model.layers.1.mlp.up_proj", 1e300, 0.5, 0.1)};
+  for (PlanItem& it : p.items) it.q["bf16"] = 0;
+  PlanOptions o;
+  o.budget = Budget::cost(3);
+  for (const PlanResult& r : {plan(p, o), heuristic_first_last_fp8(p, o)}) {
+    EXPECT_EQ(r.items[0].option, "fp8") << r.method;
+    EXPECT_NEAR(r.cost_per_flop, 2.0, 1e-7) << r.method;
+  }
+  EXPECT_EQ(plan(p, o).items[1].option, "bf16");
+  EXPECT_DOUBLE_EQ(plan(p, o).objective, 0.1);
+}
+
 TEST(Planner, InfeasibilityMessages) {
   // Cost budget: both layers pinned to fp8 (cost 2 per FLOP).
   PlanOptions o;
@@ -147,6 +191,21 @@ TEST(Planner, ResultFields) {
   PlanProblem p = two();
   p.items[0].q = {{"fp6", 0.0}};
   EXPECT_TRUE(std::isnan(plan(p, o).cost_per_flop));
+}
+
+// The options the plan chose among (after --options), in name order: what a
+// plan table shows Q columns for. Items offering bf16 (Q 0) with
+// allowed_options {fp4, fp8} do not make bf16 one of them.
+TEST(Planner, ResultListsTheOptionsItChoseAmong) {
+  PlanProblem p = two();
+  for (PlanItem& it : p.items) it.q["bf16"] = 0;
+  p.items[1].q["fp6"] = 0.1;  // offered by one item only: still an option of the plan
+  PlanOptions o;
+  o.budget = Budget::share(0.7);
+  EXPECT_EQ(plan(p, o).options, (std::vector<std::string>{"bf16", "fp4", "fp6", "fp8"}));
+  o.allowed_options = {"fp8", "fp4"};
+  EXPECT_EQ(plan(p, o).options, (std::vector<std::string>{"fp4", "fp8"}));
+  EXPECT_EQ(heuristic_layer_type(p, o).options, (std::vector<std::string>{"fp4", "fp8"}));
 }
 
 TEST(Planner, TimeLimitGivesAFeasiblePlanOrProvenOptimum) {

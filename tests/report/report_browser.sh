@@ -157,7 +157,8 @@ def check(cond, msg):
     if not cond:
         errors.append(msg)
 
-expected_series = {"loss": 3, "val-loss": 2, "fp4-share": 1}   # raw + EMA + reference EMA; run + reference; run
+# 40 steps are too few for an EMA (span 40/60 < 2): each run's raw loss only.
+expected_series = {"loss": 2, "val-loss": 2, "fp4-share": 1}   # run + reference raw loss; run + reference; run
 for cid, n in expected_series.items():
     c = run.charts.get(cid)
     check(c is not None, f"chart {cid} missing")
@@ -182,7 +183,7 @@ check("Latest plan" in text and "CBC optimal" in text, "latest plan section miss
 # The bf16 reference alone: loss charts, no precision charts, the explanation.
 check("no precision decisions (policy bf16)" in " ".join(ref.text), "bf16 report: 'no precision decisions (policy bf16)' missing")
 check("precision-map" not in ref.charts and "error-map" not in ref.charts, "bf16 report has a precision chart")
-check(len(ref.charts.get("loss", {}).get("series", [])) == 2, "bf16 report: loss chart should have 2 series")
+check(len(ref.charts.get("loss", {}).get("series", [])) == 1, "bf16 report: loss chart should have 1 series (raw loss, no EMA at 40 steps)")
 if errors:
     print("FAIL:\n  " + "\n  ".join(errors), file=sys.stderr)
     sys.exit(1)

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "snip/report/report.h"
@@ -412,8 +413,8 @@ TEST(Report, SyntheticRunHasEveryChart) {
   EXPECT_EQ(html.find("<link"), std::string::npos);
   EXPECT_EQ(html.find("https://"), std::string::npos);
 
-  // Loss: raw + EMA; validation: 1 series.
-  EXPECT_NE(chart(html, "loss").find("data-series-count=\"2\""), std::string::npos);
+  // Loss: 6 steps, too few for an EMA: the raw curve only; validation: 1 series.
+  EXPECT_NE(chart(html, "loss").find("data-series-count=\"1\""), std::string::npos);
   EXPECT_NE(chart(html, "val-loss").find("data-series-count=\"1\""), std::string::npos);
   EXPECT_NE(chart(html, "fp4-share").find("data-series-count=\"1\""), std::string::npos);
   // Precision map: 3 layers x 2 decisions (s = 0, 2), model order, colours.
@@ -450,8 +451,9 @@ TEST(Report, ReferenceRunOverlaid) {
   write_synthetic_run(t, "ref");
   t.file("ref/plans/step-9.json", "{ torn");  // a reference contributes curves only: its plans are not read
   const std::string html = report_html(t.str() + "/run", t.str() + "/ref");
-  EXPECT_NE(chart(html, "loss").find("data-series-count=\"3\""), std::string::npos);
-  EXPECT_NE(chart(html, "loss").find("data-series=\"ref train loss (EMA)\""), std::string::npos);
+  // Both runs have 6 steps: raw curves only (no EMA below span 2).
+  EXPECT_NE(chart(html, "loss").find("data-series-count=\"2\""), std::string::npos);
+  EXPECT_NE(chart(html, "loss").find("data-series=\"ref train loss\""), std::string::npos);
   EXPECT_NE(chart(html, "val-loss").find("data-series-count=\"2\""), std::string::npos);
   EXPECT_NE(html.find("+0.0000 vs reference"), std::string::npos);
   EXPECT_THROW(report_html(t.str() + "/run", t.str() + "/nope"), snip::UserError);
@@ -467,8 +469,8 @@ TEST(Report, Bf16RunHasNoPrecisionCharts) {
   EXPECT_EQ(chart(html, "error-map"), "");
   EXPECT_NE(html.find("no validation loss recorded"), std::string::npos);
   EXPECT_NE(html.find("unfinished"), std::string::npos);
-  // One step: both loss series are a single dot.
-  EXPECT_NE(chart(html, "loss").find("data-series-count=\"2\""), std::string::npos);
+  // One step: the raw loss alone (no EMA), a single dot.
+  EXPECT_NE(chart(html, "loss").find("data-series-count=\"1\""), std::string::npos);
   EXPECT_NE(first_attr(chart(html, "loss"), "series", "d").find("l0,0"), std::string::npos);
 }
 
@@ -494,6 +496,137 @@ TEST(Report, PerGemmKeysAndRunWithoutMetrics) {
   } catch (const snip::UserError& e) {
     EXPECT_NE(std::string(e.what()).find("is not a folder"), std::string::npos) << e.what();
   }
+}
+
+namespace {
+
+// The text of the last cell of the table row whose name cell is `name`.
+std::string last_cell(const std::string& html, const std::string& name) {
+  const size_t at = html.find("<td class=\"name\">" + name + "</td>");
+  if (at == std::string::npos) return "(no row " + name + ")";
+  const size_t end = html.find("</tr>", at);
+  const size_t open = html.rfind("<td>", end);
+  return html.substr(open + 4, html.find("</td>", open) - open - 4);
+}
+
+// `n` metrics records, loss 5 at every step (no decisions).
+std::string flat_metrics(int n) {
+  std::string m;
+  for (int s = 1; s <= n; ++s) m += "{\"step\":" + std::to_string(s) + ",\"loss\":5}\n";
+  return m;
+}
+
+}  // namespace
+
+// The EMA span is steps/60 (20 for 1200 steps). Below span 2 (fewer than 120
+// steps) an "EMA (span 1 steps)" is the raw curve under another name (span 1:
+// alpha = 1) or nearly so; the chart then shows only the raw loss, drawn as
+// the main line, and says nothing about a moving average.
+TEST(Report, ShortRunShowsTheRawLossWithoutAnEma) {
+  TempDir t;
+  write_synthetic_run(t, "run");  // 6 steps
+  std::string html = report_html(t.str() + "/run");
+  std::string loss = chart(html, "loss");
+  EXPECT_NE(loss.find("data-series-count=\"1\""), std::string::npos);
+  EXPECT_NE(loss.find("data-series=\"train loss\""), std::string::npos);
+  EXPECT_EQ(first_attr(loss, "series", "stroke-opacity"), "");  // full opacity, not the faint raw line
+  EXPECT_EQ(html.find("EMA"), std::string::npos);
+  EXPECT_EQ(html.find("exponential moving average"), std::string::npos);
+  EXPECT_NE(html.find("Training loss at every step (6 steps: too few for a moving average)."), std::string::npos);
+  // 119 steps: span 119/60 = 1.98 < 2, still raw only.
+  t.file("r119/metrics.jsonl", flat_metrics(119));
+  EXPECT_NE(chart(report_html(t.str() + "/r119"), "loss").find("data-series-count=\"1\""), std::string::npos);
+  // 120 steps: span 2 (alpha 2/3): raw + EMA, captioned with the span.
+  t.file("r120/metrics.jsonl", flat_metrics(120));
+  html = report_html(t.str() + "/r120");
+  loss = chart(html, "loss");
+  EXPECT_NE(loss.find("data-series-count=\"2\""), std::string::npos);
+  EXPECT_NE(loss.find("data-series=\"train loss (EMA)\""), std::string::npos);
+  EXPECT_NE(html.find("exponential moving average (span 2 steps)"), std::string::npos);
+  // A long reference beside a short run: each curve by its own length.
+  html = report_html(t.str() + "/run", t.str() + "/r120");
+  loss = chart(html, "loss");
+  EXPECT_NE(loss.find("data-series-count=\"2\""), std::string::npos);
+  EXPECT_NE(loss.find("data-series=\"train loss\""), std::string::npos);
+  EXPECT_NE(loss.find("data-series=\"r120 train loss (EMA)\""), std::string::npos);
+}
+
+// The plan table has a Q column per option the plan could choose: the plan
+// file's "options" (plan_to_json), else the run's precision.options. The
+// q_table also carries the reference bf16 (Q = 0) even when bf16 was not an
+// allowed option; a Q(bf16) column of zeros then suggests a free choice the
+// planner never had.
+TEST(Report, PlanTableHasQColumnsOnlyForThePlansOptions) {
+  TempDir t;
+  write_synthetic_run(t, "run");
+  const std::string plan = t.str() + "/run/plans/step-2.json";
+  std::ifstream in(plan);
+  nlohmann::json pj = nlohmann::json::parse(in);
+  pj["q_table"] = {{"model.layers.0.self_attn.q_proj", {{"fp4", 0.2}, {"fp8", 0.05}, {"bf16", 0}}},
+                   {"model.layers.0.mlp.down_proj", {{"fp4", 0.9}, {"fp8", 0.1}, {"bf16", 0}}},
+                   {"model.layers.1.self_attn.q_proj", {{"fp4", 0.3}, {"fp8", 0.07}, {"bf16", 0}}}};
+  for (auto& it : pj["items"]) it["q"] = it["q"][it["option"].get<std::string>()];  // as plan_to_json writes
+  pj["options"] = {"fp4", "fp8"};
+  t.file("run/plans/step-2.json", pj.dump());
+  std::string html = report_html(t.str() + "/run");
+  EXPECT_NE(html.find("<th>Q(fp4)</th><th>Q(fp8)</th><th>rel. err fprop</th>"), std::string::npos);
+  EXPECT_EQ(html.find("Q(bf16)"), std::string::npos);
+  // Without "options" in the plan (older plan files): precision.options of
+  // config.toml decides.
+  pj.erase("options");
+  t.file("run/plans/step-2.json", pj.dump());
+  t.file("run/config.toml", "[precision]\npolicy = 'snip'\noptions = \"fp4,fp8\"  # list\n");
+  html = report_html(t.str() + "/run");
+  EXPECT_NE(html.find("<th>Q(fp4)</th><th>Q(fp8)</th><th>rel. err fprop</th>"), std::string::npos);
+  EXPECT_EQ(html.find("Q(bf16)"), std::string::npos);
+  // bf16 allowed: its column is back.
+  t.file("run/config.toml", "[precision]\npolicy = 'snip'\noptions = \"fp4,fp8,bf16\"\n");
+  EXPECT_NE(report_html(t.str() + "/run").find("<th>Q(fp4)</th><th>Q(fp8)</th><th>Q(bf16)</th>"), std::string::npos);
+}
+
+// Per-GEMM plans: each GEMM row shows the relative error of its own GEMM at
+// its option, from the stats step of the plan (stats/step-s.json,
+// "measured" -> details.layers[].options[opt].rel_err.{fprop,dgrad,wgrad}),
+// never the layer's fprop error repeated; "-" when unknown.
+TEST(Report, PerGemmPlanRowsShowTheirOwnGemmsError) {
+  TempDir t;
+  const std::string L = "model.layers.0.mlp.up_proj";
+  t.file("g/metrics.jsonl", "{\"step\":1,\"loss\":3}\n{\"step\":2,\"loss\":3}\n{\"step\":3,\"loss\":3}\n");
+  nlohmann::json pj = {
+      {"step", 2}, {"policy", "snip"}, {"phase", "plan"}, {"method", "ilp"}, {"status", "optimal"},
+      {"granularity", "gemm"}, {"low_option", "fp4"}, {"budget", 0.5}, {"fp4_share", 0.5}, {"objective", 0.3},
+      {"options", {"fp4", "fp8"}},
+      {"items", {{{"name", L + ":fprop"}, {"flops", 100}, {"option", "fp4"}, {"q", 0.1}},
+                 {{"name", L + ":dgrad"}, {"flops", 100}, {"option", "fp8"}, {"q", 0.01}},
+                 {{"name", L + ":wgrad"}, {"flops", 100}, {"option", "fp4"}, {"q", 0.2}}}},
+      {"rel_err_fprop", {{L, {{"fp4", 0.11}, {"fp8", 0.021}, {"bf16", 0}}}}}};
+  t.file("g/plans/step-2.json", pj.dump());
+  std::string html = report_html(t.str() + "/g");
+  // No stats file: only the fprop row's error is known (from the plan).
+  EXPECT_EQ(last_cell(html, L + ":fprop"), "0.11");
+  EXPECT_EQ(last_cell(html, L + ":dgrad"), "-");
+  EXPECT_EQ(last_cell(html, L + ":wgrad"), "-");
+  nlohmann::json opt4 = {{"rel_err", {{"fprop", 0.11}, {"dgrad", 0.17}, {"wgrad", 0.13}}}};
+  nlohmann::json opt8 = {{"rel_err", {{"fprop", 0.021}, {"dgrad", 0.034}, {"wgrad", 0.027}}}};
+  nlohmann::json details = {{"low_option", "fp4"}, {"reference", "bf16"}, {"options", {"fp4", "fp8"}},
+                            {"layers", {{{"name", L}, {"options", {{"fp4", opt4}, {"fp8", opt8}}}}}}};
+  // The smoothed top level differs from "measured": the table shows what was
+  // measured at the decision, like the fprop column of the plan.
+  nlohmann::json smoothed = details;
+  smoothed["layers"][0]["options"]["fp8"]["rel_err"]["dgrad"] = 0.5;
+  t.file("g/stats/step-2.json",
+         nlohmann::json({{"step", 2}, {"layers", nlohmann::json::array()}, {"details", smoothed},
+                         {"measured", {{"step", 2}, {"details", details}}}})
+             .dump());
+  html = report_html(t.str() + "/g");
+  EXPECT_EQ(last_cell(html, L + ":fprop"), "0.11");
+  EXPECT_EQ(last_cell(html, L + ":dgrad"), "0.034");
+  EXPECT_EQ(last_cell(html, L + ":wgrad"), "0.13");
+  EXPECT_NE(html.find("<th>rel. err (own GEMM)</th>"), std::string::npos);
+  // The reference option has error 0, as in the plan's rel_err_fprop.
+  pj["items"][1]["option"] = "bf16";
+  t.file("g/plans/step-2.json", pj.dump());
+  EXPECT_EQ(last_cell(report_html(t.str() + "/g"), L + ":dgrad"), "0");
 }
 
 TEST(Report, Errors) {

@@ -32,7 +32,12 @@
 // three data files are renamed into out_dir and meta.json is renamed last
 // (a crash in between leaves no meta.json, so the next run redoes the work).
 // On any error the staging folder is removed, and out_dir too if this call
-// created it and it is empty: no partial files are left.
+// created it and it is empty: no partial files are left. SIGINT and SIGTERM
+// do the same in a program that called io::install_signal_cleanup()
+// (snip-data does; the process then ends by the signal, status 128 + signal;
+// io/signal_cleanup.h). A staging folder that a killed prepare left behind
+// (.prepare.tmp.<pid> whose <pid> is no longer a process: SIGKILL, a crash)
+// is removed by the next prepare into the same out_dir, up to date or not.
 #pragma once
 
 #include <cstdint>
@@ -42,13 +47,25 @@
 
 namespace snip::data {
 
+/// Range of PrepareOptions::vocab_size for a trained tokenizer (checked
+/// before SentencePiece runs, whose own messages for tiny sizes are internal).
+/// Lower: the pieces every trained model has: 3 special (unk, bos, eos), 256
+/// byte-fallback pieces, the word-boundary piece "▁" (each sentence gets a
+/// dummy prefix) and at least one character of text: 261, which a
+/// one-character corpus reaches. Richer corpora need one piece per covered
+/// character more (training reports it). Upper: 2^22, the largest
+/// model.vocab_size `snip train` accepts (src/core/config.cpp).
+inline constexpr int kMinTrainedVocab = 3 + 256 + 1 + 1;
+inline constexpr int kMaxVocab = 1 << 22;
+
 /// Options of prepare_data (the flags of `snip data prepare`).
 struct PrepareOptions {
   std::vector<std::string> inputs;       ///< text files, folders or .jsonl files
   std::string corpus;                    ///< "brown" or "" (none)
   std::string out_dir;                   ///< output folder (created if needed)
   std::string tokenizer_model;           ///< existing tokenizer.model, or "" to train one
-  int vocab_size = 8192;                 ///< pieces of a trained tokenizer (ignored with tokenizer_model)
+  int vocab_size = 8192;                 ///< pieces of a trained tokenizer, in [kMinTrainedVocab,
+                                         ///< kMaxVocab] (ignored with tokenizer_model)
   double val_fraction = 0.01;            ///< fraction of documents held out, in [0, 1)
   uint64_t seed = 1234;                  ///< split and tokenizer-training seed
   std::string text_field = "text";       ///< JSONL field holding the document text
@@ -85,7 +102,7 @@ using PrepareProgress = std::function<void(const std::string& line)>;
 /// Runs the preparation described above. Throws UserError (one line) for:
 /// no corpus given, unknown corpus, missing input path, empty corpus (no
 /// non-whitespace text), bad JSONL (file:line), non-UTF-8 input, vocab_size
-/// too large/small for the corpus, val_fraction outside [0, 1), unreadable
+/// outside [kMinTrainedVocab, kMaxVocab] or too large/small for the corpus, val_fraction outside [0, 1), unreadable
 /// tokenizer model, unwritable out_dir, Brown fetch failures.
 PrepareSummary prepare_data(const PrepareOptions& options, const PrepareProgress& progress = nullptr);
 

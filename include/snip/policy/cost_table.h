@@ -24,7 +24,9 @@
 // objective), the options offered are those all three GEMMs offer, and
 // rel_err is the FLOPs-weighted mean. Per-GEMM planning needs "gemms" on
 // every entry. Unknown keys inside an entry are errors (typos such as
-// "flop" must not silently drop data).
+// "flop" must not silently drop data), so are keys repeated in one object
+// (load_cost_table; a parsed json has already dropped them) and a table whose
+// FLOPs sum to more than a double holds.
 //
 // Plan file (JSON, written by plan_to_json / save_plan_json):
 //
@@ -33,12 +35,14 @@
 //    "budget": 0.75 | null,           // FP4 share b; null for a cost budget
 //    "cost_budget": 2.5,              // only for a cost budget: C per FLOP
 //    "low_option": "fp4",
+//    "options": ["fp4", "fp8"],       // what the plan chose among (after --options)
 //    "status": "optimal", "proven_optimal": true, "solve_seconds": 0.01,
 //    "objective": 1.23,               // Σ Q
 //    "fp4_share": 0.7512,             // achieved fraction
 //    "cost_per_flop": 1.62,           // null when an option has no cost
 //    "option_costs": {"fp4": 1, "fp8": 2, "bf16": 4},
 //    "stage_fp4_share": [..],         // only when items have stages
+//    "warnings": ["..."],             // only when there are any (PlanResult)
 //    "assignments": {"<item name>": "fp4", ...},
 //    "items": [{"name": .., "flops": .., "option": .., "q": .., "stage": ..}]}
 //

@@ -177,16 +177,26 @@ struct PlanResult {
   std::string method;       // "ilp", or the heuristic name
   Budget budget;            // the budget asked for
   std::string low_option = "fp4";
+  std::vector<std::string> options;  // the options the items offered after
+                                     // allowed_options, name order: what the
+                                     // plan chose among
   std::vector<PlanChoice> items;  // [n_items], problem order
   double objective = 0;     // Σ_i Q_i(chosen), dimensionless
   double fp4_share = 0;     // achieved low-option FLOPs share, fraction
   double cost = 0;          // Σ_i cost·F_i, cost units x FLOPs; NaN if an
-                            // option has no cost_per_flop entry
-  double cost_per_flop = 0; // cost / Σ F_i; NaN likewise
+                            // option has no cost_per_flop entry; inf past
+                            // DBL_MAX (reporting only)
+  double cost_per_flop = 0; // cost / Σ F_i, summed as Σ_i cost·(F_i/Σ F) so
+                            // it stays finite; NaN likewise
   std::vector<double> stage_fp4_share;  // [n_stages] when items have stages
   std::string status;       // MilpStatus name ("optimal", ...) or "heuristic"
   double solve_seconds = 0; // wall-clock seconds of the whole plan() call
   bool proven_optimal = false;
+  // Things the user should hear about the plan, one line each (no trailing
+  // period), e.g. a heuristic that could not keep its promise. `snip plan`
+  // prints them as "snip: warning: ...", the trainer logs them; plan_to_json
+  // writes them as "warnings" when there are any.
+  std::vector<std::string> warnings;
 
   /// item name -> option.
   std::map<std::string, std::string> assignments() const;
@@ -282,7 +292,9 @@ PlanResult heuristic_layer_type(
 /// First and last blocks stay high: items of the inner blocks go low first
 /// (problem order), then the first block, then the last block, then items
 /// without a block index. With b <= the inner blocks' share this is exactly
-/// "first and last blocks FP8, the rest filled in block order".
+/// "first and last blocks FP8, the rest filled in block order". When the
+/// budget sends any free item of the first or last block low, the result
+/// carries a warning saying how many (an item pinned low is not counted).
 PlanResult heuristic_first_last_fp8(const PlanProblem& problem, const PlanOptions& options);
 
 /// Items in a seeded random order (mt19937_64 + Fisher-Yates, identical on

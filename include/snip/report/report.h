@@ -6,15 +6,21 @@
 //   header      run name, policy, model shape (RUN/config.toml), and when
 //               RUN/summary.json exists the end-of-run numbers (final and
 //               best validation loss, perplexity, tokens/s, steps, wall time)
-//   loss        training loss (raw, faint, and EMA-smoothed) and validation
-//               loss over steps; a reference run (optional) overlaid dashed
+//   loss        training loss (raw, faint, and EMA-smoothed with span
+//               steps/60; below span 2, i.e. under 120 steps, the raw loss
+//               alone, with no EMA label) and validation loss over steps; a
+//               reference run (optional) overlaid dashed
 //   precision   FP4 FLOPs share over steps; the precision map (items ×
 //               decision steps, colour = option); the quantization-error heat
 //               map (layers × decision steps, relative error of the fprop
 //               GEMM at the chosen option; empty where no stats were taken)
 //   plan        the latest plan as a table (item, option, FLOPs %, Q per
-//               option, rel. error) with budget, achieved share and solver
-//               status
+//               option the plan could choose: its "options", else the run's
+//               precision.options; rel. error of the row's own GEMM at its
+//               option: fprop from the plan, dgrad/wgrad of per-GEMM items
+//               from the "measured" part of stats/step-s.json of the same
+//               step, "-" when unknown) with budget, achieved share and
+//               solver status
 //   stats       the latest stats step: per layer Q, relative errors, LD and
 //               WD at the low option, and a Q-vs-relative-error scatter plot
 //               with Pearson and Spearman correlation
@@ -25,10 +31,11 @@
 // Inputs (read-only; run layout in README.md "A run on disk"):
 //   RUN/metrics.jsonl        read_metrics below
 //   RUN/plans/step-N.json    every precision decision (controller.h)
-//   RUN/stats/step-N.json    the latest one only (core/stats.h to_json)
+//   RUN/stats/step-N.json    the latest one (core/stats.h to_json), and
+//                            the one of the latest plan's step
 //   RUN/summary.json         optional (an unfinished run has none)
-//   RUN/config.toml          optional; only [model] shape and
-//                            [precision] policy are shown
+//   RUN/config.toml          optional; only [model] shape,
+//                            [precision] policy and options are used
 //
 // Decision steps: a decision "at step s" is made at the boundary before step
 // s runs (plans/step-s.json; the metrics record of step s+1 carries it as
