@@ -394,6 +394,7 @@ void PrecisionController::decide(int64_t s, Phase phase,
     r = policy::run_heuristic(policy_, prob, o, uint64_t(pc_.seed));
   }
   for (const std::string& w : r.warnings) spdlog::warn("precision plan at step {}: {}", s, w);
+  const bool changed = r.assignments() != assign_ || phase != phase_;
   apply(r.assignments());
   phase_ = phase;
   decided_at_ = s;
@@ -423,7 +424,9 @@ void PrecisionController::decide(int64_t s, Phase phase,
     policy::save_json_atomic(pj, (fs::path(run_dir_) / "plans" / ("step-" + std::to_string(s) + ".json")).string());
   }
   if (verbose_) {
-    if (phase == Phase::kPlan)
+    if (!changed)  // a re-plan that changes nothing: one line, not the table again
+      std::fprintf(stderr, "precision at step %ld: plan unchanged (FP4 share %.4f)\n", long(s), r.fp4_share);
+    else if (phase == Phase::kPlan)
       std::fprintf(stderr, "\n%s", format_plan_table(pj).c_str());
     else  // every layer at one option: one line instead of the table
       std::fprintf(stderr, "\nprecision at step %ld: %s phase, every layer %s (FP4 share %.4f)\n", long(s),

@@ -39,13 +39,17 @@ MetricsLog::~MetricsLog() {
 
 void MetricsLog::append(const json& record) {
   const std::string line = record.dump() + "\n";
+  const off_t start = ::lseek(fd_, 0, SEEK_END);
   size_t done = 0;
   while (done < line.size()) {
     const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0)
-      fail("cannot write ", path_, ": ", n < 0 ? std::strerror(errno) : "nothing written",
+    if (n <= 0) {
+      const std::string why = n < 0 ? std::strerror(errno) : "nothing written";
+      if (start >= 0) (void)!::ftruncate(fd_, start);  // no torn last line
+      fail("cannot write ", path_, ": ", why,
            " (the run stops here; its last checkpoint is intact, continue with --resume once fixed)");
+    }
     done += size_t(n);
   }
 }

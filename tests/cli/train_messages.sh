@@ -41,8 +41,10 @@ recipe = "fp4"
 TOML
 
 "$snip" train --config "$tmp/m.toml" --run-dir "$tmp/run" >"$tmp/out" 2>"$tmp/err" || { fail=$((fail + 1)); cat "$tmp/err" >&2; }
-check "warmup warning" "$tmp/err" "warn.*train.warmup_steps = 9 is larger than train.max_steps = 6"
-check "alias notice once" "$tmp/err" "precision.recipe = 'fp4' is read as precision.policy = 'uniform-fp4'" 1
+cat "$tmp/out" "$tmp/err" >"$tmp/all"   # spdlog's lines go to stdout
+check "warmup warning" "$tmp/all" "warn.*train.warmup_steps = 9 is larger than train.max_steps = 6"
+check "alias notice once" "$tmp/all" "precision.recipe = 'fp4' is read as precision.policy = 'uniform-fp4'" 1
+check "an unchanged plan is one line" "$tmp/err" "^precision plan at step" 1
 check "progress lines" "$tmp/err" "^step +[0-9]+/6 \\|" 6
 check "val on eval steps" "$tmp/err" "^step +(3|6)/6 .*\\| val [0-9.]+$" 2
 check "no val elsewhere" "$tmp/err" "^step +(1|2|4|5)/6 .*\\| val" 0
@@ -62,6 +64,7 @@ cmp -s "$tmp/s1" "$tmp/s3" && { fail=$((fail + 1)); echo "FAIL: seeds 3 and 4 ga
 sed -i 's/^max_steps = 6/max_steps = 4/; s/^warmup_steps = 9/warmup_steps = 1/' "$tmp/m.toml"
 mkdir -p "$tmp/early" && cp "$tmp/run/config.toml" "$tmp/early/config.toml"
 "$snip" train --run-dir "$tmp/early" --resume --set train.max_steps=2 >"$tmp/out2" 2>"$tmp/err2" || { fail=$((fail + 1)); cat "$tmp/err2" >&2; }
+cat "$tmp/out2" >>"$tmp/err2"
 check "resume from zero" "$tmp/err2" "has no checkpoint yet: starting it from step 0 with its saved configuration" 1
 
 # A second trainer on a folder in use gets one line naming the first.

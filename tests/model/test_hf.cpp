@@ -57,8 +57,9 @@ TEST(HuggingFace, ExportImportRoundTripIsExact) {
     }
     torch::Tensor ids = torch::randint(0, 50, {2, 7}, torch::kLong);
     EXPECT_TRUE(torch::equal(m(ids), back(ids)));
-    // BF16 export: every weight rounds to BF16 (relative error <= 2^-9).
-    export_hf(m, dir, at::kBFloat16);
+    // BF16 export over the F32 one (--force): every weight rounds to BF16
+    // (relative error <= 2^-9).
+    export_hf(m, dir, at::kBFloat16, /*force=*/true);
     LlamaForCausalLM b16 = import_hf(dir);
     for (auto& [n, p] : m->hf_parameters()) {
       const auto q = b16->named_parameters()[n];

@@ -27,7 +27,8 @@ class MetricsLog {
 
   /// Writes `record` as one line. Throws UserError naming the file and the OS
   /// error (e.g. "No space left on device") when the write fails, so a run
-  /// stops instead of losing its metrics.
+  /// stops instead of losing its metrics; a partly written line is cut off
+  /// again, so the file holds whole records only.
   void append(const nlohmann::json& record);
 
  private:
