@@ -26,6 +26,7 @@
 #include "snip/report/report.h"
 #include "snip/report/svg.h"
 #include "snip/util/error.h"
+#include "snip/util/statistics.h"
 
 extern char** environ;
 
@@ -398,8 +399,8 @@ void add_experiment_commands(CLI::App& app) {
     so.id = "correlation";
     so.title = fmt::format("{} vs measured loss change", c->predictor);
     so.subtitle = fmt::format("{} layers, {} alone for {} steps from step {}: Pearson {:.3f}, Spearman {:.3f}",
-                              r.layers.size(), r.option, r.steps, r.step, report::pearson(x, dv),
-                              report::spearman(x, dv));
+                              r.layers.size(), r.option, r.steps, r.step, pearson(x, dv),
+                              spearman(x, dv));
     so.x_label = "predicted " + c->predictor + " (stats step)";
     so.y_label = "measured delta val loss (nats/token)";
     so.show_labels = r.layers.size() <= 40;
@@ -417,7 +418,7 @@ void add_experiment_commands(CLI::App& app) {
                              r.step);
     std::cout << "predictor vs measured dval:      Pearson   Spearman\n";
     if (r.correlations.empty())  // --replot: the chosen predictor only
-      r.correlations[c->predictor] = {{"pearson", report::pearson(x, dv)}, {"spearman", report::spearman(x, dv)}};
+      r.correlations[c->predictor] = {{"pearson", pearson(x, dv)}, {"spearman", spearman(x, dv)}};
     for (const auto& [k, m] : r.correlations)
       if (k.find("/train") == std::string::npos)
         std::cout << fmt::format("  {:<28} {:>9.3f} {:>10.3f}\n", k, m.at("pearson"), m.at("spearman"));

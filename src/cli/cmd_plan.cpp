@@ -26,6 +26,7 @@
 #include "snip/policy/plan_file.h"
 #include "snip/policy/cost_table.h"
 #include "snip/policy/planner.h"
+#include "snip/io/json.h"
 #include "snip/util/error.h"
 
 namespace snip::cli {
@@ -267,7 +268,7 @@ void run_plan(const PlanArgs& a) {
     else
       print_plan(std::cout, problem, o, r);
   }
-  if (!a.out.empty()) save_json_atomic(out, a.out);
+  if (!a.out.empty()) io::save_json_atomic(out, a.out);
 }
 
 }  // namespace

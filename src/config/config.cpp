@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -445,6 +446,36 @@ std::string OptionRange::describe(bool integer) const {
 
 bool OptionRange::contains(double v) const {
   return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+}
+
+std::map<std::string, std::string> read_toml_display(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail(path, ": cannot be read: ", std::strerror(errno));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  toml::table tbl;
+  try {
+    tbl = toml::parse(ss.str(), path);
+  } catch (const toml::parse_error& e) {
+    fail(path, ":", e.source().begin.line, ":", e.source().begin.column, ": TOML syntax error: ", e.description());
+  }
+  std::map<std::string, std::string> out;
+  auto text = [](const toml::node& v) -> std::optional<std::string> {
+    if (auto s = v.value_exact<std::string>()) return *s;
+    if (auto b = v.value_exact<bool>()) return std::string(*b ? "true" : "false");
+    if (auto i = v.value_exact<int64_t>()) return std::to_string(*i);
+    if (auto d = v.value_exact<double>()) return format_option_value(*d);
+    return std::nullopt;
+  };
+  for (auto&& [section, node] : tbl) {
+    if (const toml::table* sub = node.as_table()) {
+      for (auto&& [name, val] : *sub)
+        if (auto t = text(val)) out[std::string(section.str()) + "." + std::string(name.str())] = *t;
+    } else if (auto t = text(node)) {
+      out[std::string(section.str())] = *t;
+    }
+  }
+  return out;
 }
 
 std::vector<std::string> split_list(const std::string& s) {

@@ -18,6 +18,7 @@
 #include "snip/io/atomic_file.h"
 #include "snip/policy/cost_table.h"
 #include "snip/quant/recipe.h"
+#include "snip/io/json.h"
 #include "snip/util/error.h"
 
 namespace snip {
@@ -377,7 +378,7 @@ void PrecisionController::decide(int64_t s, Phase phase,
       json j = to_json(smoothed_, pg);
       j["smoothing"] = pc_.smoothing;
       j["measured"] = to_json(fresh, pg);
-      policy::save_json_atomic(j, (fs::path(run_dir_) / "stats" / ("step-" + std::to_string(s) + ".json")).string());
+      io::save_json_atomic(j, (fs::path(run_dir_) / "stats" / ("step-" + std::to_string(s) + ".json")).string());
     }
     prob = to_plan_problem(smoothed_, gran_);
     const policy::PlanOptions o = plan_options(true);
@@ -421,7 +422,7 @@ void PrecisionController::decide(int64_t s, Phase phase,
   }
   if (!run_dir_.empty()) {
     fs::create_directories(fs::path(run_dir_) / "plans");
-    policy::save_json_atomic(pj, (fs::path(run_dir_) / "plans" / ("step-" + std::to_string(s) + ".json")).string());
+    io::save_json_atomic(pj, (fs::path(run_dir_) / "plans" / ("step-" + std::to_string(s) + ".json")).string());
   }
   if (verbose_) {
     if (!changed)  // a re-plan that changes nothing: one line, not the table again

@@ -133,16 +133,12 @@ class LayerStateGuard {
     for (const auto& l : layers_) {
       precision_.push_back(l->precision);
       capture_.push_back(l->capture);
-      output_noise_.push_back(l->output_noise);
-      input_grad_noise_.push_back(l->input_grad_noise);
     }
   }
   ~LayerStateGuard() {
     for (size_t i = 0; i < layers_.size(); ++i) {
       layers_[i]->precision = precision_[i];
       layers_[i]->capture = capture_[i];
-      layers_[i]->output_noise = output_noise_[i];
-      layers_[i]->input_grad_noise = input_grad_noise_[i];
     }
   }
   LayerStateGuard(const LayerStateGuard&) = delete;
@@ -152,7 +148,6 @@ class LayerStateGuard {
   std::vector<QuantLinear> layers_;
   std::vector<LinearPrecision> precision_;
   std::vector<std::shared_ptr<LinearCapture>> capture_;
-  std::vector<Tensor> output_noise_, input_grad_noise_;
 };
 
 void validate(const StatsOptions& o) {
@@ -237,8 +232,6 @@ StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Te
   for (auto& l : layers) {
     l->precision = LinearPrecision{};  // measure at full precision (operand dtype GEMMs)
     l->capture = nullptr;
-    l->output_noise = Tensor();
-    l->input_grad_noise = Tensor();
     weights.push_back(l->weight);
   }
   std::vector<AdamState> adam;

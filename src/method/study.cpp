@@ -26,6 +26,7 @@
 #include "snip/policy/planner.h"
 #include "snip/report/report.h"
 #include "snip/util/error.h"
+#include "snip/util/statistics.h"
 
 namespace snip {
 
@@ -203,8 +204,8 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
   }
   for (const auto& name : names) {
     const std::vector<double> x = predictor_values(res, name);
-    res.correlations[name] = {{"pearson", report::pearson(x, dv)}, {"spearman", report::spearman(x, dv)}};
-    res.correlations[name + "/train"] = {{"pearson", report::pearson(x, dt)}, {"spearman", report::spearman(x, dt)}};
+    res.correlations[name] = {{"pearson", pearson(x, dv)}, {"spearman", spearman(x, dv)}};
+    res.correlations[name + "/train"] = {{"pearson", pearson(x, dt)}, {"spearman", spearman(x, dt)}};
   }
   res.seconds = std::chrono::duration<double>(clock::now() - t_start).count();
 

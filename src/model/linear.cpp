@@ -2,6 +2,8 @@
 // function, each operand through the layer's quantizer hook.
 #include "snip/model/linear.h"
 
+#include "snip/model/matmul.h"
+
 #include <stdexcept>
 
 namespace snip {
@@ -18,11 +20,12 @@ torch::Tensor q(const QuantLinearImpl& l, const torch::Tensor& t, Operand op) {
   return l.precision.quantizer->quantize(t.contiguous(), k);
 }
 
-// a: [M, K], b: [N, K] -> a · bᵀ [M, N] in `dtype`, cast back to a's dtype.
-// Strided views are fine: mm reads transposed operands without copies.
+// a: [M, K], b: [N, K] -> a · bᵀ [M, N] in `dtype` (FP32 accumulation,
+// model/matmul.h), cast back to a's dtype. Strided views are fine: mm reads
+// transposed operands without copies.
 torch::Tensor gemm_nt(const torch::Tensor& a, const torch::Tensor& b, at::ScalarType dtype) {
   if (dtype == at::ScalarType::Undefined || dtype == a.scalar_type()) return torch::mm(a, b.t());
-  return torch::mm(a.to(dtype), b.to(dtype).t()).to(a.scalar_type());
+  return gemm_result(torch::mm(gemm_operand(a, dtype), gemm_operand(b, dtype).t()), dtype, a.scalar_type());
 }
 
 struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunction> {
@@ -39,10 +42,10 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
       // Identity hook with a narrower GEMM dtype (the BF16 baseline): cast X
       // and W once and keep the casts for dgrad/wgrad, as autograd's own
       // linear on cast operands does (half the saved bytes, no re-casts).
-      const torch::Tensor xc = x.to(dt), wc = w.to(dt);
+      const torch::Tensor xc = gemm_operand(x, dt), wc = gemm_operand(w, dt);
       ctx->save_for_backward({xc, wc});
       ctx->saved_data["cast"] = true;
-      return torch::mm(xc, wc.t()).to(x.scalar_type());
+      return gemm_result(torch::mm(xc, wc.t()), dt, x.scalar_type());
     }
     // With a quantizer, backward re-quantizes the originals along its own
     // reduction dims (blocks differ per GEMM), so the originals are saved.
@@ -65,21 +68,19 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
     const auto dt = l.precision.gemm_dtype;
     torch::Tensor dx, dw;
     if (ctx->saved_data["cast"].toBool()) {  // x, w are the GEMM-dtype casts from forward
-      const torch::Tensor dyc = dy.to(dt);
+      const torch::Tensor dyc = gemm_operand(dy, dt);
       if (ctx->needs_input_grad(0)) {
-        dx = torch::mm(dyc, w).to(dy.scalar_type());  // dgrad [T, IN]
-        if (l.input_grad_noise.defined()) dx = dx + l.input_grad_noise;
+        dx = gemm_result(torch::mm(dyc, w), dt, dy.scalar_type());  // dgrad [T, IN]
         if (l.capture && l.capture->input_grad_noise) dx.add_(l.capture->input_grad_noise());
       }
       // wgrad [OUT, IN] as (Xᵀ·dY)ᵀ: oneDNN is faster with the long T dim of X leading.
       if (ctx->needs_input_grad(1) && !(l.capture && l.capture->skip_wgrad))
-        dw = torch::mm(x.t(), dyc).t().contiguous().to(dy.scalar_type());
+        dw = gemm_result(torch::mm(x.t(), dyc).t().contiguous(), dt, dy.scalar_type());
       return {dx, dw, torch::Tensor()};
     }
     if (ctx->needs_input_grad(0)) {
       // dgrad: dX [T, IN] = dY [T, OUT] · W [OUT, IN]; K = OUT, so W goes in as Wᵀ [IN, OUT].
       dx = gemm_nt(q(l, dy, Operand::kDgradDY), q(l, w.t(), Operand::kDgradW), dt);
-      if (l.input_grad_noise.defined()) dx = dx + l.input_grad_noise;
       if (l.capture && l.capture->input_grad_noise) dx.add_(l.capture->input_grad_noise());
     }
     if (ctx->needs_input_grad(1) && !(l.capture && l.capture->skip_wgrad)) {
@@ -105,7 +106,6 @@ torch::Tensor QuantLinearImpl::forward(const torch::Tensor& x) {
   const torch::Tensor x2 = x.reshape({-1, in_features});
   if (capture) capture->x = x2.detach();
   torch::Tensor y = QuantLinearFunction::apply(x2, weight, reinterpret_cast<int64_t>(this));
-  if (output_noise.defined()) y = y + output_noise;
   if (capture && capture->output_noise) y = y + capture->output_noise();
   sizes.back() = out_features;
   return y.view(sizes);

@@ -1,6 +1,8 @@
 // The Llama decoder (HF LlamaForCausalLM semantics; see llama.h).
 #include "snip/model/llama.h"
 
+#include "snip/model/matmul.h"
+
 #include <cmath>
 
 #include "snip/config/config.h"
@@ -187,11 +189,9 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   // baseline: METHOD.md section 1 keeps them BF16); scores, mask and softmax
   // stay in the activation dtype.
   const bool cast = bmm_dtype != at::ScalarType::Undefined && bmm_dtype != x.scalar_type();
-  torch::Tensor att = cast ? torch::matmul(q.to(bmm_dtype), k.transpose(-2, -1).to(bmm_dtype)).to(x.scalar_type())
-                           : torch::matmul(q, k.transpose(-2, -1));
+  torch::Tensor att = cast ? matmul_in(q, k.transpose(-2, -1), bmm_dtype) : torch::matmul(q, k.transpose(-2, -1));
   att = att.mul_(1.0 / std::sqrt(double(hd))).add_(bias).softmax(-1);  // [B, NH, T, T]
-  torch::Tensor y = cast ? torch::matmul(att.to(bmm_dtype), v.to(bmm_dtype)).to(x.scalar_type())
-                         : torch::matmul(att, v);  // [B, NH, T, HD]
+  torch::Tensor y = cast ? matmul_in(att, v, bmm_dtype) : torch::matmul(att, v);  // [B, NH, T, HD]
   return o_proj(y.transpose(1, 2).reshape({B, T, nh * hd}));
 }
 
@@ -255,7 +255,7 @@ torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& ids) {
   // Tied head: logits = h · embed_tokensᵀ in the head's GEMM dtype.
   const torch::Tensor& w = model->embed_tokens->weight;  // [V, C]
   if (head_gemm_dtype == at::ScalarType::Undefined || head_gemm_dtype == h.scalar_type()) return torch::matmul(h, w.t());
-  return torch::matmul(h.to(head_gemm_dtype), w.to(head_gemm_dtype).t()).to(h.scalar_type());
+  return matmul_in(h, w.t(), head_gemm_dtype);
 }
 
 torch::Tensor LlamaForCausalLMImpl::loss(const torch::Tensor& logits, const torch::Tensor& targets) {

@@ -342,10 +342,6 @@ json sweep_to_json(const std::vector<ParetoPoint>& points) {
   return json{{"low_option", low}, {"points", std::move(pts)}};
 }
 
-void save_json_atomic(const json& j, const std::string& path) {
-  io::write_file_atomic(path, j.dump(2) + "\n");
-}
-
 std::vector<LinearLayerShape> llama_linear_layers(int n_layers, int64_t hidden,
                                                   int64_t intermediate, int n_heads,
                                                   int n_kv_heads, int64_t tokens_per_step) {

@@ -168,12 +168,12 @@ Registry& registry() {
 
 OperandLayout operand_layout(Operand op) {
   switch (op) {
-    case Operand::kFpropX: return {"X", "X [T, in]", "in"};
+    case Operand::kFpropX: return {"X", "X [N, in]", "in"};
     case Operand::kFpropW: return {"W", "W [out, in]", "in"};
-    case Operand::kDgradDY: return {"dY", "dY [T, out]", "out"};
+    case Operand::kDgradDY: return {"dY", "dY [N, out]", "out"};
     case Operand::kDgradW: return {"W", "W^T [in, out]", "out"};
-    case Operand::kWgradDY: return {"dY", "dY^T [out, T]", "T"};
-    case Operand::kWgradX: return {"X", "X^T [in, T]", "T"};
+    case Operand::kWgradDY: return {"dY", "dY^T [out, N]", "N"};
+    case Operand::kWgradX: return {"X", "X^T [in, N]", "N"};
   }
   return {"?", "?", "?"};
 }

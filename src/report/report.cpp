@@ -18,9 +18,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "snip/config/config.h"
 #include "snip/io/atomic_file.h"
+#include "snip/io/json.h"
 #include "snip/report/svg.h"
 #include "snip/util/error.h"
+#include "snip/util/statistics.h"
 
 namespace snip::report {
 
@@ -114,11 +117,10 @@ std::string short_label(const std::string& name) {
 // ---- reading a run --------------------------------------------------------
 
 json read_json_file(const std::string& path, const char* what) {
-  const std::string text = io::read_file(path);
   try {
-    return json::parse(text);
-  } catch (const json::parse_error& e) {
-    fail("snip report: ", path, ": not a valid ", what, " JSON file (", e.what(), ")");
+    return io::read_json_file(path, what);
+  } catch (const UserError& e) {
+    fail("snip report: ", e.what());
   }
 }
 
@@ -137,39 +139,6 @@ std::map<int64_t, std::string> step_files(const fs::path& dir) {
       } catch (...) {
       }
     }
-  }
-  return out;
-}
-
-// "section.key" -> value (quotes stripped) of the scalar lines of a TOML
-// file. Display only: tables of tables, arrays and multi-line strings are
-// not interpreted.
-std::map<std::string, std::string> read_toml_scalars(const std::string& path) {
-  std::map<std::string, std::string> out;
-  std::ifstream in(path);
-  std::string line, section;
-  auto trim = [](std::string s) {
-    const size_t a = s.find_first_not_of(" \t\r"), b = s.find_last_not_of(" \t\r");
-    return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
-  };
-  while (std::getline(in, line)) {
-    line = trim(line);
-    if (line.empty() || line[0] == '#') continue;
-    if (line[0] == '[') {
-      section = trim(line.substr(1, line.find(']') - 1));
-      continue;
-    }
-    const size_t eq = line.find('=');
-    if (eq == std::string::npos) continue;
-    const std::string key = trim(line.substr(0, eq));
-    std::string v = trim(line.substr(eq + 1));
-    if (!v.empty() && (v[0] == '"' || v[0] == '\'')) {
-      const size_t end = v.find(v[0], 1);
-      v = v.substr(1, end == std::string::npos ? std::string::npos : end - 1);
-    } else {
-      v = trim(v.substr(0, v.find('#')));
-    }
-    out[section.empty() ? key : section + "." + key] = v;
   }
   return out;
 }
@@ -251,7 +220,7 @@ RunData load_run(const std::string& dir, bool full) {
     r.summary = read_json_file((d / "summary.json").string(), "summary");
     if (!r.summary->is_object()) fail("snip report: ", (d / "summary.json").string(), ": expected a JSON object");
   }
-  if (fs::exists(d / "config.toml", ec)) r.config = read_toml_scalars((d / "config.toml").string());
+  if (fs::exists(d / "config.toml", ec)) r.config = read_toml_display((d / "config.toml").string());
   if (full) {  // a reference run contributes its curves and summary only
     for (const auto& [step, path] : step_files(d / "plans")) {
       json pj = read_json_file(path, "plan");
@@ -879,21 +848,6 @@ std::string stats_section(const RunData& r) {
   return os.str();
 }
 
-std::vector<double> ranks(const std::vector<double>& v) {
-  std::vector<size_t> idx(v.size());
-  std::iota(idx.begin(), idx.end(), 0);
-  std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return v[a] < v[b]; });
-  std::vector<double> r(v.size());
-  for (size_t i = 0; i < idx.size();) {
-    size_t j = i;
-    while (j + 1 < idx.size() && v[idx[j + 1]] == v[idx[i]]) ++j;
-    const double mean_rank = (double(i) + double(j)) / 2.0 + 1.0;
-    for (size_t k = i; k <= j; ++k) r[idx[k]] = mean_rank;
-    i = j + 1;
-  }
-  return r;
-}
-
 }  // namespace
 
 // ---- public -----------------------------------------------------------------
@@ -981,36 +935,6 @@ bool model_order_less(const std::string& a, const std::string& b) {
 
 void sort_model_order(std::vector<std::string>& names) {
   std::stable_sort(names.begin(), names.end(), model_order_less);
-}
-
-double pearson(const std::vector<double>& x, const std::vector<double>& y) {
-  std::vector<double> a, b;
-  for (size_t k = 0; k < std::min(x.size(), y.size()); ++k)
-    if (std::isfinite(x[k]) && std::isfinite(y[k])) {
-      a.push_back(x[k]);
-      b.push_back(y[k]);
-    }
-  if (a.size() < 2) return kNaN;
-  const double n = double(a.size());
-  const double ma = std::accumulate(a.begin(), a.end(), 0.0) / n, mb = std::accumulate(b.begin(), b.end(), 0.0) / n;
-  double sab = 0, saa = 0, sbb = 0;
-  for (size_t k = 0; k < a.size(); ++k) {
-    sab += (a[k] - ma) * (b[k] - mb);
-    saa += (a[k] - ma) * (a[k] - ma);
-    sbb += (b[k] - mb) * (b[k] - mb);
-  }
-  if (!(saa > 0) || !(sbb > 0)) return kNaN;
-  return sab / std::sqrt(saa * sbb);
-}
-
-double spearman(const std::vector<double>& x, const std::vector<double>& y) {
-  std::vector<double> a, b;
-  for (size_t k = 0; k < std::min(x.size(), y.size()); ++k)
-    if (std::isfinite(x[k]) && std::isfinite(y[k])) {
-      a.push_back(x[k]);
-      b.push_back(y[k]);
-    }
-  return pearson(ranks(a), ranks(b));
 }
 
 std::string report_html(const std::string& run_dir, const std::string& reference_dir) {

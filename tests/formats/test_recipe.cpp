@@ -94,8 +94,8 @@ TEST(Recipe, OperandNamesAndLayouts) {
   EXPECT_STREQ(operand_layout(Operand::kFpropW).k_dim, "in");
   EXPECT_STREQ(operand_layout(Operand::kDgradW).k_dim, "out");
   EXPECT_STREQ(operand_layout(Operand::kDgradDY).k_dim, "out");
-  EXPECT_STREQ(operand_layout(Operand::kWgradDY).k_dim, "T");
-  EXPECT_STREQ(operand_layout(Operand::kWgradX).k_dim, "T");
+  EXPECT_STREQ(operand_layout(Operand::kWgradDY).k_dim, "N");
+  EXPECT_STREQ(operand_layout(Operand::kWgradX).k_dim, "N");
 }
 
 TEST(Recipe, UnknownNameListsKnownOnes) {

@@ -12,6 +12,7 @@
 #include "snip/quant/quantizers.h"
 #include "snip/method/stats.h"
 #include "snip/policy/cost_table.h"
+#include "snip/io/json.h"
 #include "snip/util/error.h"
 
 using namespace snip;
@@ -412,7 +413,7 @@ TEST(StatsJson, RoundTripsThroughTheCostTableParser) {
   }
   // The file `snip plan --stats FILE` reads.
   const std::string path = ::testing::TempDir() + "stats_cost_table.json";
-  policy::save_json_atomic(to_json(s), path);
+  io::save_json_atomic(to_json(s), path);
   EXPECT_EQ(policy::load_cost_table(path).layers.size(), 2u);
   std::remove(path.c_str());
 
@@ -438,8 +439,6 @@ TEST(StatsMemory, NoProbeIsLeftSetAndPrecisionIsRestored) {
   const StatsStep s = measure(net.layers(), [&] { return net.loss(); }, opt, StatsOptions{}, kStep);
   for (const QuantLinear& l : net.layers()) {
     EXPECT_EQ(l->capture, nullptr);
-    EXPECT_FALSE(l->output_noise.defined());
-    EXPECT_FALSE(l->input_grad_noise.defined());
   }
   EXPECT_EQ(net.l1->precision.quantizer, fp8);
   EXPECT_EQ(net.l1->precision.gemm_dtype, at::kBFloat16);
@@ -458,8 +457,6 @@ TEST(StatsMemory, NoProbeIsLeftSetAndPrecisionIsRestored) {
                std::runtime_error);
   for (const QuantLinear& l : net.layers()) {
     EXPECT_EQ(l->capture, nullptr);
-    EXPECT_FALSE(l->output_noise.defined());
-    EXPECT_FALSE(l->input_grad_noise.defined());
   }
   EXPECT_EQ(net.l1->precision.quantizer, fp8);
 }

@@ -14,6 +14,7 @@
 #include "snip/io/atomic_file.h"
 #include "snip/report/report.h"
 #include "snip/util/error.h"
+#include "snip/util/statistics.h"
 #include "micro.h"
 
 using namespace snip;
@@ -66,7 +67,7 @@ TEST(CorrelationStudy, BaselineReproducesTheRunAndLayersMove) {
     q.push_back(l.q);
     dv.push_back(l.delta_val);
   }
-  EXPECT_DOUBLE_EQ(r.correlations.at("q").at("pearson"), report::pearson(q, dv));
+  EXPECT_DOUBLE_EQ(r.correlations.at("q").at("pearson"), pearson(q, dv));
   // The grid at the run's first-order rule and α = 1 (or 0) is LD (or WD)
   // itself up to a positive scale (normalised over the studied layers instead
   // of all layers), which correlation ignores.

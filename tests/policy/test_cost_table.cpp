@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "snip/policy/cost_table.h"
+#include "snip/io/json.h"
 #include "snip/util/error.h"
 
 using namespace snip::policy;
@@ -301,12 +302,12 @@ TEST(PlanJson, FieldsAndAssignments) {
 TEST(PlanJson, AtomicSave) {
   TempDir dir;
   const std::string path = dir.path + "/plan.json";
-  save_json_atomic(json{{"a", 1}}, path);
+  snip::io::save_json_atomic(json{{"a", 1}}, path);
   std::ifstream in(path);
   EXPECT_EQ(json::parse(in), json({{"a", 1}}));
   EXPECT_EQ(dir.list(), std::vector<std::string>{"plan.json"});  // no temp file left
   const std::string bad = dir.path + "/missing_dir/plan.json";
-  EXPECT_THROW(save_json_atomic(json{{"a", 1}}, bad), snip::UserError);
+  EXPECT_THROW(snip::io::save_json_atomic(json{{"a", 1}}, bad), snip::UserError);
   EXPECT_EQ(dir.list(), std::vector<std::string>{"plan.json"});
 }
 

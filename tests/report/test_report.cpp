@@ -20,9 +20,12 @@
 #include "snip/report/report.h"
 #include "snip/report/svg.h"
 #include "snip/util/error.h"
+#include "snip/util/statistics.h"
 
 namespace fs = std::filesystem;
 using namespace snip::report;
+using snip::pearson;
+using snip::spearman;
 
 namespace {
 

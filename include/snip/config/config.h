@@ -107,6 +107,13 @@ class Config {
 /// The option key closest to `key` by edit distance (for "did you mean").
 std::string closest_option_key(const std::string& key);
 
+/// Every `section.key = scalar` of a TOML file as display text (strings
+/// unquoted, numbers as toml++ prints them), keys not in option_table()
+/// included: for readers that must not reject a run written by another
+/// version (the run report). Throws UserError "<path>:<line>:<col>: TOML
+/// syntax error: ..." or when the file cannot be read.
+std::map<std::string, std::string> read_toml_display(const std::string& path);
+
 /// The comma-separated items of a list option, trimmed, empty items dropped.
 std::vector<std::string> split_list(const std::string& s);
 

@@ -17,15 +17,15 @@
 // "step": s+1) is the first to run under it. plans/step-s.json and
 // stats/step-s.json use the same s.
 //
-// Schedule (PrecisionSchedule, N = train.max_steps):
-//   W  = warmup_steps, or round(warmup_fraction·N) when warmup_steps = -1
-//   I0 = initial_interval, or initial_interval_fraction·N when -1 (same for I1,
+// Schedule (PrecisionSchedule, S = train.max_steps):
+//   W  = warmup_steps, or round(warmup_fraction·S) when warmup_steps = -1
+//   I0 = initial_interval, or initial_interval_fraction·S when -1 (same for I1,
 //        final_interval)
-//   F  = N − round(final_high_precision_fraction·N)
+//   E  = S − round(final_high_precision_fraction·S)
 //   s < W       warmup: every layer runs warmup_precision (pins ignored);
-//   plan steps  p_0 = W, p_{k+1} = p_k + max(1, round(I0 + (I1−I0)·p_k/N)),
-//               all < F (the interval grows linearly over the run);
-//   s >= F      final phase: every layer runs final_precision (pins ignored).
+//   plan steps  p_0 = W, p_{k+1} = p_k + max(1, round(I0 + (I1−I0)·p_k/S)),
+//               all < E (the interval grows linearly over the run);
+//   s >= E      final phase: every layer runs final_precision (pins ignored).
 //   With METHOD.md's defaults for a 100k-step run (W = 5k, I0 = 20k, I1 = 100k):
 //   plans at 5k, 29k, 72.2k (intervals 24k, 43.2k); all FP8 from 90k.
 //
@@ -84,18 +84,18 @@ Phase parse_phase(const std::string& s, const std::string& what);
 
 /// The re-planning schedule in steps (header comment).
 struct PrecisionSchedule {
-  int64_t max_steps = 0;       ///< N
+  int64_t max_steps = 0;       ///< S, steps
   int64_t warmup_end = 0;      ///< W: first plan step (steps before it are warmup)
-  int64_t final_start = 0;     ///< F: first step of the final high-precision phase
+  int64_t final_start = 0;     ///< E: first step of the final high-precision phase
   double initial_interval = 0; ///< I0, steps
   double final_interval = 0;   ///< I1, steps
 
   /// From the [precision] options and train.max_steps. UserError on bad values.
   static PrecisionSchedule from_config(const RunConfig& cfg);
   static PrecisionSchedule from_config(const Config& cfg) { return from_config(RunConfig::from(cfg)); }
-  /// Re-plan interval after a plan at step s: max(1, round(I0 + (I1−I0)·s/N)).
+  /// Re-plan interval after a plan at step s: max(1, round(I0 + (I1−I0)·s/S)).
   int64_t interval_at(int64_t s) const;
-  /// Every plan step p_0 < p_1 < ... < F.
+  /// Every plan step p_0 < p_1 < ... < E.
   std::vector<int64_t> plan_steps() const;
   /// The phase of the step about to run (never kNone).
   Phase phase_at(int64_t s) const;

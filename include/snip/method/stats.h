@@ -3,7 +3,7 @@
 // three GEMMs on the real operands of one micro-batch, reduced to a loss
 // divergence LD, a weight divergence WD and the planner's quality loss Q.
 //
-// Shapes (llm.c habit): T = tokens of the micro-batch (B*T flattened),
+// Shapes (the glossary is in model/llama.h): N = B·T tokens of the micro-batch,
 // IN = in_features, OUT = out_features, L = number of layers, K = probes.
 //
 // ---------------------------------------------------------------------------
@@ -11,21 +11,21 @@
 // switched off and its GEMMs run in the operand dtype; restored afterwards)
 //
 //  pass A  forward + backward of loss_fn with LinearCapture on every layer:
-//          X [T,IN] from the forward; dW = ∂loss/∂W [OUT,IN] from
+//          X [N,IN] from the forward; dW = ∂loss/∂W [OUT,IN] from
 //          torch::autograd::grad (no wgrad GEMM runs: each layer's dW is
 //          computed by its processing below and parked in weight.grad, which
 //          measure() borrows and restores). The graph is not retained.
 //  per layer, inside pass A's backward (LinearCapture::on_dy: the moment
-//          the layer's g = dY = dL/dY [T,OUT] arrives; dY is then dropped, so
+//          the layer's g = dY = dL/dY [N,OUT] arrives; dY is then dropped, so
 //          at most one layer's dY and temporaries are alive beyond autograd's
 //          own), with the layer's dW = dYᵀ·X recomputed there:
-//          Y = X·Wᵀ [T,OUT], dX = dY·W [T,IN] and for every option p with
+//          Y = X·Wᵀ [N,OUT], dX = dY·W [N,IN] and for every option p with
 //          quantizer Q (operands laid out [rows, K] as in linear.h, keys
 //          {key_base.seed, step, layer_index, operand}; options are built
 //          afresh per call, so a delayed-scaling recipe measures with
 //          current scaling and the training quantizers' state is untouched):
-//            e_fprop = Q(X)·Q(W)ᵀ     − Y    [T,OUT]
-//            e_dgrad = Q(dY)·Q(Wᵀ)ᵀ   − dX   [T,IN]
+//            e_fprop = Q(X)·Q(W)ᵀ     − Y    [N,OUT]
+//            e_dgrad = Q(dY)·Q(Wᵀ)ᵀ   − dX   [N,IN]
 //            e_wgrad = Q(dYᵀ)·Q(Xᵀ)ᵀ  − dW   [OUT,IN]
 //          kept only as sums: <g,e_fprop>, ||e_*||², ||Y||², ||dX||², ||dW||²,
 //          ||U(dW+e_wgrad) − U(dW)||² (see WD own), and for each curvature
@@ -49,7 +49,7 @@
 //              c_l = Σ_k <ε_lk, g_l(ε_k) − g_l(0)> / Σ_k ||ε_lk||²  (probes averaged
 //              as a ratio of sums: the ||ε||²-weighted mean of the per-probe
 //              ratios, which keeps numerator and denominator all-reducible).
-//              For L = ½||Y−T||²/N this is exactly 1/N. Cross-layer terms
+//              For L = ½||Y−Y*||²/n (n output elements) this is exactly 1/n. Cross-layer terms
 //              (noise of other layers moving g_l) vanish in expectation.
 //
 //  LD          LD_l(p) = max(0, F + ½·max(c_l,0)·||e_fprop||²), with the first-
@@ -129,7 +129,7 @@
 // Memory: beyond the training step's own tensors, measure() holds one
 // gradient copy per weight (dW, from pass A to pass C, and in pass C dW + δ),
 // the noise tensors of one pass (ε or ξ, one per layer: the probes need them
-// on every layer at once), per layer a [T] row-RMS vector and O(options)
+// on every layer at once), per layer a [N] row-RMS vector and O(options)
 // scalars, and the temporaries of the one layer being processed (quantized
 // operands, e_*, U). bench/bench_stats.cpp measures the extra peak.
 #pragma once
@@ -149,6 +149,7 @@
 #include "snip/config/config.h"
 #include "snip/model/linear.h"
 #include "snip/quant/gemm.h"
+#include "snip/policy/cost_table.h"
 #include "snip/policy/planner.h"
 
 namespace snip {
@@ -202,8 +203,8 @@ struct OptionStats {
 struct LayerStats {
   std::string name;
   int64_t layer_index = 0;
-  int64_t tokens = 0, in_features = 0, out_features = 0;  ///< T, IN, OUT
-  double gemm_flops = 0;       ///< FLOPs of ONE GEMM: 2·T·IN·OUT (the layer runs 3)
+  int64_t tokens = 0, in_features = 0, out_features = 0;  ///< N, IN, OUT
+  double gemm_flops = 0;       ///< FLOPs of ONE GEMM: 2·N·IN·OUT (the layer runs 3)
   double curvature = 0;        ///< c_l (loss units per squared output unit)
   double up_sensitivity = 0;   ///< S_l: Σ upstream Δ per unit relative dgrad error
   int n_upstream = 0;          ///< |U(l)|

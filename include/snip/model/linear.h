@@ -1,21 +1,22 @@
 // snip/model/linear.h: the one linear layer every `*_proj` goes through.
 //
-// Shapes (llm.c habit): T = tokens in the micro-batch (B*T flattened),
-// IN = in_features, OUT = out_features.
+// Shapes (the glossary is in model/llama.h): N = B·T tokens of the
+// micro-batch (rows of the layer's input), IN = in_features, OUT =
+// out_features.
 //
 // The layer's three GEMMs are explicit in a custom autograd function
 // (METHOD.md section 1):
 //
-//   fprop  Y  = X  · Wᵀ     X [T, IN],  W [OUT, IN]   reduction dim K = IN
-//   dgrad  dX = dY · W      dY [T, OUT], W [OUT, IN]  reduction dim K = OUT
-//   wgrad  dW = dYᵀ · X     dY [T, OUT], X [T, IN]    reduction dim K = T
+//   fprop  Y  = X  · Wᵀ     X [N, IN],  W [OUT, IN]   reduction dim K = IN
+//   dgrad  dX = dY · W      dY [N, OUT], W [OUT, IN]  reduction dim K = OUT
+//   wgrad  dW = dYᵀ · X     dY [N, OUT], X [N, IN]    reduction dim K = N
 //
 // Each of the six operands passes through the layer's OperandQuantizer
 // before its GEMM, laid out [rows, K] with K contiguous, because scaling
 // blocks always run along the GEMM's reduction dimension. So W is handed over
-// as W [OUT, IN] for fprop and as Wᵀ [IN, OUT] for dgrad; X as X [T, IN] for
-// fprop and as Xᵀ [IN, T] for wgrad; dY as dY [T, OUT] for dgrad and as
-// dYᵀ [OUT, T] for wgrad. With no quantizer the hook is skipped entirely
+// as W [OUT, IN] for fprop and as Wᵀ [IN, OUT] for dgrad; X as X [N, IN] for
+// fprop and as Xᵀ [IN, N] for wgrad; dY as dY [N, OUT] for dgrad and as
+// dYᵀ [OUT, N] for wgrad. With no quantizer the hook is skipped entirely
 // (identity, zero cost). The GEMM itself runs in `gemm_dtype` (BF16 with FP32
 // accumulation, or the input dtype) and its output is cast back to the input
 // dtype (FP32 master weights and activations, or FP64 in tests).
@@ -67,20 +68,20 @@ struct LinearPrecision {
 /// What a layer records for the stats step (METHOD.md section 3) while
 /// QuantLinearImpl::capture is set: the real operands of one step.
 struct LinearCapture {
-  torch::Tensor x;   ///< [T, IN] input of the last forward (detached)
-  torch::Tensor dy;  ///< [T, OUT] dL/dY of the last backward (detached; not kept when on_dy is set)
-  /// When set, called in the layer's backward with dL/dY [T, OUT] (detached)
+  torch::Tensor x;   ///< [N, IN] input of the last forward (detached)
+  torch::Tensor dy;  ///< [N, OUT] dL/dY of the last backward (detached; not kept when on_dy is set)
+  /// When set, called in the layer's backward with dL/dY [N, OUT] (detached)
   /// instead of storing it in `dy`: the stats step processes each layer as its
   /// gradient arrives, so no layer's dY outlives its own backward.
   std::function<void(const torch::Tensor& dy)> on_dy;
   /// When set, backward skips the wgrad GEMM and returns no dW (probe passes
   /// that need only dY, which on_dy receives).
   bool skip_wgrad = false;
-  /// When set, called in forward; its [T, OUT] result is added to Y after the
+  /// When set, called in forward; its [N, OUT] result is added to Y after the
   /// GEMM (curvature probe; generated on the fly, so one layer's noise is
   /// alive at a time). dL/dY is unchanged.
   std::function<torch::Tensor()> output_noise;
-  /// When set, called in backward; its [T, IN] result is added to dX after the
+  /// When set, called in backward; its [N, IN] result is added to dX after the
   /// dgrad GEMM (WD-upstream calibration).
   std::function<torch::Tensor()> input_grad_noise;
 };
@@ -104,14 +105,9 @@ class QuantLinearImpl : public torch::nn::Module {
   QuantKey key_base;     ///< seed and step; layer and operand are filled per call
 
   // ---- stats-step probes (off unless set; see METHOD.md section 3)
-  /// When set, forward stores X and backward stores dY into it.
+  /// When set, forward stores X and backward stores dY into it, and its noise
+  /// functions inject the curvature and dgrad probes.
   std::shared_ptr<LinearCapture> capture;
-  /// When defined ([T, OUT], the input's dtype), added to Y after the GEMM:
-  /// the forward noise injection of the curvature probe. dL/dY is unchanged.
-  torch::Tensor output_noise;
-  /// When defined ([T, IN]), added to dX after the dgrad GEMM: the backward
-  /// noise injection that calibrates the upstream effect of dgrad error.
-  torch::Tensor input_grad_noise;
 };
 TORCH_MODULE(QuantLinear);
 

@@ -1,9 +1,13 @@
 // snip/model/llama.h: the Llama decoder, with Hugging Face parameter names.
 //
-// Dimension vocabulary (llm.c habit):
-//   B  batch size            T   sequence length       C  hidden_size
-//   NH query heads           NKV key/value heads       HD head_dim = C / NH
-//   F  intermediate_size     V   vocab_size            L  num_hidden_layers
+// Dimension vocabulary of the whole project (llm.c habit); a letter means
+// the same thing in every header:
+//   B  batch size (sequences)     T   sequence length (tokens)   N  B·T tokens of a micro-batch
+//   C  hidden_size                NH  query heads                NKV key/value heads
+//   HD head_dim = C / NH          F   intermediate_size          V   vocab_size
+//   L  num_hidden_layers          IN, OUT  a linear layer's in/out features
+//   K  a GEMM's reduction dimension (IN for fprop, OUT for dgrad, N for wgrad)
+// Counts of steps, FLOPs and fractions are spelled out, not lettered.
 //
 // Semantics follow Hugging Face `LlamaForCausalLM` (transformers
 // modeling_llama.py): RMSNorm x·rsqrt(mean(x²)+eps)·w; RoPE in the

@@ -115,11 +115,7 @@ nlohmann::json plan_to_json(const PlanResult& result);
 /// "assignments": {..}}, ...]}.
 nlohmann::json sweep_to_json(const std::vector<ParetoPoint>& points);
 
-/// Writes `j` (indented 2) to `path` atomically (snip::io::write_file_atomic:
-/// temporary file in the same folder, fsync, rename). On failure nothing new
-/// is left at `path` or beside it; throws UserError naming the path and the
-/// OS error.
-void save_json_atomic(const nlohmann::json& j, const std::string& path);
+// save_json_atomic is snip/io/json.h.
 
 /// A linear layer of a Llama-style block.
 struct LinearLayerShape {

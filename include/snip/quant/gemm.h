@@ -2,13 +2,13 @@
 // operands (METHOD.md section 1; docs/method.md). LibTorch-free: formats,
 // recipes, the policy, the stats step and the layer all use it.
 //
-// A linear layer with weight W [OUT, IN] and input X [T, IN] (T tokens) runs
-// three GEMMs per step, each 2·T·IN·OUT FLOPs:
+// A linear layer with weight W [OUT, IN] and input X [N, IN] (N = B·T tokens) runs
+// three GEMMs per step, each 2·N·IN·OUT FLOPs:
 //
 //   Gemm     computes        operands (in Operand order)   reduction dim K
 //   fprop    Y  = X  · Wᵀ    fprop.x = X,   fprop.w = W      IN
 //   dgrad    dX = dY · W     dgrad.dy = dY, dgrad.w = W      OUT
-//   wgrad    dW = dYᵀ · X    wgrad.dy = dY, wgrad.x = X      T
+//   wgrad    dW = dYᵀ · X    wgrad.dy = dY, wgrad.x = X      N
 //
 // Operand numbering is stable (it keys stochastic rounding, formats/rounding.h,
 // and names recipe entries): operand 2g and 2g+1 belong to GEMM g.

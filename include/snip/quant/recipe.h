@@ -1,18 +1,18 @@
 // snip/quant/recipe.h: named recipes, i.e. how each of the six GEMM operands
 // of a linear layer is quantized, and the name -> recipe registry.
 //
-// A linear layer with W [out, in] and X [T, in] runs three GEMMs (METHOD.md
+// A linear layer with W [out, in] and X [N, in] (N = B·T tokens) runs three GEMMs (METHOD.md
 // section 1). Scaling blocks run along each GEMM's reduction dimension K, so
 // the caller hands each operand to fake_quantize laid out [rows, K] with K
 // contiguous:
 //
 //   operand    GEMM                 tensor  passed as         K (blocked dim)
-//   fprop.x    Y  = X · Wᵀ          X       X   [T, in]       in
+//   fprop.x    Y  = X · Wᵀ          X       X   [N, in]       in
 //   fprop.w    Y  = X · Wᵀ          W       W   [out, in]     in
-//   dgrad.dy   dX = dY · W          dY      dY  [T, out]      out
+//   dgrad.dy   dX = dY · W          dY      dY  [N, out]      out
 //   dgrad.w    dX = dY · W          W       Wᵀ  [in, out]     out
-//   wgrad.dy   dW = dYᵀ · X         dY      dYᵀ [out, T]      T
-//   wgrad.x    dW = dYᵀ · X         X       Xᵀ  [in, T]       T
+//   wgrad.dy   dW = dYᵀ · X         dY      dYᵀ [out, N]      N
+//   wgrad.x    dW = dYᵀ · X         X       Xᵀ  [in, N]       N
 //
 // (With square 2-D blocks, as the fp8 recipe uses for weights, the blocks of
 // W and Wᵀ coincide, so one quantized copy of W serves fprop and dgrad.)
@@ -56,8 +56,8 @@ namespace snip::quant {
 /// How an operand is laid out when quantized (the table above).
 struct OperandLayout {
   const char* tensor;     ///< "X", "W" or "dY"
-  const char* passed_as;  ///< "[T, in]", "[in, out]" (Wᵀ), ...
-  const char* k_dim;      ///< the reduction dim along the last axis: "in", "out" or "T"
+  const char* passed_as;  ///< "[N, in]", "[in, out]" (Wᵀ), ...
+  const char* k_dim;      ///< the reduction dim along the last axis: "in", "out" or "N"
 };
 OperandLayout operand_layout(Operand op);
 

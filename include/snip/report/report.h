@@ -106,13 +106,7 @@ bool model_order_less(const std::string& a, const std::string& b);
 /// Sorts names into model order (stable; duplicates kept).
 void sort_model_order(std::vector<std::string>& names);
 
-/// Pearson correlation of equal-length x and y over the pairs where both are
-/// finite; NaN with fewer than 2 such pairs or zero variance.
-double pearson(const std::vector<double>& x, const std::vector<double>& y);
-
-/// Spearman rank correlation (Pearson of the ranks; ties get their mean
-/// rank), same conventions as pearson.
-double spearman(const std::vector<double>& x, const std::vector<double>& y);
+// pearson() and spearman() are snip/util/statistics.h.
 
 /// The report of `run_dir` as one HTML document (see the header comment),
 /// with `reference_dir` ("" = none) overlaid on the loss charts (of the
