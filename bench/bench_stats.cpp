@@ -128,7 +128,7 @@ void BM_StatsStepOverhead(benchmark::State& state) {
     opt.zero_grad();  // as the trainer does before a step boundary's stats step
     mem->reset_peak();
     t0 = clock::now();
-    snip::StatsStep s = snip::measure(m->linear_layers(), [&] { return snip::LlamaForCausalLMImpl::loss(m(ids), tg); },
+    snip::StatsStep s = snip::run_stats_step(m->linear_layers(), [&] { return snip::LlamaForCausalLMImpl::loss(m(ids), tg); },
                                       opt, so, n);
     stats_s += std::chrono::duration<double>(clock::now() - t0).count();
     peak_stats = std::max(peak_stats, mem->peak());

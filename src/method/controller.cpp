@@ -214,7 +214,7 @@ PrecisionController::PrecisionController(const RunConfig& rc, std::vector<QuantL
   // Everything the planner can check on the layer list alone (pins that match
   // nothing, conflicting pins, options, budget feasibility): run the very
   // decision a plan step will make, on placeholder Q values.
-  policy::PlanProblem prob = shape_problem();
+  policy::PlanProblem prob = shape_only_problem();
   if (pc_.policy == Policy::kSnip) {
     policy::plan(prob, plan_options(true));
   } else {
@@ -238,7 +238,7 @@ std::shared_ptr<const OperandQuantizer> PrecisionController::quantizer(const std
 // Items with FLOPs 6·in·out per token (per step up to a common factor, which
 // shares ignore) and placeholder Q (1 at the low option, 0 elsewhere) for
 // every option the controller knows.
-policy::PlanProblem PrecisionController::shape_problem() const {
+policy::PlanProblem PrecisionController::shape_only_problem() const {
   policy::PlanProblem p;
   p.granularity = gran_;
   for (const auto& l : layers_) {
@@ -351,7 +351,7 @@ void PrecisionController::decide(int64_t s, Phase phase,
   double stats_s = 0;
   const std::string& every_layer = phase == Phase::kWarmup ? pc_.warmup_precision : pc_.final_precision;
   if (phase != Phase::kPlan) {
-    prob = shape_problem();
+    prob = shape_only_problem();
     policy::PlanOptions o = plan_options(false);  // "every layer": pins do not apply
     o.allowed_options.clear();
     r = policy::heuristic_uniform(prob, o, every_layer);
@@ -367,7 +367,7 @@ void PrecisionController::decide(int64_t s, Phase phase,
     so.seed = stats_seed_;
     so.first_order = pc_.first_order;
     so.curvature_probes = int(pc_.curvature_probes);
-    fresh = measure(layers_, loss_fn, opt, so, s);
+    fresh = run_stats_step(layers_, loss_fn, opt, so, s);
     smooth(smoothed_, fresh, pc_.smoothing);
     smoothed_.step = s;
     have_stats = true;
@@ -389,7 +389,7 @@ void PrecisionController::decide(int64_t s, Phase phase,
       fail("precision plan at step ", s, ": ", e.what());
     }
   } else {
-    prob = shape_problem();
+    prob = shape_only_problem();
     policy::PlanOptions o = plan_options(true);
     if (pc_.policy == Policy::kUniform) o.allowed_options.clear();
     r = policy::run_heuristic(policy_, prob, o, uint64_t(pc_.seed));

@@ -132,13 +132,13 @@ class LayerStateGuard {
   explicit LayerStateGuard(const std::vector<QuantLinear>& layers) : layers_(layers) {
     for (const auto& l : layers_) {
       precision_.push_back(l->precision);
-      capture_.push_back(l->capture);
+      probe_.push_back(l->probe);
     }
   }
   ~LayerStateGuard() {
     for (size_t i = 0; i < layers_.size(); ++i) {
       layers_[i]->precision = precision_[i];
-      layers_[i]->capture = capture_[i];
+      layers_[i]->probe = probe_[i];
     }
   }
   LayerStateGuard(const LayerStateGuard&) = delete;
@@ -147,7 +147,7 @@ class LayerStateGuard {
  private:
   std::vector<QuantLinear> layers_;
   std::vector<LinearPrecision> precision_;
-  std::vector<std::shared_ptr<LinearCapture>> capture_;
+  std::vector<std::shared_ptr<LinearProbe>> probe_;
 };
 
 void validate(const StatsOptions& o) {
@@ -183,9 +183,9 @@ std::shared_ptr<const OperandQuantizer> resolve_quantizer(const StatsOptions& o,
   }
 }
 
-// What measure() keeps of one layer between passes.
+// What run_stats_step() keeps of one layer between passes.
 struct LayerWork {
-  std::shared_ptr<LinearCapture> capture;  // pass A's X; released after pass A
+  std::shared_ptr<LinearProbe> probe;  // pass A's X; released after pass A
   bool processed = false;                   // pass A's on_dy hook ran
   const void* x_ptr = nullptr;              // pass A's X: storage and shape (siblings share X)
   std::vector<int64_t> x_sizes;
@@ -211,7 +211,7 @@ torch::Tensor adamw_update(const torch::optim::AdamW& opt, const torch::Tensor& 
   return adam_update(adam_state(opt, param, "adamw_update"), grad.detach());
 }
 
-StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Tensor()>& loss_fn,
+StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<torch::Tensor()>& loss_fn,
                   torch::optim::AdamW& opt, const StatsOptions& o, int64_t step) {
   validate(o);
   const size_t L = layers.size();
@@ -231,7 +231,7 @@ StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Te
   std::vector<Tensor> weights;
   for (auto& l : layers) {
     l->precision = LinearPrecision{};  // measure at full precision (operand dtype GEMMs)
-    l->capture = nullptr;
+    l->probe = nullptr;
     weights.push_back(l->weight);
   }
   std::vector<AdamState> adam;
@@ -256,15 +256,15 @@ StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Te
   };
 
   // ---- per layer: errors of every option on pass A's operands, computed in
-  // the layer's own backward as its dY arrives (LinearCapture::on_dy), so only
+  // the layer's own backward as its dY arrives (LinearProbe::on_dy), so only
   // the layer being processed holds temporaries and no dY is kept.
   auto process = [&](size_t l, const Tensor& dy) {
     torch::NoGradGuard ng;
-    work[l].T = work[l].capture->x.size(0);
+    work[l].T = work[l].probe->x.size(0);
     LayerWork& w = work[l];
     w.f.assign(kNumCommon + kNumPerOption * n_opt, Tensor());
     for (auto& t : w.f) t = zero();
-    const Tensor X = w.capture->x;                                // [T, IN]
+    const Tensor X = w.probe->x;                                // [T, IN]
     const Tensor G = dy.reshape({w.T, -1});                       // [T, OUT]
     const Tensor W = layers[l]->weight.detach().to(X.scalar_type());  // [OUT, IN]
     // dW [OUT, IN] = dYᵀ·X in the operand dtype (the pass itself runs no wgrad GEMM).
@@ -312,12 +312,12 @@ StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Te
         f[kDuSq] = sq_sum(adam_update(st, g1) - u0);
       }
     }
-    // Kept until pass C in the weight's .grad (the scratch measure() borrows).
+    // Kept until pass C in the weight's .grad (the scratch run_stats_step() borrows).
     layers[l]->weight.mutable_grad().copy_(dWp);
     // Identity of X for the upstream sets, then let autograd free it.
-    work[l].x_ptr = w.capture->x.data_ptr();
-    work[l].x_sizes = w.capture->x.sizes().vec();
-    w.capture->x = Tensor();
+    work[l].x_ptr = w.probe->x.data_ptr();
+    work[l].x_sizes = w.probe->x.sizes().vec();
+    w.probe->x = Tensor();
     work[l].processed = true;
   };
 
@@ -364,17 +364,17 @@ StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Te
     }
   };
   for (size_t l = 0; l < L; ++l) {
-    work[l].capture = std::make_shared<LinearCapture>();
-    work[l].capture->skip_wgrad = true;
-    work[l].capture->on_dy = [&, l](const Tensor& dy) { guarded([&] { process(l, dy); }); };
-    layers[l]->capture = work[l].capture;
+    work[l].probe = std::make_shared<LinearProbe>();
+    work[l].probe->skip_wgrad = true;
+    work[l].probe->on_dy = [&, l](const Tensor& dy) { guarded([&] { process(l, dy); }); };
+    layers[l]->probe = work[l].probe;
   }
   Tensor loss0 = scalar_loss("pass A");
   // Not retained: pass C runs its own forward, so activations are freed as
   // this backward proceeds, as in a training step.
   torch::autograd::grad({loss0}, weights, {}, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
   loss0 = Tensor();
-  for (auto& l : layers) l->capture = nullptr;
+  for (auto& l : layers) l->probe = nullptr;
   if (hook_error) std::rethrow_exception(hook_error);
   for (size_t l = 0; l < L; ++l) {
     if (!work[l].processed)
@@ -395,9 +395,9 @@ StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Te
   // layer's dW + δ = (dY + δdY)ᵀ·X and its update change are computed in its
   // backward; ξ_l is generated when the layer's dgrad needs it.
   {
-    std::vector<std::shared_ptr<LinearCapture>> cap(L);
+    std::vector<std::shared_ptr<LinearProbe>> cap(L);
     for (size_t l = 0; l < L; ++l) {
-      cap[l] = std::make_shared<LinearCapture>();
+      cap[l] = std::make_shared<LinearProbe>();
       cap[l]->skip_wgrad = true;
       cap[l]->on_dy = [&, l](const Tensor& dy) {
         guarded([&] {
@@ -420,23 +420,23 @@ StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Te
           return z.mul_((work[l].f[kDxSq].sqrt() * r / z.pow(2).sum(at::kDouble).sqrt()).to(z.scalar_type()));
         };
       }
-      layers[l]->capture = cap[l];
+      layers[l]->probe = cap[l];
     }
     Tensor loss_c = scalar_loss("calibration");
     torch::autograd::grad({loss_c}, weights, {}, /*retain_graph=*/false, /*create_graph=*/false,
                           /*allow_unused=*/true);
-    for (auto& l : layers) l->capture = nullptr;
+    for (auto& l : layers) l->probe = nullptr;
     if (hook_error) std::rethrow_exception(hook_error);
     for (size_t l = 0; l < L; ++l) SNIP_CHECK(work[l].calibrated, "calibration backward lost ", what(l));
   }
-  for (auto& w : work) w.capture.reset();
+  for (auto& w : work) w.probe.reset();
 
   // ---- pass B: curvature probes, one forward + backward each, output noise
   // ε_l on every layer, generated in the layer's forward and again in its
   // backward, where dL/dY = g_l(ε) arrives (no wgrad GEMMs, no stored ε).
   for (int k = 0; k < K; ++k) {
     for (size_t l = 0; l < L; ++l) {
-      auto c = std::make_shared<LinearCapture>();
+      auto c = std::make_shared<LinearProbe>();
       c->skip_wgrad = true;
       const Tensor like = torch::empty({0}, work[l].row_rms.options());
       c->output_noise = [&, l, k, like] {
@@ -451,11 +451,11 @@ StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Te
           work[l].probed = k + 1;
         });
       };
-      layers[l]->capture = c;
+      layers[l]->probe = c;
     }
     Tensor loss = scalar_loss("curvature probe");
     torch::autograd::grad({loss}, weights, {}, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
-    for (auto& l : layers) l->capture = nullptr;
+    for (auto& l : layers) l->probe = nullptr;
     if (hook_error) std::rethrow_exception(hook_error);
     for (size_t l = 0; l < L; ++l)
       if (work[l].probed != k + 1)
@@ -509,20 +509,20 @@ StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Te
     double s = 0;
     for (int k : work[l].upstream)
       if (den[size_t(k)] > 0) s += std::sqrt(delta2[size_t(k)] * energy[l] / den[size_t(k)]);
-    ls.up_sensitivity = s / r;
+    ls.upstream_sensitivity = s / r;
     for (size_t p = 0; p < n_opt; ++p) {
       const size_t base = kNumCommon + kNumPerOption * p;
       OptionStats os;
       const double ge = field(l, base + kGe), ef_sq = field(l, base + kEfSq);
-      os.ld_first = ge;
-      os.ld_second = 0.5 * std::max(ls.curvature, 0.0) * ef_sq;
+      os.ld_first_order = ge;
+      os.ld_curvature = 0.5 * std::max(ls.curvature, 0.0) * ef_sq;
       const double first = o.first_order == FirstOrder::kAbs ? std::abs(ge) : o.first_order == FirstOrder::kSigned ? ge : 0.0;
-      os.ld = std::max(0.0, first + os.ld_second);
+      os.ld = std::max(0.0, first + os.ld_curvature);
       os.rel_err[Gemm::kFprop] = ratio_sqrt(ef_sq, field(l, kYSq));
       os.rel_err[Gemm::kDgrad] = ratio_sqrt(field(l, base + kEdSq), field(l, kDxSq));
       os.rel_err[Gemm::kWgrad] = ratio_sqrt(field(l, base + kEwSq), field(l, kDwSq));
       os.wd_own = ratio_sqrt(field(l, base + kDuSq), field(l, kWSq));
-      os.wd_up = os.rel_err[Gemm::kDgrad] * ls.up_sensitivity;
+      os.wd_upstream = os.rel_err[Gemm::kDgrad] * ls.upstream_sensitivity;
       ls.options[o.options[p]] = os;
     }
     out.layers.push_back(std::move(ls));
@@ -530,14 +530,14 @@ StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Te
   for (const LayerStats& ls : out.layers) {
     const OptionStats& lo = ls.options.at(o.low_option);
     out.ld_sum_low += lo.ld;
-    out.wd_sum_low += lo.wd_own + lo.wd_up;
+    out.wd_sum_low += lo.wd_own + lo.wd_upstream;
   }
   const double ld_n = out.ld_sum_low > 0 ? out.ld_sum_low : 1.0;
   const double wd_n = out.wd_sum_low > 0 ? out.wd_sum_low : 1.0;
   for (LayerStats& ls : out.layers) {
     for (auto& [name, os] : ls.options) {
-      os.q = o.alpha * os.ld / ld_n + (1.0 - o.alpha) * (os.wd_own + os.wd_up) / wd_n;
-      const double vals[] = {os.ld_first, os.ld_second, os.ld, os.wd_own, os.wd_up, os.q,
+      os.q = o.alpha * os.ld / ld_n + (1.0 - o.alpha) * (os.wd_own + os.wd_upstream) / wd_n;
+      const double vals[] = {os.ld_first_order, os.ld_curvature, os.ld, os.wd_own, os.wd_upstream, os.q,
                              os.rel_err[Gemm::kFprop], os.rel_err[Gemm::kDgrad], os.rel_err[Gemm::kWgrad], ls.curvature};
       for (double v : vals)
         if (!std::isfinite(v))
@@ -569,16 +569,16 @@ void smooth(StatsStep& prev, const StatsStep& fresh, double s) {
     LayerStats& n = out.layers[i];
     const LayerStats& old = prev.layers[i];
     n.curvature = mix(old.curvature, n.curvature);
-    n.up_sensitivity = mix(old.up_sensitivity, n.up_sensitivity);
+    n.upstream_sensitivity = mix(old.upstream_sensitivity, n.upstream_sensitivity);
     for (auto& [name, os] : n.options) {
       auto it = old.options.find(name);
       if (it == old.options.end()) continue;  // a new option starts from its fresh value
       const OptionStats& po = it->second;
-      os.ld_first = mix(po.ld_first, os.ld_first);
-      os.ld_second = mix(po.ld_second, os.ld_second);
+      os.ld_first_order = mix(po.ld_first_order, os.ld_first_order);
+      os.ld_curvature = mix(po.ld_curvature, os.ld_curvature);
       os.ld = mix(po.ld, os.ld);
       os.wd_own = mix(po.wd_own, os.wd_own);
-      os.wd_up = mix(po.wd_up, os.wd_up);
+      os.wd_upstream = mix(po.wd_upstream, os.wd_upstream);
       os.q = mix(po.q, os.q);
       for (Gemm g : kAllGemms) os.rel_err[g] = mix(po.rel_err[g], os.rel_err[g]);
     }
@@ -609,7 +609,7 @@ policy::CostTable to_cost_table(const StatsStep& s, bool per_gemm) {
         for (const auto& p : s.options) {
           const OptionStats& os = ls.options.at(p);
           gc.q[p] = g == Gemm::kFprop ? s.alpha * os.ld / ld_n
-                    : g == Gemm::kDgrad ? (1.0 - s.alpha) * os.wd_up / wd_n
+                    : g == Gemm::kDgrad ? (1.0 - s.alpha) * os.wd_upstream / wd_n
                                         : (1.0 - s.alpha) * os.wd_own / wd_n;
           gc.rel_err[p] = os.rel_err[g];
         }
@@ -630,10 +630,10 @@ nlohmann::json to_json(const StatsStep& s, bool per_gemm) {
     for (const auto& p : s.options) {
       const OptionStats& os = ls.options.at(p);
       opts[p] = {{"ld", os.ld},
-                 {"ld_first", os.ld_first},
-                 {"ld_second", os.ld_second},
+                 {"ld_first", os.ld_first_order},
+                 {"ld_second", os.ld_curvature},
                  {"wd_own", os.wd_own},
-                 {"wd_up", os.wd_up},
+                 {"wd_up", os.wd_upstream},
                  {"q", os.q},
                  {"rel_err", {{"fprop", os.rel_err[Gemm::kFprop]}, {"dgrad", os.rel_err[Gemm::kDgrad]}, {"wgrad", os.rel_err[Gemm::kWgrad]}}}};
     }
@@ -644,7 +644,7 @@ nlohmann::json to_json(const StatsStep& s, bool per_gemm) {
                               {"out_features", ls.out_features},
                               {"gemm_flops", ls.gemm_flops},
                               {"curvature", ls.curvature},
-                              {"up_sensitivity", ls.up_sensitivity},
+                              {"up_sensitivity", ls.upstream_sensitivity},
                               {"n_upstream", ls.n_upstream},
                               {"options", std::move(opts)}});
   }
@@ -681,15 +681,15 @@ StatsStep stats_from_json(const nlohmann::json& j, const std::string& what) {
       ls.out_features = l.at("out_features").get<int64_t>();
       ls.gemm_flops = l.at("gemm_flops").get<double>();
       ls.curvature = l.at("curvature").get<double>();
-      ls.up_sensitivity = l.at("up_sensitivity").get<double>();
+      ls.upstream_sensitivity = l.at("up_sensitivity").get<double>();
       ls.n_upstream = l.at("n_upstream").get<int>();
       for (const auto& [name, o] : l.at("options").items()) {
         OptionStats os;
         os.ld = o.at("ld").get<double>();
-        os.ld_first = o.at("ld_first").get<double>();
-        os.ld_second = o.at("ld_second").get<double>();
+        os.ld_first_order = o.at("ld_first").get<double>();
+        os.ld_curvature = o.at("ld_second").get<double>();
         os.wd_own = o.at("wd_own").get<double>();
-        os.wd_up = o.at("wd_up").get<double>();
+        os.wd_upstream = o.at("wd_up").get<double>();
         os.q = o.at("q").get<double>();
         const nlohmann::json& re = o.at("rel_err");
         os.rel_err.v = {re.at("fprop").get<double>(), re.at("dgrad").get<double>(), re.at("wgrad").get<double>()};

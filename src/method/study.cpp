@@ -151,7 +151,7 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
     so.curvature_probes = int(rc.precision.curvature_probes);
     so.seed = seed;
     if (!o.quiet) spdlog::info("correlation study: stats step at step {} of {}", step0, o.run_dir);
-    pred = measure(all, [&] { return LlamaForCausalLMImpl::loss(model(ids), targets); }, *opt, so, step0);
+    pred = run_stats_step(all, [&] { return LlamaForCausalLMImpl::loss(model(ids), targets); }, *opt, so, step0);
     loader.restore(loader0);
   }
 
@@ -181,8 +181,8 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
       if (x.name == l->name) ls = &x;
     SNIP_CHECK(ls, "no stats for ", l->name);
     const OptionStats& os = ls->options.at(o.option);
-    cl.q = os.q, cl.ld = os.ld, cl.wd = os.wd_own + os.wd_up;
-    cl.ld_first = os.ld_first, cl.ld_second = os.ld_second, cl.wd_own = os.wd_own, cl.wd_up = os.wd_up;
+    cl.q = os.q, cl.ld = os.ld, cl.wd = os.wd_own + os.wd_upstream;
+    cl.ld_first_order = os.ld_first_order, cl.ld_curvature = os.ld_curvature, cl.wd_own = os.wd_own, cl.wd_upstream = os.wd_upstream;
     cl.rel_err_fprop = os.rel_err[Gemm::kFprop];
     std::tie(cl.val_loss, cl.train_loss) = run_arm(&l);
     cl.delta_val = cl.val_loss - res.base_val_loss;
@@ -216,11 +216,11 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
     j["checkpoint"] = ckpt;
     io::write_file_atomic((fs::path(o.out_dir) / "correlation.json").string(), j.dump(2) + "\n");
     std::ostringstream csv;
-    csv << "layer,q,ld,wd,ld_first,ld_second,wd_own,wd_up,rel_err_fprop,val_loss,train_loss,delta_val,delta_train\n";
+    csv << "layer,q,ld,wd,ld_first_order,ld_curvature,wd_own,wd_upstream,rel_err_fprop,val_loss,train_loss,delta_val,delta_train\n";
     csv.precision(10);
     for (const auto& c : res.layers)
-      csv << c.name << "," << c.q << "," << c.ld << "," << c.wd << "," << c.ld_first << "," << c.ld_second << ","
-          << c.wd_own << "," << c.wd_up << "," << c.rel_err_fprop << "," << c.val_loss << "," << c.train_loss << ","
+      csv << c.name << "," << c.q << "," << c.ld << "," << c.wd << "," << c.ld_first_order << "," << c.ld_curvature << ","
+          << c.wd_own << "," << c.wd_upstream << "," << c.rel_err_fprop << "," << c.val_loss << "," << c.train_loss << ","
           << c.delta_val << "," << c.delta_train << "\n";
     io::write_file_atomic((fs::path(o.out_dir) / "correlation.csv").string(), csv.str());
   }
@@ -246,8 +246,8 @@ std::vector<double> predictor_values(const CorrelationResult& r, const std::stri
   const std::string fo = m[2];
   std::vector<double> ld, wd;
   for (const auto& c : r.layers) {
-    const double F = fo == "abs" ? std::abs(c.ld_first) : fo == "signed" ? c.ld_first : 0.0;
-    ld.push_back(std::max(0.0, F + c.ld_second));
+    const double F = fo == "abs" ? std::abs(c.ld_first_order) : fo == "signed" ? c.ld_first_order : 0.0;
+    ld.push_back(std::max(0.0, F + c.ld_curvature));
     wd.push_back(c.wd);
   }
   if (m[1] == "ld") return ld;
@@ -272,8 +272,8 @@ CorrelationResult correlation_from_json(const json& j, const std::string& what) 
       c.name = l.at("name").get<std::string>();
       for (auto [k, f] : std::initializer_list<std::pair<const char*, double CorrelationLayer::*>>{
                {"q", &CorrelationLayer::q}, {"ld", &CorrelationLayer::ld}, {"wd", &CorrelationLayer::wd},
-               {"ld_first", &CorrelationLayer::ld_first}, {"ld_second", &CorrelationLayer::ld_second},
-               {"wd_own", &CorrelationLayer::wd_own}, {"wd_up", &CorrelationLayer::wd_up},
+               {"ld_first", &CorrelationLayer::ld_first_order}, {"ld_second", &CorrelationLayer::ld_curvature},
+               {"wd_own", &CorrelationLayer::wd_own}, {"wd_up", &CorrelationLayer::wd_upstream},
                {"rel_err_fprop", &CorrelationLayer::rel_err_fprop}, {"val_loss", &CorrelationLayer::val_loss},
                {"train_loss", &CorrelationLayer::train_loss}, {"delta_val", &CorrelationLayer::delta_val},
                {"delta_train", &CorrelationLayer::delta_train}})
@@ -289,8 +289,8 @@ CorrelationResult correlation_from_json(const json& j, const std::string& what) 
 json to_json(const CorrelationResult& r) {
   json layers = json::array();
   for (const auto& c : r.layers)
-    layers.push_back({{"name", c.name}, {"q", c.q}, {"ld", c.ld}, {"wd", c.wd}, {"ld_first", c.ld_first},
-                      {"ld_second", c.ld_second}, {"wd_own", c.wd_own}, {"wd_up", c.wd_up},
+    layers.push_back({{"name", c.name}, {"q", c.q}, {"ld", c.ld}, {"wd", c.wd}, {"ld_first", c.ld_first_order},
+                      {"ld_second", c.ld_curvature}, {"wd_own", c.wd_own}, {"wd_up", c.wd_upstream},
                       {"rel_err_fprop", c.rel_err_fprop}, {"val_loss", c.val_loss}, {"train_loss", c.train_loss},
                       {"delta_val", c.delta_val}, {"delta_train", c.delta_train}});
   json corr = json::object();

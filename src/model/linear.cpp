@@ -10,14 +10,22 @@ namespace snip {
 
 namespace {
 
+// What one forward fixed for its backward: the layer's precision and
+// stochastic-rounding key at forward time (a plan change between forward and
+// backward cannot reach a step already running). Held in the autograd context
+// as a capsule, so the quantizer stays alive as long as the graph.
+struct StepPrecision : torch::CustomClassHolder {
+  LinearPrecision precision;
+  QuantKey key;  // seed, step and layer; the operand is set per call
+};
+
 // t: [rows, K] (a view; made contiguous only when a quantizer runs) ->
-// quantized [rows, K]. Identity, and no copy, when the layer has no quantizer.
-torch::Tensor q(const QuantLinearImpl& l, const torch::Tensor& t, Operand op) {
-  if (!l.precision.quantizer) return t;
-  QuantKey k = l.key_base;
-  k.layer = l.layer_index;
+// quantized [rows, K]. Identity, and no copy, when there is no quantizer.
+torch::Tensor q(const StepPrecision& sp, const torch::Tensor& t, Operand op) {
+  if (!sp.precision.quantizer) return t;
+  QuantKey k = sp.key;
   k.operand = op;
-  return l.precision.quantizer->quantize(t.contiguous(), k);
+  return sp.precision.quantizer->quantize(t.contiguous(), k);
 }
 
 // a: [M, K], b: [N, K] -> a · bᵀ [M, N] in `dtype` (FP32 accumulation,
@@ -33,12 +41,16 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, torch::Tensor w,
                                int64_t layer_ptr) {
     const auto& l = *reinterpret_cast<const QuantLinearImpl*>(layer_ptr);
-    // The layer outlives the graph of the step it runs in; the pointer is the
-    // only non-tensor state backward needs (its precision at forward time is
-    // the one used: plans change only at step boundaries).
+    auto sp = c10::make_intrusive<StepPrecision>();
+    sp->precision = l.precision;
+    sp->key = l.key_base;
+    sp->key.layer = l.layer_index;
+    ctx->saved_data["precision"] = c10::IValue::make_capsule(sp);
+    // The layer outlives the graph of the step it runs in; backward reads
+    // only its stats-step probes (probe) through this pointer.
     ctx->saved_data["layer"] = layer_ptr;
-    const auto dt = l.precision.gemm_dtype;
-    if (!l.precision.quantizer && dt != at::ScalarType::Undefined && dt != x.scalar_type()) {
+    const auto dt = sp->precision.gemm_dtype;
+    if (!sp->precision.quantizer && dt != at::ScalarType::Undefined && dt != x.scalar_type()) {
       // Identity hook with a narrower GEMM dtype (the BF16 baseline): cast X
       // and W once and keep the casts for dgrad/wgrad, as autograd's own
       // linear on cast operands does (half the saved bytes, no re-casts).
@@ -51,41 +63,42 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
     // reduction dims (blocks differ per GEMM), so the originals are saved.
     ctx->save_for_backward({x, w});
     ctx->saved_data["cast"] = false;
-    return gemm_nt(q(l, x, Operand::kFpropX), q(l, w, Operand::kFpropW), dt);
+    return gemm_nt(q(*sp, x, Operand::kFpropX), q(*sp, w, Operand::kFpropW), dt);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto& l = *reinterpret_cast<const QuantLinearImpl*>(ctx->saved_data["layer"].toInt());
+    const auto sp = c10::static_intrusive_pointer_cast<StepPrecision>(ctx->saved_data["precision"].toCapsule());
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor& x = saved[0];  // [T, IN]
     const torch::Tensor& w = saved[1];  // [OUT, IN]
     const torch::Tensor& dy = grads[0];  // [T, OUT]
-    if (l.capture) {
-      if (l.capture->on_dy) l.capture->on_dy(dy.detach());
-      else l.capture->dy = dy.detach();
+    if (l.probe) {
+      if (l.probe->on_dy) l.probe->on_dy(dy.detach());
+      else l.probe->dy = dy.detach();
     }
-    const auto dt = l.precision.gemm_dtype;
+    const auto dt = sp->precision.gemm_dtype;
     torch::Tensor dx, dw;
     if (ctx->saved_data["cast"].toBool()) {  // x, w are the GEMM-dtype casts from forward
       const torch::Tensor dyc = gemm_operand(dy, dt);
       if (ctx->needs_input_grad(0)) {
         dx = gemm_result(torch::mm(dyc, w), dt, dy.scalar_type());  // dgrad [T, IN]
-        if (l.capture && l.capture->input_grad_noise) dx.add_(l.capture->input_grad_noise());
+        if (l.probe && l.probe->input_grad_noise) dx.add_(l.probe->input_grad_noise());
       }
       // wgrad [OUT, IN] as (Xᵀ·dY)ᵀ: oneDNN is faster with the long T dim of X leading.
-      if (ctx->needs_input_grad(1) && !(l.capture && l.capture->skip_wgrad))
+      if (ctx->needs_input_grad(1) && !(l.probe && l.probe->skip_wgrad))
         dw = gemm_result(torch::mm(x.t(), dyc).t().contiguous(), dt, dy.scalar_type());
       return {dx, dw, torch::Tensor()};
     }
     if (ctx->needs_input_grad(0)) {
       // dgrad: dX [T, IN] = dY [T, OUT] · W [OUT, IN]; K = OUT, so W goes in as Wᵀ [IN, OUT].
-      dx = gemm_nt(q(l, dy, Operand::kDgradDY), q(l, w.t(), Operand::kDgradW), dt);
-      if (l.capture && l.capture->input_grad_noise) dx.add_(l.capture->input_grad_noise());
+      dx = gemm_nt(q(*sp, dy, Operand::kDgradDY), q(*sp, w.t(), Operand::kDgradW), dt);
+      if (l.probe && l.probe->input_grad_noise) dx.add_(l.probe->input_grad_noise());
     }
-    if (ctx->needs_input_grad(1) && !(l.capture && l.capture->skip_wgrad)) {
+    if (ctx->needs_input_grad(1) && !(l.probe && l.probe->skip_wgrad)) {
       // wgrad: dW [OUT, IN] = dYᵀ [OUT, T] · X [T, IN]; K = T: dYᵀ [OUT, T], Xᵀ [IN, T].
-      dw = gemm_nt(q(l, dy.t(), Operand::kWgradDY), q(l, x.t(), Operand::kWgradX), dt);
+      dw = gemm_nt(q(*sp, dy.t(), Operand::kWgradDY), q(*sp, x.t(), Operand::kWgradX), dt);
     }
     return {dx, dw, torch::Tensor()};
   }
@@ -104,9 +117,9 @@ torch::Tensor QuantLinearImpl::forward(const torch::Tensor& x) {
   TORCH_CHECK(sizes.back() == in_features, "QuantLinear ", name, ": expected last dim ", in_features,
               ", got ", sizes.back());
   const torch::Tensor x2 = x.reshape({-1, in_features});
-  if (capture) capture->x = x2.detach();
+  if (probe) probe->x = x2.detach();
   torch::Tensor y = QuantLinearFunction::apply(x2, weight, reinterpret_cast<int64_t>(this));
-  if (capture && capture->output_noise) y = y + capture->output_noise();
+  if (probe && probe->output_noise) y = y + probe->output_noise();
   sizes.back() = out_features;
   return y.view(sizes);
 }

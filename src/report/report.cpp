@@ -768,7 +768,7 @@ std::string stats_section(const RunData& r) {
     struct Row {
       std::string name;
       double flops = kNaN, q = kNaN, rel = kNaN, rel_f = kNaN, rel_d = kNaN, rel_w = kNaN, ld = kNaN, wd_own = kNaN,
-             wd_up = kNaN, curvature = kNaN;
+             wd_upstream = kNaN, curvature = kNaN;
     };
     std::vector<Row> rows;
     double total = 0;
@@ -794,7 +794,7 @@ std::string stats_section(const RunData& r) {
           const json& o = dl["options"][low];
           row.ld = num_or_nan(o, "ld");
           row.wd_own = num_or_nan(o, "wd_own");
-          row.wd_up = num_or_nan(o, "wd_up");
+          row.wd_upstream = num_or_nan(o, "wd_up");
           if (o.contains("rel_err") && o["rel_err"].is_object()) {
             row.rel_f = num_or_nan(o["rel_err"], "fprop");
             row.rel_d = num_or_nan(o["rel_err"], "dgrad");
@@ -838,7 +838,7 @@ std::string stats_section(const RunData& r) {
       os << "<tr><td class=\"name\">" << esc(row.name) << "</td><td>" << fmt("%.2f", total > 0 ? 100 * row.flops / total : kNaN)
          << "</td><td>" << fmt("%.4g", row.q) << "</td><td>" << fmt("%.4g", std::isfinite(row.rel_f) ? row.rel_f : row.rel) << "</td><td>"
          << fmt("%.4g", row.rel_d) << "</td><td>" << fmt("%.4g", row.rel_w) << "</td><td>" << fmt("%.4g", row.ld)
-         << "</td><td>" << fmt("%.4g", row.wd_own) << "</td><td>" << fmt("%.4g", row.wd_up) << "</td><td>"
+         << "</td><td>" << fmt("%.4g", row.wd_own) << "</td><td>" << fmt("%.4g", row.wd_upstream) << "</td><td>"
          << fmt("%.4g", row.curvature) << "</td></tr>";
     os << "</tbody></table></div>";
   } catch (const json::exception& e) {

@@ -21,7 +21,7 @@ using torch::Tensor;
 namespace {
 
 constexpr uint64_t kSeed = 7;  // key_base.seed of every test layer
-constexpr int64_t kStep = 3;   // the step measure() is told
+constexpr int64_t kStep = 3;   // the step run_stats_step() is told
 
 // Zero error: returns its input.
 class IdentityQuantizer final : public OperandQuantizer {
@@ -107,7 +107,7 @@ TEST(StatsQuadratic, CurvatureIsExactAndSignedLdIsTheExactLossChange) {
   o.first_order = FirstOrder::kSigned;
   o.curvature_probes = 2;
   o.seed = 5;
-  const StatsStep s = measure({m.lin}, [&] { return m.loss(); }, opt, o, kStep);
+  const StatsStep s = run_stats_step({m.lin}, [&] { return m.loss(); }, opt, o, kStep);
   ASSERT_EQ(s.layers.size(), 1u);
   // c = <ε, ε/N>/||ε||² = 1/N: only float64 rounding of g(ε) − g(0).
   EXPECT_NEAR(s.layers[0].curvature, 1.0 / m.N, 1e-12 / m.N);
@@ -123,20 +123,20 @@ TEST(StatsQuadratic, CurvatureIsExactAndSignedLdIsTheExactLossChange) {
     const double dL = (m.loss_of(Yq) - m.loss_of(Y)).item<double>();
     ASSERT_GT(std::abs(dL), 1e-6);
     const OptionStats& os = s.layers[0].options.at(p);
-    EXPECT_NEAR(os.ld_first + os.ld_second, dL, 1e-10 * std::abs(dL));
+    EXPECT_NEAR(os.ld_first_order + os.ld_curvature, dL, 1e-10 * std::abs(dL));
     EXPECT_NEAR(os.ld, std::max(dL, 0.0), 1e-10 * std::abs(dL));
     const double rel_f = ((Yq - Y).norm() / Y.norm()).item<double>();
     EXPECT_NEAR(os.rel_err[Gemm::kFprop], rel_f, 1e-12 * rel_f);
   }
   // The other first-order rules, on the same numbers.
   o.first_order = FirstOrder::kAbs;
-  const StatsStep sa = measure({m.lin}, [&] { return m.loss(); }, opt, o, kStep);
+  const StatsStep sa = run_stats_step({m.lin}, [&] { return m.loss(); }, opt, o, kStep);
   o.first_order = FirstOrder::kDrop;
-  const StatsStep sd = measure({m.lin}, [&] { return m.loss(); }, opt, o, kStep);
+  const StatsStep sd = run_stats_step({m.lin}, [&] { return m.loss(); }, opt, o, kStep);
   for (const char* p : {"fp4", "fp8"}) {
     const OptionStats& os = s.layers[0].options.at(p);
-    EXPECT_DOUBLE_EQ(sa.layers[0].options.at(p).ld, std::abs(os.ld_first) + os.ld_second);
-    EXPECT_DOUBLE_EQ(sd.layers[0].options.at(p).ld, os.ld_second);
+    EXPECT_DOUBLE_EQ(sa.layers[0].options.at(p).ld, std::abs(os.ld_first_order) + os.ld_curvature);
+    EXPECT_DOUBLE_EQ(sd.layers[0].options.at(p).ld, os.ld_curvature);
   }
   // The fp4 error is larger than the fp8 one.
   EXPECT_GT(s.layers[0].options.at("fp4").rel_err[Gemm::kFprop],
@@ -159,13 +159,13 @@ TEST(StatsWdOwn, EqualsTheDifferenceOfTwoRealAdamWSteps) {
     warm_up(opt, [&] { return m.loss(); }, c.warm_steps);
     Tensor& w = m.lin->weight;
 
-    // The real operands of the step (same bits measure() sees).
-    auto cap = std::make_shared<LinearCapture>();
-    m.lin->capture = cap;
+    // The real operands of the step (same bits run_stats_step() sees).
+    auto cap = std::make_shared<LinearProbe>();
+    m.lin->probe = cap;
     const Tensor dW = torch::autograd::grad({m.loss()}, {w})[0];
-    m.lin->capture = nullptr;
+    m.lin->probe = nullptr;
 
-    // Snapshot of everything measure() must leave alone.
+    // Snapshot of everything run_stats_step() must leave alone.
     w.mutable_grad() = torch::randn_like(w);  // a caller's accumulated gradient
     const Tensor w0 = w.detach().clone(), grad0 = w.grad().clone();
     const std::string skey = c10::guts::to_string(w.unsafeGetTensorImpl());
@@ -183,7 +183,7 @@ TEST(StatsWdOwn, EqualsTheDifferenceOfTwoRealAdamWSteps) {
 
     StatsOptions o;
     o.curvature_probes = 1;
-    const StatsStep s = measure({m.lin}, [&] { return m.loss(); }, opt, o, kStep);
+    const StatsStep s = run_stats_step({m.lin}, [&] { return m.loss(); }, opt, o, kStep);
 
     // Weights, their gradient and the optimizer state are untouched.
     EXPECT_TRUE(torch::equal(w.detach(), w0));
@@ -229,7 +229,7 @@ TEST(StatsWdOwn, EqualsTheDifferenceOfTwoRealAdamWSteps) {
       const double rel_w = ((dWq - dW).norm() / dW.norm()).item<double>();
       EXPECT_NEAR(os.rel_err[Gemm::kWgrad], rel_w, 1e-12 * rel_w);
       // One layer: nothing upstream.
-      EXPECT_EQ(os.wd_up, 0.0);
+      EXPECT_EQ(os.wd_upstream, 0.0);
     }
   }
 }
@@ -241,7 +241,7 @@ TEST(StatsTwoLayer, LdMatchesTheMeasuredLossChangeOfAQuantizedFprop) {
   StatsOptions o;
   o.first_order = FirstOrder::kSigned;
   o.curvature_probes = 16;
-  const StatsStep s = measure(net.layers(), [&] { return net.loss(); }, opt, o, kStep);
+  const StatsStep s = run_stats_step(net.layers(), [&] { return net.loss(); }, opt, o, kStep);
 
   torch::NoGradGuard ng;
   const double base = net.loss().item<double>();
@@ -254,18 +254,18 @@ TEST(StatsTwoLayer, LdMatchesTheMeasuredLossChangeOfAQuantizedFprop) {
       const double dL = net.loss().item<double>() - base;
       ls[l]->precision.quantizer = nullptr;
       const OptionStats& os = s.layers[l].options.at(p);
-      const double est = os.ld_first + os.ld_second;
+      const double est = os.ld_first_order + os.ld_curvature;
       // Second-order Taylor: dL = <g,e> + ½eᵀHe + O(||e||³) and est = <g,e> +
       // ½·max(c,0)·||e||². The first-order term is exact, so est − dL =
       // ½(c·||e||² − eᵀHe) − O(||e||³). c is a Rayleigh quotient of H along
       // random directions, not along e, and H of layer 0 is indefinite (tanh''
       // enters it), so the two agree in expectation only: allow the actual
-      // second-order part dL − <g,e> anywhere in [0, 2·ld_second], plus 2% of
+      // second-order part dL − <g,e> anywhere in [0, 2·ld_curvature], plus 2% of
       // dL for the O(||e||³) rest at these error sizes (fp4 ~10% relative).
       // And as a predictor of the loss change, est must be within 25% of dL.
       std::printf("  %s %-4s dL=% .6e first=% .6e second=% .6e est=% .6e\n", ls[l]->name.c_str(), p,
-                  dL, os.ld_first, os.ld_second, est);
-      EXPECT_NEAR(est, dL, os.ld_second + 0.02 * std::abs(dL));
+                  dL, os.ld_first_order, os.ld_curvature, est);
+      EXPECT_NEAR(est, dL, os.ld_curvature + 0.02 * std::abs(dL));
       EXPECT_NEAR(est, dL, 0.25 * std::abs(dL));
     }
   }
@@ -277,10 +277,10 @@ TEST(StatsTwoLayer, UpstreamWdTracksTheEffectOfAQuantizedDgrad) {
   torch::optim::AdamW opt({net.l0->weight, net.l1->weight}, torch::optim::AdamWOptions(1e-3));
   warm_up(opt, [&] { return net.loss(); }, 5);
   StatsOptions o;
-  const StatsStep s = measure(net.layers(), [&] { return net.loss(); }, opt, o, kStep);
+  const StatsStep s = run_stats_step(net.layers(), [&] { return net.loss(); }, opt, o, kStep);
   EXPECT_EQ(s.layers[0].n_upstream, 0);
   EXPECT_EQ(s.layers[1].n_upstream, 1);
-  EXPECT_EQ(s.layers[0].options.at("fp4").wd_up, 0.0);
+  EXPECT_EQ(s.layers[0].options.at("fp4").wd_upstream, 0.0);
 
   // Measured: layer 1's dgrad quantized, the change of layer 0's AdamW update.
   const Tensor w0 = net.l0->weight;
@@ -293,8 +293,8 @@ TEST(StatsTwoLayer, UpstreamWdTracksTheEffectOfAQuantizedDgrad) {
     net.l1->precision.quantizer = nullptr;
     const double measured =
         ((adamw_update(opt, w0, dW0q) - adamw_update(opt, w0, dW0)).norm() / w0.norm()).item<double>();
-    const double est = s.layers[1].options.at(p).wd_up;
-    std::printf("  wd_up %-4s measured=%.6e estimated=%.6e ratio=%.3f\n", p, measured, est, est / measured);
+    const double est = s.layers[1].options.at(p).wd_upstream;
+    std::printf("  wd_upstream %-4s measured=%.6e estimated=%.6e ratio=%.3f\n", p, measured, est, est / measured);
     // The estimator treats the dgrad error as isotropic noise of the same
     // energy; a real quantization error is not isotropic, so expect the
     // order of magnitude (a factor 2), not the value.
@@ -312,24 +312,24 @@ TEST(StatsNormalisation, ZeroErrorGivesZeroAndTheLowOptionSumsToOne) {
   o.options = {"fp4", "exact", "none", "fp8"};
   o.quantizers["exact"] = std::make_shared<IdentityQuantizer>();
   o.alpha = 0.3;
-  const StatsStep s = measure(net.layers(), [&] { return net.loss(); }, opt, o, kStep);
+  const StatsStep s = run_stats_step(net.layers(), [&] { return net.loss(); }, opt, o, kStep);
   double sum_ld = 0, sum_wd = 0, sum_q = 0;
   for (const LayerStats& l : s.layers) {
     for (const char* p : {"exact", "none"}) {  // "none" = the registry's identity (nullptr)
       SCOPED_TRACE(l.name + " " + p);
       const OptionStats& z = l.options.at(p);
-      EXPECT_EQ(z.ld_first, 0.0);
-      EXPECT_EQ(z.ld_second, 0.0);
+      EXPECT_EQ(z.ld_first_order, 0.0);
+      EXPECT_EQ(z.ld_curvature, 0.0);
       EXPECT_EQ(z.ld, 0.0);
       EXPECT_EQ(z.wd_own, 0.0);
-      EXPECT_EQ(z.wd_up, 0.0);
+      EXPECT_EQ(z.wd_upstream, 0.0);
       EXPECT_EQ(z.q, 0.0);
       for (double e : z.rel_err.v) EXPECT_EQ(e, 0.0);
     }
     const OptionStats& f = l.options.at("fp4");
     EXPECT_GT(f.q, l.options.at("fp8").q);
     sum_ld += f.ld / s.ld_sum_low;
-    sum_wd += (f.wd_own + f.wd_up) / s.wd_sum_low;
+    sum_wd += (f.wd_own + f.wd_upstream) / s.wd_sum_low;
     sum_q += f.q;
   }
   EXPECT_NEAR(sum_ld, 1.0, 1e-12);
@@ -347,14 +347,14 @@ TEST(StatsSmoothing, MatchesTheFormulaByHand) {
     LayerStats l;
     l.name = "a";
     l.curvature = 3 * base;
-    l.up_sensitivity = 4 * base;
+    l.upstream_sensitivity = 4 * base;
     for (const char* p : {"fp4", "fp8"}) {
       OptionStats os;
-      os.ld_first = -base;
-      os.ld_second = base + 1;
+      os.ld_first_order = -base;
+      os.ld_curvature = base + 1;
       os.ld = base + 2;
       os.wd_own = base + 3;
-      os.wd_up = base + 4;
+      os.wd_upstream = base + 4;
       os.q = base + 5;
       os.rel_err.v = {base + 6, base + 7, base + 8};
       l.options[p] = os;
@@ -372,14 +372,14 @@ TEST(StatsSmoothing, MatchesTheFormulaByHand) {
   EXPECT_DOUBLE_EQ(m.ld_sum_low, expect(10, 20));
   EXPECT_DOUBLE_EQ(m.wd_sum_low, expect(20, 40));
   EXPECT_DOUBLE_EQ(m.layers[0].curvature, expect(30, 60));
-  EXPECT_DOUBLE_EQ(m.layers[0].up_sensitivity, expect(40, 80));
+  EXPECT_DOUBLE_EQ(m.layers[0].upstream_sensitivity, expect(40, 80));
   for (const char* p : {"fp4", "fp8"}) {
     const OptionStats& os = m.layers[0].options.at(p);
-    EXPECT_DOUBLE_EQ(os.ld_first, expect(-10, -20));
-    EXPECT_DOUBLE_EQ(os.ld_second, expect(11, 21));
+    EXPECT_DOUBLE_EQ(os.ld_first_order, expect(-10, -20));
+    EXPECT_DOUBLE_EQ(os.ld_curvature, expect(11, 21));
     EXPECT_DOUBLE_EQ(os.ld, expect(12, 22));
     EXPECT_DOUBLE_EQ(os.wd_own, expect(13, 23));
-    EXPECT_DOUBLE_EQ(os.wd_up, expect(14, 24));
+    EXPECT_DOUBLE_EQ(os.wd_upstream, expect(14, 24));
     EXPECT_DOUBLE_EQ(os.q, expect(15, 25));
     for (int g = 0; g < 3; ++g) EXPECT_DOUBLE_EQ(os.rel_err[Gemm(g)], expect(16 + g, 26 + g));
   }
@@ -393,7 +393,7 @@ TEST(StatsJson, RoundTripsThroughTheCostTableParser) {
   torch::manual_seed(15);
   TwoLayer net;
   torch::optim::AdamW opt({net.l0->weight, net.l1->weight}, torch::optim::AdamWOptions(1e-3));
-  const StatsStep s = measure(net.layers(), [&] { return net.loss(); }, opt, StatsOptions{}, kStep);
+  const StatsStep s = run_stats_step(net.layers(), [&] { return net.loss(); }, opt, StatsOptions{}, kStep);
   const nlohmann::json j = nlohmann::json::parse(to_json(s).dump());  // through text
   EXPECT_EQ(j.at("step"), kStep);
   ASSERT_TRUE(j.at("details").is_object());
@@ -431,14 +431,14 @@ TEST(StatsMemory, NoProbeIsLeftSetAndPrecisionIsRestored) {
   torch::manual_seed(16);
   TwoLayer net;
   torch::optim::AdamW opt({net.l0->weight, net.l1->weight}, torch::optim::AdamWOptions(1e-3));
-  const StatsStep ref = measure(net.layers(), [&] { return net.loss(); }, opt, StatsOptions{}, kStep);
+  const StatsStep ref = run_stats_step(net.layers(), [&] { return net.loss(); }, opt, StatsOptions{}, kStep);
   // A layer running fp8 at BF16 GEMMs before the stats step.
   auto fp8 = make_recipe_quantizer("fp8");
   net.l1->precision.quantizer = fp8;
   net.l1->precision.gemm_dtype = at::kBFloat16;
-  const StatsStep s = measure(net.layers(), [&] { return net.loss(); }, opt, StatsOptions{}, kStep);
+  const StatsStep s = run_stats_step(net.layers(), [&] { return net.loss(); }, opt, StatsOptions{}, kStep);
   for (const QuantLinear& l : net.layers()) {
-    EXPECT_EQ(l->capture, nullptr);
+    EXPECT_EQ(l->probe, nullptr);
   }
   EXPECT_EQ(net.l1->precision.quantizer, fp8);
   EXPECT_EQ(net.l1->precision.gemm_dtype, at::kBFloat16);
@@ -448,7 +448,7 @@ TEST(StatsMemory, NoProbeIsLeftSetAndPrecisionIsRestored) {
 
   // A loss_fn that throws midway (in the curvature probe) leaves nothing either.
   int calls = 0;
-  EXPECT_THROW(measure(net.layers(),
+  EXPECT_THROW(run_stats_step(net.layers(),
                        [&]() -> Tensor {
                          if (++calls == 2) throw std::runtime_error("data loader died");
                          return net.loss();
@@ -456,7 +456,7 @@ TEST(StatsMemory, NoProbeIsLeftSetAndPrecisionIsRestored) {
                        opt, StatsOptions{}, kStep),
                std::runtime_error);
   for (const QuantLinear& l : net.layers()) {
-    EXPECT_EQ(l->capture, nullptr);
+    EXPECT_EQ(l->probe, nullptr);
   }
   EXPECT_EQ(net.l1->precision.quantizer, fp8);
 }
@@ -466,7 +466,7 @@ TEST(StatsAllReduce, TwoIdenticalRanksGiveTheSameNumbers) {
   TwoLayer net;
   torch::optim::AdamW opt({net.l0->weight, net.l1->weight}, torch::optim::AdamWOptions(1e-3));
   warm_up(opt, [&] { return net.loss(); }, 2);
-  const StatsStep one = measure(net.layers(), [&] { return net.loss(); }, opt, StatsOptions{}, kStep);
+  const StatsStep one = run_stats_step(net.layers(), [&] { return net.loss(); }, opt, StatsOptions{}, kStep);
   StatsOptions o;
   int calls = 0;
   o.all_reduce_sum = [&](Tensor& t) {  // a second rank that saw the same batch
@@ -475,7 +475,7 @@ TEST(StatsAllReduce, TwoIdenticalRanksGiveTheSameNumbers) {
     EXPECT_EQ(t.dim(), 1);
     t.mul_(2.0);
   };
-  const StatsStep two = measure(net.layers(), [&] { return net.loss(); }, opt, o, kStep);
+  const StatsStep two = run_stats_step(net.layers(), [&] { return net.loss(); }, opt, o, kStep);
   EXPECT_EQ(calls, 1);
   EXPECT_EQ(one.ranks, 1);
   EXPECT_EQ(two.ranks, 2);
@@ -485,7 +485,7 @@ TEST(StatsAllReduce, TwoIdenticalRanksGiveTheSameNumbers) {
       EXPECT_NEAR(b.q, a.q, 1e-14 * a.q);
       EXPECT_NEAR(b.ld, a.ld, 1e-14 * a.ld);
       EXPECT_NEAR(b.wd_own, a.wd_own, 1e-14 * a.wd_own);
-      EXPECT_NEAR(b.wd_up, a.wd_up, 1e-14 * std::max(a.wd_up, 1e-300));
+      EXPECT_NEAR(b.wd_upstream, a.wd_upstream, 1e-14 * std::max(a.wd_upstream, 1e-300));
     }
 }
 
@@ -505,7 +505,7 @@ TEST(StatsLlama, RunsOnATinyModelWithTheRightUpstreamSets) {
   auto loss_fn = [&] { return LlamaForCausalLMImpl::loss(model(ids), tgt); };
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
   warm_up(opt, loss_fn, 2);
-  const StatsStep s = measure(model->linear_layers(), loss_fn, opt, StatsOptions{}, 100);
+  const StatsStep s = run_stats_step(model->linear_layers(), loss_fn, opt, StatsOptions{}, 100);
   ASSERT_EQ(s.layers.size(), 14u);
   // Block order q k v o gate up down; siblings share their input.
   const int expect_up[7] = {0, 0, 0, 3, 4, 4, 6};
@@ -520,9 +520,9 @@ TEST(StatsLlama, RunsOnATinyModelWithTheRightUpstreamSets) {
       EXPECT_TRUE(std::isfinite(os.q));
     }
     if (s.layers[i].n_upstream == 0) {
-      EXPECT_EQ(s.layers[i].options.at("fp4").wd_up, 0.0);
+      EXPECT_EQ(s.layers[i].options.at("fp4").wd_upstream, 0.0);
     } else {
-      EXPECT_GT(s.layers[i].options.at("fp4").wd_up, 0.0);
+      EXPECT_GT(s.layers[i].options.at("fp4").wd_upstream, 0.0);
     }
     sum_q += s.layers[i].options.at("fp4").q;
   }
@@ -540,17 +540,17 @@ TEST(StatsOptionsCheck, BadInputIsAUserError) {
     f(o);
     return o;
   };
-  EXPECT_THROW(measure({m.lin}, loss_fn, opt, with([](StatsOptions& o) { o.options = {"fp4", "fp5"}; }), 0),
+  EXPECT_THROW(run_stats_step({m.lin}, loss_fn, opt, with([](StatsOptions& o) { o.options = {"fp4", "fp5"}; }), 0),
                UserError);
-  EXPECT_THROW(measure({m.lin}, loss_fn, opt, with([](StatsOptions& o) { o.low_option = "int4"; }), 0),
+  EXPECT_THROW(run_stats_step({m.lin}, loss_fn, opt, with([](StatsOptions& o) { o.low_option = "int4"; }), 0),
                UserError);
-  EXPECT_THROW(measure({m.lin}, loss_fn, opt, with([](StatsOptions& o) { o.options = {"fp4", "bf16"}; }), 0),
+  EXPECT_THROW(run_stats_step({m.lin}, loss_fn, opt, with([](StatsOptions& o) { o.options = {"fp4", "bf16"}; }), 0),
                UserError);
-  EXPECT_THROW(measure({m.lin}, loss_fn, opt, with([](StatsOptions& o) { o.alpha = 1.5; }), 0), UserError);
+  EXPECT_THROW(run_stats_step({m.lin}, loss_fn, opt, with([](StatsOptions& o) { o.alpha = 1.5; }), 0), UserError);
   // A layer the loss never reaches, and a weight the optimizer does not hold.
   QuantLinear stray = make_layer(8, 8, 0.1, "stray", 1);
   torch::optim::AdamW opt2({m.lin->weight, stray->weight}, torch::optim::AdamWOptions(1e-3));
-  EXPECT_THROW(measure({m.lin, stray}, loss_fn, opt2, StatsOptions{}, 0), UserError);
+  EXPECT_THROW(run_stats_step({m.lin, stray}, loss_fn, opt2, StatsOptions{}, 0), UserError);
   torch::optim::AdamW opt3({stray->weight}, torch::optim::AdamWOptions(1e-3));
-  EXPECT_THROW(measure({m.lin}, loss_fn, opt3, StatsOptions{}, 0), UserError);
+  EXPECT_THROW(run_stats_step({m.lin}, loss_fn, opt3, StatsOptions{}, 0), UserError);
 }

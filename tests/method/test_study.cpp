@@ -77,8 +77,8 @@ TEST(CorrelationStudy, BaselineReproducesTheRunAndLayersMove) {
   // Predictors by hand from the per-layer parts, and a JSON round trip (--replot).
   const std::vector<double> ld_drop = predictor_values(r, "ld[drop]"), ld_abs = predictor_values(r, "ld[abs]");
   for (size_t i = 0; i < r.layers.size(); ++i) {
-    EXPECT_EQ(ld_drop[i], std::max(0.0, r.layers[i].ld_second));
-    EXPECT_EQ(ld_abs[i], std::max(0.0, std::abs(r.layers[i].ld_first) + r.layers[i].ld_second));
+    EXPECT_EQ(ld_drop[i], std::max(0.0, r.layers[i].ld_curvature));
+    EXPECT_EQ(ld_abs[i], std::max(0.0, std::abs(r.layers[i].ld_first_order) + r.layers[i].ld_curvature));
   }
   const CorrelationResult back = correlation_from_json(json::parse(to_json(r).dump()), "round trip");
   EXPECT_EQ(predictor_values(back, "q[signed,a=0.3]"), predictor_values(r, "q[signed,a=0.3]"));

@@ -105,6 +105,31 @@ TEST(QuantLinear, StochasticRoundingIsKeyedByStep) {
   EXPECT_FALSE(torch::equal(dx_at(1), dx_at(2)));
 }
 
+TEST(QuantLinear, BackwardUsesThePrecisionOfItsForward) {
+  // A plan change between a forward and its backward cannot reach the step
+  // already running: dgrad and wgrad use the quantizer and rounding key the
+  // forward saw (captured in the autograd context).
+  torch::manual_seed(4);
+  QuantLinear a(64, 48, 0.1), b(64, 48, 0.1);
+  {
+    torch::NoGradGuard ng;
+    b->weight.copy_(a->weight);
+  }
+  for (QuantLinear* l : {&a, &b}) {
+    (*l)->precision.quantizer = make_recipe_quantizer("fp4");  // SR on dY: the key matters
+    (*l)->key_base.step = 7;
+  }
+  const torch::Tensor x0 = torch::randn({32, 64}), dy = torch::randn({32, 48});
+  torch::Tensor xa = x0.clone().requires_grad_(true), xb = x0.clone().requires_grad_(true);
+  torch::Tensor ya = a(xa);
+  a->precision = LinearPrecision{};  // changed before backward: must not apply
+  a->key_base.step = 8;
+  ya.backward(dy);
+  b(xb).backward(dy);  // fp4 at step 7 throughout
+  EXPECT_TRUE(torch::equal(xa.grad(), xb.grad()));
+  EXPECT_TRUE(torch::equal(a->weight.grad(), b->weight.grad()));
+}
+
 TEST(QuantLinear, QuantizerRefusesTensorsOffTheCpu) {
   // The kernels read host memory through raw pointers: a tensor elsewhere is a
   // clear error, not a read of a device address. (A meta tensor stands in for

@@ -6,7 +6,7 @@
 // option for the three GEMMs of a layer; plan items are layer names) or
 // "gemm" (plan items "<layer>:fprop", ":dgrad", ":wgrad", each 1/3 of the
 // layer's FLOPs; the stats step's per-GEMM cost table gives fprop α·LDn,
-// dgrad (1−α)·wd_up/ΣWD, wgrad (1−α)·wd_own/ΣWD, stats.h). A layer whose
+// dgrad (1−α)·wd_upstream/ΣWD, wgrad (1−α)·wd_own/ΣWD, stats.h). A layer whose
 // three GEMMs got different options runs a composite quantizer that applies
 // each GEMM's option to that GEMM's two operands.
 //
@@ -30,7 +30,7 @@
 //   plans at 5k, 29k, 72.2k (intervals 24k, 43.2k); all FP8 from 90k.
 //
 // At a plan step, by policy:
-//   snip         measure() on the step's first micro-batch (loss_fn), smooth
+//   snip         run_stats_step() on the step's first micro-batch (loss_fn), smooth
 //                with the previous smoothed stats (precision.smoothing), save
 //                stats/step-s.json (top level: the smoothed cost table the
 //                planner used; "measured": this step's raw stats), then the
@@ -170,7 +170,7 @@ class PrecisionController {
   /// The options of a layer's fprop, dgrad and wgrad GEMMs under `assign`.
   PerGemm<std::string> layer_options(const std::map<std::string, std::string>& assign,
                                            const std::string& layer) const;
-  policy::PlanProblem shape_problem() const;
+  policy::PlanProblem shape_only_problem() const;
   policy::PlanOptions plan_options(bool with_pins) const;
   void decide(int64_t s, Phase phase, const std::function<torch::Tensor()>& loss_fn,
               torch::optim::AdamW& opt, PrecisionEvent& ev);

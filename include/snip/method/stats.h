@@ -7,15 +7,15 @@
 // IN = in_features, OUT = out_features, L = number of layers, K = probes.
 //
 // ---------------------------------------------------------------------------
-// What measure() runs (all at full precision: every layer's quantizer is
+// What run_stats_step() runs (all at full precision: every layer's quantizer is
 // switched off and its GEMMs run in the operand dtype; restored afterwards)
 //
-//  pass A  forward + backward of loss_fn with LinearCapture on every layer:
+//  pass A  forward + backward of loss_fn with LinearProbe on every layer:
 //          X [N,IN] from the forward; dW = ∂loss/∂W [OUT,IN] from
 //          torch::autograd::grad (no wgrad GEMM runs: each layer's dW is
 //          computed by its processing below and parked in weight.grad, which
-//          measure() borrows and restores). The graph is not retained.
-//  per layer, inside pass A's backward (LinearCapture::on_dy: the moment
+//          run_stats_step() borrows and restores). The graph is not retained.
+//  per layer, inside pass A's backward (LinearProbe::on_dy: the moment
 //          the layer's g = dY = dL/dY [N,OUT] arrives; dY is then dropped, so
 //          at most one layer's dY and temporaries are alive beyond autograd's
 //          own), with the layer's dW = dYᵀ·X recomputed there:
@@ -32,9 +32,9 @@
 //          probe <ε,g(0)>, ||ε||².
 //  pass C  one extra forward + backward (the forward repeats pass A's) with
 //          relative gradient noise ξ_l added to every layer's dX
-//          (LinearCapture::input_grad_noise): calibrates WD upstream.
+//          (LinearProbe::input_grad_noise): calibrates WD upstream.
 //  pass B  per curvature probe: one extra forward + backward with output
-//          noise ε_l on every layer (LinearCapture::output_noise); the
+//          noise ε_l on every layer (LinearProbe::output_noise); the
 //          backward asks autograd for dL/dε_l = g_l(ε) only (no wgrad GEMMs).
 //
 // Formulas (source: METHOD.md section 3 unless said otherwise)
@@ -126,7 +126,7 @@
 // takes |mean_r <g,e>_r|, the signed mean over micro-batches). Every rank thus
 // ends with bit-identical numbers. Without the hook R = 1.
 //
-// Memory: beyond the training step's own tensors, measure() holds one
+// Memory: beyond the training step's own tensors, run_stats_step() holds one
 // gradient copy per weight (dW, from pass A to pass C, and in pass C dW + δ),
 // the noise tensors of one pass (ε or ξ, one per layer: the probes need them
 // on every layer at once), per layer a [N] row-RMS vector and O(options)
@@ -154,7 +154,7 @@
 
 namespace snip {
 
-/// The knobs of measure(). Validated by measure() (UserError naming the field).
+/// The knobs of run_stats_step(). Validated by run_stats_step() (UserError naming the field).
 struct StatsOptions {
   /// Candidate options, measured per layer: recipe names for
   /// make_recipe_quantizer, or keys of `quantizers`. Non-empty, unique,
@@ -184,17 +184,17 @@ struct StatsOptions {
   /// Seed of the probe noise (ε, ξ); quantization keys use each layer's key_base.seed.
   uint64_t seed = 0;
   /// Optional: sums the float64 tensor in place across data-parallel ranks
-  /// (called exactly once per measure(); see the header comment).
+  /// (called exactly once per run_stats_step(); see the header comment).
   std::function<void(torch::Tensor&)> all_reduce_sum;
 };
 
 /// One layer at one option.
 struct OptionStats {
-  double ld_first = 0;   ///< <g, e_fprop> (signed, loss units)
-  double ld_second = 0;  ///< ½·max(c,0)·||e_fprop||² (loss units)
+  double ld_first_order = 0;   ///< <g, e_fprop> (signed, loss units)
+  double ld_curvature = 0;  ///< ½·max(c,0)·||e_fprop||² (loss units)
   double ld = 0;         ///< LD after the first_order rule, clamped >= 0 (loss units)
   double wd_own = 0;     ///< ||U(dW+e_wgrad) − U(dW)|| / ||W|| (fraction)
-  double wd_up = 0;      ///< rel_dgrad · S_l (fraction)
+  double wd_upstream = 0;      ///< rel_dgrad · S_l (fraction)
   double q = 0;          ///< α·LDn + (1−α)·WDn (dimensionless)
   PerGemm<double> rel_err;  ///< per GEMM: ||e_gemm||_F / ||exact output||_F (fractions)
 };
@@ -206,7 +206,7 @@ struct LayerStats {
   int64_t tokens = 0, in_features = 0, out_features = 0;  ///< N, IN, OUT
   double gemm_flops = 0;       ///< FLOPs of ONE GEMM: 2·N·IN·OUT (the layer runs 3)
   double curvature = 0;        ///< c_l (loss units per squared output unit)
-  double up_sensitivity = 0;   ///< S_l: Σ upstream Δ per unit relative dgrad error
+  double upstream_sensitivity = 0;   ///< S_l: Σ upstream Δ per unit relative dgrad error
   int n_upstream = 0;          ///< |U(l)|
   std::map<std::string, OptionStats> options;  ///< option name -> stats
 };
@@ -231,7 +231,7 @@ struct StatsStep {
 /// optimizer and every layer's precision / capture / noise probes as they
 /// were (also when it throws). Throws UserError on bad options, a layer the
 /// loss does not reach, a weight `opt` does not hold, or non-finite results.
-StatsStep measure(std::vector<QuantLinear> layers, const std::function<torch::Tensor()>& loss_fn,
+StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<torch::Tensor()>& loss_fn,
                   torch::optim::AdamW& opt, const StatsOptions& options, int64_t step);
 
 /// prev ← (1−s)·fresh + s·prev on every number (step, options, names from
@@ -242,9 +242,9 @@ void smooth(StatsStep& prev_smoothed, const StatsStep& fresh, double s = 0.1);
 /// The planner's cost table (policy/cost_table.h), typed: per layer "flops"
 /// (3 GEMMs, FLOPs per step), "q": {options..., reference: 0}, "rel_err":
 /// {option: mean of the three GEMMs' relative errors}. per_gemm: per layer
-/// "gemms" {fprop: {flops, q: α·LDn, rel_err}, dgrad: {.., (1−α)·wd_up/ΣWD},
+/// "gemms" {fprop: {flops, q: α·LDn, rel_err}, dgrad: {.., (1−α)·wd_upstream/ΣWD},
 /// wgrad: {.., (1−α)·wd_own/ΣWD}} (for fresh stats the three sum to the
-/// layer's Q: LD depends on fprop only, wd_up on dgrad, wd_own on wgrad).
+/// layer's Q: LD depends on fprop only, wd_upstream on dgrad, wd_own on wgrad).
 policy::CostTable to_cost_table(const StatsStep& s, bool per_gemm = false);
 
 /// The stats file (RUN/stats/step-N.json): policy::to_json(to_cost_table(s,

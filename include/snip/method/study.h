@@ -3,7 +3,7 @@
 // does?
 //
 // From one checkpoint (weights, AdamW moments, data position of a run):
-//   1. prediction: one stats step (stats.h measure(), options {fp4, fp8},
+//   1. prediction: one stats step (stats.h run_stats_step(), options {fp4, fp8},
 //      low option fp4) on the micro-batch the next step would train on, with
 //      the run's precision.alpha / first_order / curvature_probes;
 //   2. baseline: K steps of ordinary training (every layer BF16 GEMMs, the
@@ -52,8 +52,8 @@ struct CorrelationOptions {
 struct CorrelationLayer {
   std::string name;
   double q = 0, ld = 0, wd = 0;                 ///< predicted (the run's α, first_order), at `option`
-  double ld_first = 0, ld_second = 0;           ///< <g,e_fprop>, ½·max(c,0)·||e||² (nats)
-  double wd_own = 0, wd_up = 0;                 ///< fractions
+  double ld_first_order = 0, ld_curvature = 0;           ///< <g,e_fprop>, ½·max(c,0)·||e||² (nats)
+  double wd_own = 0, wd_upstream = 0;                 ///< fractions
   double rel_err_fprop = 0;                     ///< ||e_fprop||/||Y|| at `option`
   double val_loss = 0, train_loss = 0;          ///< after / over the K steps (nats/token)
   double delta_val = 0, delta_train = 0;        ///< minus the baseline (nats/token)

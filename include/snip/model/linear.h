@@ -66,8 +66,8 @@ struct LinearPrecision {
 };
 
 /// What a layer records for the stats step (METHOD.md section 3) while
-/// QuantLinearImpl::capture is set: the real operands of one step.
-struct LinearCapture {
+/// QuantLinearImpl::probe is set: the real operands of one step.
+struct LinearProbe {
   torch::Tensor x;   ///< [N, IN] input of the last forward (detached)
   torch::Tensor dy;  ///< [N, OUT] dL/dY of the last backward (detached; not kept when on_dy is set)
   /// When set, called in the layer's backward with dL/dY [N, OUT] (detached)
@@ -101,13 +101,16 @@ class QuantLinearImpl : public torch::nn::Module {
   int64_t in_features, out_features;
   std::string name;      ///< Hugging Face module name, e.g. "model.layers.0.self_attn.q_proj"
   int64_t layer_index = 0;
+  /// The precision of the next forward; a forward captures it (and the key)
+  /// in its autograd context, and its backward uses that capture, so a change
+  /// takes effect from the next forward on (plans change at step boundaries).
   LinearPrecision precision;
   QuantKey key_base;     ///< seed and step; layer and operand are filled per call
 
   // ---- stats-step probes (off unless set; see METHOD.md section 3)
   /// When set, forward stores X and backward stores dY into it, and its noise
   /// functions inject the curvature and dgrad probes.
-  std::shared_ptr<LinearCapture> capture;
+  std::shared_ptr<LinearProbe> probe;
 };
 TORCH_MODULE(QuantLinear);
 
