@@ -21,8 +21,16 @@ namespace {
 std::string config_options_help() {
   std::string s = "\nConfiguration options (TOML [section] key, or --set section.key=value):\n";
   for (const auto& o : option_table()) {
-    s += fmt::format("  {:<34} default {:<14} {}{}\n", o.key, format_option_value(o.def), o.help,
-                     o.unit.empty() ? "" : " [" + o.unit + "]");
+    std::string allowed;
+    if (!o.choices.empty()) {
+      for (const auto& c : o.choices) allowed += (allowed.empty() ? "" : "|") + c;
+      allowed = " {" + allowed + "}";
+    } else if (o.type == OptionType::kInt || o.type == OptionType::kFloat) {
+      const std::string r = o.range.describe(o.type == OptionType::kInt);
+      if (!r.empty()) allowed = " (" + r + ")";
+    }
+    s += fmt::format("  {:<34} default {:<14} {}{}{}\n", o.key, format_option_value(o.def), o.help,
+                     o.unit.empty() ? "" : " [" + o.unit + "]", allowed);
   }
   return s;
 }

@@ -2,20 +2,38 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <spdlog/pattern_formatter.h>
 #include <spdlog/spdlog.h>
 
+#include <ctime>
 #include <iostream>
+#include <memory>
+#include <string_view>
 #include <string>
 
 #include "snip/util/error.h"
 
 namespace snip::cli {
 
-/// Common look: option column width, log line pattern.
+/// "warning: " / "error: " before a log line of that level, nothing before
+/// an info line (the %* flag of the log pattern).
+class LevelTag : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& m, const std::tm&, spdlog::memory_buf_t& dest) override {
+    const std::string_view t = m.level == spdlog::level::warn ? "warning: " : m.level >= spdlog::level::err ? "error: " : "";
+    dest.append(t.data(), t.data() + t.size());
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override { return std::make_unique<LevelTag>(); }
+};
+
+/// Common look: option column width, log line pattern ("[12:00:00] model:
+/// ...", "[12:00:00] warning: ...").
 inline void configure_app(CLI::App& app) {
   app.require_subcommand(1);
   app.get_formatter()->column_width(40);
-  spdlog::set_pattern("[%H:%M:%S] %v");
+  auto f = std::make_unique<spdlog::pattern_formatter>();
+  f->add_flag<LevelTag>('*').set_pattern("[%H:%M:%S] %*%v");
+  spdlog::set_formatter(std::move(f));
 }
 
 /// Parses argv and runs the chosen subcommand. Exit status: 0 on success

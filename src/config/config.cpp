@@ -89,12 +89,12 @@ std::vector<OptionSpec> make_table() {
       opt("train.sample_prompt", T::kString, std::string("The"), "", "prompt of the samples printed at evaluations"),
       // [precision]
       opt("precision.recipe", T::kString, std::string("none"), "",
-          "quantization recipe applied to every linear layer (none, or a name from `snip formats --recipes`); "
-          "only with precision.policy = bf16 (use policy uniform-<recipe> otherwise)"),
+          "shorthand for policy uniform-<recipe> on every step (no warmup, no final phase): a name from "
+          "`snip formats --recipes`, or none; only with precision.policy = bf16"),
       // [precision]: the adaptive method (METHOD.md sections 3-6; docs/planner.md "In training").
       opt("precision.policy", T::kString, std::string("bf16"), "",
-          "who chooses each layer's precision: bf16 (no quantization), uniform-<option> (e.g. uniform-fp8, "
-          "uniform-fp4), snip (stats + ILP), min-rel-err, layer-type, first-last-fp8, random"),
+          "who chooses each layer's precision: bf16 (no quantization), uniform-<recipe> (any recipe, e.g. "
+          "uniform-fp8, uniform-mxfp4), snip (stats + ILP), min-rel-err, layer-type, first-last-fp8, random"),
       opt("precision.budget", T::kFloat, 0.75, "fraction",
           "FP4 FLOPs share every plan must reach (snip and the ordered heuristics)"),
       opt("precision.options", T::kString, std::string("fp4,fp8"), "list",
