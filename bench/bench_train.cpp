@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include "snip/model/llama.h"
+#include "snip/model/matmul.h"
 #include "snip/hw/platform.h"
 #include "snip/quant/quantizers.h"
 #include "tiny_model.h"
@@ -48,17 +49,26 @@ void BM_TrainStep(benchmark::State& state) {
 BENCHMARK(BM_TrainStep)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // The reference: one GEMM of the model's typical shape, [B*T, C] x [C, F].
+// Arg 0: 0 = FP32 (torch::mm), 1 = BF16 operands through LibTorch's own
+// torch::mm, 2 = snip's BF16 GEMM (snip::matmul_in: LibTorch's where it
+// accumulates in FP32, else the FP32 emulation; model/matmul.h).
 void BM_Gemm(benchmark::State& state) {
-  const auto dt = state.range(0) == 1 ? at::kBFloat16 : at::kFloat;
   const int64_t M = kB * kT, K = state.range(1), N = state.range(2);
-  torch::Tensor a = torch::randn({M, K}).to(dt), b = torch::randn({N, K}).to(dt);
-  for (auto _ : state) benchmark::DoNotOptimize(torch::mm(a, b.t()));
+  const torch::Tensor a32 = torch::randn({M, K}), b32 = torch::randn({N, K});
+  if (state.range(0) == 2) {
+    for (auto _ : state) benchmark::DoNotOptimize(snip::matmul_in(a32, b32.t(), at::kBFloat16));
+  } else {
+    const auto dt = state.range(0) == 1 ? at::kBFloat16 : at::kFloat;
+    const torch::Tensor a = a32.to(dt), b = b32.to(dt);
+    for (auto _ : state) benchmark::DoNotOptimize(torch::mm(a, b.t()));
+  }
   state.counters["flops_per_s"] =
       benchmark::Counter(double(state.iterations()) * 2.0 * M * K * N, benchmark::Counter::kIsRate);
-  state.SetLabel(state.range(0) == 1 ? "bf16" : "fp32");
+  state.SetLabel(state.range(0) == 0   ? "fp32"
+                 : state.range(0) == 1 ? "bf16 torch::mm"
+                                       : (snip::native_bf16_gemm() ? "bf16 snip (native)" : "bf16 snip (emulated)"));
 }
-BENCHMARK(BM_Gemm)->Args({0, 256, 688})->Args({1, 256, 688})->Args({0, 256, 8192})->Args({1, 256, 8192})
-    ->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Gemm)->ArgsProduct({{0, 1, 2}, {256}, {688, 8192}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // One linear layer, fwd + bwd, [B*T, 688] -> [B*T, 256] (the tiny model's
 // down_proj), T_tok = 2048 tokens: LibTorch's own linear with BF16 operands

@@ -1,6 +1,7 @@
 // `snip sample`: what a trained model writes (see snip/train/sample.h).
 #include <spdlog/spdlog.h>
 
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -19,10 +20,15 @@ namespace snip::cli {
 
 namespace fs = std::filesystem;
 
+// Enough for any prompt continuation a person reads; no KV cache, so each
+// token costs a forward over the whole context.
+constexpr int64_t kMaxNewTokens = 100000;
+
 void add_sample_commands(CLI::App& app) {
   struct Args {
     std::string run_dir, checkpoint, prompt, tokenizer;
     SampleOptions o;
+    int64_t seed = 0;
   };
   auto a = std::make_shared<Args>();
   CLI::App* s = app.add_subcommand("sample", "text a checkpoint writes after a prompt (the run's tokenizer)");
@@ -32,9 +38,14 @@ void add_sample_commands(CLI::App& app) {
   s->add_option("--max-new-tokens", a->o.max_new_tokens, "tokens to generate")->capture_default_str();
   s->add_option("--temperature", a->o.temperature, "softmax temperature; 0 = greedy")->capture_default_str();
   s->add_option("--top-k", a->o.top_k, "sample among the k most likely tokens; 0 = all")->capture_default_str();
-  s->add_option("--seed", a->o.seed, "seed of the draws (same seed, same text)")->capture_default_str();
+  s->add_option("--seed", a->seed, "seed of the draws, >= 0 (same seed, same text)")->capture_default_str();
   s->add_option("--tokenizer", a->tokenizer, "tokenizer.model (default: the run's data.dir/tokenizer.model)");
   s->callback([a] {
+    if (a->seed < 0) fail("--seed: expected an integer >= 0, got ", a->seed);
+    a->o.seed = uint64_t(a->seed);
+    if (!std::isfinite(a->o.temperature)) fail("--temperature: expected a finite number >= 0, got ", a->o.temperature);
+    if (a->o.max_new_tokens > kMaxNewTokens)
+      fail("--max-new-tokens: expected at most ", kMaxNewTokens, ", got ", a->o.max_new_tokens);
     const fs::path run(a->run_dir);
     if (!fs::is_regular_file(run / "config.toml"))
       fail("--run-dir: ", (run / "config.toml").string(), " does not exist (expected a run of `snip train`)");
@@ -49,10 +60,16 @@ void add_sample_commands(CLI::App& app) {
     LlamaForCausalLM model = load_checkpoint_model(ckpt);
     const data::TokenizerClient client(data::TokenizerClient::sibling_program(), tok);
     const std::vector<int32_t> prompt = client.encode(a->prompt, /*bos=*/true);
-    // Stop at the end of a document: meta.json beside a prepared tokenizer names EOS.
+    // meta.json beside a prepared tokenizer: its vocabulary must be the
+    // model's (ids beyond it would decode to nothing or fail), and it names EOS,
+    // where a sample stops.
     const fs::path meta = fs::path(tok).parent_path() / "meta.json";
     if (fs::is_regular_file(meta)) {
       const auto j = nlohmann::json::parse(io::read_file(meta.string()), nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.contains("vocab_size") && j["vocab_size"].is_number_integer() &&
+          j["vocab_size"].get<int64_t>() > model->cfg.vocab_size)
+        fail("tokenizer ", tok, " has ", j["vocab_size"].get<int64_t>(), " pieces but the model in ", ckpt, " only ",
+             model->cfg.vocab_size, " (another tokenizer than the run's?)");
       if (j.is_object() && j.contains("eos_id") && j["eos_id"].is_number_integer()) a->o.eos_id = j["eos_id"].get<int64_t>();
     }
     const std::vector<int32_t> ids = sample(model, prompt, a->o);

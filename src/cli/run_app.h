@@ -5,6 +5,7 @@
 #include <spdlog/pattern_formatter.h>
 #include <spdlog/spdlog.h>
 
+#include <csignal>
 #include <ctime>
 #include <iostream>
 #include <memory>
@@ -43,6 +44,9 @@ inline void configure_app(CLI::App& app) {
 /// <first line>` for any other exception (LibTorch's c10::Error carries a
 /// backtrace after its first line).
 inline int run_app(CLI::App& app, int argc, char** argv) {
+  // A file-size limit (ulimit -f) must end a write with EFBIG, which every
+  // writer turns into one clear line, not kill the process mid-file.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -95,6 +95,8 @@ std::string TokenizerClient::run(const std::string& verb, const std::string& inp
     std::string last = errors;
     while (!last.empty() && last.back() == '\n') last.pop_back();
     if (last.find('\n') != std::string::npos) last = last.substr(last.rfind('\n') + 1);
+    const std::string child_prefix = "snip: error: ";  // the child's own one-line error
+    if (last.rfind(child_prefix, 0) == 0) last = last.substr(child_prefix.size());
     fail("tokenizer ", model_, ": ", program_, " data ", verb, " failed: ", last.empty() ? "(no message)" : last);
   }
   return result;

@@ -158,15 +158,13 @@ PrecisionController::PrecisionController(const RunConfig& rc, std::vector<QuantL
   const std::string& recipe = pc_.recipe;
   SNIP_CHECK(pc_.policy != Policy::kBf16 || recipe == "none" || recipe.empty(),
              "precision.recipe = ", recipe, " reached the controller: call resolve_precision_alias() first");
-  if (pc_.policy == Policy::kBf16) return;  // inactive: nothing is quantized
-  if (recipe != "none" && !recipe.empty())
+  if (pc_.policy != Policy::kBf16 && recipe != "none" && !recipe.empty())
     fail("config: precision.recipe = '", recipe, "' applies one recipe to every layer and cannot be combined "
          "with precision.policy = '", policy_, "'; set precision.recipe = \"none\" (or use policy uniform-",
          recipe, ")");
-  active_ = true;
   SNIP_CHECK(!layers_.empty(), "no quantizable layers");
+  // Checked for every policy (bf16 too): the schedule, the options, the pins.
   sched_ = PrecisionSchedule::from_config(rc);
-  for (int64_t p : sched_.plan_steps()) plan_steps_.insert(p);
   const std::vector<std::string>& options = pc_.options;
   if (options.empty()) fail("config: precision.options: expected a comma-separated list of options, got none");
   {
@@ -211,6 +209,9 @@ PrecisionController::PrecisionController(const RunConfig& rc, std::vector<QuantL
       fail("config: precision.pins: ", e.what());
     }
   }
+  if (pc_.policy == Policy::kBf16) return;  // inactive: nothing is quantized
+  active_ = true;
+  for (int64_t p : sched_.plan_steps()) plan_steps_.insert(p);
   // Everything the planner can check on the layer list alone (pins that match
   // nothing, conflicting pins, options, budget feasibility): run the very
   // decision a plan step will make, on placeholder Q values.

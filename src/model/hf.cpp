@@ -89,6 +89,7 @@ void load_model_from_safetensors(LlamaForCausalLM& model, const io::SafeTensors&
 }
 
 void export_hf(LlamaForCausalLM& model, const std::string& dir, at::ScalarType dtype, bool force) {
+  if (dir.empty()) fail("--out: expected a folder name, got an empty string");
   const fs::path d = fs::absolute(dir).lexically_normal();
   const fs::path name = d.filename().empty() ? d.parent_path().filename() : d.filename();
   const fs::path parent = d.filename().empty() ? d.parent_path().parent_path() : d.parent_path();

@@ -105,6 +105,17 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   }
   const std::string alias = resolve_precision_alias(cfg);
   const RunConfig rc = RunConfig::from(cfg);  // every option checked and typed, once
+  if (opts.resume && fs::is_regular_file(run / "config.toml")) {
+    // What fixes the data order and the tokens of a step cannot change
+    // within a run (its position and token counts would be wrong).
+    Config saved;
+    saved.load_toml_file((run / "config.toml").string());
+    for (const char* key : {"train.seed", "train.batch_size", "train.seq_len", "train.grad_accum"})
+      if (saved.get_int(key) != cfg.get_int(key))
+        fail("--resume: ", key, " is ", cfg.get_int(key), " but ", opts.run_dir, " was trained with ",
+             saved.get_int(key), " (it fixes the data order and the tokens per step); resume with that value, or "
+             "start a new --run-dir");
+  }
   const TrainConfig& tc = rc.train;
   const fs::path data_dir(rc.data.dir);
   const std::string train_bin = (data_dir / "train.bin").string(), val_bin = (data_dir / "val.bin").string();

@@ -76,5 +76,11 @@ kill "$first" 2>/dev/null; wait "$first" 2>/dev/null
 [ "$rc" -eq 2 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL lock: rc=$rc" >&2; }
 check "lock names the first" "$tmp/err3" "^snip: error: run directory $tmp/busy is in use by process $first " 1
 
+# A file-size limit (ulimit -f, KiB) ends the run with one error line, exit 2,
+# never with SIGXFSZ (exit 153) in the middle of a file.
+(ulimit -f 12; "$snip" train --config "$tmp/m.toml" --set train.max_steps=2 --run-dir "$tmp/fsize" >"$tmp/out4" 2>"$tmp/err4"); rc=$?
+[ "$rc" -eq 2 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL file-size limit: rc=$rc (want 2)" >&2; }
+check "file-size limit is one error line" "$tmp/err4" "^snip: error: .*File too large" 1
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

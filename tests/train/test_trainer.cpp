@@ -340,3 +340,27 @@ TEST(Trainer, RunKilledBetweenLastCheckpointAndSummaryIsFinishedOnResume) {
   expect_user_error([&] { train(c, o); }, "nothing to do");
   fs::remove_all(o.run_dir);
 }
+
+TEST(Trainer, ResumeRefusesAnotherDataOrderOrStepSize) {
+  require_data();
+  Config c = micro_config();
+  c.set("train.max_steps", int64_t{4}, "test");
+  c.set("train.checkpoint_interval", int64_t{2}, "test");
+  TrainOptions o;
+  o.quiet = true;
+  o.run_dir = fresh_dir("reshape");
+  o.stop_after = 2;
+  train(c, o);
+  o.stop_after = 0;
+  o.resume = true;
+  for (const auto& [key, v] : std::vector<std::pair<std::string, int64_t>>{
+           {"train.batch_size", 4}, {"train.seq_len", 32}, {"train.grad_accum", 2}, {"train.seed", 99}}) {
+    Config changed = c;
+    changed.set(key, v, "test");
+    expect_user_error([&] { train(changed, o); }, "--resume: " + key + " is " + std::to_string(v));
+  }
+  EXPECT_EQ(read_metrics(o.run_dir).size(), 2u);  // nothing written by the refused attempts
+  c.set("train.max_steps", int64_t{6}, "test");    // a longer run is fine
+  EXPECT_EQ(train(c, o).steps, 6);
+  fs::remove_all(o.run_dir);
+}
