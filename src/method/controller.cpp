@@ -64,6 +64,7 @@ class PerGemmQuantizer : public OperandQuantizer {
 
 std::string resolve_precision_alias(Config& cfg) {
   const std::string recipe = cfg.get_string("precision.recipe");
+  if (recipe.empty()) cfg.set("precision.recipe", std::string("none"), "precision.recipe");  // "" means none
   if (recipe.empty() || recipe == "none" || cfg.get_string("precision.policy") != kReference) return "";
   const std::string what = "precision.recipe = '" + recipe + "'";
   cfg.set("precision.recipe", std::string("none"), what);

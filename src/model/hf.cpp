@@ -98,11 +98,19 @@ void export_hf(LlamaForCausalLM& model, const std::string& dir, at::ScalarType d
   if (fs::is_directory(d) && !fs::is_empty(d) && !force)
     fail("--out: ", dir, " is not empty; choose a new folder, or pass --force to replace its config.json and "
          "model.safetensors");
+  const bool created = !fs::exists(d);
   io::ensure_writable_dir(dir);
   nlohmann::json cfg = model->cfg.to_hf_json();
   cfg["torch_dtype"] = dtype == at::kBFloat16 ? "bfloat16" : "float32";
-  io::write_safetensors((fs::path(dir) / "model.safetensors").string(), model_to_safetensors(model, dtype));
-  io::write_file_atomic((fs::path(dir) / "config.json").string(), cfg.dump(2) + "\n");
+  try {
+    io::write_safetensors((fs::path(dir) / "model.safetensors").string(), model_to_safetensors(model, dtype));
+    io::write_file_atomic((fs::path(dir) / "config.json").string(), cfg.dump(2) + "\n");
+  } catch (...) {
+    // Nothing partial: the writes are atomic; a folder this call made goes too.
+    std::error_code ec;
+    if (created && fs::is_empty(d, ec)) fs::remove(d, ec);
+    throw;
+  }
 }
 
 LlamaForCausalLM import_hf(const std::string& dir) {

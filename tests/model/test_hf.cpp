@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <signal.h>
+#include <sys/resource.h>
+
 #include <filesystem>
 
 #include "snip/model/hf.h"
@@ -125,5 +128,27 @@ TEST(HuggingFace, ExportRefusesNonEmptyAndCheckpointFolders) {
   fs::create_directories(root + "/empty");
   export_hf(m, root + "/empty");
   EXPECT_TRUE(fs::exists(root + "/empty/config.json"));
+  fs::remove_all(root);
+}
+
+TEST(HuggingFace, FailedExportLeavesNoFolderBehind) {
+  torch::manual_seed(3);
+  LlamaForCausalLM m(small(true));
+  const std::string root = tmpdir("full");
+  fs::create_directories(root);
+  // Disk full, as the export sees it: no file may grow past 4 KiB
+  // (model.safetensors of this model is ~20 KiB; writes fail with EFBIG).
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto* old_handler = signal(SIGXFSZ, SIG_IGN);
+  rlimit small_limit = old;
+  small_limit.rlim_cur = 4096;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small_limit), 0);
+  const std::string m1 = error_of([&] { export_hf(m, root + "/new"); });
+  setrlimit(RLIMIT_FSIZE, &old);
+  signal(SIGXFSZ, old_handler);
+  EXPECT_NE(m1.find("File too large"), std::string::npos) << m1;
+  EXPECT_FALSE(fs::exists(root + "/new"));  // created by the export, removed with its failure
+  EXPECT_TRUE(fs::is_empty(root));
   fs::remove_all(root);
 }

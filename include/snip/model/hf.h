@@ -38,7 +38,8 @@ void load_model_from_safetensors(LlamaForCausalLM& model, const io::SafeTensors&
 /// created; `dtype` float32 or bfloat16). Throws UserError, writing nothing,
 /// if dir is not writable, if it is a checkpoint folder of a run (it holds a
 /// trainer_state.json, or is named checkpoints/ or sits in one), or if it is
-/// not empty and `force` is false.
+/// not empty and `force` is false; and when a write fails (disk full), after
+/// removing the folder if this call created it.
 void export_hf(LlamaForCausalLM& model, const std::string& dir, at::ScalarType dtype = at::kFloat,
                bool force = false);
 
