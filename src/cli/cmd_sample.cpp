@@ -6,12 +6,9 @@
 #include <iostream>
 #include <memory>
 
-#include <nlohmann/json.hpp>
-
 #include "commands.h"
 #include "snip/config/config.h"
 #include "snip/data/token_client.h"
-#include "snip/io/atomic_file.h"
 #include "snip/train/checkpoint.h"
 #include "snip/train/sample.h"
 #include "snip/util/error.h"
@@ -63,15 +60,11 @@ void add_sample_commands(CLI::App& app) {
     // meta.json beside a prepared tokenizer: its vocabulary must be the
     // model's (ids beyond it would decode to nothing or fail), and it names EOS,
     // where a sample stops.
-    const fs::path meta = fs::path(tok).parent_path() / "meta.json";
-    if (fs::is_regular_file(meta)) {
-      const auto j = nlohmann::json::parse(io::read_file(meta.string()), nullptr, /*allow_exceptions=*/false);
-      if (j.is_object() && j.contains("vocab_size") && j["vocab_size"].is_number_integer() &&
-          j["vocab_size"].get<int64_t>() > model->cfg.vocab_size)
-        fail("tokenizer ", tok, " has ", j["vocab_size"].get<int64_t>(), " pieces but the model in ", ckpt, " only ",
-             model->cfg.vocab_size, " (another tokenizer than the run's?)");
-      if (j.is_object() && j.contains("eos_id") && j["eos_id"].is_number_integer()) a->o.eos_id = j["eos_id"].get<int64_t>();
-    }
+    const data::TokenizerMeta meta = data::TokenizerMeta::read(fs::path(tok).parent_path().string());
+    if (meta.vocab_size > model->cfg.vocab_size)
+      fail("tokenizer ", tok, " has ", meta.vocab_size, " pieces but the model in ", ckpt, " only ",
+           model->cfg.vocab_size, " (another tokenizer than the run's?)");
+    a->o.eos_id = meta.eos_id;
     const std::vector<int32_t> ids = sample(model, prompt, a->o);
     std::cout << client.decode(ids) << "\n";
   });

@@ -10,7 +10,10 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "snip/util/error.h"
 
@@ -44,6 +47,19 @@ std::string read_all(int fd) {
 }
 
 }  // namespace
+
+TokenizerMeta TokenizerMeta::read(const std::string& folder) {
+  TokenizerMeta m;
+  std::ifstream in(std::filesystem::path(folder) / "meta.json");
+  if (!in) return m;
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  auto int_at = [&](const char* key) {
+    return j.is_object() && j.contains(key) && j[key].is_number_integer() ? j[key].get<int64_t>() : int64_t{-1};
+  };
+  m.vocab_size = int_at("vocab_size");
+  m.eos_id = int_at("eos_id");
+  return m;
+}
 
 TokenizerClient::TokenizerClient(std::string program, std::string model)
     : program_(std::move(program)), model_(std::move(model)) {}

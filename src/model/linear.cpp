@@ -29,11 +29,10 @@ torch::Tensor q(const StepPrecision& sp, const torch::Tensor& t, Operand op) {
 }
 
 // a: [M, K], b: [N, K] -> a · bᵀ [M, N] in `dtype` (FP32 accumulation,
-// model/matmul.h), cast back to a's dtype. Strided views are fine: mm reads
-// transposed operands without copies.
+// model/matmul.h), cast back to a's dtype. Strided views are fine: the GEMM
+// reads transposed operands without copies.
 torch::Tensor gemm_nt(const torch::Tensor& a, const torch::Tensor& b, at::ScalarType dtype) {
-  if (dtype == at::ScalarType::Undefined || dtype == a.scalar_type()) return torch::mm(a, b.t());
-  return gemm_result(torch::mm(gemm_operand(a, dtype), gemm_operand(b, dtype).t()), dtype, a.scalar_type());
+  return matmul_in(a, b.t(), dtype);
 }
 
 struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunction> {

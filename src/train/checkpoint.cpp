@@ -168,8 +168,7 @@ void load_optimizer_state(torch::optim::Optimizer& opt, const std::string& bytes
 LlamaForCausalLM load_checkpoint_model(const std::string& dir) {
   verify_checkpoint(dir);
   LlamaForCausalLM m(model_config_of(dir));
-  const std::string wp = (fs::path(dir) / "model.safetensors").string();
-  load_model_from_safetensors(m, io::read_safetensors(wp), wp);
+  load_checkpoint_weights(dir, m);
   return m;
 }
 

@@ -221,9 +221,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     try {
       sampler = std::make_unique<data::TokenizerClient>(opts.snip_data, (data_dir / "tokenizer.model").string());
       sample_prompt = sampler->encode(tc.sample_prompt, /*bos=*/true);
-      const json meta = json::parse(io::read_file((data_dir / "meta.json").string()), nullptr, false);
-      if (meta.is_object() && meta.contains("eos_id") && meta["eos_id"].is_number_integer())
-        sample_opts.eos_id = meta["eos_id"].get<int64_t>();
+      sample_opts.eos_id = data::TokenizerMeta::read(data_dir.string()).eos_id;
     } catch (const std::exception& e) {
       spdlog::warn("no samples at evaluations: {}", e.what());
       sampler.reset();

@@ -12,6 +12,15 @@
 
 namespace snip::data {
 
+/// What a prepared data folder's meta.json (`snip data prepare`) says of its
+/// tokenizer; -1 where it says nothing (no file, unreadable, key missing).
+struct TokenizerMeta {
+  int64_t vocab_size = -1;  ///< pieces V
+  int64_t eos_id = -1;      ///< id of </s>, where a sample stops
+  /// Reads FOLDER/meta.json; never throws.
+  static TokenizerMeta read(const std::string& folder);
+};
+
 class TokenizerClient {
  public:
   /// `program`: the snip-data executable; `model`: a tokenizer.model file.
