@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "snip/formats/bf16.h"
+
 namespace snip {
 
 namespace {
@@ -29,7 +31,38 @@ bool probe_native_bf16() {
   return (got - ref).norm().item<double>() <= 4e-3 * ref.norm().item<double>();
 }
 
+// t (FP32, non-overlapping and dense: contiguous, transposed, permuted)
+// rounded to BF16 precision, held in FP32, in t's own layout (as
+// .to(kBFloat16).to(kFloat) keeps it: the GEMM then reads the same strides):
+// one pass over the memory (formats::round_to_bf16), bit for bit the casts.
+torch::Tensor round_bf16_raw(const torch::Tensor& t) {
+  torch::Tensor out = torch::empty_like(t);  // preserve_format: t's strides
+  formats::round_to_bf16(t.data_ptr<float>(), out.data_ptr<float>(), t.numel());
+  return out;
+}
+
+bool dense(const torch::Tensor& t) { return t.is_non_overlapping_and_dense(); }
+
+// The rounding as an autograd function with the derivative of the cast pair
+// it replaces: .to(BF16).to(FP32) passes the gradient back through the same
+// two casts, so the gradient is rounded to BF16 too.
+struct RoundBf16Function : public torch::autograd::Function<RoundBf16Function> {
+  static torch::Tensor forward(torch::autograd::AutogradContext*, torch::Tensor t) {
+    return dense(t) ? round_bf16_raw(t) : t.to(at::kBFloat16).to(at::kFloat);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list grads) {
+    return {round_bf16(grads[0])};
+  }
+};
+
 }  // namespace
+
+torch::Tensor round_bf16(const torch::Tensor& t) {
+  if (t.scalar_type() != at::kFloat || !dense(t)) return t.to(at::kBFloat16).to(t.scalar_type());
+  if (t.requires_grad() && torch::GradMode::is_enabled()) return RoundBf16Function::apply(t);
+  return round_bf16_raw(t);
+}
 
 bool native_bf16_gemm() {
   static const bool native = probe_native_bf16();
@@ -38,13 +71,20 @@ bool native_bf16_gemm() {
 
 torch::Tensor gemm_operand(const torch::Tensor& t, at::ScalarType dtype) {
   if (!narrower(t, dtype)) return t;
+  if (dtype == at::kBFloat16 && !native_bf16_gemm() && t.scalar_type() == at::kFloat) return round_bf16(t);
   if (dtype == at::kBFloat16 && !native_bf16_gemm()) return t.to(at::kBFloat16).to(at::kFloat);
   return t.to(dtype);
 }
 
 torch::Tensor gemm_result(const torch::Tensor& y, at::ScalarType dtype, at::ScalarType out) {
-  if (dtype == at::kBFloat16 && y.scalar_type() == at::kFloat && !native_bf16_gemm())
-    return y.to(at::kBFloat16).to(out);
+  if (dtype == at::kBFloat16 && y.scalar_type() == at::kFloat && !native_bf16_gemm()) {
+    if (!(y.requires_grad() && torch::GradMode::is_enabled()) && dense(y)) {
+      // A GEMM's fresh output, outside autograd: rounded in place.
+      formats::round_to_bf16(y.data_ptr<float>(), y.data_ptr<float>(), y.numel());
+      return y.to(out);
+    }
+    return round_bf16(y).to(out);
+  }
   return y.to(out);
 }
 

@@ -46,3 +46,24 @@ TEST(Bf16Gemm, OperandsAreRoundedToNearestEven) {
   EXPECT_EQ(r[0].item<float>(), 1.0f);
   EXPECT_EQ(r[1].item<float>(), 1.0f + 1.0f / 64);
 }
+
+TEST(Bf16Gemm, RoundBf16IsTheCastPairBitForBitWithLayoutAndGradient) {
+  // round_bf16 replaces .to(kBFloat16).to(kFloat): same bits, same strides
+  // (the GEMM after it reads the same layout, so it sums in the same order),
+  // and the same derivative (the gradient rounded to BF16).
+  torch::manual_seed(0);
+  const torch::Tensor base = torch::randn({6, 5, 7, 4}) * 1e3;
+  for (const torch::Tensor& t : {base, base.transpose(1, 2), base.permute({3, 0, 2, 1}), base.narrow(2, 1, 3)}) {
+    const torch::Tensor want = t.to(torch::kBFloat16).to(torch::kFloat);
+    const torch::Tensor got = round_bf16(t);
+    EXPECT_TRUE(torch::equal(got, want));
+    EXPECT_EQ(got.strides(), want.strides());
+  }
+  torch::Tensor a = (torch::randn({33, 17}) * 10).requires_grad_(true);
+  torch::Tensor b = a.detach().clone().requires_grad_(true);
+  const torch::Tensor g = torch::randn({17, 33});
+  round_bf16(a.t()).backward(g);
+  b.t().to(torch::kBFloat16).to(torch::kFloat).backward(g);
+  EXPECT_TRUE(torch::equal(a.grad(), b.grad()));
+  EXPECT_FALSE(torch::equal(a.grad(), g.t()));  // the gradient was rounded
+}

@@ -4,9 +4,10 @@
 
 namespace snip {
 
-/// Applies two runtime settings that must be in the environment before the
+/// Applies the runtime settings that must be in the environment before the
 /// shared libraries initialise (they read it before main()), re-executing the
-/// program (/proc/self/exe, same argv) once when it changed anything:
+/// program (/proc/self/exe, same argv) once when it changed anything, then
+/// the allocator settings (tune_allocator):
 ///
 /// - OPENBLAS_CORETYPE=SkylakeX on AVX-512 CPUs when unset. OpenBLAS 0.3.21
 ///   (Debian 12) does not recognise recent Xeons (Sapphire Rapids) and falls
@@ -17,9 +18,26 @@ namespace snip {
 ///   compiler, ctest -j): a micro training run measured 2.6 s with PASSIVE
 ///   against > 120 s with ACTIVE on the same loaded 2-core machine, and the
 ///   same speed on an idle one (docs/benchmarks.md).
+/// - OPENBLAS_THREAD_TIMEOUT=12 when unset: OpenBLAS's (pthreads) workers
+///   sleep after 2^12 cycles without work instead of 2^28 (~0.1 s) of
+///   sched_yield() loops, which otherwise take the cores from LibTorch's
+///   OpenMP threads between GEMMs (20% of a training step's samples were in
+///   sched_yield on a 2-core AMD EPYC; docs/benchmarks.md).
 ///
-/// A user's own setting of either variable wins; SNIP_NO_RUNTIME_TUNE=1
-/// turns both off. Returns normally (doing nothing) if the re-exec fails.
+/// A user's own setting of any of these variables wins; SNIP_NO_RUNTIME_TUNE=1
+/// turns all of them off (and the allocator settings). Returns normally
+/// (doing nothing more) if the re-exec fails.
 void tune_runtime_or_reexec(char** argv);
+
+/// glibc malloc: M_MMAP_THRESHOLD and M_TRIM_THRESHOLD raised to 1 GiB, so
+/// that tensors of 32 MiB .. 1 GiB (the logits [B*T, V] and their gradient)
+/// are reused from the heap instead of being mmap()ed, page-faulted in and
+/// munmap()ed at every step: 5.5M minor page faults and 31 s of system time
+/// in 40 steps of the tiny config became 0.3M and 7 s (2-core AMD EPYC,
+/// docs/benchmarks.md). Freed memory stays in the process (as in a caching
+/// allocator): the peak resident size grew 21% there. Applied in-process
+/// (mallopt(3)); no effect without glibc, or when SNIP_NO_RUNTIME_TUNE or
+/// glibc's own MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ are set.
+void tune_allocator();
 
 }  // namespace snip

@@ -25,6 +25,13 @@ namespace snip {
 /// overrides it. The probe uses no random numbers.
 bool native_bf16_gemm();
 
+/// t rounded to BF16 precision (round to nearest even) and held in t's dtype:
+/// bit for bit t.to(kBFloat16).to(t.dtype), including the derivative (the
+/// gradient is rounded to BF16 the same way) and the layout (t's strides).
+/// Dense FP32 inputs (contiguous, transposed or permuted views) take one pass
+/// of formats::round_to_bf16 instead of two casts; any shape.
+torch::Tensor round_bf16(const torch::Tensor& t);
+
 /// An operand of a GEMM in `dtype`: t cast to dtype, or for BF16 without a
 /// native GEMM, t rounded to BF16 and held in FP32. Undefined or t's own
 /// dtype: t unchanged. Any shape.
@@ -32,7 +39,8 @@ torch::Tensor gemm_operand(const torch::Tensor& t, at::ScalarType dtype);
 
 /// The output of a GEMM whose operands came from gemm_operand(.., dtype), as
 /// `out` (the activation dtype): rounded to dtype first when the GEMM ran
-/// emulated in FP32. Any shape.
+/// emulated in FP32. Any shape. y must be the GEMM's own fresh output: outside
+/// autograd it is rounded in place (and returned when out is FP32).
 torch::Tensor gemm_result(const torch::Tensor& y, at::ScalarType dtype, at::ScalarType out);
 
 /// a [.., M, K] · b [.., K, N] in `dtype` (Undefined = a's dtype), returned
