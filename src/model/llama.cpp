@@ -178,20 +178,24 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   torch::Tensor v = v_proj(x).view({B, T, nkv, hd}).transpose(1, 2);  // [B, NKV, T, HD]
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
-  if (nkv != nh) {  // KV head j serves query heads j*rep .. (j+1)*rep-1 (HF repeat_kv)
-    const int64_t rep = nh / nkv;
-    k = k.unsqueeze(2).expand({B, nkv, rep, T, hd}).reshape({B, nh, T, hd});
-    v = v.unsqueeze(2).expand({B, nkv, rep, T, hd}).reshape({B, nh, T, hd});
-  }
-  // Causal mask as an additive [T, T] bias (0 on/below the diagonal, -inf above).
-  torch::Tensor bias = torch::full({T, T}, -std::numeric_limits<double>::infinity(), q.options()).triu(1);
+  // Grouped-query attention without copies of K and V (HF repeat_kv): KV
+  // head j serves query heads j*rep .. (j+1)*rep-1, so those heads' queries
+  // stack into one [rep*T, HD] operand per KV head and each product is one
+  // GEMM per (batch, KV head): q [B, NKV, rep*T, HD] x kᵀ [B, NKV, HD, T].
+  const int64_t rep = nh / nkv;
+  const torch::Tensor qg = q.reshape({B, nkv, rep * T, hd});
   // The two attention products run in `bmm_dtype` (BF16 in the BF16
   // baseline: METHOD.md section 1 keeps them BF16); scores, mask and softmax
   // stay in the activation dtype.
   const bool cast = bmm_dtype != at::ScalarType::Undefined && bmm_dtype != x.scalar_type();
-  torch::Tensor att = cast ? matmul_in(q, k.transpose(-2, -1), bmm_dtype) : torch::matmul(q, k.transpose(-2, -1));
-  att = att.mul_(1.0 / std::sqrt(double(hd))).add_(bias).softmax(-1);  // [B, NH, T, T]
-  torch::Tensor y = cast ? matmul_in(att, v, bmm_dtype) : torch::matmul(att, v);  // [B, NH, T, HD]
+  torch::Tensor att = cast ? matmul_in(qg, k.transpose(-2, -1), bmm_dtype) : torch::matmul(qg, k.transpose(-2, -1));
+  // Causal mask as an additive [T, T] bias (0 on/below the diagonal, -inf
+  // above), repeated for the rep stacked heads: [rep*T, T].
+  torch::Tensor bias = torch::full({T, T}, -std::numeric_limits<double>::infinity(), q.options()).triu(1);
+  if (rep > 1) bias = bias.repeat({rep, 1});
+  att = att.mul_(1.0 / std::sqrt(double(hd))).add_(bias).softmax(-1);  // [B, NKV, rep*T, T]
+  torch::Tensor y = cast ? matmul_in(att, v, bmm_dtype) : torch::matmul(att, v);  // [B, NKV, rep*T, HD]
+  y = y.view({B, nh, T, hd});
   return o_proj(y.transpose(1, 2).reshape({B, T, nh * hd}));
 }
 
