@@ -22,3 +22,13 @@ set_tests_properties(prepare_brown512 PROPERTIES FIXTURES_SETUP brown512 TIMEOUT
 # Trainer.* the prepared Brown data.
 gtest_discover_tests(test_torch DISCOVERY_TIMEOUT 120
                      PROPERTIES FIXTURES_REQUIRED "llama_ref;brown512" TIMEOUT 600)
+
+# The emulated BF16 GEMM path (FP32 GEMMs on BF16-rounded operands) on every
+# machine: CPUs with native BF16 GEMMs (AVX512-BF16/AMX) take LibTorch's
+# kernel in the tests above, so the numerics and training tests run again here
+# with SNIP_BF16_GEMM=emulated (label bf16-emulated; the whole suite that way:
+# `SNIP_BF16_GEMM=emulated ctest --test-dir build`).
+add_test(NAME bf16_emulated
+         COMMAND test_torch --gtest_filter=Bf16Gemm.*:QuantLinear.*:Llama*:Reference.*:Trainer.LossDecreasesOnRealText:Trainer.ResumeIsExact:QuantTraining.*)
+set_tests_properties(bf16_emulated PROPERTIES ENVIRONMENT SNIP_BF16_GEMM=emulated LABELS bf16-emulated
+                     FIXTURES_REQUIRED "llama_ref;brown512" TIMEOUT 900)

@@ -16,5 +16,6 @@ void add_format_commands(CLI::App& app);   // formats, quantize (cmd_formats.cpp
 void add_plan_commands(CLI::App& app);     // plan              (cmd_plan.cpp)
 void add_report_commands(CLI::App& app);   // report            (cmd_report.cpp)
 void add_experiment_commands(CLI::App& app);  // experiment, correlate (cmd_experiment.cpp)
+void add_doctor_commands(CLI::App& app);   // doctor            (cmd_doctor.cpp)
 
 }  // namespace snip::cli

@@ -36,5 +36,6 @@ int main(int argc, char** argv) {
   snip::cli::add_report_commands(app);
   snip::cli::add_experiment_commands(app);
   snip::cli::add_sample_commands(app);
+  snip::cli::add_doctor_commands(app);
   return snip::cli::run_app(app, argc, argv);
 }

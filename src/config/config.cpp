@@ -76,6 +76,9 @@ std::vector<OptionSpec> make_table() {
       opt("train.grad_clip", T::kFloat, 1.0, "", "max global gradient L2 norm; 0 = off"),
       opt("train.gemm_dtype", T::kString, std::string("bf16"), "",
           "dtype the linear-layer GEMMs run in: bf16 (FP32 accumulate) or fp32"),
+      opt("train.gemm_backend", T::kString, std::string("auto"), "",
+          "how BF16 GEMMs run: native (LibTorch's BF16 kernel), emulated (FP32 GEMM on BF16-rounded "
+          "operands, same numerics), auto (native where it accumulates in FP32; `snip doctor` shows it)"),
       opt("train.eval_interval", T::kInt, int64_t{100}, "steps", "evaluate every N steps (and at the end)"),
       opt("train.eval_batches", T::kInt, int64_t{16}, "micro-batches",
           "validation micro-batches per evaluation; 0 = the whole validation split"),
@@ -186,6 +189,7 @@ std::vector<OptionSpec> make_table() {
   };
   const std::vector<std::pair<const char*, std::vector<std::string>>> words = {
       {"train.gemm_dtype", {"bf16", "fp32"}},
+      {"train.gemm_backend", {"auto", "native", "emulated"}},
       {"precision.granularity", {"layer", "gemm"}},
       {"precision.first_order", {"abs", "signed", "drop"}},
   };
@@ -551,6 +555,7 @@ RunConfig RunConfig::from(const Config& c) {
   t.eps = c.get_float("train.eps");
   t.grad_clip = c.get_float("train.grad_clip");
   t.gemm_bf16 = c.get_string("train.gemm_dtype") == "bf16";
+  t.gemm_backend = c.get_string("train.gemm_backend");
   t.eval_interval = c.get_int("train.eval_interval");
   t.eval_batches = c.get_int("train.eval_batches");
   t.checkpoint_interval = c.get_int("train.checkpoint_interval");

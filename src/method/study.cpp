@@ -14,6 +14,7 @@
 #include "snip/config/config.h"
 #include "snip/model/hf.h"
 #include "snip/model/llama.h"
+#include "snip/model/matmul.h"
 #include "snip/quant/quantizers.h"
 #include "snip/method/stats.h"
 #include "snip/train/checkpoint.h"
@@ -83,6 +84,7 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
   LlamaForCausalLM model(LlamaConfig::from_run_config(rc.model, loader.vocab_size()));
   load_checkpoint_weights(ckpt, model);
   const at::ScalarType gemm = gemm_dtype_of(tc);
+  set_bf16_gemm_backend(parse_bf16_gemm_backend(tc.gemm_backend));
   model->set_precision(LinearPrecision{nullptr, gemm});
   model->set_non_linear_gemm_dtype(gemm);
   const std::string opt_path = (fs::path(ckpt) / "optimizer.pt").string();

@@ -1,8 +1,11 @@
 // GEMMs in BF16 with FP32 accumulation (see matmul.h).
 #include "snip/model/matmul.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <stdexcept>
 
 #include "snip/formats/bf16.h"
 
@@ -15,10 +18,6 @@ bool narrower(const torch::Tensor& t, at::ScalarType dtype) {
 }
 
 bool probe_native_bf16() {
-  if (const char* e = std::getenv("SNIP_BF16_GEMM")) {
-    if (std::strcmp(e, "native") == 0) return true;
-    if (std::strcmp(e, "emulated") == 0) return false;
-  }
   torch::NoGradGuard ng;
   // Fixed values in [-0.5, 0.5): frac(i·φ) (no random numbers, so nothing
   // of the run's generator is used).
@@ -64,9 +63,67 @@ torch::Tensor round_bf16(const torch::Tensor& t) {
   return round_bf16_raw(t);
 }
 
+bool libtorch_bf16_gemm_accumulates_fp32() {
+  static const bool fp32 = probe_native_bf16();
+  return fp32;
+}
+
+namespace {
+
+struct BackendChoice {
+  bool native = false;
+  std::string reason;
+};
+
+BackendChoice resolve(Bf16GemmBackend b) {
+  if (b == Bf16GemmBackend::kNative) return {true, "train.gemm_backend = native"};
+  if (b == Bf16GemmBackend::kEmulated) return {false, "train.gemm_backend = emulated"};
+  if (const char* e = std::getenv("SNIP_BF16_GEMM")) {
+    if (std::strcmp(e, "native") == 0) return {true, "SNIP_BF16_GEMM=native"};
+    if (std::strcmp(e, "emulated") == 0) return {false, "SNIP_BF16_GEMM=emulated"};
+  }
+  if (libtorch_bf16_gemm_accumulates_fp32()) return {true, "auto: LibTorch's BF16 matmul accumulates in FP32 here"};
+  return {false, "auto: LibTorch's BF16 matmul accumulates in BF16 here (no AVX512-BF16/AMX path)"};
+}
+
+std::mutex g_backend_mu;
+std::atomic<int> g_native{-1};  // -1 = not chosen yet, else 0/1
+std::string g_reason;
+
+}  // namespace
+
+Bf16GemmBackend parse_bf16_gemm_backend(const std::string& name) {
+  if (name == "auto") return Bf16GemmBackend::kAuto;
+  if (name == "native") return Bf16GemmBackend::kNative;
+  if (name == "emulated") return Bf16GemmBackend::kEmulated;
+  throw std::invalid_argument("gemm backend \"" + name + "\": expected auto, native or emulated");
+}
+
+void set_bf16_gemm_backend(Bf16GemmBackend b) {
+  BackendChoice c = resolve(b);
+  std::lock_guard<std::mutex> lk(g_backend_mu);
+  g_reason = c.reason;
+  g_native.store(c.native ? 1 : 0);
+}
+
 bool native_bf16_gemm() {
-  static const bool native = probe_native_bf16();
-  return native;
+  int v = g_native.load(std::memory_order_relaxed);
+  if (v < 0) {
+    BackendChoice c = resolve(Bf16GemmBackend::kAuto);
+    std::lock_guard<std::mutex> lk(g_backend_mu);
+    if (g_native.load() < 0) {
+      g_reason = c.reason;
+      g_native.store(c.native ? 1 : 0);
+    }
+    v = g_native.load();
+  }
+  return v == 1;
+}
+
+std::string bf16_gemm_reason() {
+  native_bf16_gemm();
+  std::lock_guard<std::mutex> lk(g_backend_mu);
+  return g_reason;
 }
 
 torch::Tensor gemm_operand(const torch::Tensor& t, at::ScalarType dtype) {

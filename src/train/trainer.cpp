@@ -18,6 +18,7 @@
 #include "snip/io/dir_lock.h"
 #include "snip/method/controller.h"
 #include "snip/model/hf.h"
+#include "snip/model/matmul.h"
 #include "snip/quant/quantizers.h"
 #include "snip/report/report.h"
 #include "snip/train/checkpoint.h"
@@ -146,6 +147,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     load_model_from_safetensors(model, model_to_safetensors(src), opts.init_from);
   }
   const at::ScalarType gemm = gemm_dtype_of(tc);
+  set_bf16_gemm_backend(parse_bf16_gemm_backend(tc.gemm_backend));
   model->set_precision(LinearPrecision{nullptr, gemm});
   model->set_non_linear_gemm_dtype(gemm);
   auto optimizer = make_optimizer(model, tc);
@@ -205,6 +207,9 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     spdlog::info("model: {} parameters ({} layers, C={}, V={}), {} tokens/step, GEMMs in {}, policy {}",
                  mcfg.num_parameters(), mcfg.num_hidden_layers, mcfg.hidden_size, mcfg.vocab_size,
                  tokens_per_step, tc.gemm_bf16 ? "bf16" : "fp32", ctl.policy());
+    if (tc.gemm_bf16)
+      spdlog::info("BF16 GEMMs {} ({})", native_bf16_gemm() ? "native" : "emulated: FP32 GEMMs on BF16-rounded operands",
+                   bf16_gemm_reason());
     if (step == max_steps) spdlog::info("{} holds the run's last step {}: writing its summary", resume_ckpt, step);
     else if (!resume_ckpt.empty()) spdlog::info("resumed from {} at step {}", resume_ckpt, step);
     else if (opts.resume)

@@ -140,6 +140,7 @@ struct TrainConfig {
   int64_t seed = 0, batch_size = 0, seq_len = 0, grad_accum = 1, max_steps = 0, warmup_steps = 0;
   double lr = 0, min_lr_ratio = 0, weight_decay = 0, beta1 = 0, beta2 = 0, eps = 0, grad_clip = 0;
   bool gemm_bf16 = true;  ///< train.gemm_dtype = "bf16" (else "fp32")
+  std::string gemm_backend = "auto";  ///< train.gemm_backend: "auto", "native" or "emulated" (model/matmul.h)
   int64_t eval_interval = 0, eval_batches = 0, checkpoint_interval = 0, keep_checkpoints = 0;
   int64_t log_interval = 0, threads = 0, sample_tokens = 0;
   std::string sample_prompt;

@@ -16,14 +16,43 @@
 
 #include <torch/torch.h>
 
+#include <string>
+
 namespace snip {
 
-/// True when LibTorch's own BF16 matmul accumulates in FP32 on this machine.
-/// Decided once per process by a probe (a [16, 4096] x [4096, 16] product of
-/// fixed values, compared with the FP32 product of the same BF16 operands:
-/// relative error <= 4e-3, Frobenius); SNIP_BF16_GEMM=native|emulated
-/// overrides it. The probe uses no random numbers.
+/// How BF16 GEMMs run (train.gemm_backend): kNative = LibTorch's own BF16
+/// matmul (oneDNN/AMX/AVX512-BF16 where present), kEmulated = FP32 GEMMs on
+/// BF16-rounded operands, result rounded to BF16 (the same numerics up to
+/// summation order), kAuto = native where the probe finds that LibTorch's BF16
+/// matmul accumulates in FP32, else emulated.
+enum class Bf16GemmBackend { kAuto, kNative, kEmulated };
+
+/// "auto" | "native" | "emulated" -> the backend; throws std::invalid_argument
+/// naming the value otherwise.
+Bf16GemmBackend parse_bf16_gemm_backend(const std::string& name);
+
+/// Sets the backend for the rest of the process (the trainer calls it with
+/// train.gemm_backend before the first GEMM). kAuto: the environment variable
+/// SNIP_BF16_GEMM=native|emulated if set (the test suite's switch), else the
+/// probe. Forcing kNative on a CPU whose BF16 matmul accumulates in BF16 is
+/// allowed (it is slow and inexact there: snip doctor warns).
+void set_bf16_gemm_backend(Bf16GemmBackend b);
+
+/// True when LibTorch's own BF16 matmul accumulates in FP32 on this machine:
+/// a probe, run once per process (a [16, 4096] x [4096, 16] product of fixed
+/// values, compared with the FP32 product of the same BF16 operands: relative
+/// error <= 4e-3, Frobenius). Uses no random numbers.
+bool libtorch_bf16_gemm_accumulates_fp32();
+
+/// True when BF16 GEMMs run natively in this process (set_bf16_gemm_backend;
+/// without a call, as kAuto).
 bool native_bf16_gemm();
+
+/// Why native_bf16_gemm() is what it is, for logs and snip doctor:
+/// "train.gemm_backend = native", "SNIP_BF16_GEMM=emulated", "auto: LibTorch's
+/// BF16 matmul accumulates in FP32 here" or "auto: LibTorch's BF16 matmul
+/// accumulates in BF16 here (no AVX512-BF16/AMX path)".
+std::string bf16_gemm_reason();
 
 /// t rounded to BF16 precision (round to nearest even) and held in t's dtype:
 /// bit for bit t.to(kBFloat16).to(t.dtype), including the derivative (the

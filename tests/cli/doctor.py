@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""`snip doctor` and train.gemm_backend through the real binary.
+
+Checks the JSON record against facts read independently of snip
+(/proc/cpuinfo's flags, os.cpu_count()), the support matrices against their
+published thresholds (FP8 tensor cores from compute capability 8.9, FP4 from
+10.0), the exit status (0 when the main job can run; non-zero with the reason
+on one line when a config's data is missing or the config is invalid), the
+BF16 backend switch (SNIP_BF16_GEMM, train.gemm_backend) as the trainer
+reports it.
+
+usage: doctor.py SNIP_BINARY PREPARED_DATA_DIR
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+snip, data = sys.argv[1], sys.argv[2]
+failures = []
+
+
+def check(name, ok, detail=""):
+    if not ok:
+        failures.append(f"{name}: {detail}")
+
+
+def run(*args, env=None):
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([snip, *args], capture_output=True, text=True, errors="replace", env=e, timeout=300)
+
+
+PRECISIONS = ["fp32", "bf16", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "mxfp8", "mxfp4", "nvfp4"]
+
+# 1. The record, on this machine.
+r = run("doctor", "--json", "--min-time", "0.05")
+check("exit status 0", r.returncode == 0, f"{r.returncode}: {r.stderr}")
+d = json.loads(r.stdout)
+cpu = d["machine"]["cpu"]
+flags = set()
+with open("/proc/cpuinfo") as f:
+    for line in f:
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+if flags:  # x86: the ISA flags are /proc/cpuinfo's
+    for name in ["avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"]:
+        check(f"flag {name}", cpu["flags"][name] == (name in flags), f"{cpu['flags'][name]} vs /proc/cpuinfo")
+check("logical_cpus", cpu["logical_cpus"] == os.cpu_count(), f"{cpu['logical_cpus']} vs {os.cpu_count()}")
+check("vendor", cpu["vendor"] not in ("", "unknown"), cpu["vendor"])
+check("libtorch version", d["libtorch"]["version"].split(".")[0].isdigit(), d["libtorch"]["version"])
+for key in ["cuda_built", "gloo", "nccl", "mpi", "intra_op_threads"]:
+    check(f"libtorch.{key}", key in d["libtorch"], "missing")
+check("intra-op threads", d["libtorch"]["intra_op_threads"] == os.cpu_count(), str(d["libtorch"]["intra_op_threads"]))
+
+bf = d["bf16_gemm"]
+want_backend = "native" if bf["libtorch_accumulates_fp32"] else "emulated"
+if os.environ.get("SNIP_BF16_GEMM") in ("native", "emulated"):
+    want_backend = os.environ["SNIP_BF16_GEMM"]
+check("bf16 backend", bf["backend"] == want_backend, f"{bf}")
+
+rows = d["cpu_support"]
+check("cpu rows", [x["precision"] for x in rows] == PRECISIONS, str([x["precision"] for x in rows]))
+by = {x["precision"]: x for x in rows}
+check("fp32 native", by["fp32"]["support"] == "native", by["fp32"]["support"])
+check("bf16 support", by["bf16"]["support"] == ("native" if bf["libtorch_accumulates_fp32"] else "emulated exactly"),
+      by["bf16"]["support"])
+for p in PRECISIONS[2:]:  # no CPU runs FP8/FP4 matrix instructions
+    check(f"{p} emulated", by[p]["support"] == "emulated exactly", by[p]["support"])
+for p in PRECISIONS:
+    check(f"{p} measured", by[p].get("gflops", 0) > 0 and by[p]["source"] != "", str(by[p]))
+check("vs_bf16 of bf16", abs(by["bf16"]["vs_bf16"] - 1.0) < 1e-12, str(by["bf16"]["vs_bf16"]))
+
+# 2. The GPU matrix (reference rows when no GPU is here).
+gpus = d["gpu_support"]
+if d["gpu_support_is_reference"]:
+    cc = {g["compute_capability"]: {x["precision"]: x["support"] for x in g["rows"]} for g in gpus}
+    check("reference ccs", sorted(cc) == sorted(["7.0", "8.0", "8.9", "9.0", "10.0", "12.0"]), str(sorted(cc)))
+    check("fp8 before 8.9", cc["8.0"]["fp8_e4m3"] != "native" and cc["7.0"]["fp8_e4m3"] == "none", str(cc["8.0"]))
+    check("fp8 from 8.9", cc["8.9"]["fp8_e4m3"] == "native" and cc["9.0"]["fp8_e5m2"] == "native", str(cc["8.9"]))
+    check("fp4 before 10.0", cc["9.0"]["nvfp4"] != "native" and cc["9.0"]["fp4_e2m1"] != "native", str(cc["9.0"]))
+    check("fp4 from 10.0", all(cc[c][p] == "native" for c in ("10.0", "12.0") for p in ("fp4_e2m1", "mxfp4", "nvfp4")),
+          str(cc["10.0"]))
+for g in gpus:
+    for x in g["rows"]:
+        check("gpu row source", x["source"] != "", str(x))
+
+check("checks ok", d["ok"] is True and all(c["ok"] for c in d["checks"]), str(d["checks"]))
+check("warnings have fixes", all(w["fix"] for w in d["warnings"]), str(d["warnings"]))
+
+# 3. The backend switch.
+r = run("doctor", "--json", "--min-time", "0.01", env={"SNIP_BF16_GEMM": "emulated"})
+e = json.loads(r.stdout)["bf16_gemm"]
+check("SNIP_BF16_GEMM=emulated", e["backend"] == "emulated" and "SNIP_BF16_GEMM" in e["reason"], str(e))
+
+with tempfile.TemporaryDirectory() as tmp:
+    def config(path, data_dir, extra=""):
+        with open(path, "w") as f:
+            f.write(f"""[model]
+hidden_size = 32
+intermediate_size = 64
+num_hidden_layers = 1
+num_attention_heads = 2
+num_key_value_heads = 1
+max_position_embeddings = 32
+[data]
+dir = "{data_dir}"
+[train]
+batch_size = 2
+seq_len = 16
+max_steps = 2
+eval_interval = 2
+eval_batches = 1
+threads = 1
+{extra}
+""")
+        return path
+
+    # 4. A config whose data is there: exit 0; whose data is missing: non-zero,
+    # one line naming data.dir and the command that prepares it.
+    good = config(os.path.join(tmp, "good.toml"), data)
+    r = run("doctor", "--json", "--min-time", "0.01", "--config", good)
+    check("good config", r.returncode == 0 and json.loads(r.stdout)["ok"], r.stderr)
+    missing = config(os.path.join(tmp, "missing.toml"), os.path.join(tmp, "no-such-data"))
+    r = run("doctor", "--min-time", "0.01", "--config", missing)
+    lines = r.stderr.strip().splitlines()
+    check("missing data: exit", r.returncode != 0, str(r.returncode))
+    check("missing data: one line", len(lines) == 1 and "no-such-data" in lines[0] and "snip data prepare" in lines[0],
+          r.stderr)
+    check("missing data: verdict", "the main job cannot run here" in r.stdout, r.stdout[-200:])
+    bad = config(os.path.join(tmp, "bad.toml"), data, "gemm_backend = \"fastest\"")
+    r = run("doctor", "--json", "--min-time", "0.01", "--config", bad)
+    check("bad backend: exit", r.returncode != 0 and "train.gemm_backend" in r.stderr, r.stderr)
+
+    # 5. The trainer honours train.gemm_backend and says so.
+    r = run("train", "--config", good, "--run-dir", os.path.join(tmp, "run"), "--set", "train.gemm_backend=emulated")
+    log = r.stdout + r.stderr
+    check("train emulated", r.returncode == 0 and "BF16 GEMMs emulated" in log
+          and "train.gemm_backend = emulated" in log, log[-600:])
+    r = run("train", "--config", bad, "--run-dir", os.path.join(tmp, "run2"))
+    check("train bad backend", r.returncode == 2 and "train.gemm_backend" in r.stderr
+          and not os.path.exists(os.path.join(tmp, "run2")), r.stderr)
+
+for f in failures:
+    print("FAIL", f, file=sys.stderr)
+print(f"doctor: {'ok' if not failures else str(len(failures)) + ' failures'}")
+sys.exit(1 if failures else 0)
