@@ -276,16 +276,12 @@ void run_doctor(const DoctorOpts& o) {
   check("fp32_gemm", e32 < 1e-5, fmt::format("relative error {:.2e} against float64 (bound 1e-5)", e32));
   check("bf16_gemm", e16 < 1.0 / 256, fmt::format("relative error {:.2e} against float64 of BF16 operands (bound 2^-8)", e16));
   const int64_t avail = mem_available_bytes();
-  LlamaConfig tiny;
-  tiny.vocab_size = 8192;
-  tiny.hidden_size = 256;
-  tiny.intermediate_size = 688;
-  tiny.num_hidden_layers = 4;
-  tiny.num_attention_heads = 8;
-  tiny.num_key_value_heads = 4;
-  tiny.tie_word_embeddings = true;
-  int64_t need = training_bytes_estimate(tiny, 16, 128);
-  std::string need_what = "the tiny model (configs/tiny.toml)";
+  // The estimate for the default configuration (the tiny model's shapes with
+  // the Brown tokenizer's 8192 pieces), or for --config's run.
+  const RunConfig defaults = RunConfig::from(Config());
+  int64_t need = training_bytes_estimate(LlamaConfig::from_run_config(defaults.model, 8192),
+                                         defaults.train.batch_size, defaults.train.seq_len);
+  std::string need_what = "the default model (configs/tiny.toml's shapes)";
   if (!o.config.empty()) {
     try {
       Config c;

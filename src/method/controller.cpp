@@ -1,6 +1,7 @@
 // The precision controller: schedule, stats steps, planning and applying
 // plans inside the training loop (see controller.h).
 #include "snip/method/controller.h"
+
 #include "snip/policy/plan_file.h"
 
 #include <spdlog/spdlog.h>
@@ -16,6 +17,7 @@
 
 #include "snip/quant/quantizers.h"
 #include "snip/io/atomic_file.h"
+#include "snip/model/matmul.h"
 #include "snip/policy/cost_table.h"
 #include "snip/quant/recipe.h"
 #include "snip/io/json.h"
@@ -52,6 +54,11 @@ class PerGemmQuantizer : public OperandQuantizer {
   torch::Tensor quantize(const torch::Tensor& t, const QuantKey& key) const override {
     const auto& q = q_[gemm_of(key.operand)];
     return q ? q->quantize(t, key) : t;
+  }
+  torch::Tensor quantize_for_gemm(const torch::Tensor& t, const QuantKey& key,
+                                  at::ScalarType gemm_dtype) const override {
+    const auto& q = q_[gemm_of(key.operand)];
+    return q ? q->quantize_for_gemm(t, key, gemm_dtype) : gemm_operand(t, gemm_dtype);
   }
   std::string name() const override { return name_; }
 

@@ -19,20 +19,23 @@ struct StepPrecision : torch::CustomClassHolder {
   QuantKey key;  // seed, step and layer; the operand is set per call
 };
 
-// t: [rows, K] (a view; made contiguous only when a quantizer runs) ->
-// quantized [rows, K]. Identity, and no copy, when there is no quantizer.
+// t: [rows, K] (a view; made contiguous only when a quantizer runs) -> the
+// GEMM's input [rows, K]: quantized and cast as gemm_operand does (model/matmul.h).
+// Without a quantizer, just the cast (no copy when there is none to make).
 torch::Tensor q(const StepPrecision& sp, const torch::Tensor& t, Operand op) {
-  if (!sp.precision.quantizer) return t;
+  const auto dt = sp.precision.gemm_dtype;
+  if (!sp.precision.quantizer) return gemm_operand(t, dt);
   QuantKey k = sp.key;
   k.operand = op;
-  return sp.precision.quantizer->quantize(t.contiguous(), k);
+  return sp.precision.quantizer->quantize_for_gemm(t.contiguous(), k, dt);
 }
 
-// a: [M, K], b: [N, K] -> a · bᵀ [M, N] in `dtype` (FP32 accumulation,
-// model/matmul.h), cast back to a's dtype. Strided views are fine: the GEMM
-// reads transposed operands without copies.
-torch::Tensor gemm_nt(const torch::Tensor& a, const torch::Tensor& b, at::ScalarType dtype) {
-  return matmul_in(a, b.t(), dtype);
+// a: [M, K], b: [N, K], both GEMM inputs from q() -> a · bᵀ [M, N] with FP32
+// accumulation (model/matmul.h), as `out` (the activation dtype). Strided
+// views are fine: the GEMM reads transposed operands without copies.
+torch::Tensor gemm_nt(const torch::Tensor& a, const torch::Tensor& b, at::ScalarType dtype, at::ScalarType out) {
+  if (dtype == at::ScalarType::Undefined || dtype == out) return torch::mm(a, b.t());
+  return gemm_result(torch::mm(a, b.t()), dtype, out);
 }
 
 struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunction> {
@@ -62,7 +65,7 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
     // reduction dims (blocks differ per GEMM), so the originals are saved.
     ctx->save_for_backward({x, w});
     ctx->saved_data["cast"] = false;
-    return gemm_nt(q(*sp, x, Operand::kFpropX), q(*sp, w, Operand::kFpropW), dt);
+    return gemm_nt(q(*sp, x, Operand::kFpropX), q(*sp, w, Operand::kFpropW), dt, x.scalar_type());
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -92,18 +95,23 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
     }
     if (ctx->needs_input_grad(0)) {
       // dgrad: dX [T, IN] = dY [T, OUT] · W [OUT, IN]; K = OUT, so W goes in as Wᵀ [IN, OUT].
-      dx = gemm_nt(q(*sp, dy, Operand::kDgradDY), q(*sp, w.t(), Operand::kDgradW), dt);
+      dx = gemm_nt(q(*sp, dy, Operand::kDgradDY), q(*sp, w.t(), Operand::kDgradW), dt, dy.scalar_type());
       if (l.probe && l.probe->input_grad_noise) dx.add_(l.probe->input_grad_noise());
     }
     if (ctx->needs_input_grad(1) && !(l.probe && l.probe->skip_wgrad)) {
       // wgrad: dW [OUT, IN] = dYᵀ [OUT, T] · X [T, IN]; K = T: dYᵀ [OUT, T], Xᵀ [IN, T].
-      dw = gemm_nt(q(*sp, dy.t(), Operand::kWgradDY), q(*sp, x.t(), Operand::kWgradX), dt);
+      dw = gemm_nt(q(*sp, dy.t(), Operand::kWgradDY), q(*sp, x.t(), Operand::kWgradX), dt, dy.scalar_type());
     }
     return {dx, dw, torch::Tensor()};
   }
 };
 
 }  // namespace
+
+torch::Tensor OperandQuantizer::quantize_for_gemm(const torch::Tensor& t, const QuantKey& key,
+                                                  at::ScalarType gemm_dtype) const {
+  return gemm_operand(quantize(t, key), gemm_dtype);
+}
 
 QuantLinearImpl::QuantLinearImpl(int64_t in, int64_t out, double init_std)
     : in_features(in), out_features(out) {

@@ -50,6 +50,12 @@ class OperandQuantizer {
   /// t: [rows, K], contiguous, K = the GEMM's reduction dimension; float32 or
   /// float64. Returns the dequantized tensor, same shape and dtype.
   virtual torch::Tensor quantize(const torch::Tensor& t, const QuantKey& key) const = 0;
+  /// The GEMM's input for operand t: quantize(t, key) as gemm_operand(.., gemm_dtype)
+  /// (model/matmul.h) would hand it to the GEMM, bit for bit, layout included
+  /// ([rows, K] contiguous). The default calls the two; a quantizer may do both
+  /// in one buffer (the recipes round to BF16 in place, no second tensor).
+  virtual torch::Tensor quantize_for_gemm(const torch::Tensor& t, const QuantKey& key,
+                                          at::ScalarType gemm_dtype) const;
   /// A short name for logs ("fp8", "nvfp4", ...).
   virtual std::string name() const = 0;
 };
