@@ -1,0 +1,115 @@
+#!/usr/bin/python3
+"""Training throughput of the tiny config under each precision, side by side.
+
+One run on one machine measures, in this order:
+  - `snip train` on configs/tiny.toml (the main job's model, batch and data)
+    under bf16 (the baseline), fp32 GEMMs, precision.recipe = fp8, fp4, mxfp4
+    and nvfp4 (every layer, every step), and precision.policy = snip at budget
+    0.75 (stats steps and plans included, BF16 warmup 2 steps, no final phase);
+  - plain PyTorch eager on the same model (bench/torch_eager.py) in FP32 and
+    in BF16 autocast.
+and prints a Markdown table: tokens/s, step time relative to snip's BF16
+step, and snip's tokens/s as a ratio to PyTorch eager. Tokens/s of a snip arm
+is measured from the run's metrics.jsonl between step `--skip` and the last
+step (elapsed_s is wall time since the run started, so stats steps and plan
+solves are counted; the final evaluation and checkpoint are not).
+
+    OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 bench/train_throughput.py \
+        [--snip build/snip] [--data data/brown] [--steps 40] [--skip 5] [--eager-steps 10] [--json OUT]
+
+Needs the prepared Brown data (`scripts/run.sh` or `snip data prepare`).
+docs/benchmarks.md records its output with the machine it ran on.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ARMS = [
+    ("bf16", []),
+    ("fp32 GEMMs", ["--set", "train.gemm_dtype=fp32"]),
+    ("fp8", ["--set", "precision.recipe=fp8"]),
+    ("fp4", ["--set", "precision.recipe=fp4"]),
+    ("mxfp4", ["--set", "precision.recipe=mxfp4"]),
+    ("nvfp4", ["--set", "precision.recipe=nvfp4"]),
+    ("snip@0.75", ["--set", "precision.policy=snip", "--set", "precision.budget=0.75",
+                   "--set", "precision.warmup_steps=2", "--set", "precision.final_high_precision_fraction=0"]),
+]
+
+
+def snip_arm(snip, config, data, steps, skip, extra, tmp, name):
+    run_dir = os.path.join(tmp, name.replace("@", "_").replace(" ", "_"))
+    cmd = [snip, "train", "--config", config, "--run-dir", run_dir,
+           "--set", f"data.dir={data}", "--set", f"train.max_steps={steps}",
+           "--set", f"train.eval_interval={steps}", "--set", "train.eval_batches=1",
+           "--set", "train.checkpoint_interval=0", "--set", "train.sample_tokens=0", *extra]
+    r = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+    if r.returncode != 0:
+        sys.exit(f"train_throughput: {name}: snip train failed ({r.returncode}):\n{r.stderr[-2000:]}")
+    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    by_step = {row["step"]: row for row in rows if "elapsed_s" in row}
+    first, last = by_step[skip], by_step[steps]
+    tokens = (last["step"] - first["step"]) * 16 * 128
+    share = sum(row.get("fp4_share", 0.0) for row in rows[skip:]) / max(1, len(rows[skip:]))
+    return tokens / (last["elapsed_s"] - first["elapsed_s"]), share
+
+
+def eager(mode, steps, here):
+    r = subprocess.run(["/usr/bin/python3", os.path.join(here, "torch_eager.py"), "--mode", mode,
+                        "--steps", str(steps), "--warmup", "2", "--json"], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"train_throughput: torch_eager.py --mode {mode} failed:\n{r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])["tokens_per_s"]
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--snip", default=os.path.join(root, "build", "snip"))
+    ap.add_argument("--config", default=os.path.join(root, "configs", "tiny.toml"))
+    ap.add_argument("--data", default=os.path.join(root, "data", "brown"))
+    ap.add_argument("--steps", type=int, default=40, help="steps per snip arm (default 40)")
+    ap.add_argument("--skip", type=int, default=5, help="first steps not timed (default 5)")
+    ap.add_argument("--eager-steps", type=int, default=10, help="timed PyTorch eager steps per mode (default 10)")
+    ap.add_argument("--bf16-eager-steps", type=int, default=2,
+                    help="timed steps of eager BF16 autocast, very slow on CPUs without AVX512-BF16 (default 2)")
+    ap.add_argument("--arms", default="", help="comma-separated subset of the snip arms (default: all)")
+    ap.add_argument("--json", default="", help="also write the results here")
+    a = ap.parse_args()
+    if not os.path.exists(os.path.join(a.data, "train.bin")):
+        sys.exit(f"train_throughput: {a.data} has no train.bin: run `snip data prepare --out {a.data}` first")
+    want = set(x.strip() for x in a.arms.split(",") if x.strip())
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, extra in ARMS:
+            if want and name not in want and name != "bf16":
+                continue
+            print(f"snip {name} ...", file=sys.stderr, flush=True)
+            tps, share = snip_arm(a.snip, a.config, a.data, a.steps, a.skip, extra, tmp, name)
+            results.append({"arm": f"snip {name}", "tokens_per_s": tps, "fp4_share": share})
+    print("torch eager fp32 ...", file=sys.stderr, flush=True)
+    e32 = eager("fp32", a.eager_steps, here)
+    print("torch eager bf16 autocast ...", file=sys.stderr, flush=True)
+    e16 = eager("bf16", a.bf16_eager_steps, here)
+    results.append({"arm": "PyTorch eager fp32", "tokens_per_s": e32})
+    results.append({"arm": "PyTorch eager bf16 autocast", "tokens_per_s": e16})
+    base = results[0]["tokens_per_s"]
+    print(f"| run | tokens/s | step time vs snip bf16 | vs PyTorch eager fp32 | vs PyTorch eager bf16 |")
+    print(f"|---|---:|---:|---:|---:|")
+    for r in results:
+        t = r["tokens_per_s"]
+        r["step_time_vs_bf16"] = base / t
+        r["vs_eager_fp32"] = t / e32
+        r["vs_eager_bf16"] = t / e16
+        print(f"| {r['arm']} | {t:,.0f} | {base / t:.2f}x | {t / e32:.2f}x | {t / e16:.2f}x |")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
