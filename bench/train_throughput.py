@@ -51,15 +51,17 @@ def snip_arm(snip, config, data, steps, skip, extra, tmp, name):
         sys.exit(f"train_throughput: {name}: snip train failed ({r.returncode}):\n{r.stderr[-2000:]}")
     rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     by_step = {row["step"]: row for row in rows if "elapsed_s" in row}
+    summary = json.load(open(os.path.join(run_dir, "summary.json")))
+    tokens_per_step = summary["tokens"] / summary["steps"]  # B x T x grad_accum of this config
     first, last = by_step[skip], by_step[steps]
-    tokens = (last["step"] - first["step"]) * 16 * 128
+    tokens = (last["step"] - first["step"]) * tokens_per_step
     share = sum(row.get("fp4_share", 0.0) for row in rows[skip:]) / max(1, len(rows[skip:]))
     return tokens / (last["elapsed_s"] - first["elapsed_s"]), share
 
 
-def eager(mode, steps, here):
+def eager(mode, steps, warmup, here):
     r = subprocess.run(["/usr/bin/python3", os.path.join(here, "torch_eager.py"), "--mode", mode,
-                        "--steps", str(steps), "--warmup", "2", "--json"], capture_output=True, text=True)
+                        "--steps", str(steps), "--warmup", str(warmup), "--json"], capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"train_throughput: torch_eager.py --mode {mode} failed:\n{r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])["tokens_per_s"]
@@ -77,9 +79,20 @@ def main():
     ap.add_argument("--eager-steps", type=int, default=10, help="timed PyTorch eager steps per mode (default 10)")
     ap.add_argument("--bf16-eager-steps", type=int, default=2,
                     help="timed steps of eager BF16 autocast, very slow on CPUs without AVX512-BF16 (default 2)")
-    ap.add_argument("--arms", default="", help="comma-separated subset of the snip arms (default: all)")
+    ap.add_argument("--arms", default="", help="comma-separated subset of the snip arms (bf16 always runs: the "
+                    "baseline): " + ", ".join(n for n, _ in ARMS))
     ap.add_argument("--json", default="", help="also write the results here")
     a = ap.parse_args()
+    if not (os.path.isfile(a.snip) and os.access(a.snip, os.X_OK)):
+        sys.exit(f"train_throughput: {a.snip} is not an executable snip (build it: scripts/setup.sh)")
+    if not 1 <= a.skip < a.steps:
+        sys.exit(f"train_throughput: --skip must be at least 1 and below --steps ({a.steps}), got {a.skip}")
+    if min(a.eager_steps, a.bf16_eager_steps) < 1:
+        sys.exit("train_throughput: --eager-steps and --bf16-eager-steps must be at least 1")
+    names = [n for n, _ in ARMS]
+    unknown = sorted(set(x.strip() for x in a.arms.split(",") if x.strip()) - set(names))
+    if unknown:
+        sys.exit(f"train_throughput: unknown arm(s) {', '.join(unknown)}; the arms: {', '.join(names)}")
     if not os.path.exists(os.path.join(a.data, "train.bin")):
         sys.exit(f"train_throughput: {a.data} has no train.bin: run `snip data prepare --out {a.data}` first")
     want = set(x.strip() for x in a.arms.split(",") if x.strip())
@@ -92,9 +105,9 @@ def main():
             tps, share = snip_arm(a.snip, a.config, a.data, a.steps, a.skip, extra, tmp, name)
             results.append({"arm": f"snip {name}", "tokens_per_s": tps, "fp4_share": share})
     print("torch eager fp32 ...", file=sys.stderr, flush=True)
-    e32 = eager("fp32", a.eager_steps, here)
+    e32 = eager("fp32", a.eager_steps, 2, here)
     print("torch eager bf16 autocast ...", file=sys.stderr, flush=True)
-    e16 = eager("bf16", a.bf16_eager_steps, here)
+    e16 = eager("bf16", a.bf16_eager_steps, 1, here)  # ~25 s a step on CPUs without AVX512-BF16
     results.append({"arm": "PyTorch eager fp32", "tokens_per_s": e32})
     results.append({"arm": "PyTorch eager bf16 autocast", "tokens_per_s": e16})
     base = results[0]["tokens_per_s"]

@@ -5,7 +5,8 @@
 // matrix with a measured GEMM throughput per precision at the tiny model's
 // shape, the GPU matrix (each detected GPU, or the reference rows by compute
 // capability), warnings with their fix, and the checks that decide the exit
-// status: 0 when the main job can run here, 1 with the reasons when it cannot.
+// status: 0 when the main job can run here; when it cannot, one line
+// `snip: error: the main job cannot run here: <reasons>` and status 2.
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
@@ -15,6 +16,8 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <cctype>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <unistd.h>
@@ -22,6 +25,8 @@
 
 #include "commands.h"
 #include "snip/config/config.h"
+#include "snip/data/loader.h"
+#include "snip/hw/platform.h"
 #include "snip/hw/capabilities.h"
 #include "snip/model/linear.h"
 #include "snip/model/llama.h"
@@ -171,8 +176,9 @@ int64_t training_bytes_estimate(const LlamaConfig& m, int64_t B, int64_t T) {
 
 struct DoctorOpts {
   bool json_out = false;
-  double min_time = 0.25;
+  double min_time = 0.5;
   std::string config;
+  bool config_given = false;
 };
 
 void run_doctor(const DoctorOpts& o) {
@@ -187,6 +193,40 @@ void run_doctor(const DoctorOpts& o) {
                     {"OPENBLAS_CORETYPE", env_or("OPENBLAS_CORETYPE", "")},
                     {"OPENBLAS_THREAD_TIMEOUT", env_or("OPENBLAS_THREAD_TIMEOUT", "")},
                     {"SNIP_BF16_GEMM", env_or("SNIP_BF16_GEMM", "")}};
+  // Checks: can the main job (or --config's run) run here?
+  json checks = json::array();
+  std::vector<std::string> failures;
+  auto check = [&](const std::string& name, bool ok, const std::string& detail) {
+    checks.push_back({{"check", name}, {"ok", ok}, {"detail", detail}});
+    if (!ok) failures.push_back(name + ": " + detail);
+  };
+  // --config first: its train.gemm_backend decides the BF16 path judged below.
+  std::optional<RunConfig> run;
+  int64_t run_vocab = 8192;  // the Brown tokenizer's, when model.vocab_size = 0 and no data is readable
+  if (o.config_given) {
+    try {
+      if (o.config.empty()) fail("--config: empty file name");
+      Config c;
+      c.load_toml_file(o.config);
+      run = RunConfig::from(c);
+      check("config", true, o.config + " is valid");
+      set_bf16_gemm_backend(parse_bf16_gemm_backend(run->train.gemm_backend));
+      const std::string dir = run->data.dir;
+      try {  // the shards as the trainer opens them (header, token range, size)
+        for (const char* f : {"train.bin", "val.bin"}) {
+          data::TokenLoader l((fs::path(dir) / f).string(), int(run->train.batch_size), int(run->train.seq_len), 0);
+          run_vocab = l.vocab_size();
+        }
+        check("data", true, dir + ": train.bin and val.bin open as the trainer opens them");
+      } catch (const std::exception& e) {
+        check("data", false, std::string(e.what()) + " (prepare it with `snip data prepare --out " + dir + "`)");
+      }
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      check("config", false, what.rfind(o.config, 0) == 0 || o.config.empty() ? what : o.config + ": " + what);
+      run.reset();
+    }
+  }
   const bool lt_fp32 = libtorch_bf16_gemm_accumulates_fp32();
   const bool native = native_bf16_gemm();
   out["bf16_gemm"] = {{"libtorch_accumulates_fp32", lt_fp32},
@@ -260,18 +300,29 @@ void run_doctor(const DoctorOpts& o) {
          "and is ~100x slower than FP32",
          "nothing to do: snip runs the same numerics as FP32 GEMMs on BF16-rounded operands (train.gemm_backend = auto)");
   if (native && !lt_fp32)
-    warn("train.gemm_backend = native / SNIP_BF16_GEMM=native on a CPU whose LibTorch BF16 kernel accumulates in BF16: "
-         "inexact (~7% error at K = 4096) and ~100x slower",
-         "use train.gemm_backend = auto");
+    warn(bf16_gemm_reason() + " on a CPU whose LibTorch BF16 kernel accumulates in BF16: inexact (see the bf16_gemm "
+         "check) and ~100x slower",
+         "use train.gemm_backend = auto (and unset SNIP_BF16_GEMM)");
+  // snip sets OPENBLAS_CORETYPE=SkylakeX itself, on AVX-512 CPUs only.
+  const std::string coretype = env_or("OPENBLAS_CORETYPE", "");
+  const bool user_coretype = !coretype.empty() && !(caps.cpu.avx512f && coretype == "SkylakeX");
+  const bool tuning_off = opted_out_of_runtime_tuning();
   if (caps.blas.library != "unknown" && !caps.blas.core_type_recognised)
     warn("OpenBLAS uses kernel set '" + caps.blas.core_type + "', older than this CPU (FP32 GEMMs several times slower)",
-         caps.cpu.avx512f ? "export OPENBLAS_CORETYPE=SkylakeX (snip sets it when unset)" : "export OPENBLAS_CORETYPE=Haswell");
-  if (env_or("OMP_WAIT_POLICY", "") == "ACTIVE" || env_or("OMP_WAIT_POLICY", "") == "active")
-    warn("OMP_WAIT_POLICY=ACTIVE: spinning OpenMP threads collapse when the cores are shared (measured 2.6 s vs > 120 s)",
+         user_coretype ? "unset OPENBLAS_CORETYPE (OpenBLAS then picks its own kernel set" +
+                             std::string(caps.cpu.avx512f ? "; snip sets SkylakeX on AVX-512 CPUs)" : ")")
+         : caps.cpu.avx512f ? "export OPENBLAS_CORETYPE=SkylakeX (snip sets it when unset)"
+                            : "export OPENBLAS_CORETYPE=Haswell");
+  std::string wait = env_or("OMP_WAIT_POLICY", "");
+  std::transform(wait.begin(), wait.end(), wait.begin(), [](unsigned char ch) { return char(std::toupper(ch)); });
+  if (wait == "ACTIVE")
+    warn("OMP_WAIT_POLICY=" + env_or("OMP_WAIT_POLICY", "") +
+             ": spinning OpenMP threads collapse when the cores are shared (measured 2.6 s vs > 120 s)",
          "unset OMP_WAIT_POLICY (snip uses PASSIVE) unless the cores are yours alone");
   if (caps.blas.threading == "pthreads" && !std::getenv("OPENBLAS_THREAD_TIMEOUT"))
     warn("OpenBLAS workers spin with sched_yield for ~0.1 s after each GEMM, taking cores from LibTorch's threads",
-         "export OPENBLAS_THREAD_TIMEOUT=12 (snip sets it when unset)");
+         tuning_off ? "export OPENBLAS_THREAD_TIMEOUT=12 (snip sets it unless SNIP_NO_RUNTIME_TUNE is set)"
+                    : "export OPENBLAS_THREAD_TIMEOUT=12 (snip sets it when unset)");
   if (!caps.gpus.empty() && !out["libtorch"]["cuda_built"].get<bool>())
     warn(std::to_string(caps.gpus.size()) + " NVIDIA GPU(s) found, but this LibTorch is built without CUDA: snip trains on the CPU",
          "build snip against a CUDA LibTorch to use them");
@@ -280,41 +331,18 @@ void run_doctor(const DoctorOpts& o) {
   for (const std::string& m : caps.cpu.flag_mismatches) warn("ISA flag mismatch: " + m, "none needed: snip uses what the CPU reports via cpuid");
   out["warnings"] = warnings;
 
-  // Checks: can the main job run here?
-  json checks = json::array();
-  std::vector<std::string> failures;
-  auto check = [&](const std::string& name, bool ok, const std::string& detail) {
-    checks.push_back({{"check", name}, {"ok", ok}, {"detail", detail}});
-    if (!ok) failures.push_back(name + ": " + detail);
-  };
   const double e32 = gemm_rel_error(false), e16 = gemm_rel_error(true);
   check("fp32_gemm", e32 < 1e-5, fmt::format("relative error {:.2e} against float64 (bound 1e-5)", e32));
   check("bf16_gemm", e16 < 1.0 / 256, fmt::format("relative error {:.2e} against float64 of BF16 operands (bound 2^-8)", e16));
   const int64_t avail = mem_available_bytes();
   // The estimate for the default configuration (the tiny model's shapes with
-  // the Brown tokenizer's 8192 pieces), or for --config's run.
-  const RunConfig defaults = RunConfig::from(Config());
-  int64_t need = training_bytes_estimate(LlamaConfig::from_run_config(defaults.model, 8192),
-                                         defaults.train.batch_size, defaults.train.seq_len);
-  std::string need_what = "the default model (configs/tiny.toml's shapes)";
-  if (!o.config.empty()) {
-    try {
-      Config c;
-      c.load_toml_file(o.config);
-      const RunConfig rc = RunConfig::from(c);
-      const std::string dir = rc.data.dir;
-      const bool data_ok = fs::exists(fs::path(dir) / "train.bin") && fs::exists(fs::path(dir) / "val.bin");
-      check("data", data_ok,
-            data_ok ? dir + " has train.bin and val.bin"
-                    : "data.dir " + dir + " has no prepared data: run `snip data prepare --out " + dir + "`");
-      LlamaConfig m = LlamaConfig::from_run_config(rc.model, rc.model.vocab_size > 0 ? rc.model.vocab_size : 8192);
-      need = training_bytes_estimate(m, rc.train.batch_size, rc.train.seq_len);
-      need_what = o.config;
-      check("config", true, o.config + " is valid");
-    } catch (const std::exception& e) {
-      check("config", false, e.what());
-    }
-  }
+  // the Brown tokenizer's 8192 pieces), or for --config's run (its data's
+  // vocabulary when model.vocab_size = 0).
+  const RunConfig rc = run ? *run : RunConfig::from(Config());
+  const int64_t vocab = rc.model.vocab_size > 0 ? rc.model.vocab_size : run_vocab;
+  const int64_t need = training_bytes_estimate(LlamaConfig::from_run_config(rc.model, vocab), rc.train.batch_size,
+                                               rc.train.seq_len);
+  const std::string need_what = run ? o.config : "the default model (configs/tiny.toml's shapes)";
   check("memory", avail == 0 || avail >= need,
         fmt::format("{:.2f} GiB available, {:.2f} GiB estimated for {}", double(avail) / (1 << 30),
                     double(need) / (1 << 30), need_what));
@@ -394,14 +422,18 @@ void add_doctor_commands(CLI::App& app) {
   auto o = std::make_shared<DoctorOpts>();
   CLI::App* cmd = app.add_subcommand(
       "doctor", "What this machine can do for snip: CPU/BLAS/LibTorch/GPU, the GEMM support matrix with measured "
-                "throughput, warnings with fixes; exit 1 when the main job cannot run here");
+                "throughput, warnings with fixes; exit status 2 and the reason when the main job cannot run here");
   cmd->add_flag("--json", o->json_out, "print JSON instead of text");
   cmd->add_option("--min-time", o->min_time, "seconds each GEMM throughput is measured for")
-      ->check(CLI::Range(0.0, 60.0))
+      ->check(CLI::Number & CLI::Range(0.0, 60.0))
       ->capture_default_str();
   cmd->add_option("--config", o->config, "also check this training config (valid, data prepared, fits in memory)")
       ->type_name("FILE");
-  cmd->callback([o] { run_doctor(*o); });
+  cmd->callback([o, cmd] {
+    o->config_given = cmd->count("--config") > 0;
+    if (!(o->min_time >= 0)) fail("snip doctor: --min-time: expected seconds in [0, 60], got ", o->min_time);
+    run_doctor(*o);
+  });
 }
 
 }  // namespace snip::cli

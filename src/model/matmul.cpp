@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "snip/formats/bf16.h"
+#include "snip/util/error.h"
 
 namespace snip {
 
@@ -78,9 +79,10 @@ struct BackendChoice {
 BackendChoice resolve(Bf16GemmBackend b) {
   if (b == Bf16GemmBackend::kNative) return {true, "train.gemm_backend = native"};
   if (b == Bf16GemmBackend::kEmulated) return {false, "train.gemm_backend = emulated"};
-  if (const char* e = std::getenv("SNIP_BF16_GEMM")) {
+  if (const char* e = std::getenv("SNIP_BF16_GEMM"); e && *e) {
     if (std::strcmp(e, "native") == 0) return {true, "SNIP_BF16_GEMM=native"};
     if (std::strcmp(e, "emulated") == 0) return {false, "SNIP_BF16_GEMM=emulated"};
+    fail("environment variable SNIP_BF16_GEMM=", e, ": expected native or emulated (or unset for auto)");
   }
   if (libtorch_bf16_gemm_accumulates_fp32()) return {true, "auto: LibTorch's BF16 matmul accumulates in FP32 here"};
   return {false, "auto: LibTorch's BF16 matmul accumulates in BF16 here (no AVX512-BF16/AMX path)"};

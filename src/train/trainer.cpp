@@ -207,9 +207,13 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     spdlog::info("model: {} parameters ({} layers, C={}, V={}), {} tokens/step, GEMMs in {}, policy {}",
                  mcfg.num_parameters(), mcfg.num_hidden_layers, mcfg.hidden_size, mcfg.vocab_size,
                  tokens_per_step, tc.gemm_bf16 ? "bf16" : "fp32", ctl.policy());
-    if (tc.gemm_bf16)
+    if (tc.gemm_bf16) {
       spdlog::info("BF16 GEMMs {} ({})", native_bf16_gemm() ? "native" : "emulated: FP32 GEMMs on BF16-rounded operands",
                    bf16_gemm_reason());
+      if (native_bf16_gemm() && !libtorch_bf16_gemm_accumulates_fp32())
+        spdlog::warn("LibTorch's BF16 GEMM accumulates in BF16 on this CPU: inexact and ~100x slower than the "
+                     "emulated path (set train.gemm_backend = auto; `snip doctor` measures both)");
+    }
     if (step == max_steps) spdlog::info("{} holds the run's last step {}: writing its summary", resume_ckpt, step);
     else if (!resume_ckpt.empty()) spdlog::info("resumed from {} at step {}", resume_ckpt, step);
     else if (opts.resume)

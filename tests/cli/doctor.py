@@ -95,6 +95,16 @@ r = run("doctor", "--json", "--min-time", "0.01", env={"SNIP_BF16_GEMM": "emulat
 e = json.loads(r.stdout)["bf16_gemm"]
 check("SNIP_BF16_GEMM=emulated", e["backend"] == "emulated" and "SNIP_BF16_GEMM" in e["reason"], str(e))
 
+r = run("doctor", "--json", "--min-time", "0.01", env={"SNIP_BF16_GEMM": "fast"})
+check("SNIP_BF16_GEMM=fast refused", r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+      and "SNIP_BF16_GEMM=fast" in r.stderr, f"{r.returncode}: {r.stderr}")
+
+# An AVX-512 OpenBLAS kernel set on a CPU without AVX-512 would die with
+# SIGILL at the first GEMM: snip drops it with a warning.
+if flags and "avx512f" not in flags:
+    r = run("doctor", "--json", "--min-time", "0.01", env={"OPENBLAS_CORETYPE": "SkylakeX"})
+    check("SkylakeX ignored", r.returncode == 0 and "needs AVX-512" in r.stderr, f"{r.returncode}: {r.stderr}")
+
 with tempfile.TemporaryDirectory() as tmp:
     def config(path, data_dir, extra=""):
         with open(path, "w") as f:
@@ -130,6 +140,25 @@ threads = 1
     check("missing data: one line", len(lines) == 1 and "no-such-data" in lines[0] and "snip data prepare" in lines[0],
           r.stderr)
     check("missing data: verdict", "the main job cannot run here" in r.stdout, r.stdout[-200:])
+    # Shards that exist but are not token shards: the trainer would refuse them.
+    empty_dir = os.path.join(tmp, "empty-data")
+    os.makedirs(empty_dir)
+    for name in ("train.bin", "val.bin"):
+        open(os.path.join(empty_dir, name), "w").close()
+    r = run("doctor", "--min-time", "0.01", "--config", config(os.path.join(tmp, "empty.toml"), empty_dir))
+    check("empty shards", r.returncode == 2 and "train.bin" in r.stderr and "snip data prepare" in r.stderr, r.stderr)
+    # --config's own backend is the one judged: forcing LibTorch's BF16 kernel
+    # where it accumulates in BF16 cannot run the main job's numerics.
+    forced = config(os.path.join(tmp, "native.toml"), data, "gemm_backend = \"native\"")
+    r = run("doctor", "--json", "--min-time", "0.01", "--config", forced)
+    j = json.loads(r.stdout)
+    check("config backend", j["bf16_gemm"]["backend"] == "native" and "train.gemm_backend = native" in j["bf16_gemm"]["reason"],
+          str(j["bf16_gemm"]))
+    if not j["bf16_gemm"]["libtorch_accumulates_fp32"]:
+        check("forced native refused", r.returncode == 2 and "bf16_gemm" in r.stderr, r.stderr)
+        r = run("train", "--config", forced, "--run-dir", os.path.join(tmp, "run-native"))
+        check("train warns on forced native", "warning: LibTorch's BF16 GEMM accumulates in BF16" in r.stdout + r.stderr,
+              (r.stdout + r.stderr)[-600:])
     bad = config(os.path.join(tmp, "bad.toml"), data, "gemm_backend = \"fastest\"")
     r = run("doctor", "--json", "--min-time", "0.01", "--config", bad)
     check("bad backend: exit", r.returncode != 0 and "train.gemm_backend" in r.stderr, r.stderr)

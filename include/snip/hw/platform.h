@@ -24,10 +24,17 @@ namespace snip {
 ///   OpenMP threads between GEMMs (20% of a training step's samples were in
 ///   sched_yield on a 2-core AMD EPYC; docs/benchmarks.md).
 ///
-/// A user's own setting of any of these variables wins; SNIP_NO_RUNTIME_TUNE=1
-/// turns all of them off (and the allocator settings). Returns normally
-/// (doing nothing more) if the re-exec fails.
+/// A user's own setting of any of these variables wins, except an AVX-512
+/// OPENBLAS_CORETYPE (SkylakeX, Cooperlake, SapphireRapids) on a CPU without
+/// AVX-512: OpenBLAS would die with SIGILL at the first GEMM, so it is
+/// removed with a warning on stderr. SNIP_NO_RUNTIME_TUNE (any value but ""
+/// or "0") turns all of this off, the allocator settings too. Returns
+/// normally (doing nothing more) if the re-exec fails.
 void tune_runtime_or_reexec(char** argv);
+
+/// True when the user opted out with SNIP_NO_RUNTIME_TUNE (not snip's own
+/// re-exec, which sets it too, with SNIP_RUNTIME_TUNED).
+bool opted_out_of_runtime_tuning();
 
 /// glibc malloc: M_MMAP_THRESHOLD and M_TRIM_THRESHOLD raised to 1 GiB, so
 /// that tensors of 32 MiB .. 1 GiB (the logits [B*T, V] and their gradient)

@@ -35,7 +35,9 @@ Bf16GemmBackend parse_bf16_gemm_backend(const std::string& name);
 /// train.gemm_backend before the first GEMM). kAuto: the environment variable
 /// SNIP_BF16_GEMM=native|emulated if set (the test suite's switch), else the
 /// probe. Forcing kNative on a CPU whose BF16 matmul accumulates in BF16 is
-/// allowed (it is slow and inexact there: snip doctor warns).
+/// allowed (it is slow and inexact there: snip doctor warns). Throws
+/// snip::UserError when SNIP_BF16_GEMM is set to anything else (kAuto only;
+/// native_bf16_gemm() resolves kAuto the same way on first use).
 void set_bf16_gemm_backend(Bf16GemmBackend b);
 
 /// True when LibTorch's own BF16 matmul accumulates in FP32 on this machine:
