@@ -236,7 +236,9 @@ void run_doctor(const DoctorOpts& o) {
   // The CPU matrix, with a measured throughput per row.
   json rows = json::array();
   double bf16_gflops = 0;
-  for (const hw::SupportRow& r : hw::cpu_support(caps.cpu, lt_fp32)) {
+  // The rows describe the paths this process runs (a forced native BF16
+  // backend is measured and judged as native).
+  for (const hw::SupportRow& r : hw::cpu_support(caps.cpu, native)) {
     json row = {{"precision", hw::to_string(r.precision)},
                 {"support", hw::to_string(r.support)},
                 {"how", r.how},
@@ -293,12 +295,14 @@ void run_doctor(const DoctorOpts& o) {
   out["gpu_support_is_reference"] = caps.gpus.empty();
 
   // Warnings, each with its fix.
-  json warnings = json::array();
+  json warnings = json::array(), notes = json::array();
   auto warn = [&](const std::string& what, const std::string& fix) { warnings.push_back({{"warning", what}, {"fix", fix}}); };
   if (!native && !lt_fp32)
-    warn("BF16 GEMMs are emulated: LibTorch's own BF16 kernel accumulates in BF16 on this CPU (no AVX512-BF16/AMX path) "
-         "and is ~100x slower than FP32",
-         "nothing to do: snip runs the same numerics as FP32 GEMMs on BF16-rounded operands (train.gemm_backend = auto)");
+    notes.push_back("BF16 GEMMs are emulated: LibTorch's own BF16 kernel accumulates in BF16 on this CPU (no "
+                    "AVX512-BF16/AMX path) and is ~100x slower than FP32; snip runs the same numerics as FP32 GEMMs "
+                    "on BF16-rounded operands (train.gemm_backend = auto)");
+  notes.push_back(fmt::format("throughput is measured for {} s per row on a machine that may be busy: compare rows of "
+                              "one run, and raise --min-time for steadier numbers", o.min_time));
   if (native && !lt_fp32)
     warn(bf16_gemm_reason() + " on a CPU whose LibTorch BF16 kernel accumulates in BF16: inexact (see the bf16_gemm "
          "check) and ~100x slower",
@@ -330,6 +334,7 @@ void run_doctor(const DoctorOpts& o) {
     warn("no AVX2: the fake-quantization kernels run their SSE2 baseline (several times slower)", "use an AVX2 machine");
   for (const std::string& m : caps.cpu.flag_mismatches) warn("ISA flag mismatch: " + m, "none needed: snip uses what the CPU reports via cpuid");
   out["warnings"] = warnings;
+  out["notes"] = notes;
 
   const double e32 = gemm_rel_error(false), e16 = gemm_rel_error(true);
   check("fp32_gemm", e32 < 1e-5, fmt::format("relative error {:.2e} against float64 (bound 1e-5)", e32));
@@ -344,10 +349,12 @@ void run_doctor(const DoctorOpts& o) {
                                                rc.train.seq_len);
   const std::string need_what = run ? o.config : "the default model (configs/tiny.toml's shapes)";
   check("memory", avail == 0 || avail >= need,
-        fmt::format("{:.2f} GiB available, {:.2f} GiB estimated for {}", double(avail) / (1 << 30),
+        fmt::format("{:.2f} GiB available, {:.2f} GiB estimated for {} (model, AdamW and activations; the "
+                    "process adds ~0.3 GiB of libraries and cached blocks)", double(avail) / (1 << 30),
                     double(need) / (1 << 30), need_what));
   out["checks"] = checks;
   out["ok"] = failures.empty();
+  out["verdict"] = failures.empty() ? "the main job can run here" : "the main job cannot run here";
 
   if (o.json_out) {
     std::cout << out.dump(2) << "\n";
@@ -400,6 +407,8 @@ void run_doctor(const DoctorOpts& o) {
           }
         }
     }
+    std::cout << "\nnotes\n";
+    for (const json& n : notes) std::cout << "  - " << n.get<std::string>() << "\n";
     std::cout << "\nwarnings" << (warnings.empty() ? ": none" : "") << "\n";
     for (const json& w : warnings)
       std::cout << "  - " << w["warning"].get<std::string>() << "\n    fix: " << w["fix"].get<std::string>() << "\n";

@@ -65,8 +65,9 @@ rows = d["cpu_support"]
 check("cpu rows", [x["precision"] for x in rows] == PRECISIONS, str([x["precision"] for x in rows]))
 by = {x["precision"]: x for x in rows}
 check("fp32 native", by["fp32"]["support"] == "native", by["fp32"]["support"])
-check("bf16 support", by["bf16"]["support"] == ("native" if bf["libtorch_accumulates_fp32"] else "emulated exactly"),
+check("bf16 support", by["bf16"]["support"] == ("native" if bf["backend"] == "native" else "emulated exactly"),
       by["bf16"]["support"])
+check("verdict", d["verdict"] == "the main job can run here", d.get("verdict"))
 for p in PRECISIONS[2:]:  # no CPU runs FP8/FP4 matrix instructions
     check(f"{p} emulated", by[p]["support"] == "emulated exactly", by[p]["support"])
 for p in PRECISIONS:
