@@ -29,7 +29,9 @@ void add_data_commands(CLI::App& app) {
       "prepare",
       "Read a corpus, train (or load) a SentencePiece tokenizer, write OUT/{tokenizer.model,train.bin,val.bin,"
       "meta.json}. Folders: one document per file (recursive, sorted; *.jsonl read as JSONL). A text file: "
-      "documents separated by blank lines. Reruns with the same options and inputs are skipped (up to date).");
+      "documents separated by blank lines. UTF-8 text: a leading byte-order mark is dropped, CRLF and CR are line "
+      "ends; NUL bytes and invalid UTF-8 are errors naming the file and byte offset. Reruns with the same options and "
+      "inputs are skipped (up to date).");
 
   auto opt = std::make_shared<data::PrepareOptions>();
   opt->out_dir = "data/brown";

@@ -50,6 +50,25 @@ std::string json_type(const nlohmann::json& j) { return j.type_name(); }
 
 }  // namespace
 
+void normalize_text(std::string& text, const std::string& what, bool at_file_start) {
+  const size_t nul = text.find('\0');
+  if (nul != std::string::npos) fail(what, ": NUL byte at offset ", nul, "; expected plain UTF-8 text");
+  size_t from = 0;
+  if (at_file_start && text.compare(0, 3, "\xEF\xBB\xBF") == 0) from = 3;
+  if (from == 0 && text.find('\r') == std::string::npos) return;
+  std::string out;
+  out.reserve(text.size() - from);
+  for (size_t i = from; i < text.size(); ++i) {
+    if (text[i] != '\r') {
+      out.push_back(text[i]);
+    } else {
+      out.push_back('\n');
+      if (i + 1 < text.size() && text[i + 1] == '\n') ++i;  // CRLF: one line end
+    }
+  }
+  text.swap(out);
+}
+
 bool has_text(std::string_view text) {
   return std::any_of(text.begin(), text.end(), [](char c) { return !is_ws(c); });
 }
@@ -139,8 +158,9 @@ void split_at_blank_lines(std::string_view text, std::vector<std::string>& out) 
 
 void read_documents(const InputFile& file, const std::string& text_field, std::vector<std::string>& out) {
   if (file.kind != InputKind::kJsonl) {
-    const std::string text = io::read_file(file.path);
+    std::string text = io::read_file(file.path);
     check_utf8(text, file.path);
+    normalize_text(text, "input file " + file.path, /*at_file_start=*/true);
     if (file.kind == InputKind::kBlankLines) {
       split_at_blank_lines(text, out);
     } else if (has_text(text)) {
@@ -154,6 +174,7 @@ void read_documents(const InputFile& file, const std::string& text_field, std::v
   size_t lineno = 0;
   while (std::getline(in, line)) {
     ++lineno;
+    if (lineno == 1 && line.compare(0, 3, "\xEF\xBB\xBF") == 0) line.erase(0, 3);  // a BOM
     if (!has_text(line)) continue;
     nlohmann::json j;
     try {
@@ -169,7 +190,8 @@ void read_documents(const InputFile& file, const std::string& text_field, std::v
     if (f == j.end()) fail(file.path, ":", lineno, ": expected a string field \"", text_field, "\", found none (set --text-field)");
     if (!f->is_string())
       fail(file.path, ":", lineno, ": expected field \"", text_field, "\" to be a string, found ", json_type(*f));
-    const auto& s = f->get_ref<const std::string&>();
+    std::string s = f->get_ref<const std::string&>();
+    normalize_text(s, file.path + ":" + std::to_string(lineno) + ": field \"" + text_field + "\"", false);
     if (has_text(s)) out.emplace_back(rtrim(s));
   }
   if (in.bad()) fail("cannot read input file ", file.path);

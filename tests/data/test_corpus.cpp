@@ -93,6 +93,34 @@ TEST(Corpus, BinaryFileIsRejectedWithOffset) {
   EXPECT_NE(msg.find("0x89 at offset 2"), std::string::npos) << msg;
 }
 
+TEST(Corpus, ByteOrderMarkAndCarriageReturnsAreNormalised) {
+  // A Windows-made file: BOM, CRLF line ends, a blank line made of CRLFs, a
+  // lone CR (old Mac line end). Read as if it were plain LF text.
+  TempDir t;
+  write_text(t / "win.txt", "\xEF\xBB\xBF" "doc one\r\nline two\r\n\r\ndoc two\rlast line\r\n");
+  const std::vector<std::string> expected = {"doc one\nline two", "doc two\nlast line"};
+  EXPECT_EQ(read_all(t / "win.txt"), expected);
+  // In a folder (one document per file) the same; a U+FEFF inside the text
+  // is a character (zero-width no-break space), not a byte-order mark: kept.
+  write_text(t / "in/a.txt", "\xEF\xBB\xBF" "first\r\nsecond \xEF\xBB\xBF" "word\r\n");
+  EXPECT_EQ(read_all(t / "in"), std::vector<std::string>{"first\nsecond \xEF\xBB\xBF" "word"});
+  // JSONL: a BOM before the first object, CRLF line ends, and CR/CRLF inside
+  // a text value.
+  write_text(t / "d.jsonl", "\xEF\xBB\xBF{\"text\": \"a\\r\\nb\\rc\"}\r\n{\"text\": \"two\"}\r\n");
+  const std::vector<std::string> jexpected = {"a\nb\nc", "two"};
+  EXPECT_EQ(read_all(t / "d.jsonl"), jexpected);
+}
+
+TEST(Corpus, NulBytesAreRejectedWithFileAndOffset) {
+  TempDir t;
+  write_text(t / "nul.txt", std::string("abc\0def", 7));
+  std::string msg = user_error_of([&] { read_all(t / "nul.txt"); });
+  EXPECT_NE(msg.find("nul.txt: NUL byte at offset 3"), std::string::npos) << msg;
+  write_text(t / "nul.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"x\\u0000y\"}\n");
+  msg = user_error_of([&] { read_all(t / "nul.jsonl"); });
+  EXPECT_NE(msg.find("nul.jsonl:2: field \"text\": NUL byte at offset 1"), std::string::npos) << msg;
+}
+
 TEST(Utf8, ValidityTable) {
   const size_t ok = std::string::npos;
   struct Case {

@@ -17,6 +17,11 @@
 // Every document has its trailing whitespace removed; documents with no
 // non-whitespace character are dropped. Text must be valid UTF-8 (a binary
 // file in a folder is a UserError naming it, not silently tokenized).
+// Normalisation at read (normalize_text): a UTF-8 byte-order mark (EF BB BF)
+// at the start of a file is dropped; CRLF and a lone CR are line ends, read
+// as LF (in text files and in JSONL text values); a NUL byte is rejected
+// (UserError naming the file and byte offset, or file:line for JSONL), as is
+// invalid UTF-8: nothing is replaced silently.
 #pragma once
 
 #include <cstdint>
@@ -54,6 +59,12 @@ void read_documents(const InputFile& file, const std::string& text_field, std::v
 /// Splits `text` into documents at blank lines (rule above), appending the
 /// non-empty ones, trailing whitespace removed, to `out`.
 void split_at_blank_lines(std::string_view text, std::vector<std::string>& out);
+
+/// Normalises text read from `what` (a file name, or "file:line") in place:
+/// drops a leading UTF-8 BOM when `at_file_start`, turns CRLF and lone CR
+/// into LF. Throws UserError "<what>: NUL byte at offset N" (N counted in
+/// the text as given, before normalisation).
+void normalize_text(std::string& text, const std::string& what, bool at_file_start);
 
 /// True if `text` has a character other than ASCII whitespace.
 bool has_text(std::string_view text);
