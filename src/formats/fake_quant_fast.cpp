@@ -93,7 +93,7 @@ inline void span_minifloat(const float* x, float* y, int64_t n_rt, float m,
     rb = (inf_keeps && ab == kInfBits) ? kInfBits : rb;
     rb = rb == kCanonicalNaN ? rb : (rb | sign);
     rb = ab > kInfBits ? kCanonicalNaN : rb;
-    y[i] = float_of(rb) * d;
+    y[i] = fast::dequantize(rb, d);
   }
 }
 
@@ -125,7 +125,7 @@ inline void span_float8exp(const float* x, float* y, int64_t n_rt, float m,
     }
     rb = (saturate && rb >= kInfBits && ab != kInfBits) ? max_bits : rb;
     rb = ab > kInfBits ? kCanonicalNaN : (rb | sign);
-    y[i] = float_of(rb) * d;
+    y[i] = fast::dequantize(rb, d);
   }
 }
 
@@ -153,7 +153,7 @@ inline void span_int(const float* x, float* y, int64_t n_rt, float m, float d,
     r = r > maxv ? maxv : r;
     r = r < -maxv ? -maxv : r;
     const uint32_t rb = (bits_of(v) & kAbsMask) > kInfBits ? kCanonicalNaN : bits_of(r);
-    y[i] = float_of(rb) * d;
+    y[i] = fast::dequantize(rb, d);
   }
 }
 

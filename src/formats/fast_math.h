@@ -28,6 +28,17 @@ inline constexpr uint32_t kCanonicalNaN = 0x7FC00000u;  // +qNaN, the only NaN w
 inline constexpr uint32_t kAbsMask = 0x7FFFFFFFu;
 inline constexpr uint32_t kInfBits = 0x7F800000u;
 
+/// A quantized element's value: code x d (d the block's decode scale). The
+/// product of a finite code that overflows FP32 (a code rounded up next to
+/// FLT_MAX, times a scale rounded up) saturates to +-FLT_MAX: a finite input
+/// never dequantizes to Inf. Inf and NaN codes pass through as code x d.
+inline float dequantize(uint32_t code_bits, float d) {
+  const float y = float_of(code_bits) * d;
+  const uint32_t yb = bits_of(y);
+  const bool ovf = (yb & kAbsMask) == kInfBits && (code_bits & kAbsMask) < kInfBits;
+  return float_of(ovf ? ((yb & 0x80000000u) | 0x7F7FFFFFu) : yb);
+}
+
 /// 2^k as an FP32 value for k in [-149, 127] (subnormal below -126).
 inline float pow2f(int k) {
   return k >= -126 ? float_of(uint32_t(k + 127) << 23) : float_of(1u << (k + 149));

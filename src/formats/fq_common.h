@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -45,7 +46,10 @@ inline float reference_element(float x, const BlockScale& s, const QuantSpec& sp
   const float v = x * s.encode;
   const float e = decode(spec.element, encode(spec.element, v, spec.rounding, rbits, spec.saturate));
   if (std::isnan(e)) return nan;
-  return e * s.decode;
+  const float y = e * s.decode;
+  // A finite code whose value overflows FP32 saturates (fast::dequantize).
+  if (std::isinf(y) && std::isfinite(e)) return std::copysign(std::numeric_limits<float>::max(), y);
+  return y;
 }
 
 /// Accumulates one element into a row's statistics (column order).

@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -184,3 +187,53 @@ TEST(Recipe, NewFormatPlugsInByRegistering) {
 
 }  // namespace
 }  // namespace snip::quant
+
+// Every registered recipe, every operand, over the extremes of FP32 (issue:
+// fidelity, "a finite input becomes Inf"): a finite input never dequantizes
+// to Inf or NaN, except where the element format itself is IEEE
+// non-saturating (the bf16 cast: FLT_MAX rounds to Inf in BF16, as every BF16
+// conversion does). Fast and reference paths agree bit for bit on these
+// inputs. Before the fix, FLT_MAX came out as +Inf under fp8, mxfp8_rceil,
+// mxfp4_rceil, int8 and posit8 (a code rounded up next to the largest value,
+// times a scale rounded up, overflows FP32).
+TEST(Recipe, FiniteExtremesStayFiniteUnderEveryRecipe) {
+  constexpr float kMax = std::numeric_limits<float>::max();
+  const float extremes[] = {kMax, -kMax, std::nextafter(kMax, 0.0f), 0x1p-126f, -0x1p-126f, 0x1p-149f,
+                            -0x1p-149f, 0x1p-140f, 0.0f, -0.0f, 1.0f, -3.0f, 1e30f, -1e-30f, 448.0f, 6.0f};
+  // 32 x 32: covers 1x16, 1x32, 1x128 (partial), 16x16 and 128x128 (partial)
+  // blocks; the extremes on the first row (rows of their own), then mixed in
+  // with ordinary values in later rows (blocks shared with small values).
+  constexpr int64_t R = 32, C = 32;
+  std::vector<float> in(size_t(R * C), 0.0f);
+  for (int64_t c = 0; c < C; ++c) in[size_t(c)] = extremes[c % 16];
+  for (int64_t r = 1; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c)
+      in[size_t(r * C + c)] = (c + r) % 5 == 0 ? extremes[(c * 7 + r) % 16] : float((c - r) % 9) * 0.37f;
+  for (const std::string& name : snip::quant::recipe_names()) {
+    const snip::quant::Recipe rc = snip::quant::find_recipe(name);
+    for (size_t op = 0; op < rc.operands.size(); ++op) {
+      const snip::formats::QuantSpec& spec = rc.operands[op];
+      std::vector<float> fast(in.size()), ref(in.size());
+      const snip::formats::RoundingKey key{1, 2, 3, uint32_t(op)};
+      if (spec.rule == snip::formats::ScaleRule::kDelayed) {
+        snip::formats::DelayedScaling s1(spec), s2(spec);
+        snip::formats::fake_quantize(in.data(), fast.data(), R, C, key, s1);
+        snip::formats::fake_quantize_reference(in.data(), ref.data(), R, C, key, s2);
+      } else {
+        snip::formats::fake_quantize(in.data(), fast.data(), R, C, spec, key);
+        snip::formats::fake_quantize_reference(in.data(), ref.data(), R, C, spec, key);
+      }
+      const bool ieee_cast = spec.rule == snip::formats::ScaleRule::kNone && !spec.saturate;
+      for (size_t i = 0; i < in.size(); ++i) {
+        uint32_t a, b;
+        std::memcpy(&a, &fast[i], 4);
+        std::memcpy(&b, &ref[i], 4);
+        ASSERT_EQ(a, b) << name << " operand " << op << " element " << i << ": fast " << fast[i] << ", reference "
+                        << ref[i];
+        if (!ieee_cast || std::fabs(in[i]) < 0x1p127f)
+          ASSERT_TRUE(std::isfinite(fast[i])) << name << " operand " << op << ": input " << in[i] << " -> "
+                                              << fast[i];
+      }
+    }
+  }
+}

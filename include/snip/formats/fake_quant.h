@@ -18,7 +18,12 @@
 // partial overlap is undefined.
 //
 // Output, per element x with block scale (d, m): NaN if x is NaN or the block
-// scale is NaN, else decode(encode(x * m)) * d.
+// scale is NaN, else decode(encode(x * m)) * d, where a finite code whose
+// value overflows FP32 (a code rounded up next to the format's largest value,
+// times a scale rounded up: FLT_MAX under fp8, MX with RCEIL scales, int8,
+// posit8) saturates to +-FLT_MAX, so a finite input never becomes Inf. An
+// element format's own IEEE overflow (the non-saturating bf16 cast: FLT_MAX
+// rounds to Inf) is kept.
 #pragma once
 
 #include <cstdint>
