@@ -33,7 +33,10 @@ using json = nlohmann::json;
 namespace snip::data {
 namespace {
 
-constexpr int kMetaVersion = 1;
+// Part of the up-to-date key: a change in how documents are read or split
+// makes earlier preparations stale. 2: text normalisation at read (a leading
+// BOM dropped, CRLF/CR read as LF; corpus.h).
+constexpr int kMetaVersion = 2;
 constexpr uint64_t kSplitSalt = 0x53504C4954ull;  // "SPLIT"
 constexpr double kCharacterCoverage = 0.9995;
 
