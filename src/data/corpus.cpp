@@ -50,11 +50,15 @@ std::string json_type(const nlohmann::json& j) { return j.type_name(); }
 
 }  // namespace
 
+namespace {
+constexpr std::string_view kUtf8Bom = "\xEF\xBB\xBF";  // U+FEFF as a byte-order mark
+}  // namespace
+
 void normalize_text(std::string& text, const std::string& what, bool at_file_start) {
   const size_t nul = text.find('\0');
   if (nul != std::string::npos) fail(what, ": NUL byte at offset ", nul, "; expected plain UTF-8 text");
   size_t from = 0;
-  if (at_file_start && text.compare(0, 3, "\xEF\xBB\xBF") == 0) from = 3;
+  if (at_file_start && text.compare(0, kUtf8Bom.size(), kUtf8Bom) == 0) from = kUtf8Bom.size();
   if (from == 0 && text.find('\r') == std::string::npos) return;
   std::string out;
   out.reserve(text.size() - from);
@@ -174,7 +178,7 @@ void read_documents(const InputFile& file, const std::string& text_field, std::v
   size_t lineno = 0;
   while (std::getline(in, line)) {
     ++lineno;
-    if (lineno == 1 && line.compare(0, 3, "\xEF\xBB\xBF") == 0) line.erase(0, 3);  // a BOM
+    if (lineno == 1 && line.compare(0, kUtf8Bom.size(), kUtf8Bom) == 0) line.erase(0, kUtf8Bom.size());
     if (!has_text(line)) continue;
     nlohmann::json j;
     try {

@@ -3,12 +3,6 @@
 
 #include "fast_math.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__ELF__)
-#define SNIP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define SNIP_CLONES
-#endif
-
 namespace snip::formats {
 
 namespace {

@@ -26,15 +26,6 @@
 #include "fq_common.h"
 #include "snip/formats/fake_quant.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__ELF__)
-#define SNIP_HAVE_X86_CLONES 1
-#define SNIP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#define SNIP_CLONES_NO512 __attribute__((target_clones("avx2", "default")))
-#else
-#define SNIP_CLONES
-#define SNIP_CLONES_NO512
-#endif
-
 namespace snip::formats {
 namespace detail {
 BlockScale delayed_call_scale(const DelayedScaling& state, float amax_tensor);

@@ -1,5 +1,5 @@
 // Private to snip_formats: bit-level helpers shared by the fast scale
-// computation (scale.cpp) and the fast kernels (fake_quant_fast.cpp).
+// computation (scale.cpp) and the fast kernels (fake_quant_fast.cpp, bf16.cpp).
 // Everything here is exact FP32 arithmetic; no FMA contraction (the library
 // is built with -ffp-contract=off), so results equal the reference path's.
 #pragma once
@@ -10,6 +10,17 @@
 
 #include "snip/formats/quant_spec.h"
 #include "snip/formats/scaling.h"
+
+// The kernels' ISA clones: AVX-512, AVX2 and the baseline, picked at load
+// time (target_clones), so the library itself needs no -march flag.
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__ELF__)
+#define SNIP_HAVE_X86_CLONES 1
+#define SNIP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define SNIP_CLONES_NO512 __attribute__((target_clones("avx2", "default")))
+#else
+#define SNIP_CLONES
+#define SNIP_CLONES_NO512
+#endif
 
 namespace snip::formats::fast {
 

@@ -386,17 +386,53 @@ std::string blackwell_ptx(GemmPrecision p) {
 
 // --- CPU ----------------------------------------------------------------------
 
+namespace {
+
+// The ISA flags, in the record's order: the record's (and JSON's) name, the
+// word /proc/cpuinfo lists ("flags" on x86, "Features" on aarch64), the field.
+struct IsaFlag {
+  const char* name;
+  const char* cpuinfo_word;
+  bool CpuInfo::*field;
+  bool x86;
+};
+const IsaFlag kIsaFlags[] = {
+    {"sse4_2", "sse4_2", &CpuInfo::sse4_2, true},
+    {"avx", "avx", &CpuInfo::avx, true},
+    {"avx2", "avx2", &CpuInfo::avx2, true},
+    {"fma", "fma", &CpuInfo::fma, true},
+    {"f16c", "f16c", &CpuInfo::f16c, true},
+    {"avx512f", "avx512f", &CpuInfo::avx512f, true},
+    {"avx512bw", "avx512bw", &CpuInfo::avx512bw, true},
+    {"avx512vl", "avx512vl", &CpuInfo::avx512vl, true},
+    {"avx512dq", "avx512dq", &CpuInfo::avx512dq, true},
+    {"avx512_bf16", "avx512_bf16", &CpuInfo::avx512_bf16, true},
+    {"avx512_fp16", "avx512_fp16", &CpuInfo::avx512_fp16, true},
+    {"avx512_vnni", "avx512_vnni", &CpuInfo::avx512_vnni, true},
+    {"amx_tile", "amx_tile", &CpuInfo::amx_tile, true},
+    {"amx_bf16", "amx_bf16", &CpuInfo::amx_bf16, true},
+    {"amx_int8", "amx_int8", &CpuInfo::amx_int8, true},
+    {"neon", "asimd", &CpuInfo::neon, false},
+    {"sve", "sve", &CpuInfo::sve, false},
+    {"sve2", "sve2", &CpuInfo::sve2, false},
+    {"arm_bf16", "bf16", &CpuInfo::arm_bf16, false},
+    {"arm_i8mm", "i8mm", &CpuInfo::arm_i8mm, false},
+};
+
+// Sets the flags of one architecture from its cpuinfo word list.
+void set_isa_flags(CpuInfo& cpu, const std::string& words, bool x86) {
+  const auto w = split_words(words);
+  const std::set<std::string> f(w.begin(), w.end());
+  for (const IsaFlag& g : kIsaFlags)
+    if (g.x86 == x86) cpu.*g.field = has_word(f, g.cpuinfo_word);
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, bool>> isa_flags(const CpuInfo& c) {
-  return {{"sse4_2", c.sse4_2},         {"avx", c.avx},
-          {"avx2", c.avx2},             {"fma", c.fma},
-          {"f16c", c.f16c},             {"avx512f", c.avx512f},
-          {"avx512bw", c.avx512bw},     {"avx512vl", c.avx512vl},
-          {"avx512dq", c.avx512dq},     {"avx512_bf16", c.avx512_bf16},
-          {"avx512_fp16", c.avx512_fp16}, {"avx512_vnni", c.avx512_vnni},
-          {"amx_tile", c.amx_tile},     {"amx_bf16", c.amx_bf16},
-          {"amx_int8", c.amx_int8},     {"neon", c.neon},
-          {"sve", c.sve},               {"sve2", c.sve2},
-          {"arm_bf16", c.arm_bf16},     {"arm_i8mm", c.arm_i8mm}};
+  std::vector<std::pair<std::string, bool>> out;
+  for (const IsaFlag& g : kIsaFlags) out.emplace_back(g.name, c.*g.field);
+  return out;
 }
 
 CpuInfo parse_cpu(const std::string& cpuinfo_text, const std::string& sys_cpu_dir) {
@@ -451,23 +487,7 @@ CpuInfo parse_cpu(const std::string& cpuinfo_text, const std::string& sys_cpu_di
     cpu.arch = "x86_64";
     if (!vendor_id.empty()) cpu.vendor = vendor_id;
     if (!model_name.empty()) cpu.model_name = model_name;
-    const auto w = split_words(flags);
-    const std::set<std::string> f(w.begin(), w.end());
-    cpu.sse4_2 = has_word(f, "sse4_2");
-    cpu.avx = has_word(f, "avx");
-    cpu.avx2 = has_word(f, "avx2");
-    cpu.fma = has_word(f, "fma");
-    cpu.f16c = has_word(f, "f16c");
-    cpu.avx512f = has_word(f, "avx512f");
-    cpu.avx512bw = has_word(f, "avx512bw");
-    cpu.avx512vl = has_word(f, "avx512vl");
-    cpu.avx512dq = has_word(f, "avx512dq");
-    cpu.avx512_bf16 = has_word(f, "avx512_bf16");
-    cpu.avx512_fp16 = has_word(f, "avx512_fp16");
-    cpu.avx512_vnni = has_word(f, "avx512_vnni");
-    cpu.amx_tile = has_word(f, "amx_tile");
-    cpu.amx_bf16 = has_word(f, "amx_bf16");
-    cpu.amx_int8 = has_word(f, "amx_int8");
+    set_isa_flags(cpu, flags, /*x86=*/true);
   } else if (!implementer.empty() || has_features) {
     cpu.arch = "aarch64";
     unsigned long imp = 0, prt = 0;
@@ -480,13 +500,7 @@ CpuInfo parse_cpu(const std::string& cpuinfo_text, const std::string& sys_cpu_di
     } else if (!model_name.empty()) {
       cpu.model_name = model_name;
     }
-    const auto w = split_words(features);
-    const std::set<std::string> f(w.begin(), w.end());
-    cpu.neon = has_word(f, "asimd");
-    cpu.sve = has_word(f, "sve");
-    cpu.sve2 = has_word(f, "sve2");
-    cpu.arm_bf16 = has_word(f, "bf16");
-    cpu.arm_i8mm = has_word(f, "i8mm");
+    set_isa_flags(cpu, features, /*x86=*/false);
   }
   cpu.logical_cpus = processors;
 

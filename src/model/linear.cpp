@@ -34,7 +34,6 @@ torch::Tensor q(const StepPrecision& sp, const torch::Tensor& t, Operand op) {
 // accumulation (model/matmul.h), as `out` (the activation dtype). Strided
 // views are fine: the GEMM reads transposed operands without copies.
 torch::Tensor gemm_nt(const torch::Tensor& a, const torch::Tensor& b, at::ScalarType dtype, at::ScalarType out) {
-  if (dtype == at::ScalarType::Undefined || dtype == out) return torch::mm(a, b.t());
   return gemm_result(torch::mm(a, b.t()), dtype, out);
 }
 
@@ -73,9 +72,9 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
     const auto& l = *reinterpret_cast<const QuantLinearImpl*>(ctx->saved_data["layer"].toInt());
     const auto sp = c10::static_intrusive_pointer_cast<StepPrecision>(ctx->saved_data["precision"].toCapsule());
     const auto saved = ctx->get_saved_variables();
-    const torch::Tensor& x = saved[0];  // [T, IN]
+    const torch::Tensor& x = saved[0];  // [N, IN]
     const torch::Tensor& w = saved[1];  // [OUT, IN]
-    const torch::Tensor& dy = grads[0];  // [T, OUT]
+    const torch::Tensor& dy = grads[0];  // [N, OUT]
     if (l.probe) {
       if (l.probe->on_dy) l.probe->on_dy(dy.detach());
       else l.probe->dy = dy.detach();
@@ -85,21 +84,21 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
     if (ctx->saved_data["cast"].toBool()) {  // x, w are the GEMM-dtype casts from forward
       const torch::Tensor dyc = gemm_operand(dy, dt);
       if (ctx->needs_input_grad(0)) {
-        dx = gemm_result(torch::mm(dyc, w), dt, dy.scalar_type());  // dgrad [T, IN]
+        dx = gemm_result(torch::mm(dyc, w), dt, dy.scalar_type());  // dgrad [N, IN]
         if (l.probe && l.probe->input_grad_noise) dx.add_(l.probe->input_grad_noise());
       }
-      // wgrad [OUT, IN] as (Xᵀ·dY)ᵀ: oneDNN is faster with the long T dim of X leading.
+      // wgrad [OUT, IN] as (Xᵀ·dY)ᵀ: oneDNN is faster with the long N dim of X leading.
       if (ctx->needs_input_grad(1) && !(l.probe && l.probe->skip_wgrad))
         dw = gemm_result(torch::mm(x.t(), dyc).t().contiguous(), dt, dy.scalar_type());
       return {dx, dw, torch::Tensor()};
     }
     if (ctx->needs_input_grad(0)) {
-      // dgrad: dX [T, IN] = dY [T, OUT] · W [OUT, IN]; K = OUT, so W goes in as Wᵀ [IN, OUT].
+      // dgrad: dX [N, IN] = dY [N, OUT] · W [OUT, IN]; K = OUT, so W goes in as Wᵀ [IN, OUT].
       dx = gemm_nt(q(*sp, dy, Operand::kDgradDY), q(*sp, w.t(), Operand::kDgradW), dt, dy.scalar_type());
       if (l.probe && l.probe->input_grad_noise) dx.add_(l.probe->input_grad_noise());
     }
     if (ctx->needs_input_grad(1) && !(l.probe && l.probe->skip_wgrad)) {
-      // wgrad: dW [OUT, IN] = dYᵀ [OUT, T] · X [T, IN]; K = T: dYᵀ [OUT, T], Xᵀ [IN, T].
+      // wgrad: dW [OUT, IN] = dYᵀ [OUT, N] · X [N, IN]; K = N: dYᵀ [OUT, N], Xᵀ [IN, N].
       dw = gemm_nt(q(*sp, dy.t(), Operand::kWgradDY), q(*sp, x.t(), Operand::kWgradX), dt, dy.scalar_type());
     }
     return {dx, dw, torch::Tensor()};

@@ -187,14 +187,13 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   // The two attention products run in `bmm_dtype` (BF16 in the BF16
   // baseline: METHOD.md section 1 keeps them BF16); scores, mask and softmax
   // stay in the activation dtype.
-  const bool cast = bmm_dtype != at::ScalarType::Undefined && bmm_dtype != x.scalar_type();
-  torch::Tensor att = cast ? matmul_in(qg, k.transpose(-2, -1), bmm_dtype) : torch::matmul(qg, k.transpose(-2, -1));
+  torch::Tensor att = matmul_in(qg, k.transpose(-2, -1), bmm_dtype);
   // Causal mask as an additive [T, T] bias (0 on/below the diagonal, -inf
   // above), repeated for the rep stacked heads: [rep*T, T].
   torch::Tensor bias = torch::full({T, T}, -std::numeric_limits<double>::infinity(), q.options()).triu(1);
   if (rep > 1) bias = bias.repeat({rep, 1});
   att = att.mul_(1.0 / std::sqrt(double(hd))).add_(bias).softmax(-1);  // [B, NKV, rep*T, T]
-  torch::Tensor y = cast ? matmul_in(att, v, bmm_dtype) : torch::matmul(att, v);  // [B, NKV, rep*T, HD]
+  torch::Tensor y = matmul_in(att, v, bmm_dtype);  // [B, NKV, rep*T, HD]
   y = y.view({B, nh, T, hd});
   return o_proj(y.transpose(1, 2).reshape({B, T, nh * hd}));
 }
@@ -258,7 +257,6 @@ torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& ids) {
   if (lm_head) return lm_head(h);
   // Tied head: logits = h · embed_tokensᵀ in the head's GEMM dtype.
   const torch::Tensor& w = model->embed_tokens->weight;  // [V, C]
-  if (head_gemm_dtype == at::ScalarType::Undefined || head_gemm_dtype == h.scalar_type()) return torch::matmul(h, w.t());
   return matmul_in(h, w.t(), head_gemm_dtype);
 }
 

@@ -47,9 +47,8 @@ bool dense(const torch::Tensor& t) { return t.is_non_overlapping_and_dense(); }
 // it replaces: .to(BF16).to(FP32) passes the gradient back through the same
 // two casts, so the gradient is rounded to BF16 too.
 struct RoundBf16Function : public torch::autograd::Function<RoundBf16Function> {
-  static torch::Tensor forward(torch::autograd::AutogradContext*, torch::Tensor t) {
-    return dense(t) ? round_bf16_raw(t) : t.to(at::kBFloat16).to(at::kFloat);
-  }
+  // t: dense FP32 (round_bf16 sends nothing else).
+  static torch::Tensor forward(torch::autograd::AutogradContext*, torch::Tensor t) { return round_bf16_raw(t); }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
                                                  torch::autograd::variable_list grads) {
     return {round_bf16(grads[0])};
@@ -63,6 +62,21 @@ torch::Tensor round_bf16(const torch::Tensor& t) {
   if (t.requires_grad() && torch::GradMode::is_enabled()) return RoundBf16Function::apply(t);
   return round_bf16_raw(t);
 }
+
+namespace {
+
+// round_bf16 of a tensor the caller owns alone (a GEMM's output, a
+// quantizer's buffer): outside autograd, rounded in place.
+torch::Tensor round_bf16_fresh(const torch::Tensor& t) {
+  if (t.scalar_type() != at::kFloat || !dense(t) || (t.requires_grad() && torch::GradMode::is_enabled()))
+    return round_bf16(t);
+  formats::round_to_bf16(t.data_ptr<float>(), t.data_ptr<float>(), t.numel());
+  return t;
+}
+
+bool emulated_bf16(at::ScalarType dtype) { return dtype == at::kBFloat16 && !native_bf16_gemm(); }
+
+}  // namespace
 
 bool libtorch_bf16_gemm_accumulates_fp32() {
   static const bool fp32 = probe_native_bf16();
@@ -130,20 +144,18 @@ std::string bf16_gemm_reason() {
 
 torch::Tensor gemm_operand(const torch::Tensor& t, at::ScalarType dtype) {
   if (!narrower(t, dtype)) return t;
-  if (dtype == at::kBFloat16 && !native_bf16_gemm() && t.scalar_type() == at::kFloat) return round_bf16(t);
-  if (dtype == at::kBFloat16 && !native_bf16_gemm()) return t.to(at::kBFloat16).to(at::kFloat);
+  if (emulated_bf16(dtype))
+    return t.scalar_type() == at::kFloat ? round_bf16(t) : t.to(at::kBFloat16).to(at::kFloat);
   return t.to(dtype);
 }
 
+torch::Tensor gemm_operand_fresh(const torch::Tensor& t, at::ScalarType dtype) {
+  if (narrower(t, dtype) && emulated_bf16(dtype) && t.scalar_type() == at::kFloat) return round_bf16_fresh(t);
+  return gemm_operand(t, dtype);
+}
+
 torch::Tensor gemm_result(const torch::Tensor& y, at::ScalarType dtype, at::ScalarType out) {
-  if (dtype == at::kBFloat16 && y.scalar_type() == at::kFloat && !native_bf16_gemm()) {
-    if (!(y.requires_grad() && torch::GradMode::is_enabled()) && dense(y)) {
-      // A GEMM's fresh output, outside autograd: rounded in place.
-      formats::round_to_bf16(y.data_ptr<float>(), y.data_ptr<float>(), y.numel());
-      return y.to(out);
-    }
-    return round_bf16(y).to(out);
-  }
+  if (emulated_bf16(dtype) && y.scalar_type() == at::kFloat) return round_bf16_fresh(y).to(out);
   return y.to(out);
 }
 

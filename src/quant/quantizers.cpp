@@ -4,7 +4,6 @@
 #include <map>
 #include <mutex>
 
-#include "snip/formats/bf16.h"
 #include "snip/formats/fake_quant.h"
 #include "snip/formats/scaling.h"
 #include "snip/model/matmul.h"
@@ -22,26 +21,6 @@ class RecipeQuantizer final : public OperandQuantizer {
   explicit RecipeQuantizer(quant::Recipe r) : recipe_(std::move(r)) {}
 
   torch::Tensor quantize(const torch::Tensor& t, const QuantKey& key) const override {
-    return quantize_fp32(t, key).to(t.scalar_type());
-  }
-
-  // The emulated BF16 GEMM's input made in the quantizer's own buffer: the
-  // rounding to BF16 in place (bit for bit gemm_operand's copy).
-  torch::Tensor quantize_for_gemm(const torch::Tensor& t, const QuantKey& key,
-                                  at::ScalarType gemm_dtype) const override {
-    if (gemm_dtype == at::kBFloat16 && t.scalar_type() == at::kFloat && !native_bf16_gemm()) {
-      torch::Tensor out = quantize_fp32(t, key);
-      formats::round_to_bf16(out.data_ptr<float>(), out.data_ptr<float>(), out.numel());
-      return out;
-    }
-    return gemm_operand(quantize(t, key), gemm_dtype);
-  }
-
-  std::string name() const override { return recipe_.name; }
-
- private:
-  // t: [rows, K] -> the fake-quantized values, FP32 [rows, K] contiguous.
-  torch::Tensor quantize_fp32(const torch::Tensor& t, const QuantKey& key) const {
     TORCH_CHECK(t.dim() == 2, "quantize: expected [rows, K], got ", t.sizes());
     // The kernels read host memory through raw pointers.
     if (!t.device().is_cpu())
@@ -59,9 +38,19 @@ class RecipeQuantizer final : public OperandQuantizer {
     } else {
       formats::fake_quantize(in.data_ptr<float>(), out.data_ptr<float>(), in.size(0), in.size(1), spec, rk);
     }
-    return out;
+    return out.to(t.scalar_type());
   }
 
+  // quantize() returns a tensor of its own, so the emulated BF16 rounding can
+  // happen in it (no second tensor per operand).
+  torch::Tensor quantize_for_gemm(const torch::Tensor& t, const QuantKey& key,
+                                  at::ScalarType gemm_dtype) const override {
+    return gemm_operand_fresh(quantize(t, key), gemm_dtype);
+  }
+
+  std::string name() const override { return recipe_.name; }
+
+ private:
   quant::Recipe recipe_;
   mutable std::mutex mu_;
   mutable std::map<std::pair<int64_t, int>, formats::DelayedScaling> delayed_;

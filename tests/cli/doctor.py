@@ -17,6 +17,8 @@ import subprocess
 import sys
 import tempfile
 
+from cpu_flags import cpu_flags
+
 snip, data = sys.argv[1], sys.argv[2]
 failures = []
 
@@ -39,12 +41,7 @@ r = run("doctor", "--json", "--min-time", "0.05")
 check("exit status 0", r.returncode == 0, f"{r.returncode}: {r.stderr}")
 d = json.loads(r.stdout)
 cpu = d["machine"]["cpu"]
-flags = set()
-with open("/proc/cpuinfo") as f:
-    for line in f:
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            break
+flags = cpu_flags()
 if flags:  # x86: the ISA flags are /proc/cpuinfo's
     for name in ["avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"]:
         check(f"flag {name}", cpu["flags"][name] == (name in flags), f"{cpu['flags'][name]} vs /proc/cpuinfo")

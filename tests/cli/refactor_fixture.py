@@ -41,6 +41,8 @@ import subprocess
 import sys
 import tempfile
 
+from cpu_flags import cpu_flags
+
 MICRO = """
 [model]
 hidden_size = 64
@@ -74,12 +76,7 @@ ARMS = {
 
 
 def machine_key():
-    flags = set()
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
+    flags = cpu_flags()
     isa = "avx512bf16" if "avx512_bf16" in flags else "avx512" if "avx512f" in flags else \
         "avx2" if "avx2" in flags else "other"
     torch_version = "unknown"

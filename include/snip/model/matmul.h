@@ -68,6 +68,11 @@ torch::Tensor round_bf16(const torch::Tensor& t);
 /// dtype: t unchanged. Any shape.
 torch::Tensor gemm_operand(const torch::Tensor& t, at::ScalarType dtype);
 
+/// gemm_operand(t, dtype) for a tensor the caller owns alone (a quantizer's
+/// fresh output): the same values and layout, but outside autograd the BF16
+/// rounding of the emulated path happens in t's own memory (t is returned).
+torch::Tensor gemm_operand_fresh(const torch::Tensor& t, at::ScalarType dtype);
+
 /// The output of a GEMM whose operands came from gemm_operand(.., dtype), as
 /// `out` (the activation dtype): rounded to dtype first when the GEMM ran
 /// emulated in FP32. Any shape. y must be the GEMM's own fresh output: outside
