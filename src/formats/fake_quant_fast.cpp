@@ -274,6 +274,8 @@ SNIP_CLONES void scales_from_amax(const uint32_t* amax, int64_t n, const fast::S
     case ScaleRule::kCurrent:
     case ScaleRule::kDelayed:
       if (ctx.format == ScaleFormat::kFP32) return scales_loop<fast::lane_fp32>(amax, n, ctx, enc, dec);
+      if (ctx.format == ScaleFormat::kE8M0)
+        return scales_loop<fast::lane_e8m0_rceil>(amax, n, ctx, enc, dec);
       return scales_loop<fast::lane_pow2>(amax, n, ctx, enc, dec);
     case ScaleRule::kNone:
       std::fill(enc, enc + n, 1.0f);

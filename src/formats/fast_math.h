@@ -55,22 +55,6 @@ inline float pow2f(int k) {
   return k >= -126 ? float_of(uint32_t(k + 127) << 23) : float_of(1u << (k + 149));
 }
 
-/// floor(log2(a)) and the 24-bit significand (implicit bit at bit 23) of a
-/// finite a > 0, FP32 subnormals included.
-inline void log2_and_significand(float a, int& e, uint32_t& sig) {
-  const uint32_t b = bits_of(a);
-  const uint32_t ef = b >> 23;
-  if (ef != 0) {
-    e = int(ef) - 127;
-    sig = (b & 0x7FFFFFu) | 0x800000u;
-  } else {
-    const uint32_t m = b & 0x7FFFFFu;
-    const int lz = __builtin_clz(m) - 8;  // shift that moves the top bit to bit 23
-    e = -126 - lz;
-    sig = m << lz;
-  }
-}
-
 /// Parameters of the branch-free minifloat rounding of a magnitude, derived
 /// from an ElementFormat of kind kFloat with ebits <= 7 (the grid lies in
 /// the FP32 normal range).
@@ -143,8 +127,7 @@ struct ScaleCtx {
   ScaleRule rule = ScaleRule::kNone;
   ScaleFormat format = ScaleFormat::kFP32;
   float target = 1.0f;       ///< T = element.scale_target()
-  int target_exp = 0;        ///< floor(log2 T)
-  uint32_t target_sig = 0;   ///< significand of T
+  float rcp_target = 1.0f;   ///< fl(1 / T): TE's max_norm_rcp / fp4_max_inv
   int emax_elem = 0;         ///< element.emax() (kMxFloor)
   TensorScale tensor;        ///< kTwoLevel second level
   MiniFloatParams e4m3;      ///< E4M3 rounding of kTwoLevel block scales
@@ -153,11 +136,10 @@ struct ScaleCtx {
       : rule(spec.rule),
         format(spec.scale_format),
         target(float(spec.element.scale_target())),
+        rcp_target(1.0f / target),
         emax_elem(spec.element.emax()),
         tensor(t),
-        e4m3(kE4M3) {
-    log2_and_significand(target, target_exp, target_sig);
-  }
+        e4m3(kE4M3) {}
 };
 
 /// floor(log2(a)) for the bits b of a finite a > 0, FP32 subnormals
@@ -167,13 +149,6 @@ inline int floor_log2_bits(uint32_t b) {
   const int e = int(b >> 23) - 127;
   const int sub = int(bits_of(float(int32_t(b & 0x7FFFFFu))) >> 23) - 127 - 149;
   return (b >> 23) != 0 ? e : sub;
-}
-
-/// 24-bit significand (implicit bit at bit 23) of the finite a > 0 with bits
-/// b and floor(log2(a)) = fl.
-inline uint32_t significand_bits(uint32_t b, int fl) {
-  const int shift = fl < -126 ? 23 - (fl + 149) : 0;  // subnormal: top bit to bit 23
-  return (b >> 23) != 0 ? ((b & 0x7FFFFFu) | 0x800000u) : (b << shift);
 }
 
 /// 2^k as FP32 for k in [-127, 127] (2^-127 is subnormal).
@@ -207,10 +182,14 @@ inline void lane_mx_floor(uint32_t ab, const ScaleCtx& c, float& enc, float& dec
   nan_if(ab >= kInfBits, c, enc, dec, code);
 }
 
-/// kTwoLevel: E4M3(amax / T * S_enc) * S_dec.
+/// kTwoLevel (TransformerEngine core_nvfp4.cuh, compute_decoding_scaling_factor):
+/// s_b = E4M3_RNE_sat(min(amax * (S_enc * fl(1/T)), FLT_MAX)), in that FP32
+/// order; d = s_b * S_dec; m = min(1 / d, FLT_MAX) (TE's block_scale_inverse).
 inline void lane_two_level(uint32_t ab, const ScaleCtx& c, float& enc, float& dec,
                            uint32_t& code) {
-  const float sb = float_of(ab) / c.target * c.tensor.encode;
+  const float per_amax = c.tensor.encode * c.rcp_target;
+  float sb = float_of(ab) * per_amax;
+  sb = sb < FLT_MAX ? sb : FLT_MAX;
   const float r = round_magnitude<false>(sb, c.e4m3, 0.0f);
   const float rq = r > c.e4m3.maxv ? c.e4m3.maxv : r;  // saturate
   dec = rq * c.tensor.decode;
@@ -220,35 +199,54 @@ inline void lane_two_level(uint32_t ab, const ScaleCtx& c, float& enc, float& de
   nan_if(ab >= kInfBits || c.tensor.decode != c.tensor.decode, c, enc, dec, code);
 }
 
-/// kCurrent / kDelayed with FP32 scales: max(amax / T, 2^-126).
+/// The FP32 encode multiplier of TE's compute_scale_from_amax (recipe_common.cuh,
+/// margin 0, epsilon 0): m = fl(T / amax), Inf -> FLT_MAX; amax = 0 -> 1.
+inline float te_encode_scale(uint32_t ab, const ScaleCtx& c) {
+  float m = c.target / float_of(ab);  // computed unconditionally: no branch
+  m = m < FLT_MAX ? m : FLT_MAX;
+  return ab == 0 ? 1.0f : m;
+}
+
+/// kCurrent / kDelayed with FP32 scales (TE Float8CurrentScaling and
+/// DelayedScaling): m = te_encode_scale, d = fl(1 / m) (TE's reciprocal).
 inline void lane_fp32(uint32_t ab, const ScaleCtx& c, float& enc, float& dec, uint32_t& code) {
-  const float q = float_of(ab) / c.target;  // computed unconditionally: no branch
-  float d = ab == 0 ? 1.0f : q;
-  d = d < FLT_MIN ? FLT_MIN : d;
-  dec = d;
-  enc = 1.0f / d;  // <= 2^126: finite
-  code = bits_of(d);
+  const float m = te_encode_scale(ab, c);
+  enc = m;
+  dec = 1.0f / m;  // >= 1 / FLT_MAX: nonzero
+  code = bits_of(dec);
   nan_if(ab >= kInfBits, c, enc, dec, code);
 }
 
-/// kCurrent / kDelayed with power-of-two scales (fp32_pow2, e8m0):
-/// d = 2^ceil(log2(amax / T)), exact: with amax = A * 2^ea and T = B * 2^et
-/// (A, B in [1, 2)), amax / T = (A/B) * 2^(ea-et) with A/B in (1/2, 2), so
-/// ceil(log2) = ea - et + [A > B].
+/// kCurrent / kDelayed with FP32 power-of-two scales (TE Float8BlockScaling,
+/// force_pow_2_scales): m = te_encode_scale with its mantissa cleared
+/// (rounded down to 2^j), j >= -126 (TE leaves a subnormal m undefined; it
+/// needs T / FLT_MAX < 2^-126, i.e. T < 4); d = 2^-j.
 inline void lane_pow2(uint32_t ab, const ScaleCtx& c, float& enc, float& dec, uint32_t& code) {
-  const bool zero = ab == 0;
-  const bool e8m0 = c.format == ScaleFormat::kE8M0;
-  const uint32_t bs = zero ? 1u : ab;
-  const int fl = floor_log2_bits(bs);
-  const uint32_t sig = significand_bits(bs, fl);
-  const int zero_k = e8m0 ? kE8M0MinExp : 0;
-  const int lo = e8m0 ? kE8M0MinExp : kPow2MinExp;
-  int k = fl - c.target_exp + (sig > c.target_sig ? 1 : 0);
-  k = zero ? zero_k : k;
-  k = k < lo ? lo : (k > kPow2MaxExp ? kPow2MaxExp : k);
+  uint32_t mb = bits_of(te_encode_scale(ab, c)) & 0xFF800000u;
+  mb = mb < 0x00800000u ? 0x00800000u : mb;  // j >= -126
+  const int j = int(mb >> 23) - 127;
+  enc = float_of(mb);
+  dec = pow2_scale_value(-j);
+  code = bits_of(dec);
+  nan_if(ab >= kInfBits, c, enc, dec, code);
+}
+
+/// kCurrent with E8M0 scales, the "RCEIL" rule of TE / cuBLAS MXFP8
+/// (ptx::float_to_e8m0(amax * max_norm_rcp), cvt.rp.satfinite.ue8m0):
+/// v = fl(amax * fl(1/T)); code = v's biased exponent, plus one when v is
+/// not a power of two (rounding toward +Inf), except that v <= 2^-127 gives
+/// code 0 and code 0xFE is not rounded further (satfinite); d = 2^(code-127).
+inline void lane_e8m0_rceil(uint32_t ab, const ScaleCtx& c, float& enc, float& dec,
+                            uint32_t& code) {
+  const uint32_t vb = bits_of(float_of(ab) * c.rcp_target);
+  const uint32_t e = vb >> 23, mant = vb & 0x7FFFFFu;
+  const bool up = mant != 0 && e != 0xFEu && !(e == 0 && mant <= 0x400000u);
+  uint32_t cd = e + (up ? 1u : 0u);
+  cd = cd > 0xFEu ? 0xFEu : cd;
+  const int k = int(cd) - 127;
   dec = pow2_scale_value(k);
   enc = pow2_scale_value(-k);
-  code = e8m0 ? uint32_t(k + 127) : bits_of(dec);
+  code = cd;
   nan_if(ab >= kInfBits, c, enc, dec, code);
 }
 
@@ -265,6 +263,7 @@ inline void scale_lane(uint32_t ab, const ScaleCtx& c, float& enc, float& dec, u
       return lane_two_level(ab, c, enc, dec, code);
     default:
       if (c.format == ScaleFormat::kFP32) return lane_fp32(ab, c, enc, dec, code);
+      if (c.format == ScaleFormat::kE8M0) return lane_e8m0_rceil(ab, c, enc, dec, code);
       return lane_pow2(ab, c, enc, dec, code);
   }
 }

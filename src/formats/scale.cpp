@@ -100,8 +100,11 @@ BlockScale block_scale_reference(float amax, const QuantSpec& spec, const Tensor
       return pow2(std::clamp(e2 - 1 - spec.element.emax(), kE8M0MinExp, kE8M0MaxExp));
     }
     case ScaleRule::kTwoLevel: {
+      // TE core_nvfp4.cuh compute_decoding_scaling_factor: block_amax *
+      // (global_encode_scale * fp4_max_inv), clamped to FLT_MAX, cast to E4M3.
       if (std::isnan(tensor.decode)) return nan_scale();
-      const float sb = amax / float(target) * tensor.encode;
+      const float fp4_max_inv = 1.0f / float(target);
+      const float sb = std::fmin(amax * (tensor.encode * fp4_max_inv), FLT_MAX);
       const uint32_t code = encode(kE4M3, sb, Rounding::kRNE, 0, /*saturate=*/true);
       BlockScale s;
       s.code = code;
@@ -113,28 +116,36 @@ BlockScale block_scale_reference(float amax, const QuantSpec& spec, const Tensor
     default:
       break;
   }
-  // kCurrent / kDelayed
+  // kCurrent / kDelayed. TE compute_scale_from_amax (recipe_common.cuh), margin
+  // 0, epsilon 0: scale = max / amax in FP32, Inf -> FLT_MAX, amax 0 -> 1.
+  float scale = 1.0f;
+  if (amax != 0.0f) {
+    scale = float(target) / amax;
+    if (std::isinf(scale)) scale = FLT_MAX;
+  }
   if (fmt == ScaleFormat::kFP32) {
     BlockScale s;
-    s.decode = amax == 0.0f ? 1.0f : std::max(amax / float(target), FLT_MIN);
-    s.encode = 1.0f / s.decode;
+    s.encode = scale;
+    s.decode = 1.0f / scale;  // TE reciprocal(): scale_inv
     s.code = fast::bits_of(s.decode);
     return s;
   }
-  const bool e8m0 = fmt == ScaleFormat::kE8M0;
-  int k;
-  if (amax == 0.0f) {
-    k = e8m0 ? kE8M0MinExp : 0;
-  } else {
-    // Smallest k with T * 2^k >= amax (exact comparisons in double).
-    int e2 = 0;
-    std::frexp(double(amax) / target, &e2);
-    k = e2;
-    while (std::ldexp(target, k - 1) >= double(amax)) --k;
-    while (std::ldexp(target, k) < double(amax)) ++k;
+  if (fmt == ScaleFormat::kFP32Pow2) {
+    // force_pow_2_scales: the scale's mantissa bits cleared (ilogb = floor
+    // log2 of a normal float); a subnormal scale (TE: undefined) -> 2^-126.
+    const int j = std::max(std::ilogb(scale), kPow2MinExp);
+    return pow2(-j);
   }
-  k = e8m0 ? std::clamp(k, kE8M0MinExp, kE8M0MaxExp) : std::clamp(k, kPow2MinExp, kPow2MaxExp);
-  return pow2(k);
+  // E8M0 RCEIL: ceil(log2(fl(amax * fl(1/T)))) on the E8M0 grid, saturating
+  // at 2^127; at most 2^-127 -> code 0 (TE ptx::float_to_e8m0, round toward +Inf).
+  const float v = amax * (1.0f / float(target));
+  int k = kE8M0MinExp;
+  if (v > std::ldexp(1.0f, kE8M0MinExp)) {
+    int e2 = 0;
+    const float fr = std::frexp(v, &e2);  // v = fr * 2^e2, fr in [0.5, 1)
+    k = fr == 0.5f ? e2 - 1 : e2;
+  }
+  return pow2(std::min(k, kE8M0MaxExp));
 }
 
 ScaleArray compute_scales_reference(const float* in, int64_t rows, int64_t cols,

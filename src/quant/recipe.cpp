@@ -56,7 +56,8 @@ std::vector<Recipe> builtin_recipes() {
                    }));
   v.push_back(make("fp8",
                    "E4M3; X and dY in 1x128 tiles, W in 128x128 blocks; FP32 power-of-two "
-                   "scales rounded up (no saturation); RNE (DeepSeek-V3 layout, METHOD.md 1)",
+                   "scales (TE Float8BlockScaling, no saturation); RNE (DeepSeek-V3 layout, "
+                   "METHOD.md 1)",
                    [](Operand op) {
                      return spec(kE4M3, ScaleRule::kCurrent, ScaleFormat::kFP32Pow2,
                                  is_weight(op) ? BlockShape::square(128) : BlockShape::tile(128));
@@ -107,7 +108,7 @@ std::vector<Recipe> builtin_recipes() {
                      return spec(kE2M3, ScaleRule::kMxFloor, ScaleFormat::kE8M0,
                                  BlockShape::tile(32));
                    }));
-  v.push_back(make("block_fp8", "Block-FP8: E4M3, 1x16 blocks, FP32 scale amax/448, RNE",
+  v.push_back(make("block_fp8", "Block-FP8: E4M3, 1x16 blocks, FP32 scales (TE current scaling: 448/amax), RNE",
                    [](Operand) {
                      return spec(kE4M3, ScaleRule::kCurrent, ScaleFormat::kFP32,
                                  BlockShape::tile(16));

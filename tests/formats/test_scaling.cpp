@@ -141,10 +141,12 @@ TEST(Scaling, ZeroNanInfAndSubnormalBlocks) {
   const auto ys = fq(sub, 1, 32, kMxfp4, &st);
   for (float v : ys) EXPECT_EQ(v, 0.0f);
   EXPECT_EQ(st.underflow, 32);
-  // ... but E5M2 (min subnormal 2^-16) with a 2^-126 power-of-two scale
-  // keeps 2^-130 exactly: 2^-130 * 2^126 = 2^-4.
+  // ... but E5M2 (min subnormal 2^-16) with power-of-two scales keeps 2^-130
+  // exactly: 57344 / 2^-130 overflows FP32, so TE's encode scale is FLT_MAX,
+  // rounded down to 2^127 (d = 2^-127): 2^-130 * 2^127 = 2^-3.
   const QuantSpec e5 = make(kE5M2, ScaleRule::kCurrent, ScaleFormat::kFP32Pow2, BlockShape::tile(32));
-  EXPECT_EQ(block_scale(std::ldexp(1.0f, -130), e5).decode, std::ldexp(1.0f, -126));
+  EXPECT_EQ(block_scale(std::ldexp(1.0f, -130), e5).decode, std::ldexp(1.0f, -127));
+  EXPECT_EQ(block_scale(std::ldexp(1.0f, -130), e5).encode, std::ldexp(1.0f, 127));
   std::vector<float> sub2(32, std::ldexp(1.0f, -130));
   sub2[1] = std::ldexp(-3.0f, -132);
   const auto y2 = fq(sub2, 1, 32, e5);
@@ -153,22 +155,31 @@ TEST(Scaling, ZeroNanInfAndSubnormalBlocks) {
 }
 
 TEST(Scaling, CurrentScalingFp32AndPow2) {
-  // FP32: d = amax / 448.
+  // FP32 (TE compute_scale_from_amax): m = 448 / amax, d = 1 / m.
   EXPECT_EQ(block_scale(896.0f, kFp8Fp32).decode, 2.0f);
   EXPECT_EQ(block_scale(896.0f, kFp8Fp32).encode, 0.5f);
+  EXPECT_EQ(block_scale(1.0f, kFp8Fp32).encode, 448.0f);
   EXPECT_EQ(block_scale(1.0f, kFp8Fp32).decode, 1.0f / 448.0f);
-  EXPECT_EQ(block_scale(1e-40f, kFp8Fp32).decode, FLT_MIN);  // clamped to the smallest normal
+  // 448 / 11 = 40.72727203 (rounded), 1 / that = 0.02455357276 (rounded
+  // twice), one ulp above fl(11 / 448) = 0.0245535709: the order is TE's.
+  EXPECT_EQ(block_scale(11.0f, kFp8Fp32).encode, 448.0f / 11.0f);
+  EXPECT_EQ(block_scale(11.0f, kFp8Fp32).decode, 1.0f / (448.0f / 11.0f));
+  EXPECT_NE(block_scale(11.0f, kFp8Fp32).decode, 11.0f / 448.0f);
+  // 448 / 1e-40 overflows: m = FLT_MAX, d = 1 / FLT_MAX (an FP32 subnormal).
+  EXPECT_EQ(block_scale(1e-40f, kFp8Fp32).encode, FLT_MAX);
+  EXPECT_EQ(block_scale(1e-40f, kFp8Fp32).decode, 1.0f / FLT_MAX);
   // Power of two rounded up: 448 -> 1, 449 -> 2, 224 -> 1/2, 225 -> 1.
   EXPECT_EQ(block_scale(448.0f, kFp8Pow2).decode, 1.0f);
   EXPECT_EQ(block_scale(449.0f, kFp8Pow2).decode, 2.0f);
   EXPECT_EQ(block_scale(224.0f, kFp8Pow2).decode, 0.5f);
   EXPECT_EQ(block_scale(225.0f, kFp8Pow2).decode, 1.0f);
-  // FLT_MAX / 448 = 2^119.2 -> 2^120; with T = 1.75 (E1M2) 2^127.2 -> 2^128,
-  // clamped to 2^127 (and the elements saturate).
+  // FLT_MAX / 448 = 2^119.2 -> 2^120; with T = 1.75 (E1M2) 1.75 / FLT_MAX
+  // is an FP32 subnormal (TE: undefined), taken as 2^-126: d = 2^126 (and
+  // the elements saturate).
   EXPECT_EQ(block_scale(FLT_MAX, kFp8Pow2).decode, std::ldexp(1.0f, 120));
   QuantSpec e1m2_pow2 = kFp8Pow2;
   e1m2_pow2.element = kE1M2;
-  EXPECT_EQ(block_scale(FLT_MAX, e1m2_pow2).decode, std::ldexp(1.0f, 127));
+  EXPECT_EQ(block_scale(FLT_MAX, e1m2_pow2).decode, std::ldexp(1.0f, 126));
   // With the scale rounded up no element saturates: amax/d <= 448.
   std::mt19937 gen(7);
   for (int i = 0; i < 2000; ++i) {

@@ -10,34 +10,40 @@
 // (R) is not a multiple of BC (BR): its scale comes from the elements present
 // (the same as zero padding, since padding cannot raise the amax).
 //
-// Scaling rules (d = decode scale of a block, amax = max |x| over it,
-// T = element.scale_target(), normally the format's max):
-//   kNone      d = 1, no scaling (the bf16 recipe).
-//   kCurrent   d = amax / T of this call's data, stored in scale_format:
-//                fp32      d = max(amax / T, 2^-126)                 (TE "current scaling")
-//                fp32_pow2 d = 2^ceil(log2(amax / T)), k in [-126,127]: rounds the scale UP
-//                          so no element saturates (DeepSeek-V3 / TE force_pow_2_scales)
-//                e8m0      same rounding up, k in [-127,127]: the "RCEIL" MX variant of
-//                          NVIDIA cuBLAS / TransformerEngine MXFP8 (exact ratio; TE forms
-//                          amax * (1/T) in FP32 first)
-//              amax = 0 -> d = 1 (fp32, fp32_pow2), 2^-127 (e8m0). (E4M3 scales exist
+// Scaling rules (d = decode scale of a block, m = encode multiplier, amax =
+// max |x| over it, T = element.scale_target(), normally the format's max).
+// Each follows its reference's FP32 operation order exactly (fl() = one FP32
+// rounding, RNE); docs/formats.md has the table and how it was checked:
+//   kNone      d = m = 1, no scaling (the bf16 recipe).
+//   kCurrent   from this call's data (TE compute_scale_from_amax, recipe_common.cuh,
+//              margin 0, epsilon 0), stored in scale_format:
+//                fp32      m = fl(T / amax) (Inf -> FLT_MAX), d = fl(1 / m)
+//                          (TE Float8CurrentScaling; int8 uses the same rule)
+//                fp32_pow2 m = fl(T / amax) with its mantissa cleared (rounded DOWN to
+//                          2^j, j >= -126), d = 2^-j: no element saturates (TE
+//                          Float8BlockScaling force_pow_2_scales, the DeepSeek-V3 layout)
+//                e8m0      "RCEIL" MX variant of NVIDIA cuBLAS / TE MXFP8: v = fl(amax *
+//                          fl(1/T)), d = v rounded UP to a power of two on the E8M0
+//                          grid, saturating at 2^127; v <= 2^-127 -> 2^-127
+//                          (TE ptx::float_to_e8m0), m = 1 / d
+//              amax = 0 -> m = d = 1 (fp32, fp32_pow2), d = 2^-127 (e8m0). (E4M3 scales exist
 //              only under kTwoLevel: alone their range 2^-9..448 is too narrow.)
-//   kDelayed   per-tensor only: d = max(amax history) / T, as kCurrent but from the
-//              amaxes of previous calls (TE DelayedScaling, "max" algorithm); needs a
-//              DelayedScaling state (scaling.h). scale_format fp32 or fp32_pow2.
+//   kDelayed   per-tensor only: kCurrent's fp32 / fp32_pow2 rule applied to the max of
+//              the amaxes of previous calls (TE DelayedScaling, "max" algorithm, margin
+//              0); needs a DelayedScaling state (scaling.h).
 //   kMxFloor   OCP MX v1.0 section 6.3: d = 2^(floor(log2(amax)) - emax_elem), emax_elem =
 //              element.emax(); clamped to [2^-127, 2^127]; scale_format must be e8m0.
 //              Elements above the max after scaling saturate (up to ~1.33x for E2M1).
 //              amax = 0 -> floor(log2(2^-126)) is used (microsoft/microxcaling).
 //   kTwoLevel  NVFP4 (NVIDIA, "Introducing NVFP4 for Efficient and Accurate Low-Precision
-//              Inference", 2025; TransformerEngine NVFP4BlockScaling): an FP32 tensor
-//              scale S_dec = amax_tensor / (448 * T) (448 = E4M3 max; T = 6 for E2M1) and
-//              an E4M3 block scale s_b = E4M3_RNE_sat(amax_block / T * S_enc), S_enc =
-//              448 * T / amax_tensor (1 if amax_tensor = 0); d = s_b * S_dec in FP32.
-//              scale_format must be e4m3.
-// Every rule: the encode multiplier is m = min(1/d, FLT_MAX) in FP32, elements are
-// e = Q(x * m) and the output is e * d (TE's scale / scale_inv convention; with
-// power-of-two d both products are exact).
+//              Inference", 2025; TransformerEngine NVFP4BlockScaling, core_nvfp4.cuh):
+//              an FP32 tensor scale S_enc = fl(fl(448 * T) / amax_tensor) (FLT_MAX if
+//              that overflows; 1 if amax_tensor = 0), S_dec = fl(1 / S_enc) (448 = E4M3
+//              max; T = 6 for E2M1), an E4M3 block scale s_b = E4M3_RNE_sat(min(
+//              fl(amax_block * fl(S_enc * fl(1/T))), FLT_MAX)), d = fl(s_b * S_dec),
+//              m = min(fl(1 / d), FLT_MAX). scale_format must be e4m3.
+// Every rule: elements are e = Q(fl(x * m)) and the output is fl(e * d) (TE's scale /
+// scale_inv convention; with power-of-two d both products are exact).
 //
 // Non-finite data: a block whose amax is NaN or +-Inf gets d = NaN and all its
 // outputs are NaN (MX spec 6.3: a NaN scale makes the block NaN; we extend it to

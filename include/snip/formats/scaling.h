@@ -18,7 +18,7 @@ namespace snip::formats {
 /// dequantized one e_i * decode.
 struct BlockScale {
   float decode = 1.0f;  ///< d (FP32 value of the stored scale, times the tensor scale under kTwoLevel)
-  float encode = 1.0f;  ///< m = min(1/d, FLT_MAX) in FP32; NaN when d is NaN
+  float encode = 1.0f;  ///< m, the rule's encode multiplier (quant_spec.h); NaN when d is NaN
   uint32_t code = 0;    ///< stored code: E8M0 / E4M3 code, or the FP32 bits of d
 };
 
@@ -40,8 +40,9 @@ TensorScale two_level_tensor_scale(float amax_tensor, const QuantSpec& spec);
 /// the kernels. Never throws.
 BlockScale block_scale(float amax, const QuantSpec& spec, const TensorScale& tensor = {});
 
-/// The same as block_scale, written with frexp/ldexp/division and the generic
-/// E4M3 codec: the obviously-correct twin the tests compare against.
+/// The same as block_scale, written as the references write it (TE's FP32
+/// operations in their order, frexp/ilogb/ldexp, the generic E4M3 codec):
+/// the obviously-correct twin the tests compare the fast kernels against.
 BlockScale block_scale_reference(float amax, const QuantSpec& spec,
                                  const TensorScale& tensor = {});
 
