@@ -204,4 +204,39 @@ void DelayedScaling::record(float amax) {
   }
 }
 
+DelayedScaling::State DelayedScaling::state() const {
+  State s;
+  s.history = history_;
+  s.calls = calls_;
+  s.skipped = skipped_;
+  s.since_refresh = since_refresh_;
+  s.has_scale = has_scale_;
+  s.scale = scale_;
+  return s;
+}
+
+void DelayedScaling::restore(const State& s, const std::string& what) {
+  if (int64_t(s.history.size()) > spec_.amax_history_len)
+    fail(what, ": amax history has ", s.history.size(), " entries, more than amax_history_len ",
+         spec_.amax_history_len);
+  for (const float a : s.history)
+    if (!std::isfinite(a) || a < 0.0f) fail(what, ": amax history holds ", a, " (expected finite values >= 0)");
+  if (s.calls < 0 || s.skipped < 0 || s.skipped > s.calls || s.calls - s.skipped < int64_t(s.history.size()))
+    fail(what, ": inconsistent counts (calls ", s.calls, ", skipped ", s.skipped, ", history ", s.history.size(),
+         ")");
+  if (s.since_refresh < 0 || s.since_refresh >= spec_.scale_refresh_interval)
+    fail(what, ": since_refresh ", s.since_refresh, " outside [0, ", spec_.scale_refresh_interval, ")");
+  if (s.has_scale != !s.history.empty())
+    fail(what, ": ", s.has_scale ? "a scale without an amax history" : "an amax history without a scale");
+  if (s.has_scale && !(std::isfinite(s.scale.decode) && s.scale.decode > 0.0f && std::isfinite(s.scale.encode) &&
+                       s.scale.encode > 0.0f))
+    fail(what, ": scale ", s.scale.decode, " is not a finite positive value");
+  history_ = s.history;
+  calls_ = s.calls;
+  skipped_ = s.skipped;
+  since_refresh_ = s.since_refresh;
+  has_scale_ = s.has_scale;
+  scale_ = s.scale;
+}
+
 }  // namespace snip::formats

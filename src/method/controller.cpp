@@ -456,6 +456,12 @@ json PrecisionController::state() const {
   json st = {{"policy", policy_}, {"phase", to_string(phase_)}, {"decided_at", decided_at_},
              {"assignments", assign_}};
   st["smoothed"] = smoothed_.layers.empty() ? json(nullptr) : to_json(smoothed_);
+  // Quantizer state (delayed scaling's amax histories), per option.
+  json qs = json::object();
+  for (const auto& [name, q] : quant_)
+    if (q)
+      if (json j = q->state(); !j.is_null()) qs[name] = std::move(j);
+  st["quantizers"] = std::move(qs);
   return st;
 }
 
@@ -471,6 +477,24 @@ void PrecisionController::restore(const json& st, const std::string& what) {
     decided_at_ = st.at("decided_at").get<int64_t>();
     const auto assign = st.at("assignments").get<std::map<std::string, std::string>>();
     smoothed_ = st.at("smoothed").is_null() ? StatsStep{} : stats_from_json(st.at("smoothed"), what + ": smoothed");
+    // Checkpoints written before quantizer state was saved have no
+    // "quantizers": their delayed-scaling histories restart (warned).
+    if (!st.contains("quantizers")) {
+      bool delayed = false;
+      for (const auto& [name, q] : quant_)
+        if (q)
+          for (const auto& spec : quant::find_recipe(name).operands)
+            delayed = delayed || spec.rule == formats::ScaleRule::kDelayed;
+      if (delayed)
+        spdlog::warn("{}: no quantizer state (written by an older snip): delayed-scaling amax histories "
+                     "restart empty, so the resumed steps are not bit-identical to an uninterrupted run", what);
+    }
+    const json& qs = st.contains("quantizers") ? st.at("quantizers") : json::object();
+    for (auto it = qs.begin(); it != qs.end(); ++it)
+      if (!quant_.count(it.key()) || !quant_.at(it.key()))
+        fail(what, ": precision.quantizers: state for option '", it.key(), "', which is not configured");
+    for (const auto& [name, q] : quant_)
+      if (q) q->restore_state(qs.contains(name) ? qs.at(name) : json(nullptr), what + ": precision.quantizers." + name);
     if (phase_ != Phase::kNone) {
       for (const std::string& n : item_names())
         if (!assign.count(n))

@@ -3,6 +3,7 @@
 #include "snip/model/linear.h"
 
 #include "snip/model/matmul.h"
+#include "snip/util/error.h"
 
 #include <stdexcept>
 
@@ -106,6 +107,18 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
 };
 
 }  // namespace
+
+namespace {
+thread_local int freeze_depth = 0;
+}  // namespace
+
+QuantStateFreeze::QuantStateFreeze() { ++freeze_depth; }
+QuantStateFreeze::~QuantStateFreeze() { --freeze_depth; }
+bool QuantStateFreeze::active() { return freeze_depth > 0; }
+
+void OperandQuantizer::restore_state(const nlohmann::json& st, const std::string& what) const {
+  if (!st.is_null()) fail(what, ": quantizer '", name(), "' keeps no state, got ", st.dump());
+}
 
 torch::Tensor OperandQuantizer::quantize_for_gemm(const torch::Tensor& t, const QuantKey& key,
                                                   at::ScalarType gemm_dtype) const {

@@ -32,9 +32,17 @@ class RecipeQuantizer final : public OperandQuantizer {
     formats::RoundingKey rk{key.seed, uint64_t(key.step), uint64_t(key.layer), uint32_t(key.operand)};
     if (spec.rule == formats::ScaleRule::kDelayed) {
       std::lock_guard<std::mutex> g(mu_);
-      auto it = delayed_.try_emplace({key.layer, int(key.operand)}, spec).first;
-      formats::fake_quantize(in.data_ptr<float>(), out.data_ptr<float>(), in.size(0), in.size(1), rk,
-                             it->second);
+      if (QuantStateFreeze::active()) {
+        // Same scale as the next training call would use; the record goes to
+        // a copy that is dropped.
+        auto it = delayed_.find({key.layer, int(key.operand)});
+        formats::DelayedScaling copy = it != delayed_.end() ? it->second : formats::DelayedScaling(spec);
+        formats::fake_quantize(in.data_ptr<float>(), out.data_ptr<float>(), in.size(0), in.size(1), rk, copy);
+      } else {
+        auto it = delayed_.try_emplace({key.layer, int(key.operand)}, spec).first;
+        formats::fake_quantize(in.data_ptr<float>(), out.data_ptr<float>(), in.size(0), in.size(1), rk,
+                               it->second);
+      }
     } else {
       formats::fake_quantize(in.data_ptr<float>(), out.data_ptr<float>(), in.size(0), in.size(1), spec, rk);
     }
@@ -49,6 +57,68 @@ class RecipeQuantizer final : public OperandQuantizer {
   }
 
   std::string name() const override { return recipe_.name; }
+
+  // {"delayed": [{"layer": L, "operand": "fprop.x", "history": [...], "calls": n,
+  //   "skipped": n, "since_refresh": n, "scale": {"decode": d, "encode": m,
+  //   "code": c} | null}, ...]} in (layer, operand) order; null without
+  // delayed-scaling operands. FP32 values survive JSON exactly (17 digits).
+  nlohmann::json state() const override {
+    std::lock_guard<std::mutex> g(mu_);
+    if (delayed_.empty()) return nullptr;
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& [k, d] : delayed_) {
+      const formats::DelayedScaling::State s = d.state();
+      nlohmann::json e = {{"layer", k.first},
+                          {"operand", operand_name(Operand(k.second))},
+                          {"history", s.history},
+                          {"calls", s.calls},
+                          {"skipped", s.skipped},
+                          {"since_refresh", s.since_refresh}};
+      e["scale"] = s.has_scale ? nlohmann::json{{"decode", s.scale.decode},
+                                                {"encode", s.scale.encode},
+                                                {"code", s.scale.code}}
+                               : nlohmann::json(nullptr);
+      list.push_back(std::move(e));
+    }
+    return {{"recipe", recipe_.name}, {"delayed", std::move(list)}};
+  }
+
+  void restore_state(const nlohmann::json& st, const std::string& what) const override {
+    std::map<std::pair<int64_t, int>, formats::DelayedScaling> restored;
+    if (!st.is_null()) {
+      try {
+        if (st.at("recipe").get<std::string>() != recipe_.name)
+          fail(what, ": state of recipe '", st.at("recipe").get<std::string>(), "', expected '", recipe_.name, "'");
+        for (const auto& e : st.at("delayed")) {
+          const int64_t layer = e.at("layer").get<int64_t>();
+          const Operand op = parse_operand(e.at("operand").get<std::string>(), what + ": operand");
+          const formats::QuantSpec& spec = recipe_.operands[size_t(op)];
+          const std::string where = str_cat(what, ": layer ", layer, " ", operand_name(op));
+          if (spec.rule != formats::ScaleRule::kDelayed)
+            fail(where, ": recipe '", recipe_.name, "' does not use delayed scaling for this operand");
+          formats::DelayedScaling::State s;
+          s.history = e.at("history").get<std::vector<float>>();
+          s.calls = e.at("calls").get<int64_t>();
+          s.skipped = e.at("skipped").get<int64_t>();
+          s.since_refresh = e.at("since_refresh").get<int64_t>();
+          s.has_scale = !e.at("scale").is_null();
+          if (s.has_scale) {
+            s.scale.decode = e.at("scale").at("decode").get<float>();
+            s.scale.encode = e.at("scale").at("encode").get<float>();
+            s.scale.code = e.at("scale").at("code").get<uint32_t>();
+          }
+          formats::DelayedScaling d(spec);
+          d.restore(s, where);
+          if (!restored.emplace(std::make_pair(layer, int(op)), std::move(d)).second)
+            fail(where, ": appears twice");
+        }
+      } catch (const nlohmann::json::exception& e) {
+        fail(what, ": malformed quantizer state (", e.what(), ")");
+      }
+    }
+    std::lock_guard<std::mutex> g(mu_);
+    delayed_ = std::move(restored);
+  }
 
  private:
   quant::Recipe recipe_;

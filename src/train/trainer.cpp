@@ -63,6 +63,7 @@ at::ScalarType gemm_dtype_of(const TrainConfig& t) { return t.gemm_bf16 ? at::kB
 
 double evaluate(LlamaForCausalLM& model, const std::string& val_path, int64_t B, int64_t T, int64_t batches) {
   torch::NoGradGuard ng;
+  QuantStateFreeze freeze;  // evaluation does not feed amax histories
   data::TokenLoader val(val_path, int(B), int(T), 0);
   if (int64_t(val.vocab_size()) > model->cfg.vocab_size)
     fail(val_path, ": vocabulary ", val.vocab_size(), " is larger than the model's ", model->cfg.vocab_size,
@@ -237,6 +238,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     }
   }
   auto print_sample = [&] {
+    QuantStateFreeze freeze;  // nor does sampling
     try {
       sample_opts.seed = seed + uint64_t(step);
       std::string text = sampler->decode(sample(model, sample_prompt, sample_opts));

@@ -318,6 +318,53 @@ TEST(Scaling, DelayedScalingHistory) {
   EXPECT_THROW(DelayedScaling{s}, UserError);
 }
 
+TEST(Scaling, DelayedScalingStateRestoresBitForBit) {
+  // A state taken mid-run and restored into a fresh object continues exactly
+  // as the original: same scales, same history, same counters, for a refresh
+  // interval > 1 (the scale lags the history) and a window that slides.
+  QuantSpec s = make(kE5M2, ScaleRule::kDelayed, ScaleFormat::kFP32, BlockShape::tensor());
+  s.amax_history_len = 4;
+  s.scale_refresh_interval = 3;
+  std::mt19937 gen(9);
+  std::uniform_real_distribution<float> mag(-20.0f, 20.0f);
+  DelayedScaling a(s);
+  for (int i = 0; i < 7; ++i) a.record(i == 3 ? NAN : std::exp2(mag(gen)));
+  DelayedScaling b(s);
+  b.restore(a.state(), "test");
+  for (int i = 0; i < 20; ++i) {
+    const float amax = i % 5 == 4 ? INFINITY : std::exp2(mag(gen));
+    a.record(amax);
+    b.record(amax);
+    ASSERT_EQ(fbits(a.scale().decode), fbits(b.scale().decode)) << i;
+    ASSERT_EQ(fbits(a.scale().encode), fbits(b.scale().encode)) << i;
+    ASSERT_EQ(a.history(), b.history());
+    ASSERT_EQ(a.calls(), b.calls());
+    ASSERT_EQ(a.skipped(), b.skipped());
+  }
+  // States that cannot come from this spec are refused, naming the problem.
+  DelayedScaling c(s);
+  auto bad = [&](auto mutate, const char* needle) {
+    DelayedScaling::State st = a.state();
+    mutate(st);
+    try {
+      c.restore(st, "ckpt");
+      ADD_FAILURE() << "accepted: " << needle;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  bad([](auto& st) { st.history.assign(5, 1.0f); }, "more than amax_history_len 4");
+  bad([](auto& st) { st.history[0] = -1.0f; }, "amax history holds -1");
+  bad([](auto& st) { st.history[1] = NAN; }, "amax history holds nan");
+  bad([](auto& st) { st.skipped = st.calls + 1; }, "inconsistent counts");
+  bad([](auto& st) { st.since_refresh = 3; }, "since_refresh 3 outside [0, 3)");
+  bad([](auto& st) { st.history.clear(); }, "a scale without an amax history");
+  bad([](auto& st) { st.scale.decode = 0.0f; }, "is not a finite positive value");
+  // Nothing changed by the refused restores.
+  EXPECT_FALSE(c.has_scale());
+  EXPECT_EQ(c.calls(), 0);
+}
+
 TEST(Scaling, DelayedScalingQuantizesWithThePreviousAmax) {
   QuantSpec s = make(kE4M3, ScaleRule::kDelayed, ScaleFormat::kFP32, BlockShape::tensor());
   DelayedScaling fast_state(s), ref_state(s);

@@ -91,6 +91,25 @@ class DelayedScaling {
   int64_t skipped() const { return skipped_; }
   const QuantSpec& spec() const { return spec_; }
 
+  /// Everything that decides the scales of later calls (for checkpoints).
+  struct State {
+    std::vector<float> history;   ///< oldest first, finite, >= 0
+    int64_t calls = 0;            ///< record() calls so far
+    int64_t skipped = 0;          ///< ... of which non-finite (not recorded)
+    int64_t since_refresh = 0;    ///< records since the scale was last recomputed
+    bool has_scale = false;
+    BlockScale scale;             ///< the current scale (valid when has_scale)
+  };
+  State state() const;
+  /// Replaces the state with `s`, so that later calls behave bit for bit as
+  /// in the object `s` was taken from. Throws snip::UserError "<what>: ..."
+  /// when `s` cannot come from this spec: history longer than
+  /// amax_history_len or holding a negative / non-finite value, negative
+  /// counts, skipped > calls, since_refresh >= scale_refresh_interval, a
+  /// scale without history, or a scale that is not the spec's scale of some
+  /// recorded amax (not finite / not positive).
+  void restore(const State& s, const std::string& what);
+
  private:
   QuantSpec spec_;
   std::vector<float> history_;

@@ -29,6 +29,8 @@
 #include <memory>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "snip/quant/gemm.h"
 
 namespace snip {
@@ -58,6 +60,28 @@ class OperandQuantizer {
                                           at::ScalarType gemm_dtype) const;
   /// A short name for logs ("fp8", "nvfp4", ...).
   virtual std::string name() const = 0;
+
+  /// The quantizer's own state that decides later calls (e.g. delayed
+  /// scaling's amax histories), as JSON for checkpoints; null when it has
+  /// none (the default). Like that state, it changes under const quantize().
+  virtual nlohmann::json state() const { return nullptr; }
+  /// Restores state() output bit for bit. Throws UserError "<what>: ..." when
+  /// `st` does not fit this quantizer. The default accepts only null.
+  virtual void restore_state(const nlohmann::json& st, const std::string& what) const;
+};
+
+/// While an object of this type lives on a thread, quantizers on that thread
+/// leave their state() untouched: evaluation, sampling and the statistics
+/// passes quantize exactly as the next training step would, without
+/// recording anything into amax histories. Nests.
+class QuantStateFreeze {
+ public:
+  QuantStateFreeze();
+  ~QuantStateFreeze();
+  QuantStateFreeze(const QuantStateFreeze&) = delete;
+  QuantStateFreeze& operator=(const QuantStateFreeze&) = delete;
+  /// True while a QuantStateFreeze lives on the calling thread.
+  static bool active();
 };
 
 /// The precision a linear layer runs at during one step. A value: the

@@ -8,7 +8,10 @@
 //     trainer_state.json           "step": N, "loader": {epoch, cursor},
 //                                  "seed", "val_loss", "elapsed_s" (seconds
 //                                  since the run's first step), "precision"
-//                                  (the controller's state) and "crc32":
+//                                  (the controller's state: phase, plan,
+//                                  smoothed statistics, and "quantizers":
+//                                  delayed scaling's amax histories and
+//                                  scales per (layer, operand)) and "crc32":
 //                                  {file: CRC-32 (zlib, ISO 3309)} of the
 //                                  three files above
 //   RUN/checkpoints/last_good.json {"step": N}: the newest checkpoint that was

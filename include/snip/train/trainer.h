@@ -97,7 +97,8 @@ at::ScalarType gemm_dtype_of(const TrainConfig& t);
 
 /// Validation loss of `model` on the shard at `val_path`: mean cross-entropy
 /// (nats/token) over the first `batches` micro-batches of B windows of T+1
-/// tokens in shard order (0 = all windows). No gradients.
+/// tokens in shard order (0 = all windows). No gradients; quantizer state
+/// (amax histories) is left as it was (QuantStateFreeze).
 double evaluate(LlamaForCausalLM& model, const std::string& val_path, int64_t batch, int64_t seq,
                 int64_t batches);
 
