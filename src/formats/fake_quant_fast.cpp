@@ -521,12 +521,14 @@ void fast_core(const float* in, float* out, int64_t rows, int64_t cols, const Qu
 void fake_quantize(const float* in, float* out, int64_t rows, int64_t cols, const QuantSpec& spec,
                    const RoundingKey& key, QuantStats* stats) {
   detail::check_fq_args(in, out, rows, cols, spec, key, /*delayed_ok=*/false);
+  in = detail::hadamard_input(in, out, rows, cols, spec);
   fast_core(in, out, rows, cols, spec, key, stats, nullptr);
 }
 
 void fake_quantize(const float* in, float* out, int64_t rows, int64_t cols,
                    const RoundingKey& key, DelayedScaling& state, QuantStats* stats) {
   detail::check_fq_args(in, out, rows, cols, state.spec(), key, /*delayed_ok=*/true);
+  in = detail::hadamard_input(in, out, rows, cols, state.spec());
   const float amax = rows * cols > 0 ? tensor_amax_fast(in, rows * cols) : 0.0f;
   const BlockScale s = detail::delayed_call_scale(state, amax);
   fast_core(in, out, rows, cols, state.spec(), key, stats, &s);

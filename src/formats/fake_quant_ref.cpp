@@ -87,12 +87,14 @@ BlockScale delayed_call_scale(const DelayedScaling& state, float amax_tensor) {
 void fake_quantize_reference(const float* in, float* out, int64_t rows, int64_t cols,
                              const QuantSpec& spec, const RoundingKey& key, QuantStats* stats) {
   detail::check_fq_args(in, out, rows, cols, spec, key, /*delayed_ok=*/false);
+  in = detail::hadamard_input(in, out, rows, cols, spec);
   reference_core(in, out, rows, cols, spec, key, stats, nullptr);
 }
 
 void fake_quantize_reference(const float* in, float* out, int64_t rows, int64_t cols,
                              const RoundingKey& key, DelayedScaling& state, QuantStats* stats) {
   detail::check_fq_args(in, out, rows, cols, state.spec(), key, /*delayed_ok=*/true);
+  in = detail::hadamard_input(in, out, rows, cols, state.spec());
   const float amax = tensor_amax_reference(in, rows * cols);
   const BlockScale s = detail::delayed_call_scale(state, amax);
   reference_core(in, out, rows, cols, state.spec(), key, stats, &s);

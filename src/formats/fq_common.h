@@ -3,6 +3,7 @@
 // statistics accumulation in a fixed order).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -12,8 +13,21 @@
 
 #include "fast_math.h"
 #include "snip/formats/fake_quant.h"
+#include "snip/formats/hadamard.h"
 
 namespace snip::formats::detail {
+
+/// The data a quantizer reads under `spec`: `in` itself, or with a Hadamard
+/// transform (spec.hadamard_size > 0) `in` copied to `buf` (which may be
+/// `in` itself, for in-place calls) and transformed there (hadamard.h).
+inline const float* hadamard_input(const float* in, float* buf, int64_t rows, int64_t cols,
+                                   const QuantSpec& spec) {
+  if (spec.hadamard_size == 0 || rows * cols == 0) return in;
+  if (buf != in) std::copy(in, in + rows * cols, buf);
+  const std::vector<float> signs = hadamard_signs(spec.hadamard_size, spec.hadamard_seed);
+  hadamard_rows(buf, rows, cols, spec.hadamard_size, signs.data());
+  return buf;
+}
 
 inline void check_fq_args(const float* in, const float* out, int64_t rows, int64_t cols,
                           const QuantSpec& spec, const RoundingKey& key, bool delayed_ok) {

@@ -60,6 +60,8 @@ std::vector<uint16_t> unpack_codes(const std::vector<uint8_t>& bytes, int64_t n,
 QuantizedTensor quantize_packed(const float* in, int64_t rows, int64_t cols, const QuantSpec& spec,
                                 const RoundingKey& key, const BlockScale* delayed) {
   detail::check_fq_args(in, in, rows, cols, spec, key, /*delayed_ok=*/delayed != nullptr);
+  std::vector<float> transformed(spec.hadamard_size ? size_t(rows * cols) : 0);
+  in = detail::hadamard_input(in, transformed.data(), rows, cols, spec);
   QuantizedTensor q;
   q.spec = spec;
   q.rows = rows;

@@ -3,6 +3,8 @@
 #include <nlohmann/json.hpp>
 
 #include "snip/formats/quant_spec.h"
+
+#include "snip/formats/hadamard.h"
 #include "snip/util/error.h"
 
 namespace snip::formats {
@@ -67,6 +69,9 @@ std::string QuantSpec::describe() const {
   if (!saturate) s += " nonsat";
   if (rule == ScaleRule::kDelayed)
     s += str_cat(" hist=", amax_history_len, " every=", scale_refresh_interval);
+  if (hadamard_size > 0)
+    s += str_cat(" rht", hadamard_size, hadamard_seed == kHadamardTeSigns ? std::string(":te")
+                                                                          : str_cat(":seed=", hadamard_seed));
   return s;
 }
 
@@ -74,7 +79,8 @@ bool operator==(const QuantSpec& a, const QuantSpec& b) {
   return a.element == b.element && a.rule == b.rule && a.scale_format == b.scale_format &&
          a.block == b.block && a.rounding == b.rounding && a.saturate == b.saturate &&
          a.amax_history_len == b.amax_history_len &&
-         a.scale_refresh_interval == b.scale_refresh_interval;
+         a.scale_refresh_interval == b.scale_refresh_interval && a.hadamard_size == b.hadamard_size &&
+         (a.hadamard_size == 0 || a.hadamard_seed == b.hadamard_seed);
 }
 
 void validate_quant_spec(const QuantSpec& s, const std::string& where) {
@@ -114,6 +120,15 @@ void validate_quant_spec(const QuantSpec& s, const std::string& where) {
              scale_format_name(s.scale_format));
       break;
   }
+  if (s.hadamard_size != 0) {
+    if (!valid_hadamard_size(s.hadamard_size))
+      fail(where, ": hadamard: expected 0 (none), 4, 16, 64 or 256, got ", s.hadamard_size);
+    if (s.hadamard_seed < kHadamardTeSigns)
+      fail(where, ": hadamard_seed: expected 'te' or an integer >= 0, got ", s.hadamard_seed);
+    if (s.hadamard_seed == kHadamardTeSigns && s.hadamard_size != 16)
+      fail(where, ": hadamard_seed: 'te' (TransformerEngine's 16 signs) needs hadamard 16, got ",
+           s.hadamard_size);
+  }
 }
 
 nlohmann::json to_json(const QuantSpec& s) {
@@ -126,6 +141,10 @@ nlohmann::json to_json(const QuantSpec& s) {
   if (s.rule == ScaleRule::kDelayed) {
     j["amax_history_len"] = s.amax_history_len;
     j["scale_refresh_interval"] = s.scale_refresh_interval;
+  }
+  if (s.hadamard_size > 0) {
+    j["hadamard"] = s.hadamard_size;
+    j["hadamard_seed"] = s.hadamard_seed == kHadamardTeSigns ? nlohmann::json("te") : nlohmann::json(s.hadamard_seed);
   }
   return j;
 }
@@ -169,9 +188,19 @@ QuantSpec quant_spec_from_json(const nlohmann::json& j, const std::string& where
       s.amax_history_len = get_int("amax_history_len");
     } else if (key == "scale_refresh_interval") {
       s.scale_refresh_interval = get_int("scale_refresh_interval");
+    } else if (key == "hadamard") {
+      s.hadamard_size = get_int("hadamard");
+    } else if (key == "hadamard_seed") {
+      if (it->is_string() && it->get<std::string>() == "te") {
+        s.hadamard_seed = kHadamardTeSigns;
+      } else if (it->is_number_integer() && it->get<int64_t>() >= 0) {
+        s.hadamard_seed = it->get<int64_t>();
+      } else {
+        fail(w, ": expected \"te\" or an integer >= 0, got ", it->dump());
+      }
     } else {
       fail(w, ": unknown key (expected element, rule, scale_format, block, rounding, "
-              "saturate, amax_history_len, scale_refresh_interval)");
+              "saturate, amax_history_len, scale_refresh_interval, hadamard, hadamard_seed)");
     }
   }
   validate_quant_spec(s, where);

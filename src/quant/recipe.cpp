@@ -1,6 +1,8 @@
 // The recipe registry and the built-in recipes (see quant/recipe.h).
 #include "snip/quant/recipe.h"
 
+#include "snip/formats/hadamard.h"
+
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -71,12 +73,18 @@ std::vector<Recipe> builtin_recipes() {
                                  is_grad(op) ? Rounding::kStochastic : Rounding::kRNE);
                    }));
   v.push_back(make("nvfp4",
-                   "TransformerEngine NVFP4BlockScaling: E2M1, E4M3 x FP32 two-level scales; "
-                   "X and dY in 1x16 blocks, W in 16x16 blocks; SR for dY (no Hadamard transform)",
+                   "TransformerEngine NVFP4BlockScaling (defaults): E2M1, E4M3 x FP32 two-level "
+                   "scales; X and dY in 1x16 blocks, W in 16x16 blocks; SR for dY; 16x16 random "
+                   "Hadamard transform (TE's signs) on both wgrad operands",
                    [](Operand op) {
-                     return spec(kE2M1, ScaleRule::kTwoLevel, ScaleFormat::kE4M3,
-                                 is_weight(op) ? BlockShape::square(16) : BlockShape::tile(16),
-                                 is_grad(op) ? Rounding::kStochastic : Rounding::kRNE);
+                     QuantSpec s = spec(kE2M1, ScaleRule::kTwoLevel, ScaleFormat::kE4M3,
+                                        is_weight(op) ? BlockShape::square(16) : BlockShape::tile(16),
+                                        is_grad(op) ? Rounding::kStochastic : Rounding::kRNE);
+                     if (gemm_of(op) == Gemm::kWgrad) {
+                       s.hadamard_size = 16;
+                       s.hadamard_seed = kHadamardTeSigns;
+                     }
+                     return s;
                    }));
   v.push_back(make("mxfp8", "OCP MX v1.0 MXFP8: E4M3, 1x32 blocks, E8M0 scale (spec floor rule), RNE",
                    [](Operand) {
@@ -142,11 +150,25 @@ std::vector<Recipe> builtin_recipes() {
   return v;
 }
 
+namespace {
+// A Hadamard transform cancels in a GEMM only when both operands share it.
+void check_hadamard_pairs(const Recipe& r, const std::string& where) {
+  for (int g = 0; g < kNumGemms; ++g) {
+    const formats::QuantSpec &a = r.operands[size_t(2 * g)], &b = r.operands[size_t(2 * g + 1)];
+    if (a.hadamard_size != b.hadamard_size || (a.hadamard_size > 0 && a.hadamard_seed != b.hadamard_seed))
+      fail(where, ": ", operand_name(Operand(2 * g)), " and ", operand_name(Operand(2 * g + 1)),
+           ": a Hadamard transform must be the same on both operands of a GEMM (hadamard ", a.hadamard_size,
+           " vs ", b.hadamard_size, ")");
+  }
+}
+}  // namespace
+
 void validate_recipe(const Recipe& r) {
   if (r.name.empty()) fail("register_recipe: recipe name: expected a non-empty name");
   for (int i = 0; i < kNumOperands; ++i)
     formats::validate_quant_spec(r.operands[size_t(i)],
                                  str_cat("recipe '", r.name, "' ", operand_name(Operand(i))));
+  check_hadamard_pairs(r, str_cat("recipe '", r.name, "'"));
 }
 
 struct Registry {
@@ -258,6 +280,7 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& where) {
       fail(where, ".operands.", name, ": missing (give every operand, or an 'all' entry)");
     r.operands[size_t(i)] = formats::quant_spec_from_json(merged, str_cat(where, ".operands.", name));
   }
+  check_hadamard_pairs(r, where + ".operands");
   return r;
 }
 

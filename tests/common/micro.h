@@ -3,8 +3,15 @@
 // about a second on one thread.
 #pragma once
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "snip/config/config.h"
 #include "snip/util/error.h"
@@ -36,6 +43,22 @@ threads = 1
 )", "micro");
   c.set("data.dir", kBrown512, "test");
   return c;
+}
+
+/// An empty path in the temp folder for this test process: snip-test-NAME-PID.
+inline std::string fresh_dir(const std::string& name) {
+  namespace fs = std::filesystem;
+  const std::string d = (fs::temp_directory_path() / ("snip-test-" + name + "-" + std::to_string(getpid()))).string();
+  fs::remove_all(d);
+  return d;
+}
+
+/// The records of RUN/metrics.jsonl, one per step.
+inline std::vector<nlohmann::json> read_metrics(const std::string& run) {
+  std::ifstream in(run + "/metrics.jsonl");
+  std::vector<nlohmann::json> out;
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
 }
 
 /// The message of the UserError that f throws, or "(no error)".

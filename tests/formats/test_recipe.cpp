@@ -3,6 +3,8 @@
 // element format plugging in without touching callers.
 #include <gtest/gtest.h>
 
+#include "snip/formats/hadamard.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -149,6 +151,39 @@ TEST(Recipe, JsonErrorsNameTheField) {
             "plan.json:recipes[0].operands.fprop.w: missing (give every operand, or an 'all' entry)");
   EXPECT_EQ(message(R"({"name": "x", "operands": {"all": {"saturate": 1}}})"),
             "plan.json:recipes[0].operands.fprop.x.saturate: expected true or false, got 1");
+  EXPECT_EQ(message(R"({"name": "x", "operands": {"all": {"hadamard": 8}}})"),
+            "plan.json:recipes[0].operands.fprop.x: hadamard: expected 0 (none), 4, 16, 64 or 256, got 8");
+  EXPECT_EQ(message(R"({"name": "x", "operands": {"all": {"hadamard": 64, "hadamard_seed": "te"}}})"),
+            "plan.json:recipes[0].operands.fprop.x: hadamard_seed: 'te' (TransformerEngine's 16 signs) needs "
+            "hadamard 16, got 64");
+  EXPECT_EQ(message(R"({"name": "x", "operands": {"all": {"hadamard": 16, "hadamard_seed": -3}}})"),
+            "plan.json:recipes[0].operands.fprop.x.hadamard_seed: expected \"te\" or an integer >= 0, got -3");
+  // Only one operand of the wgrad GEMM transformed: the GEMM would be wrong.
+  EXPECT_NE(message(R"({"name": "x", "operands": {"all": {}, "wgrad.x": {"hadamard": 16, "hadamard_seed": 5}}})")
+                .find("wgrad.dy and wgrad.x: a Hadamard transform must be the same on both operands of a GEMM"),
+            std::string::npos);
+}
+
+TEST(Recipe, Nvfp4IsTransformerEngineDefaultRecipe) {
+  // TE NVFP4BlockScaling defaults (common/recipe/__init__.py): inputs 1D,
+  // weights 2D 16x16, SR on gradients, RHT on the wgrad (columnwise) usage
+  // of inputs and gradients, none on weights.
+  const Recipe r = find_recipe("nvfp4");
+  for (Operand op : {Operand::kFpropX, Operand::kFpropW, Operand::kDgradDY, Operand::kDgradW})
+    EXPECT_EQ(r[op].hadamard_size, 0) << operand_name(op);
+  for (Operand op : {Operand::kWgradDY, Operand::kWgradX}) {
+    EXPECT_EQ(r[op].hadamard_size, 16) << operand_name(op);
+    EXPECT_EQ(r[op].hadamard_seed, formats::kHadamardTeSigns);
+  }
+  EXPECT_EQ(r[Operand::kFpropW].block, BlockShape::square(16));
+  EXPECT_EQ(r[Operand::kDgradW].block, BlockShape::square(16));
+  EXPECT_EQ(r[Operand::kWgradX].block, BlockShape::tile(16));
+  EXPECT_EQ(r[Operand::kWgradDY].rounding, formats::Rounding::kStochastic);
+  EXPECT_EQ(r[Operand::kDgradDY].rounding, formats::Rounding::kStochastic);
+  EXPECT_EQ(r[Operand::kWgradX].rounding, formats::Rounding::kRNE);
+  EXPECT_EQ(to_json(r)["operands"]["wgrad.x"]["hadamard_seed"], "te");
+  // snip's own fp4 recipe (METHOD.md section 1) has no transform.
+  for (const auto& spec : find_recipe("fp4").operands) EXPECT_EQ(spec.hadamard_size, 0);
 }
 
 TEST(Recipe, NewFormatPlugsInByRegistering) {

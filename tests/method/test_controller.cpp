@@ -24,22 +24,10 @@ using nlohmann::json;
 
 namespace {
 
+using test::fresh_dir;
 using test::micro_config;
+using test::read_metrics;
 const std::string& kData = test::kBrown512;
-
-std::string fresh_dir(const std::string& name) {
-  const std::string d =
-      (fs::temp_directory_path() / ("snip-ctl-" + name + "-" + std::to_string(getpid()))).string();
-  fs::remove_all(d);
-  return d;
-}
-
-std::vector<json> read_metrics(const std::string& run) {
-  std::ifstream in(run + "/metrics.jsonl");
-  std::vector<json> out;
-  for (std::string line; std::getline(in, line);) out.push_back(json::parse(line));
-  return out;
-}
 
 json read_json(const std::string& path) { return json::parse(io::read_file(path)); }
 

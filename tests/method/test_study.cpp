@@ -23,14 +23,10 @@ using nlohmann::json;
 
 namespace {
 
+using test::fresh_dir;
+
 #define REQUIRE_DATA() \
   if (!fs::exists(test::kBrown512 + "/train.bin")) GTEST_SKIP() << "no prepared Brown data"
-
-std::string fresh_dir(const std::string& name) {
-  const std::string d = (fs::temp_directory_path() / ("snip-study-" + name + "-" + std::to_string(getpid()))).string();
-  fs::remove_all(d);
-  return d;
-}
 
 }  // namespace
 

@@ -71,6 +71,27 @@ TEST(QuantLinear, EveryRecipeEqualsReferenceQuantizeThenMatmul) {
   }
 }
 
+// nvfp4 transforms both wgrad operands (16x16 RHT, TE's signs): the layer's
+// dW is still an estimate of the true dYᵀ·X (the transforms cancel in the
+// GEMM), with NVFP4's error, not of some rotated matrix; fprop and dgrad
+// are untouched. Data with outlier tokens, where the transform matters.
+TEST(QuantLinear, Nvfp4HadamardWgradEstimatesTheTrueGradient) {
+  torch::manual_seed(3);
+  const int64_t N = 256, IN = 96, OUT = 80;
+  QuantLinear l(IN, OUT, 0.05);
+  l->precision.quantizer = make_recipe_quantizer("nvfp4");
+  torch::Tensor xv = torch::randn({N, IN});
+  xv.index_put_({torch::indexing::Slice(0, N, 37)}, xv.index({torch::indexing::Slice(0, N, 37)}) * 40.0);
+  torch::Tensor x = xv.clone().requires_grad_(true);
+  torch::Tensor dy = torch::randn({N, OUT}) * 1e-3;
+  l(x).backward(dy);
+  const torch::Tensor dw_true = torch::mm(dy.t().to(torch::kDouble), xv.to(torch::kDouble));
+  const double rel =
+      ((l->weight.grad().to(torch::kDouble) - dw_true).norm() / dw_true.norm()).item<double>();
+  EXPECT_LT(rel, 0.2) << "dW is not an estimate of dYᵀ·X";
+  EXPECT_GT(rel, 1e-3) << "dW was not quantized";
+}
+
 TEST(QuantLinear, Bf16RecipeMatchesPlainLayerWithBf16Gemm) {
   torch::manual_seed(8);
   QuantLinear a(96, 64, 0.1), b(96, 64, 0.1);

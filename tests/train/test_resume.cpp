@@ -28,19 +28,8 @@ using nlohmann::json;
 
 namespace {
 
-std::string fresh_dir(const std::string& name) {
-  const std::string d =
-      (fs::temp_directory_path() / ("snip-resume-" + name + "-" + std::to_string(getpid()))).string();
-  fs::remove_all(d);
-  return d;
-}
-
-std::vector<json> read_metrics(const std::string& run) {
-  std::ifstream in(run + "/metrics.jsonl");
-  std::vector<json> out;
-  for (std::string line; std::getline(in, line);) out.push_back(json::parse(line));
-  return out;
-}
+using test::fresh_dir;
+using test::read_metrics;
 
 // Straight vs killed-after-3-and-resumed, and evaluation-free; `c` has
 // max_steps etc. set by the caller.

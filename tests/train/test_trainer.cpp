@@ -22,21 +22,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using test::fresh_dir;
 using test::micro_config;
+using test::read_metrics;
 const std::string& kData = test::kBrown512;
-
-std::string fresh_dir(const std::string& name) {
-  const std::string d = (fs::temp_directory_path() / ("snip-test-" + name + "-" + std::to_string(getpid()))).string();
-  fs::remove_all(d);
-  return d;
-}
-
-std::vector<nlohmann::json> read_metrics(const std::string& run) {
-  std::ifstream in(run + "/metrics.jsonl");
-  std::vector<nlohmann::json> out;
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
 
 void require_data() {
   if (!fs::exists(kData + "/train.bin")) GTEST_SKIP() << "no prepared Brown data at " << kData;

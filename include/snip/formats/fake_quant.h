@@ -64,7 +64,11 @@ struct QuantStats {
 /// stochastic rounding keyed by `key` (check_rounding_key), statistics into
 /// `stats` if non-null (overwritten). Throws std::invalid_argument for
 /// negative sizes, null pointers with a nonzero size, or spec.rule kDelayed
-/// (use the DelayedScaling overload).
+/// (use the DelayedScaling overload). With spec.hadamard_size > 0 the
+/// operand is first transformed along each row (x·R, hadamard.h) and `out`
+/// holds Q(x·R), the value the GEMM reads (it approximates x·R, not x; the
+/// statistics compare it with x·R, which has the same norm as x). `in` may
+/// equal `out`.
 void fake_quantize(const float* in, float* out, int64_t rows, int64_t cols,
                    const QuantSpec& spec, const RoundingKey& key, QuantStats* stats = nullptr);
 

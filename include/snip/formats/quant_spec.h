@@ -120,6 +120,13 @@ struct QuantSpec {
   /// the scale is recomputed from it. TE defaults: 1024 and 1.
   int amax_history_len = 1024;
   int scale_refresh_interval = 1;
+  /// Random Hadamard transform of the operand before quantization
+  /// (hadamard.h): block size along K (0 = none; 4, 16, 64 or 256) and the
+  /// seed of its sign vector (kHadamardTeSigns = TransformerEngine's). Both
+  /// operands of a GEMM must use the same transform (validate_recipe checks),
+  /// so that the GEMM over the transformed operands equals the plain one.
+  int hadamard_size = 0;
+  int64_t hadamard_seed = -1;
 
   /// True for the identity-like BF16 cast (element bf16, rule kNone).
   bool is_bf16_passthrough() const;
@@ -134,12 +141,14 @@ struct QuantSpec {
 /// tensor; kDelayed with a block other than tensor or a scale format other
 /// than fp32/fp32_pow2, or history_len/refresh_interval < 1; kMxFloor without
 /// e8m0; kTwoLevel without e4m3; kCurrent with e4m3 scales (only kTwoLevel
-/// stores E4M3 scales).
+/// stores E4M3 scales); a hadamard_size other than 0, 4, 16, 64, 256, or a
+/// hadamard_seed below -1 (or -1, TE's signs, with a size other than 16).
 void validate_quant_spec(const QuantSpec& spec, const std::string& where);
 
 /// Plain-config form: {"element": "e4m3", "rule": "current", "scale_format":
 /// "fp32_pow2", "block": "1x128", "rounding": "rne", "saturate": true} (+
-/// "amax_history_len", "scale_refresh_interval" for kDelayed).
+/// "amax_history_len", "scale_refresh_interval" for kDelayed; + "hadamard":
+/// 16, "hadamard_seed": "te" or an integer >= 0 with a Hadamard transform).
 nlohmann::json to_json(const QuantSpec& spec);
 /// Inverse of to_json; missing keys take the QuantSpec defaults; element
 /// names are looked up in the element registry. Throws snip::UserError

@@ -71,9 +71,10 @@ class OperandQuantizer {
 };
 
 /// While an object of this type lives on a thread, quantizers on that thread
-/// leave their state() untouched: evaluation, sampling and the statistics
-/// passes quantize exactly as the next training step would, without
-/// recording anything into amax histories. Nests.
+/// leave their state() untouched: evaluation and sampling quantize exactly
+/// as the next training step would, without recording anything into amax
+/// histories. (The statistics passes need none: they run at full precision
+/// and build their own quantizers per call.) Nests.
 class QuantStateFreeze {
  public:
   QuantStateFreeze();

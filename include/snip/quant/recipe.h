@@ -25,7 +25,7 @@
 //   fp4         E2M1 with NVFP4 scaling (1x16 blocks, E4M3 block scale, FP32
 //               tensor scale); RNE for X and W, stochastic rounding for dY
 //   nvfp4       TransformerEngine's NVFP4 recipe: as fp4 but W in 16x16 2-D
-//               blocks (no random Hadamard transform)
+//               blocks; 16x16 random Hadamard transform of both wgrad operands
 //   mxfp8       OCP MX: E4M3, 1x32 blocks, E8M0 scale, spec floor rule, RNE
 //   mxfp8_rceil as mxfp8 with the scale rounded up (NVIDIA cuBLAS / TE MXFP8)
 //   mxfp4       OCP MX: E2M1, 1x32, E8M0, floor rule; RNE for X, W; SR for dY
