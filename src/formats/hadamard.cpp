@@ -49,6 +49,8 @@ void block_in_double(float* v, const float* orig, int n, const float* signs) {
 
 template <bool kInverse>
 void apply(float* x, int64_t rows, int64_t cols, int n, const float* signs) {
+  if (!valid_hadamard_size(n)) fail("hadamard size: expected 4, 16, 64 or 256, got ", n);
+  if (rows < 0 || cols < 0) fail("hadamard: negative size [", rows, ", ", cols, "]");
   const int64_t blocks = cols / n;
   const float scale = 1.0f / std::sqrt(float(n));  // exact: n is a power of 4
 #pragma omp parallel for schedule(static) if (rows * cols >= (int64_t(1) << 16))

@@ -189,7 +189,10 @@ QuantSpec quant_spec_from_json(const nlohmann::json& j, const std::string& where
     } else if (key == "scale_refresh_interval") {
       s.scale_refresh_interval = get_int("scale_refresh_interval");
     } else if (key == "hadamard") {
-      s.hadamard_size = get_int("hadamard");
+      const auto& v = *it;
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 256)
+        fail(w, ": expected 0 (none), 4, 16, 64 or 256, got ", v.dump());
+      s.hadamard_size = int(v.get<int64_t>());
     } else if (key == "hadamard_seed") {
       if (it->is_string() && it->get<std::string>() == "te") {
         s.hadamard_seed = kHadamardTeSigns;
@@ -203,6 +206,12 @@ QuantSpec quant_spec_from_json(const nlohmann::json& j, const std::string& where
               "saturate, amax_history_len, scale_refresh_interval, hadamard, hadamard_seed)");
     }
   }
+  // The seed's default, TE's signs, exists only for size 16: other sizes
+  // name their seed; a seed without a transform is a mistake.
+  if (j.contains("hadamard_seed") && s.hadamard_size == 0)
+    fail(where, ".hadamard_seed: given without a Hadamard transform (set hadamard to 4, 16, 64 or 256)");
+  if (valid_hadamard_size(s.hadamard_size) && s.hadamard_size != 16 && !j.contains("hadamard_seed"))
+    fail(where, ".hadamard_seed: hadamard ", s.hadamard_size, " needs a seed (an integer >= 0; \"te\" is for 16 only)");
   validate_quant_spec(s, where);
   return s;
 }

@@ -199,6 +199,7 @@ void DelayedScaling::record(float amax) {
   if (!has_scale_ || since_refresh_ >= spec_.scale_refresh_interval) {
     const float hmax = *std::max_element(history_.begin(), history_.end());
     scale_ = block_scale(hmax, spec_);
+    scale_amax_ = hmax;
     has_scale_ = true;
     since_refresh_ = 0;
   }
@@ -211,7 +212,7 @@ DelayedScaling::State DelayedScaling::state() const {
   s.skipped = skipped_;
   s.since_refresh = since_refresh_;
   s.has_scale = has_scale_;
-  s.scale = scale_;
+  s.scale_amax = scale_amax_;
   return s;
 }
 
@@ -228,15 +229,15 @@ void DelayedScaling::restore(const State& s, const std::string& what) {
     fail(what, ": since_refresh ", s.since_refresh, " outside [0, ", spec_.scale_refresh_interval, ")");
   if (s.has_scale != !s.history.empty())
     fail(what, ": ", s.has_scale ? "a scale without an amax history" : "an amax history without a scale");
-  if (s.has_scale && !(std::isfinite(s.scale.decode) && s.scale.decode > 0.0f && std::isfinite(s.scale.encode) &&
-                       s.scale.encode > 0.0f))
-    fail(what, ": scale ", s.scale.decode, " is not a finite positive value");
+  if (s.has_scale && !(std::isfinite(s.scale_amax) && s.scale_amax >= 0.0f))
+    fail(what, ": scale_amax ", s.scale_amax, " is not a finite value >= 0");
   history_ = s.history;
   calls_ = s.calls;
   skipped_ = s.skipped;
   since_refresh_ = s.since_refresh;
   has_scale_ = s.has_scale;
-  scale_ = s.scale;
+  scale_amax_ = s.scale_amax;
+  scale_ = has_scale_ ? block_scale(scale_amax_, spec_) : BlockScale{};
 }
 
 }  // namespace snip::formats

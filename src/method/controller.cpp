@@ -479,7 +479,7 @@ void PrecisionController::restore(const json& st, const std::string& what) {
     smoothed_ = st.at("smoothed").is_null() ? StatsStep{} : stats_from_json(st.at("smoothed"), what + ": smoothed");
     // Checkpoints written before quantizer state was saved have no
     // "quantizers": their delayed-scaling histories restart (warned).
-    if (!st.contains("quantizers")) {
+    if (!st.contains("quantizers") || st.at("quantizers").is_null()) {
       bool delayed = false;
       for (const auto& [name, q] : quant_)
         if (q)
@@ -489,12 +489,18 @@ void PrecisionController::restore(const json& st, const std::string& what) {
         spdlog::warn("{}: no quantizer state (written by an older snip): delayed-scaling amax histories "
                      "restart empty, so the resumed steps are not bit-identical to an uninterrupted run", what);
     }
-    const json& qs = st.contains("quantizers") ? st.at("quantizers") : json::object();
+    const json qs = st.contains("quantizers") && !st.at("quantizers").is_null() ? st.at("quantizers") : json::object();
+    if (!qs.is_object()) fail(what, ": precision.quantizers: expected an object, got ", qs.type_name());
+    // State of an option the configuration no longer lists: dropped, as a
+    // changed policy is (its histories only matter if the option returns).
     for (auto it = qs.begin(); it != qs.end(); ++it)
       if (!quant_.count(it.key()) || !quant_.at(it.key()))
-        fail(what, ": precision.quantizers: state for option '", it.key(), "', which is not configured");
+        spdlog::warn("{}: precision.quantizers: state for option '{}', which is no longer configured: dropped",
+                     what, it.key());
     for (const auto& [name, q] : quant_)
-      if (q) q->restore_state(qs.contains(name) ? qs.at(name) : json(nullptr), what + ": precision.quantizers." + name);
+      if (q)
+        q->restore_state(qs.contains(name) ? qs.at(name) : json(nullptr), what + ": precision.quantizers." + name,
+                         int64_t(layers_.size()));
     if (phase_ != Phase::kNone) {
       for (const std::string& n : item_names())
         if (!assign.count(n))

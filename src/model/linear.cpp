@@ -116,7 +116,7 @@ QuantStateFreeze::QuantStateFreeze() { ++freeze_depth; }
 QuantStateFreeze::~QuantStateFreeze() { --freeze_depth; }
 bool QuantStateFreeze::active() { return freeze_depth > 0; }
 
-void OperandQuantizer::restore_state(const nlohmann::json& st, const std::string& what) const {
+void OperandQuantizer::restore_state(const nlohmann::json& st, const std::string& what, int64_t) const {
   if (!st.is_null()) fail(what, ": quantizer '", name(), "' keeps no state, got ", st.dump());
 }
 

@@ -58,10 +58,10 @@ class RecipeQuantizer final : public OperandQuantizer {
 
   std::string name() const override { return recipe_.name; }
 
-  // {"delayed": [{"layer": L, "operand": "fprop.x", "history": [...], "calls": n,
-  //   "skipped": n, "since_refresh": n, "scale": {"decode": d, "encode": m,
-  //   "code": c} | null}, ...]} in (layer, operand) order; null without
-  // delayed-scaling operands. FP32 values survive JSON exactly (17 digits).
+  // {"recipe": name, "delayed": [{"layer": L, "operand": "fprop.x", "history":
+  //   [...], "calls": n, "skipped": n, "since_refresh": n, "scale_amax": a |
+  //   null}, ...]} in (layer, operand) order; null before any delayed-scaling
+  // call. FP32 values survive JSON exactly (17 significant digits).
   nlohmann::json state() const override {
     std::lock_guard<std::mutex> g(mu_);
     if (delayed_.empty()) return nullptr;
@@ -74,23 +74,28 @@ class RecipeQuantizer final : public OperandQuantizer {
                           {"calls", s.calls},
                           {"skipped", s.skipped},
                           {"since_refresh", s.since_refresh}};
-      e["scale"] = s.has_scale ? nlohmann::json{{"decode", s.scale.decode},
-                                                {"encode", s.scale.encode},
-                                                {"code", s.scale.code}}
-                               : nlohmann::json(nullptr);
+      e["scale_amax"] = s.has_scale ? nlohmann::json(s.scale_amax) : nlohmann::json(nullptr);
       list.push_back(std::move(e));
     }
     return {{"recipe", recipe_.name}, {"delayed", std::move(list)}};
   }
 
-  void restore_state(const nlohmann::json& st, const std::string& what) const override {
+  void restore_state(const nlohmann::json& st, const std::string& what, int64_t num_layers) const override {
     std::map<std::pair<int64_t, int>, formats::DelayedScaling> restored;
     if (!st.is_null()) {
       try {
         if (st.at("recipe").get<std::string>() != recipe_.name)
           fail(what, ": state of recipe '", st.at("recipe").get<std::string>(), "', expected '", recipe_.name, "'");
+        if (!st.at("delayed").is_array()) fail(what, ".delayed: expected a list, got ", st.at("delayed").type_name());
+        auto count = [&](const nlohmann::json& e, const char* key, const std::string& where) {
+          const nlohmann::json& v = e.at(key);
+          if (!v.is_number_integer()) fail(where, ": ", key, ": expected an integer, got ", v.dump());
+          return v.get<int64_t>();
+        };
         for (const auto& e : st.at("delayed")) {
-          const int64_t layer = e.at("layer").get<int64_t>();
+          const int64_t layer = count(e, "layer", what + ".delayed");
+          if (layer < 0 || layer >= num_layers)
+            fail(what, ".delayed: layer ", layer, " is not a linear layer of this model (0 .. ", num_layers - 1, ")");
           const Operand op = parse_operand(e.at("operand").get<std::string>(), what + ": operand");
           const formats::QuantSpec& spec = recipe_.operands[size_t(op)];
           const std::string where = str_cat(what, ": layer ", layer, " ", operand_name(op));
@@ -98,15 +103,11 @@ class RecipeQuantizer final : public OperandQuantizer {
             fail(where, ": recipe '", recipe_.name, "' does not use delayed scaling for this operand");
           formats::DelayedScaling::State s;
           s.history = e.at("history").get<std::vector<float>>();
-          s.calls = e.at("calls").get<int64_t>();
-          s.skipped = e.at("skipped").get<int64_t>();
-          s.since_refresh = e.at("since_refresh").get<int64_t>();
-          s.has_scale = !e.at("scale").is_null();
-          if (s.has_scale) {
-            s.scale.decode = e.at("scale").at("decode").get<float>();
-            s.scale.encode = e.at("scale").at("encode").get<float>();
-            s.scale.code = e.at("scale").at("code").get<uint32_t>();
-          }
+          s.calls = count(e, "calls", where);
+          s.skipped = count(e, "skipped", where);
+          s.since_refresh = count(e, "since_refresh", where);
+          s.has_scale = !e.at("scale_amax").is_null();
+          if (s.has_scale) s.scale_amax = e.at("scale_amax").get<float>();
           formats::DelayedScaling d(spec);
           d.restore(s, where);
           if (!restored.emplace(std::make_pair(layer, int(op)), std::move(d)).second)

@@ -118,6 +118,10 @@ TEST(Hadamard, SignVectors) {
   EXPECT_THROW(hadamard_signs(8, 0), UserError);
   EXPECT_THROW(hadamard_signs(64, kHadamardTeSigns), UserError);
   EXPECT_THROW(hadamard_signs(16, -5), UserError);
+  // The transform itself refuses sizes it cannot do (no out-of-bounds access).
+  std::vector<float> x(1024, 1.0f);
+  for (int n : {0, 3, 8, 512, 1024}) EXPECT_THROW(hadamard_rows(x.data(), 1, 1024, n, x.data()), UserError) << n;
+  EXPECT_THROW(hadamard_rows_inverse(x.data(), 1, 1024, 2, x.data()), UserError);
 }
 
 // |x·R| can exceed FLT_MAX for finite x: saturated, never Inf or NaN. A

@@ -153,6 +153,14 @@ TEST(Recipe, JsonErrorsNameTheField) {
             "plan.json:recipes[0].operands.fprop.x.saturate: expected true or false, got 1");
   EXPECT_EQ(message(R"({"name": "x", "operands": {"all": {"hadamard": 8}}})"),
             "plan.json:recipes[0].operands.fprop.x: hadamard: expected 0 (none), 4, 16, 64 or 256, got 8");
+  EXPECT_EQ(message(R"({"name": "x", "operands": {"all": {"hadamard": 4294967312}}})"),
+            "plan.json:recipes[0].operands.fprop.x.hadamard: expected 0 (none), 4, 16, 64 or 256, got 4294967312");
+  EXPECT_EQ(message(R"({"name": "x", "operands": {"all": {"hadamard": 64}}})"),
+            "plan.json:recipes[0].operands.fprop.x.hadamard_seed: hadamard 64 needs a seed (an integer >= 0; "
+            "\"te\" is for 16 only)");
+  EXPECT_EQ(message(R"({"name": "x", "operands": {"all": {"hadamard_seed": 9}}})"),
+            "plan.json:recipes[0].operands.fprop.x.hadamard_seed: given without a Hadamard transform (set "
+            "hadamard to 4, 16, 64 or 256)");
   EXPECT_EQ(message(R"({"name": "x", "operands": {"all": {"hadamard": 64, "hadamard_seed": "te"}}})"),
             "plan.json:recipes[0].operands.fprop.x: hadamard_seed: 'te' (TransformerEngine's 16 signs) needs "
             "hadamard 16, got 64");
@@ -265,9 +273,10 @@ TEST(Recipe, FiniteExtremesStayFiniteUnderEveryRecipe) {
         std::memcpy(&b, &ref[i], 4);
         ASSERT_EQ(a, b) << name << " operand " << op << " element " << i << ": fast " << fast[i] << ", reference "
                         << ref[i];
-        if (!ieee_cast || std::fabs(in[i]) < 0x1p127f)
+        if (!ieee_cast || std::fabs(in[i]) < 0x1p127f) {
           ASSERT_TRUE(std::isfinite(fast[i])) << name << " operand " << op << ": input " << in[i] << " -> "
                                               << fast[i];
+        }
       }
     }
   }

@@ -359,7 +359,8 @@ TEST(Scaling, DelayedScalingStateRestoresBitForBit) {
   bad([](auto& st) { st.skipped = st.calls + 1; }, "inconsistent counts");
   bad([](auto& st) { st.since_refresh = 3; }, "since_refresh 3 outside [0, 3)");
   bad([](auto& st) { st.history.clear(); }, "a scale without an amax history");
-  bad([](auto& st) { st.scale.decode = 0.0f; }, "is not a finite positive value");
+  bad([](auto& st) { st.scale_amax = -2.0f; }, "scale_amax -2 is not a finite value >= 0");
+  bad([](auto& st) { st.scale_amax = INFINITY; }, "scale_amax inf is not a finite value >= 0");
   // Nothing changed by the refused restores.
   EXPECT_FALSE(c.has_scale());
   EXPECT_EQ(c.calls(), 0);

@@ -15,6 +15,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "micro.h"
 #include "snip/config/config.h"
@@ -142,16 +143,55 @@ TEST(ResumeState, CheckpointCarriesAmaxHistoriesAndRefusesBadOnes) {
   for (const json& e : q.at("delayed")) {
     EXPECT_EQ(e.at("history").size(), 2u) << e.dump();
     EXPECT_EQ(e.at("calls"), 2);
-    EXPECT_FALSE(e.at("scale").is_null());
+    EXPECT_EQ(e.at("scale_amax"), json(std::max(e.at("history")[0].get<float>(), e.at("history")[1].get<float>())));
   }
-  // A tampered history (the CRCs cover the other files: only the content is wrong).
-  st["precision"]["quantizers"]["fp8_tensor"]["delayed"][0]["history"][0] = -1.0;
-  io::write_file_atomic(st_path, st.dump(2));
+  // Tampered entries (the CRCs cover the other files: only the content is
+  // wrong) are refused with one line naming the file and the problem.
+  const std::string good = io::read_file(st_path);
   o.stop_after = 0;
   o.resume = true;
-  const std::string err = test::error_of([&] { train(c, o); });
-  EXPECT_NE(err.find("amax history holds -1"), std::string::npos) << err;
-  EXPECT_NE(err.find("trainer_state.json"), std::string::npos) << err;
+  auto refused = [&](const std::function<void(json&)>& edit, const std::string& needle) {
+    json bad = json::parse(good);
+    edit(bad["precision"]["quantizers"]["fp8_tensor"]);
+    io::write_file_atomic(st_path, bad.dump(2));
+    const std::string err = test::error_of([&] { train(c, o); });
+    EXPECT_NE(err.find(needle), std::string::npos) << err;
+    EXPECT_NE(err.find("trainer_state.json"), std::string::npos) << err;
+  };
+  refused([](json& q) { q["delayed"][0]["history"][0] = -1.0; }, "amax history holds -1");
+  refused([](json& q) { q["delayed"][0]["layer"] = 999; }, "layer 999 is not a linear layer of this model (0 .. 13)");
+  refused([](json& q) { q["delayed"][0]["calls"] = 2.7; }, "calls: expected an integer, got 2.7");
+  refused([](json& q) { q["delayed"][0]["scale_amax"] = -3.0; }, "scale_amax -3 is not a finite value >= 0");
+  refused([](json& q) { q["delayed"] = json::object(); }, ".delayed: expected a list, got object");
+  refused([](json& q) { q["delayed"].push_back(q["delayed"][0]); }, "appears twice");
+  // Restored intact, the run finishes.
+  io::write_file_atomic(st_path, good);
+  EXPECT_EQ(test::error_of([&] { train(c, o); }), "(no error)");
+  fs::remove_all(o.run_dir);
+}
+
+// The configuration may drop an option between invocations: its state is
+// dropped with a warning (as a changed policy is), not refused.
+TEST(ResumeState, StateOfAnOptionNoLongerConfiguredIsDropped) {
+  if (!fs::exists(test::kBrown512 + "/train.bin")) GTEST_SKIP() << "no prepared Brown data";
+  Config c = test::micro_config();
+  c.set("train.max_steps", int64_t{2}, "test");
+  c.set("train.checkpoint_interval", int64_t{2}, "test");
+  c.set("precision.policy", std::string("uniform-fp8"), "test");
+  c.set("precision.warmup_steps", int64_t{1}, "test");
+  c.set("precision.final_high_precision_fraction", 0.0, "test");
+  c.set("precision.warmup_precision", std::string("fp8_tensor"), "test");
+  TrainOptions o;
+  o.quiet = true;
+  o.run_dir = fresh_dir("dropped");
+  train(c, o);
+  EXPECT_TRUE(json::parse(io::read_file(o.run_dir + "/checkpoints/step-2/trainer_state.json"))
+                  .at("precision").at("quantizers").contains("fp8_tensor"));
+  c.set("train.max_steps", int64_t{4}, "test");
+  c.set("precision.warmup_precision", std::string("bf16"), "test");
+  o.resume = true;
+  EXPECT_EQ(test::error_of([&] { train(c, o); }), "(no error)");
+  EXPECT_EQ(read_metrics(o.run_dir).size(), 4u);
   fs::remove_all(o.run_dir);
 }
 

@@ -8,7 +8,8 @@
 // of the wgrad GEMM.
 //
 // For a block size n (a power of 4: 4, 16, 64, 256, so that 1/sqrt(n) is a
-// power of two and the scaling is exact) and a sign vector s in {+1, -1}^n:
+// power of two and the scaling is exact, unless a result is an FP32
+// subnormal) and a sign vector s in {+1, -1}^n:
 //
 //   R = diag(s) · H_n / sqrt(n),   H_n[i][j] = (-1)^popcount(i & j)  (Sylvester)
 //
@@ -48,7 +49,8 @@ std::vector<float> hadamard_signs(int n, int64_t seed);
 /// max|x| by up to sqrt(n): a block of finite values whose FP32 sums
 /// overflow is recomputed in double and saturated to +-FLT_MAX, so finite
 /// input never becomes Inf or NaN; Inf and NaN inputs spread through their
-/// block as IEEE arithmetic makes them. Never throws.
+/// block as IEEE arithmetic makes them. Throws snip::UserError for an n that
+/// valid_hadamard_size refuses or a negative size.
 void hadamard_rows(float* x, int64_t rows, int64_t cols, int n, const float* signs);
 
 /// The inverse, x_blk <- x_blk · Rᵀ = ((x_blk · H_n) / sqrt(n)) ∘ s.

@@ -98,7 +98,7 @@ class DelayedScaling {
     int64_t skipped = 0;          ///< ... of which non-finite (not recorded)
     int64_t since_refresh = 0;    ///< records since the scale was last recomputed
     bool has_scale = false;
-    BlockScale scale;             ///< the current scale (valid when has_scale)
+    float scale_amax = 0.0f;      ///< the history max the current scale was computed from
   };
   State state() const;
   /// Replaces the state with `s`, so that later calls behave bit for bit as
@@ -106,14 +106,16 @@ class DelayedScaling {
   /// when `s` cannot come from this spec: history longer than
   /// amax_history_len or holding a negative / non-finite value, negative
   /// counts, skipped > calls, since_refresh >= scale_refresh_interval, a
-  /// scale without history, or a scale that is not the spec's scale of some
-  /// recorded amax (not finite / not positive).
+  /// scale without history (or a history without scale), or a scale_amax
+  /// that is negative or not finite. The scale itself is recomputed from
+  /// scale_amax (block_scale), so it always is the spec's scale.
   void restore(const State& s, const std::string& what);
 
  private:
   QuantSpec spec_;
   std::vector<float> history_;
   BlockScale scale_;
+  float scale_amax_ = 0.0f;
   bool has_scale_ = false;
   int64_t calls_ = 0, skipped_ = 0, since_refresh_ = 0;
 };

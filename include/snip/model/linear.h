@@ -65,9 +65,11 @@ class OperandQuantizer {
   /// scaling's amax histories), as JSON for checkpoints; null when it has
   /// none (the default). Like that state, it changes under const quantize().
   virtual nlohmann::json state() const { return nullptr; }
-  /// Restores state() output bit for bit. Throws UserError "<what>: ..." when
-  /// `st` does not fit this quantizer. The default accepts only null.
-  virtual void restore_state(const nlohmann::json& st, const std::string& what) const;
+  /// Restores state() output bit for bit, for a model of `num_layers` linear
+  /// layers (layer indices 0 .. num_layers-1). Throws UserError "<what>: ..."
+  /// when `st` does not fit this quantizer or model. The default accepts
+  /// only null.
+  virtual void restore_state(const nlohmann::json& st, const std::string& what, int64_t num_layers) const;
 };
 
 /// While an object of this type lives on a thread, quantizers on that thread
