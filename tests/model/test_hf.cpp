@@ -6,8 +6,13 @@
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <tuple>
 
+#include "snip/config/config.h"
 #include "snip/model/hf.h"
 #include "snip/io/atomic_file.h"
 #include "snip/util/error.h"
@@ -152,3 +157,73 @@ TEST(HuggingFace, FailedExportLeavesNoFolderBehind) {
   EXPECT_TRUE(fs::is_empty(root));
   fs::remove_all(root);
 }
+
+// ---------------------------------------------------------------------------
+// Issue 13, item 3: config.json fields snip does not implement are refused
+// by name; both transformers 4 and 5 spellings are read.
+// ---------------------------------------------------------------------------
+
+TEST(HuggingFace, ConfigFieldsSnipDoesNotImplementAreRefused) {
+  const nlohmann::json base = small(false).to_hf_json();
+  // (field, value, expected message part); each is one line naming the field.
+  const std::vector<std::tuple<std::string, nlohmann::json, std::string>> cases = {
+      {"model_type", "mistral", "field 'model_type': expected \"llama\", got \"mistral\""},
+      {"architectures", {"LlamaModel"}, "field 'architectures': expected [\"LlamaForCausalLM\"], got [\"LlamaModel\"]"},
+      {"quantization_config", {{"quant_method", "fp8"}}, "field 'quantization_config': the weights are stored quantized"},
+      {"hidden_act", "gelu", "field 'hidden_act': expected \"silu\", got \"gelu\""},
+      {"attention_bias", true, "field 'attention_bias': true, but snip's attention projections have no bias"},
+      {"attention_bias", "no", "field 'attention_bias': expected a boolean, got \"no\""},
+      {"mlp_bias", true, "field 'mlp_bias': true, but snip's MLP projections have no bias"},
+      {"attention_dropout", 0.1, "field 'attention_dropout': 0.1, but snip trains without dropout"},
+      {"head_dim", 8, "field 'head_dim': 8, but snip's head_dim is hidden_size / num_attention_heads = 4"},
+      {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}, "field 'rope_scaling': rope_type \"llama3\" is not supported"},
+      {"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}, "field 'rope_scaling': rope_type \"linear\" is not supported"},
+      {"rope_scaling", {{"rope_type", "default"}, {"factor", 2.0}}, "field 'rope_scaling': parameter 'factor' = 2.0 is not supported"},
+      {"rope_parameters", {{"rope_type", "yarn"}, {"rope_theta", 1e6}}, "field 'rope_parameters': rope_type \"yarn\" is not supported"},
+      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1e6}}, "rope_theta 10000 and rope_parameters.rope_theta 1e+06 disagree"},
+      {"rope_scaling", 2.0, "field 'rope_scaling': expected an object or null, got 2.0"},
+  };
+  for (const auto& [k, v, msg] : cases) {
+    SCOPED_TRACE(k + " = " + v.dump());
+    nlohmann::json j = base;
+    j[k] = v;
+    const std::string e = error_of([&] { LlamaConfig::from_hf_json(j, "c.json"); });
+    EXPECT_EQ(e.rfind("c.json: ", 0), 0u) << e;
+    EXPECT_NE(e.find(msg), std::string::npos) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos);
+  }
+}
+
+TEST(HuggingFace, ConfigVariantsOfTransformers4And5AreRead) {
+  nlohmann::json j = small(false).to_hf_json();
+  // transformers 5: rope_theta inside rope_parameters, "dtype" for
+  // "torch_dtype"; optional fields null; head_dim spelled out.
+  j.erase("rope_theta");
+  j.erase("rope_scaling");
+  j.erase("torch_dtype");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+  j["dtype"] = "bfloat16";
+  j["head_dim"] = 4;
+  j["mlp_bias"] = false;
+  j["attention_dropout"] = 0.0;
+  j["num_key_value_heads"] = nullptr;
+  j["pad_token_id"] = nullptr;
+  LlamaConfig c = LlamaConfig::from_hf_json(j, "c.json");
+  EXPECT_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.num_key_value_heads, 4);  // null: = num_attention_heads (transformers' rule)
+  // transformers 4 with an explicit default rope_scaling.
+  j = small(false).to_hf_json();
+  j["rope_scaling"] = {{"rope_type", "default"}};
+  j["rope_theta"] = 250000.0;
+  EXPECT_EQ(LlamaConfig::from_hf_json(j, "c.json").rope_theta, 250000.0);
+  // Absent optional fields: transformers' defaults.
+  j = {{"vocab_size", 50}, {"hidden_size", 16}, {"intermediate_size", 24}, {"num_hidden_layers", 2},
+       {"num_attention_heads", 4}};
+  c = LlamaConfig::from_hf_json(j, "c.json");
+  EXPECT_EQ(c.rms_norm_eps, 1e-6);
+  EXPECT_EQ(c.rope_theta, 10000.0);
+  EXPECT_EQ(c.max_position_embeddings, 2048);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.num_key_value_heads, 4);
+}
+
