@@ -191,12 +191,13 @@ namespace {
 // config.json keys --init-from accepts with no action: they do not change
 // the function the weights compute (README.md, "Starting from a Hugging Face
 // model"). transformers' LlamaConfig: initializer_range (init only; the
-// weights are loaded), use_cache (inference KV cache), pretraining_tp (in
-// transformers < 4.40 it split the projections' GEMMs into slices: the same
-// sums in another order), the token ids (they belong to the tokenizer; the
-// run's is data.dir's). PretrainedConfig's generic keys (configuration_utils.py):
-// the dtype the weights were saved in (each tensor's dtype is what is read),
-// provenance, output switches, labels and generation defaults.
+// weights are loaded), use_cache (inference KV cache), pretraining_tp
+// (older transformers versions split the projections' GEMMs into that many
+// slices: the same sums in another order; later ones ignore it), the token
+// ids (they belong to the tokenizer; the run's is data.dir's).
+// PretrainedConfig's generic keys (configuration_utils.py): the dtype the
+// weights were saved in (each tensor's dtype is what is read), provenance,
+// output switches, labels and generation defaults.
 const char* const kNoActionFields[] = {
     "initializer_range", "use_cache", "pretraining_tp", "pad_token_id", "bos_token_id", "eos_token_id",
     "sep_token_id", "decoder_start_token_id", "torch_dtype", "dtype", "transformers_version",
