@@ -81,11 +81,14 @@ torch::Tensor decoded(const io::TensorRecord& r, const std::string& what) {
 }
 
 /// The value of `r` for a parameter of dtype `to`: decoded to FP32 (exact,
-/// or F64 rounded with its range checked) and converted; an F64 record for
-/// a parameter wider than FP32 (a float64 model, as the reference tests
-/// build) is converted directly, without the FP32 rounding.
+/// or F64 rounded with its range checked) and converted. F32, F16 and BF16,
+/// whose LibTorch conversion to FP32 is exact too, skip the extra copy (a
+/// checkpoint's weights); an F64 record for a parameter wider than FP32 (a
+/// float64 model, as the reference tests build) is converted directly,
+/// without the FP32 rounding.
 torch::Tensor value_for(const io::TensorRecord& r, at::ScalarType to, const std::string& what) {
-  if (r.dtype == io::DType::F64 && to != at::kFloat) return from_record(r).to(to);
+  const bool exact_in_torch = r.dtype == io::DType::F32 || r.dtype == io::DType::F16 || r.dtype == io::DType::BF16;
+  if (exact_in_torch || (r.dtype == io::DType::F64 && to != at::kFloat)) return from_record(r).to(to);
   return decoded(r, what).to(to);
 }
 }  // namespace
