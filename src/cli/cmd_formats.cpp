@@ -8,8 +8,12 @@
 //        [--operand fprop.w] [--seed N] [--json]
 //     fake-quantizes every floating-point tensor along its last dimension
 //     (viewed as [numel / last, last]) with the recipe's spec for the chosen
-//     GEMM operand, writes FP32 tensors (other dtypes are copied unchanged)
-//     and prints per-tensor SQNR (dB) and relative error.
+//     GEMM operand, writes FP32 tensors and prints per-tensor SQNR (dB) and
+//     relative error. Per dtype (docs/formats.md, "safetensors dtypes"):
+//     every float dtype is decoded to FP32 exactly (F64: rounded to nearest
+//     FP32) and quantized; BOOL, integers and C64 are copied unchanged, the
+//     per-tensor line says so; F6_E2M3 / F6_E3M2 (bit order undefined) and
+//     an F64 beyond FP32's range are refused before anything is written.
 //     --output is checked first (its folder exists and takes a new file);
 //     an unwritable one fails before anything is read or printed.
 //     A tensor that the scales flush to zero is named on stderr (kFlushWarning).
@@ -27,9 +31,9 @@
 #include "commands.h"
 #include "snip/formats/element_format.h"
 #include "snip/formats/fake_quant.h"
-#include "snip/formats/minifloat.h"
 #include "snip/io/atomic_file.h"
 #include "snip/io/safetensors.h"
+#include "snip/io/tensor_values.h"
 #include "snip/quant/recipe.h"
 #include "snip/util/error.h"
 
@@ -150,41 +154,22 @@ void print_recipes(std::ostream& out, bool json) {
   out << os.str();
 }
 
-// IEEE binary16, for reading F16 tensors through the generic codec.
-constexpr ElementFormat kFP16{"fp16", ElementKind::kFloat, 16, 5, 10, 15, true,
-                              formats::NanEncoding::kIeee};
-
-// Converts a floating-point record to FP32; false for non-float dtypes.
-bool to_float(const io::TensorRecord& t, std::vector<float>& out) {
-  const size_t n = size_t(t.numel());
-  out.resize(n);
-  const uint8_t* p = t.data.data();
-  switch (t.dtype) {
-    case io::DType::F32:
-      if (n) std::memcpy(out.data(), p, n * 4);
-      return true;
-    case io::DType::F64:
-      for (size_t i = 0; i < n; ++i) {
-        double d;
-        std::memcpy(&d, p + 8 * i, 8);
-        out[i] = float(d);
-      }
-      return true;
-    case io::DType::BF16:
-    case io::DType::F16:
-      for (size_t i = 0; i < n; ++i)
-        out[i] = formats::decode(t.dtype == io::DType::BF16 ? formats::kBF16 : kFP16,
-                                 uint32_t(p[2 * i]) | (uint32_t(p[2 * i + 1]) << 8));
-      return true;
-    case io::DType::F8_E4M3:
-    case io::DType::F8_E5M2:
-      for (size_t i = 0; i < n; ++i)
-        out[i] = formats::decode(t.dtype == io::DType::F8_E4M3 ? formats::kE4M3 : formats::kE5M2,
-                                 p[i]);
-      return true;
-    default:
-      return false;
+// Why `snip quantize` copies a tensor of dtype `d` unchanged instead of
+// quantizing it ("" = it is quantized): BOOL and integers are not floating
+// point; C64 is complex (real, imaginary F32 pairs), which no recipe
+// quantizes. Every float dtype is decoded to FP32 (io/tensor_values.h) and
+// quantized; F6_* cannot be decoded, so decode_to_f32 refuses it.
+std::string copy_reason(io::DType d) {
+  switch (io::dtype_kind(d)) {
+    case io::DTypeKind::kBool:
+    case io::DTypeKind::kInteger:
+      return io::dtype_name(d) + " is not floating point";
+    case io::DTypeKind::kComplex:
+      return io::dtype_name(d) + " is complex; snip quantizes real tensors only";
+    case io::DTypeKind::kFloat:
+      return "";
   }
+  return "";
 }
 
 // Flush-to-zero warning rule of `snip quantize`: a tensor is named on stderr
@@ -226,6 +211,11 @@ void run_quantize(const QuantizeOpts& o, std::ostream& out, std::ostream& err) {
   const formats::QuantSpec spec = recipe[op];
   io::ensure_writable_file(o.output, "--output");  // before any work or output
   const io::SafeTensors in = io::read_safetensors(o.input);
+  // Every float tensor must decode before anything is printed or written:
+  // F6_* never does, an F64 beyond FP32's range neither (one line, exit 2).
+  for (const io::TensorRecord& t : in.tensors)
+    if (copy_reason(t.dtype).empty() && io::f32_conversion(t.dtype) != io::F32Conversion::kExact)
+      io::decode_to_f32(t, o.input);  // throws for F6_*; checks F64's range
   io::SafeTensors result;
   result.metadata = in.metadata;
   result.metadata["snip.quantize.scheme"] = o.scheme;
@@ -243,13 +233,20 @@ void run_quantize(const QuantizeOpts& o, std::ostream& out, std::ostream& err) {
     std::string shape = "[";
     for (size_t d = 0; d < t.shape.size(); ++d) shape += (d ? ", " : "") + std::to_string(t.shape[d]);
     shape += "]";
-    if (!to_float(t, x)) {
+    if (const std::string why = copy_reason(t.dtype); !why.empty()) {
       result.add(t.name, t.dtype, t.shape, t.data.data());
-      if (!o.json)
-        os << std::left << std::setw(40) << t.name << std::right << std::setw(16) << shape
-           << "  copied (" << io::dtype_name(t.dtype) << " is not floating point)\n";
+      if (o.json)
+        os << nlohmann::json{{"tensor", t.name}, {"shape", t.shape}, {"dtype", io::dtype_name(t.dtype)},
+                             {"action", "copied"}, {"reason", why}}
+                  .dump()
+           << "\n";
+      else
+        os << std::left << std::setw(40) << t.name << std::right << std::setw(16) << shape << "  copied ("
+           << why << ")\n";
+      flush();
       continue;
     }
+    x = io::decode_to_f32(t, o.input);
     const int64_t cols = t.shape.empty() ? 1 : t.shape.back();
     const int64_t rows = cols == 0 ? 0 : t.numel() / cols;
     y.resize(x.size());
@@ -270,6 +267,8 @@ void run_quantize(const QuantizeOpts& o, std::ostream& out, std::ostream& err) {
     if (o.json) {
       os << nlohmann::json{{"tensor", t.name},
                            {"shape", t.shape},
+                           {"dtype", io::dtype_name(t.dtype)},
+                           {"action", "quantized"},
                            {"sqnr_db", std::isfinite(st.sqnr_db()) ? nlohmann::json(st.sqnr_db()) : nlohmann::json(nullptr)},
                            {"rel_error", st.rel_error()},
                            {"underflow_fraction", st.underflow_fraction()},
@@ -332,11 +331,15 @@ void add_format_commands(CLI::App& app) {
       "A tensor with nonzero inputs of which more than half come out exactly 0 is named on\n"
       "stderr, one line each: \"snip: warning: tensor 'NAME' [mostly] flushed to zero by RECIPE\n"
       "(K of its N nonzero inputs became 0)\" (e.g. values ~1e-40, below what NVFP4's FP32\n"
-      "tensor scale can lift into the E2M1 range).");
+      "tensor scale can lift into the E2M1 range).\n"
+      "Dtypes: every float dtype of the input (F32, F64, F16, BF16, F8_*, F4) is decoded to FP32\n"
+      "exactly (F64 rounded to nearest) and quantized; BOOL, integers and C64 are copied unchanged\n"
+      "(the tensor's line says so); F6_E2M3/F6_E3M2 are refused (their bit order is not defined).\n"
+      "Table per dtype: docs/formats.md.");
   quantize_cmd->add_option("--scheme", qo->scheme, "recipe name (see `snip formats --recipes`)")
       ->required();
   quantize_cmd->add_option("--input", qo->input, "input .safetensors")->required();
-  quantize_cmd->add_option("--output", qo->output, "output .safetensors (FP32 tensors)")->required();
+  quantize_cmd->add_option("--output", qo->output, "output .safetensors (quantized tensors as F32; copied ones keep their dtype)")->required();
   quantize_cmd->add_option("--operand", qo->operand,
                            "whose spec to use: fprop.x, fprop.w, dgrad.dy, dgrad.w, wgrad.dy, wgrad.x")
       ->capture_default_str();

@@ -26,17 +26,34 @@ using json = nlohmann::json;
 struct DTypeInfo {
   DType dtype;
   const char* name;
-  size_t size;
+  int bits;
 };
 
-// The spec's dtype names and element sizes in bytes.
+// The format's dtype names and bits per element (safetensors/src/tensor.rs,
+// `Dtype` and `Dtype::bitsize`), in the order of the DType enum.
 constexpr DTypeInfo kDTypes[] = {
-    {DType::BOOL, "BOOL", 1}, {DType::U8, "U8", 1},       {DType::I8, "I8", 1},
-    {DType::I16, "I16", 2},   {DType::U16, "U16", 2},     {DType::F16, "F16", 2},
-    {DType::BF16, "BF16", 2}, {DType::I32, "I32", 4},     {DType::U32, "U32", 4},
-    {DType::F32, "F32", 4},   {DType::F64, "F64", 8},     {DType::I64, "I64", 8},
-    {DType::U64, "U64", 8},   {DType::F8_E4M3, "F8_E4M3", 1},
-    {DType::F8_E5M2, "F8_E5M2", 1},
+    {DType::BOOL, "BOOL", 8},
+    {DType::U8, "U8", 8},
+    {DType::I8, "I8", 8},
+    {DType::I16, "I16", 16},
+    {DType::U16, "U16", 16},
+    {DType::F16, "F16", 16},
+    {DType::BF16, "BF16", 16},
+    {DType::I32, "I32", 32},
+    {DType::U32, "U32", 32},
+    {DType::F32, "F32", 32},
+    {DType::F64, "F64", 64},
+    {DType::I64, "I64", 64},
+    {DType::U64, "U64", 64},
+    {DType::F8_E4M3, "F8_E4M3", 8},
+    {DType::F8_E5M2, "F8_E5M2", 8},
+    {DType::F8_E8M0, "F8_E8M0", 8},
+    {DType::F8_E4M3FNUZ, "F8_E4M3FNUZ", 8},
+    {DType::F8_E5M2FNUZ, "F8_E5M2FNUZ", 8},
+    {DType::F4, "F4", 4},
+    {DType::F6_E2M3, "F6_E2M3", 6},
+    {DType::F6_E3M2, "F6_E3M2", 6},
+    {DType::C64, "C64", 64},
 };
 
 const DTypeInfo& info(DType d) {
@@ -53,17 +70,28 @@ std::string shape_str(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-/// numel * dtype_size in bytes; false on a negative dim or overflow of u64.
-bool byte_size(const std::vector<int64_t>& shape, DType dtype, uint64_t* out) {
-  uint64_t n = dtype_size(dtype);
+/// Why a tensor of `shape` and `dtype` has no byte size ("" when it has
+/// one, then stored in *out): a negative dim, a size past 64 bits, or a
+/// sub-byte tensor that does not end on a byte boundary (the reference's
+/// rule: numel * bits must be a multiple of 8).
+std::string byte_size(const std::vector<int64_t>& shape, DType dtype, uint64_t* out) {
+  uint64_t n = 1;
   for (int64_t d : shape) {
-    if (d < 0) return false;
+    if (d < 0) return str_cat("negative dim ", d, " in shape ", shape_str(shape));
     const uint64_t ud = static_cast<uint64_t>(d);
-    if (ud != 0 && n > UINT64_MAX / ud) return false;
+    if (ud != 0 && n > UINT64_MAX / ud)
+      return str_cat("shape ", shape_str(shape), " of ", dtype_name(dtype), " overflows 64 bits");
     n *= ud;
   }
-  *out = n;
-  return true;
+  const uint64_t bits = static_cast<uint64_t>(dtype_bits(dtype));
+  if (n > UINT64_MAX / bits)
+    return str_cat("shape ", shape_str(shape), " of ", dtype_name(dtype), " overflows 64 bits");
+  if ((n * bits) % 8 != 0)
+    return str_cat("shape ", shape_str(shape), " of ", dtype_name(dtype), " holds ", n, " elements of ", bits,
+                   " bits = ", n * bits, " bits, not a whole number of bytes (the format needs numel x ", bits,
+                   " bits to be a multiple of 8)");
+  *out = n * bits / 8;
+  return "";
 }
 
 /// One parsed header entry.
@@ -186,8 +214,7 @@ Header parse_header(std::string_view text, uint64_t buffer_size, const std::stri
     e.begin = jo[0].get<uint64_t>();
     e.end = jo[1].get<uint64_t>();
     uint64_t need = 0;
-    if (!byte_size(e.shape, e.dtype, &need))
-      fail(t, "shape ", shape_str(e.shape), " of ", dtype_name(e.dtype), " overflows 64 bits");
+    if (const std::string why = byte_size(e.shape, e.dtype, &need); !why.empty()) fail(t, why);
     if (e.end - e.begin != need)
       fail(t, "data_offsets ", jo.dump(), " span ", e.end - e.begin, " bytes but shape ",
            shape_str(e.shape), " of ", dtype_name(e.dtype), " needs ", need, " bytes");
@@ -242,8 +269,8 @@ std::string build_header(const SafeTensors& st) {
     if (!seen.insert(r.name).second)
       fail("safetensors writer: duplicate tensor name \"", r.name, "\"");
     uint64_t need = 0;
-    if (!byte_size(r.shape, r.dtype, &need))
-      fail("safetensors writer: tensor \"", r.name, "\": invalid shape ", shape_str(r.shape));
+    if (const std::string why = byte_size(r.shape, r.dtype, &need); !why.empty())
+      fail("safetensors writer: tensor \"", r.name, "\": ", why);
     if (need != r.data.size())
       fail("safetensors writer: tensor \"", r.name, "\": has ", r.data.size(),
            " bytes but shape ", shape_str(r.shape), " of ", dtype_name(r.dtype), " needs ",
@@ -323,7 +350,16 @@ class FileReader {
 
 // ------------------------------------------------------------------ dtypes ---
 
-size_t dtype_size(DType dtype) { return info(dtype).size; }
+const std::vector<DType>& all_dtypes() {
+  static const std::vector<DType> all = [] {
+    std::vector<DType> v;
+    for (const auto& i : kDTypes) v.push_back(i.dtype);
+    return v;
+  }();
+  return all;
+}
+
+int dtype_bits(DType dtype) { return info(dtype).bits; }
 
 std::string dtype_name(DType dtype) { return info(dtype).name; }
 
@@ -335,6 +371,12 @@ DType parse_dtype(const std::string& name) {
   fail("unknown safetensors dtype '", name, "' (expected one of ", all, ")");
 }
 
+uint64_t tensor_bytes(const std::vector<int64_t>& shape, DType dtype, const std::string& what) {
+  uint64_t n = 0;
+  if (const std::string why = byte_size(shape, dtype, &n); !why.empty()) fail(what, ": ", why);
+  return n;
+}
+
 // ----------------------------------------------------------------- records ---
 
 int64_t TensorRecord::numel() const {
@@ -344,7 +386,7 @@ int64_t TensorRecord::numel() const {
 }
 
 size_t TensorRecord::nbytes() const {
-  return static_cast<size_t>(numel()) * dtype_size(dtype);
+  return static_cast<size_t>(numel()) * static_cast<size_t>(dtype_bits(dtype)) / 8;
 }
 
 const TensorRecord* SafeTensors::find(const std::string& name) const {
@@ -358,10 +400,7 @@ TensorRecord& SafeTensors::add(const std::string& name, DType dtype,
   if (name.empty()) fail("safetensors: cannot add a tensor with an empty name");
   if (name == "__metadata__") fail("safetensors: tensor name \"__metadata__\" is reserved");
   if (find(name)) fail("safetensors: duplicate tensor name \"", name, "\"");
-  uint64_t n = 0;
-  if (!byte_size(shape, dtype, &n))
-    fail("safetensors: tensor \"", name, "\": invalid shape ", shape_str(shape),
-         " (dims must be >= 0 and the size must fit 64 bits)");
+  const uint64_t n = tensor_bytes(shape, dtype, str_cat("safetensors: tensor \"", name, "\""));
   SNIP_CHECK(n == 0 || bytes != nullptr, "null data for non-empty tensor ", name);
   TensorRecord r;
   r.name = name;

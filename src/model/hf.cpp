@@ -1,10 +1,14 @@
 // Hugging Face folder import/export and tensor <-> safetensors conversion.
 #include "snip/model/hf.h"
 
+#include <cstring>
 #include <filesystem>
+#include <variant>
 #include <set>
 
+#include "snip/config/config.h"
 #include "snip/io/atomic_file.h"
+#include "snip/io/tensor_values.h"
 #include "snip/util/error.h"
 
 namespace snip {
@@ -29,6 +33,7 @@ io::TensorRecord to_record(const std::string& name, const torch::Tensor& t0) {
     case at::kHalf: dt = io::DType::F16; break;
     case at::kLong: dt = io::DType::I64; break;
     case at::kInt: dt = io::DType::I32; break;
+    case at::kComplexFloat: dt = io::DType::C64; break;
     default: throw std::logic_error("to_record: unsupported dtype for " + name);
   }
   io::TensorRecord r;
@@ -53,6 +58,7 @@ torch::Tensor from_record(const io::TensorRecord& r) {
     case io::DType::I8: st = at::kChar; break;
     case io::DType::U8: st = at::kByte; break;
     case io::DType::BOOL: st = at::kBool; break;
+    case io::DType::C64: st = at::kComplexFloat; break;
     default: fail("tensor '", r.name, "': dtype ", io::dtype_name(r.dtype), " is not supported here");
   }
   torch::Tensor t = torch::empty(r.shape, torch::TensorOptions().dtype(st));
@@ -67,25 +73,81 @@ io::SafeTensors model_to_safetensors(LlamaForCausalLM& model, at::ScalarType dty
   return st;
 }
 
-void load_model_from_safetensors(LlamaForCausalLM& model, const io::SafeTensors& st, const std::string& what) {
+namespace {
+/// The FP32 values of `r` as a tensor of `shape` (decode_to_f32).
+torch::Tensor decoded(const io::TensorRecord& r, const std::string& what) {
+  std::vector<float> v = io::decode_to_f32(r, what);
+  return torch::from_blob(v.data(), r.shape, torch::kFloat).clone();
+}
+
+/// The value of `r` for a parameter of dtype `to`: decoded to FP32 (exact,
+/// or F64 rounded with its range checked) and converted. F32, F16 and BF16,
+/// whose LibTorch conversion to FP32 is exact too, skip the extra copy (a
+/// checkpoint's weights); an F64 record for a parameter wider than FP32 (a
+/// float64 model, as the reference tests build) is converted directly,
+/// without the FP32 rounding.
+torch::Tensor value_for(const io::TensorRecord& r, at::ScalarType to, const std::string& what) {
+  const bool exact_in_torch = r.dtype == io::DType::F32 || r.dtype == io::DType::F16 || r.dtype == io::DType::BF16;
+  if (exact_in_torch || (r.dtype == io::DType::F64 && to != at::kFloat)) return from_record(r).to(to);
+  return decoded(r, what).to(to);
+}
+}  // namespace
+
+std::vector<std::string> load_model_from_safetensors(LlamaForCausalLM& model, const io::SafeTensors& st,
+                                                     const std::string& what, std::optional<bool> file_tied) {
   torch::NoGradGuard ng;
-  std::set<std::string> expected;
-  for (auto& [name, p] : model->hf_parameters()) {
-    expected.insert(name);
+  const bool model_tied = model->cfg.tie_word_embeddings;
+  const bool tied_in_file = file_tied.value_or(model_tied);
+  std::vector<std::string> notes;
+  std::set<std::string> used;
+  // Every tensor's shape and dtype is checked before any parameter changes.
+  auto record = [&](const std::string& name, const std::vector<int64_t>& shape) -> const io::TensorRecord& {
     const io::TensorRecord* r = st.find(name);
     if (!r) fail(what, ": missing tensor '", name, "'");
-    if (r->shape != p.sizes().vec())
-      fail(what, ": tensor '", name, "' has shape ", shape_str(r->shape), ", expected ", shape_str(p.sizes().vec()));
-    if (r->dtype != io::DType::F32 && r->dtype != io::DType::BF16 && r->dtype != io::DType::F16 &&
-        r->dtype != io::DType::F64)
-      fail(what, ": tensor '", name, "' has dtype ", io::dtype_name(r->dtype), ", expected F32, BF16, F16 or F64");
-    p.copy_(from_record(*r).to(p.scalar_type()));
+    if (r->shape != shape)
+      fail(what, ": tensor '", name, "' has shape ", shape_str(r->shape), ", expected ", shape_str(shape));
+    if (io::f32_conversion(r->dtype) == io::F32Conversion::kNone) io::decode_to_f32(*r, what);  // throws
+    used.insert(name);
+    return *r;
+  };
+  const std::string embed = "model.embed_tokens.weight", head = "lm_head.weight";
+  const io::TensorRecord* head_rec = st.find(head);
+  torch::Tensor head_from_embed;  // an untied model's head, copied from a tied file's embeddings
+  std::vector<std::pair<torch::Tensor, const io::TensorRecord*>> plan;  // parameter <- record
+  for (auto& [name, p] : model->hf_parameters()) {
+    if (name == head && !head_rec && tied_in_file) {  // an untied model, a tied file without a head
+      head_from_embed = p;
+      notes.push_back("lm_head.weight starts as a copy of model.embed_tokens.weight (the file ties them; this "
+                      "model does not)");
+      continue;
+    }
+    plan.emplace_back(p, &record(name, p.sizes().vec()));
   }
-  for (const auto& r : st.tensors) {
-    if (expected.count(r.name)) continue;
-    if (r.name == "lm_head.weight" && model->cfg.tie_word_embeddings) continue;  // HF may store tied heads
-    fail(what, ": unexpected tensor '", r.name, "' (not a parameter of this model)");
+  if (model_tied && head_rec) {
+    // The one tensor that may be present and unused: a head equal to the
+    // embeddings it is tied to.
+    const io::TensorRecord& e = record(embed, model->model->embed_tokens->weight.sizes().vec());
+    record(head, e.shape);
+    if (head_rec->dtype != e.dtype || head_rec->data != e.data) {  // bit for bit, as stored
+      if (tied_in_file)
+        fail(what, ": lm_head.weight differs from model.embed_tokens.weight, but the file's config ties them "
+             "(tie_word_embeddings true): a contradictory file");
+      fail(what, ": the file's model is untied (tie_word_embeddings false) and its lm_head.weight differs from "
+           "model.embed_tokens.weight, but the model it is loaded into ties them (model.tie_word_embeddings true): "
+           "its head would be dropped; set model.tie_word_embeddings = false to keep it");
+    }
+    notes.push_back("lm_head.weight equals model.embed_tokens.weight bit for bit: redundant with the tied "
+                    "embeddings, not loaded");
+  } else if (model_tied && !tied_in_file) {
+    fail(what, ": missing tensor 'lm_head.weight' (the file's config unties it from the embeddings: "
+         "tie_word_embeddings false)");
   }
+  for (const auto& r : st.tensors)
+    if (!used.count(r.name)) fail(what, ": unexpected tensor '", r.name, "' (not a parameter of this model)");
+  // Only now: the copies.
+  for (auto& [p, r] : plan) p.copy_(value_for(*r, p.scalar_type(), what));
+  if (head_from_embed.defined()) head_from_embed.copy_(model->model->embed_tokens->weight);
+  return notes;
 }
 
 void export_hf(LlamaForCausalLM& model, const std::string& dir, at::ScalarType dtype, bool force) {
@@ -113,18 +175,132 @@ void export_hf(LlamaForCausalLM& model, const std::string& dir, at::ScalarType d
   }
 }
 
-LlamaForCausalLM import_hf(const std::string& dir) {
-  const std::string cfg_path = (fs::path(dir) / "config.json").string();
-  nlohmann::json j;
+HfFolder read_hf_folder(const std::string& dir) {
+  HfFolder f;
+  f.dir = dir;
+  f.config_path = (fs::path(dir) / "config.json").string();
+  f.weights_path = (fs::path(dir) / "model.safetensors").string();
   try {
-    j = nlohmann::json::parse(io::read_file(cfg_path));
+    f.config_json = nlohmann::json::parse(io::read_file(f.config_path));
   } catch (const nlohmann::json::parse_error& e) {
-    fail(cfg_path, ": invalid JSON: ", e.what());
+    fail(f.config_path, ": invalid JSON: ", e.what());
   }
-  LlamaConfig c = LlamaConfig::from_hf_json(j, cfg_path);
-  LlamaForCausalLM m(c);
-  const std::string w = (fs::path(dir) / "model.safetensors").string();
-  load_model_from_safetensors(m, io::read_safetensors(w), w);
+  f.config = LlamaConfig::from_hf_json(f.config_json, f.config_path);
+  return f;
+}
+
+namespace {
+
+// config.json keys --init-from accepts with no action: they do not change
+// the function the weights compute (README.md, "Starting from a Hugging Face
+// model"). transformers' LlamaConfig: initializer_range (init only; the
+// weights are loaded), use_cache (inference KV cache), pretraining_tp
+// (older transformers versions split the projections' GEMMs into that many
+// slices: the same sums in another order; later ones ignore it), the token
+// ids (they belong to the tokenizer; the run's is data.dir's).
+// PretrainedConfig's generic keys (configuration_utils.py): the dtype the
+// weights were saved in (each tensor's dtype is what is read), provenance,
+// output switches, labels and generation defaults.
+const char* const kNoActionFields[] = {
+    "initializer_range", "use_cache", "pretraining_tp", "pad_token_id", "bos_token_id", "eos_token_id",
+    "sep_token_id", "decoder_start_token_id", "torch_dtype", "dtype", "transformers_version",
+    "_name_or_path", "_commit_hash", "_attn_implementation", "return_dict", "output_hidden_states",
+    "output_attentions", "torchscript", "use_bfloat16", "tf_legacy_loss", "id2label", "label2id",
+    "tokenizer_class", "finetuning_task", "problem_type", "prefix", "task_specific_params",
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+    "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+    "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
+    "suppress_tokens", "begin_suppress_tokens", "chunk_size_feed_forward"};
+
+// Keys LlamaConfig::from_hf_json reads or checks.
+const char* const kCheckedFields[] = {
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "rope_theta", "tie_word_embeddings",
+    "hidden_act", "attention_bias", "mlp_bias", "attention_dropout", "head_dim", "rope_scaling",
+    "rope_parameters", "model_type", "architectures", "quantization_config"};
+
+/// A value as config.json and TOML both write it: 500000.0, 1e-05, 512, true.
+std::string show(const OptionValue& v) {
+  return std::visit([](const auto& x) { return nlohmann::json(x).dump(); }, v);
+}
+
+}  // namespace
+
+std::vector<std::string> adopt_hf_config(const HfFolder& f, Config& cfg) {
+  const LlamaConfig& m = f.config;
+  const nlohmann::json& j = f.config_json;
+  std::vector<std::string> notes;
+  struct Field {
+    const char* hf;      // config.json key
+    OptionValue value;   // the file's (transformers' default when absent)
+    bool in_file;
+  };
+  auto has = [&](const char* k) { return j.contains(k) && !j.at(k).is_null(); };
+  const bool theta_in_file = has("rope_theta") || (has("rope_parameters") && j["rope_parameters"].contains("rope_theta")) ||
+                             (has("rope_scaling") && j["rope_scaling"].contains("rope_theta"));
+  const std::vector<Field> fields = {
+      {"vocab_size", m.vocab_size, true},
+      {"hidden_size", m.hidden_size, true},
+      {"intermediate_size", m.intermediate_size, true},
+      {"num_hidden_layers", m.num_hidden_layers, true},
+      {"num_attention_heads", m.num_attention_heads, true},
+      {"num_key_value_heads", m.num_key_value_heads, has("num_key_value_heads")},
+      {"max_position_embeddings", m.max_position_embeddings, has("max_position_embeddings")},
+      {"rms_norm_eps", m.rms_norm_eps, has("rms_norm_eps")},
+      {"rope_theta", m.rope_theta, theta_in_file},
+      {"tie_word_embeddings", m.tie_word_embeddings, has("tie_word_embeddings")},
+  };
+  const std::string where = "--init-from " + f.config_path;
+  for (const Field& fd : fields) {
+    const std::string key = std::string("model.") + fd.hf;
+    OptionValue run;
+    if (std::holds_alternative<bool>(fd.value)) run = cfg.get_bool(key);
+    else if (std::holds_alternative<int64_t>(fd.value)) run = cfg.get_int(key);
+    else run = cfg.get_float(key);
+    if (run == fd.value) continue;
+    const bool vocab_unset = key == "model.vocab_size" && std::get<int64_t>(run) == 0;
+    const bool set_by_run = cfg.values().count(key) && !vocab_unset;
+    const std::string file_v = show(fd.value) + (fd.in_file ? "" : " (not in the file: transformers' default)");
+    if (!set_by_run) {
+      cfg.set(key, fd.value, where);
+      // model.vocab_size 0 means "take it from elsewhere": the file's, no
+      // note (the trainer compares it with the tokenizer's).
+      if (!vocab_unset)
+        notes.push_back(str_cat(key, " = ", show(fd.value), " from ", f.config_path,
+                                fd.in_file ? "" : " (transformers' default: the file has no " + std::string(fd.hf) + ")",
+                                "; the run's default was ", show(run)));
+      continue;
+    }
+    if (key == "model.tie_word_embeddings") {
+      // Tied run, untied file: the weights decide (a head equal to the
+      // embeddings is redundant, any other is refused when they are read).
+      // Untied run, tied file: the head starts as a copy of the embeddings.
+      continue;
+    }
+    fail(where, ": ", fd.hf, " ", file_v, " differs from the run's ", key, " ", show(run), "; set ", key, " = ",
+         show(fd.value), " (or leave ", key, " out of the run's configuration to take the file's)");
+  }
+  std::string unknown;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    auto in = [&](const auto& list) {
+      for (const char* x : list)
+        if (k == x) return true;
+      return false;
+    };
+    if (!in(kCheckedFields) && !in(kNoActionFields)) unknown += (unknown.empty() ? "" : ", ") + k;
+  }
+  if (!unknown.empty())
+    notes.push_back(str_cat(f.config_path, ": fields snip does not know, ignored: ", unknown));
+  return notes;
+}
+
+LlamaForCausalLM import_hf(const std::string& dir) {
+  const HfFolder f = read_hf_folder(dir);
+  LlamaForCausalLM m(f.config);
+  load_model_from_safetensors(m, io::read_safetensors(f.weights_path), f.weights_path, f.config.tie_word_embeddings);
   return m;
 }
 

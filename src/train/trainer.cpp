@@ -10,6 +10,7 @@
 #include <deque>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <thread>
 
 #include "snip/data/loader.h"
@@ -105,8 +106,33 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     fail("run directory ", opts.run_dir, " already holds a run; continue it with --resume, or choose "
          "another --run-dir (or delete it)");
   }
+  // --init-from: the folder's config.json is reconciled with the run's
+  // [model] options field by field (adopt_hf_config: taken where the run
+  // leaves an option unset, else equal or refused) before the configuration
+  // is parsed, so the model, the resolved config.toml and every checkpoint
+  // describe the model the weights belong to.
+  std::optional<HfFolder> init;
+  std::vector<std::string> init_notes;
+  bool adopted = false;  // some [model] option was taken from the folder's config.json
+  if (!opts.init_from.empty()) {
+    try {
+      init = read_hf_folder(opts.init_from);
+    } catch (const UserError& e) {
+      fail("--init-from ", e.what());
+    }
+    const auto set_before = cfg.values();
+    init_notes = adopt_hf_config(*init, cfg);
+    adopted = cfg.values() != set_before;
+  }
   const std::string alias = resolve_precision_alias(cfg);
-  const RunConfig rc = RunConfig::from(cfg);  // every option checked and typed, once
+  const RunConfig rc = [&] {  // every option checked and typed, once
+    try {
+      return RunConfig::from(cfg);
+    } catch (const UserError& e) {
+      if (!adopted) throw;
+      fail(e.what(), " (with [model] options taken from ", init->config_path, " by --init-from)");
+    }
+  }();
   if (opts.resume && fs::is_regular_file(run / "config.toml")) {
     // What fixes the data order and the tokens of a step cannot change
     // within a run (its position and token counts would be wrong).
@@ -135,6 +161,14 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   }
   const int64_t shard_vocab = loader.vocab_size();
   const int64_t cfg_vocab = rc.model.vocab_size;
+  if (init && init->config.vocab_size < shard_vocab)
+    fail("--init-from ", init->config_path, ": vocab_size ", init->config.vocab_size,
+         " is smaller than the tokenizer's vocabulary ", shard_vocab, " (", train_bin,
+         "): the model has no embedding for its larger token ids");
+  if (init && init->config.vocab_size > shard_vocab)
+    init_notes.push_back(str_cat("vocab_size ", init->config.vocab_size, " (", init->config_path,
+                                 ") is larger than the tokenizer's vocabulary ", shard_vocab,
+                                 ": the embeddings of ids >= ", shard_vocab, " are kept but never trained"));
   if (cfg_vocab > 0 && cfg_vocab < shard_vocab)
     fail("model.vocab_size ", cfg_vocab, " is smaller than the tokenizer's vocabulary ", shard_vocab, " (",
          train_bin, "); set it to 0 to use the tokenizer's");
@@ -143,9 +177,14 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   torch::manual_seed(seed);
   LlamaConfig mcfg = LlamaConfig::from_run_config(rc.model, shard_vocab);
   LlamaForCausalLM model(mcfg);
-  if (!opts.init_from.empty()) {
-    LlamaForCausalLM src = import_hf(opts.init_from);
-    load_model_from_safetensors(model, model_to_safetensors(src), opts.init_from);
+  if (init) {
+    // Every parameter from the file (shapes and dtypes checked, unused
+    // tensors refused), with the file's own tie_word_embeddings deciding
+    // what its lm_head.weight means.
+    for (std::string& n : load_model_from_safetensors(model, io::read_safetensors(init->weights_path),
+                                                      "--init-from " + init->weights_path,
+                                                      init->config.tie_word_embeddings))
+      init_notes.push_back(std::move(n));
   }
   const at::ScalarType gemm = gemm_dtype_of(tc);
   set_bf16_gemm_backend(parse_bf16_gemm_backend(tc.gemm_backend));
@@ -201,6 +240,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   const int64_t warmup = tc.warmup_steps;
   if (!opts.quiet) {
     if (!alias.empty()) spdlog::info("{}", alias);
+    for (const std::string& n : init_notes) spdlog::info("--init-from: {}", n);
     if (warmup > max_steps)
       spdlog::warn("train.warmup_steps = {} is larger than train.max_steps = {}: the learning rate never reaches "
                    "train.lr (peak {:.3g} at the last step)", warmup, max_steps,

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -278,6 +280,129 @@ std::vector<float> floats_of(const io::TensorRecord& r) {
   std::vector<float> f(size_t(r.numel()));
   std::memcpy(f.data(), r.data.data(), f.size() * 4);
   return f;
+}
+
+// Issue 13, item 2: `w` F32 [1,4] and `w_scale` F8_E8M0 [1] = 0x7F (2^0).
+// Before, `snip quantize --scheme bf16` exited 2 with "unknown safetensors
+// dtype 'F8_E8M0'". Now the scale is decoded (1.0) and fake-quantized like
+// any float tensor; bf16 is an RNE cast, so 1.0 and 0.5/-3/2^-10 stay.
+TEST_F(CliTest, QuantizeDecodesAnE8M0ScaleTensor) {
+  const std::string h =
+      R"({"w":{"dtype":"F32","shape":[1,4],"data_offsets":[0,16]},)"
+      R"("w_scale":{"dtype":"F8_E8M0","shape":[1],"data_offsets":[16,17]}})";
+  std::string img(8, '\0');
+  for (int i = 0; i < 8; ++i) img[size_t(i)] = char((h.size() >> (8 * i)) & 0xFF);
+  img += h;
+  const float w[4] = {1.0f, 0.5f, -3.0f, 0.0009765625f};
+  img.append(reinterpret_cast<const char*>(w), 16);
+  img += '\x7f';
+  {
+    std::ofstream f(at("mx.safetensors"), std::ios::binary);
+    f << img;
+  }
+  const Ran r = run_all("quantize --scheme bf16 --input " + at("mx.safetensors") + " --output " +
+                        at("out.safetensors"));
+  ASSERT_EQ(r.error, "");
+  const io::SafeTensors got = io::read_safetensors(at("out.safetensors"));
+  const io::TensorRecord* s = got.find("w_scale");
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->dtype, io::DType::F32);
+  EXPECT_EQ(s->shape, std::vector<int64_t>{1});
+  EXPECT_EQ(floats_of(*s), std::vector<float>{1.0f});
+  EXPECT_EQ(floats_of(*got.find("w")), (std::vector<float>{1.0f, 0.5f, -3.0f, 0.0009765625f}));
+  EXPECT_NE(r.out.find("w_scale"), std::string::npos) << r.out;
+}
+
+// Every dtype of the format through `snip quantize --scheme bf16`: float
+// tensors come out as FP32 holding their exact values (each value below is
+// a BF16 number, so the RNE cast keeps it; the values are the hand tables
+// of the formats), the others are copied byte for byte and said so, F6 is
+// refused (its bit order is not defined) before anything is written.
+TEST_F(CliTest, QuantizeHandlesEveryDType) {
+  io::SafeTensors st;
+  // (name, dtype, bytes, numel, expected FP32 values)
+  struct Float { const char* name; io::DType d; std::vector<uint8_t> bytes; std::vector<float> want; };
+  const std::vector<Float> floats = {
+      {"f8_e4m3", io::DType::F8_E4M3, {0x38, 0x7E, 0x01, 0xC0}, {1.0f, 448.0f, 0.001953125f, -2.0f}},
+      {"f8_e5m2", io::DType::F8_E5M2, {0x3C, 0x7B, 0x01, 0xC0}, {1.0f, 57344.0f, 1.52587890625e-05f, -2.0f}},
+      {"f8_e4m3fnuz", io::DType::F8_E4M3FNUZ, {0x40, 0x7F, 0x01, 0xC8}, {1.0f, 240.0f, 0.0009765625f, -2.0f}},
+      {"f8_e5m2fnuz", io::DType::F8_E5M2FNUZ, {0x40, 0x7F, 0x01, 0xC4}, {1.0f, 57344.0f, 7.62939453125e-06f, -2.0f}},
+      {"f8_e8m0", io::DType::F8_E8M0, {0x7F, 0x80, 0x00, 0xFE}, {1.0f, 2.0f, 5.877471754111438e-39f, 1.7014118346046923e38f}},
+      {"f4", io::DType::F4, {0x72, 0xA1}, {1.0f, 6.0f, 0.5f, -1.0f}},
+      {"f16", io::DType::F16, {0x00, 0x3C, 0x00, 0xC0, 0x00, 0x7C, 0x00, 0x38}, {1.0f, -2.0f, INFINITY, 0.5f}},
+      {"bf16", io::DType::BF16, {0x80, 0x3F, 0x7F, 0x7F, 0x01, 0x00, 0x00, 0xC0},
+       {1.0f, 3.3895313892515355e38f, 9.183549615799121e-41f, -2.0f}},
+  };
+  for (const Float& f : floats) st.add(f.name, f.d, {int64_t(f.want.size())}, f.bytes.data());
+  // F64 -> FP32 rounding itself is tested in tests/io (1/3 is not a BF16
+  // number, so it would not come back through the bf16 cast here).
+  const double f64[3] = {0.25, -0.375, 1e-50};  // 1e-50 underflows FP32 to +0
+  st.add("f64", io::DType::F64, {3}, f64);
+  const bool flags[3] = {true, false, true};
+  st.add("mask", io::DType::BOOL, {3}, flags);
+  const uint16_t u16[2] = {1, 65535};
+  st.add("u16", io::DType::U16, {2}, u16);
+  const float c64[4] = {1.0f, -1.0f, 0.5f, 2.0f};  // 1 - i, 0.5 + 2i
+  st.add("freqs", io::DType::C64, {2}, c64);
+  io::write_safetensors(at("in.safetensors"), st);
+
+  const Ran r = run_all("quantize --scheme bf16 --input " + at("in.safetensors") + " --output " +
+                        at("out.safetensors"));
+  ASSERT_EQ(r.error, "");
+  const io::SafeTensors got = io::read_safetensors(at("out.safetensors"));
+  for (const Float& f : floats) {
+    SCOPED_TRACE(f.name);
+    const io::TensorRecord* g = got.find(f.name);
+    ASSERT_NE(g, nullptr);
+    EXPECT_EQ(g->dtype, io::DType::F32);
+    EXPECT_EQ(floats_of(*g), f.want);
+  }
+  EXPECT_EQ(floats_of(*got.find("f64")), (std::vector<float>{0.25f, -0.375f, 0.0f}));
+  for (const char* n : {"mask", "u16", "freqs"}) {
+    SCOPED_TRACE(n);
+    EXPECT_EQ(got.find(n)->dtype, st.find(n)->dtype);
+    EXPECT_EQ(got.find(n)->data, st.find(n)->data);
+  }
+  EXPECT_NE(r.out.find("copied (BOOL is not floating point)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("copied (U16 is not floating point)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("copied (C64 is complex; snip quantizes real tensors only)"), std::string::npos) << r.out;
+  // The JSON lines say the same of each tensor.
+  const Ran rj = run_all("quantize --scheme bf16 --json --input " + at("in.safetensors") + " --output " +
+                         at("out2.safetensors"));
+  ASSERT_EQ(rj.error, "");
+  std::istringstream is(rj.out);
+  std::map<std::string, nlohmann::json> lines;
+  for (std::string line; std::getline(is, line);) {
+    const auto j = nlohmann::json::parse(line);
+    lines[j["tensor"].get<std::string>()] = j;
+  }
+  EXPECT_EQ(lines.size(), st.tensors.size());
+  EXPECT_EQ(lines["freqs"]["action"], "copied");
+  EXPECT_EQ(lines["freqs"]["dtype"], "C64");
+  EXPECT_EQ(lines["f8_e8m0"]["action"], "quantized");
+  EXPECT_EQ(lines["f8_e8m0"]["dtype"], "F8_E8M0");
+
+  // F6: refused with one line naming the tensor; no output, nothing printed.
+  const uint8_t f6[3] = {0x12, 0x34, 0x56};
+  st.add("f6", io::DType::F6_E2M3, {4}, f6);
+  io::write_safetensors(at("f6.safetensors"), st);
+  const Ran r6 = run_all("quantize --scheme bf16 --input " + at("f6.safetensors") + " --output " +
+                         at("f6out.safetensors"));
+  EXPECT_NE(r6.error.find("tensor 'f6': F6_E2M3 is not decoded"), std::string::npos) << r6.error;
+  EXPECT_EQ(r6.error.find('\n'), std::string::npos);
+  EXPECT_EQ(r6.out, "");
+  EXPECT_FALSE(std::filesystem::exists(at("f6out.safetensors")));
+  // F64 beyond FP32's range: refused the same way.
+  io::SafeTensors big;
+  const double huge[2] = {1.0, 1e39};
+  big.add("huge", io::DType::F64, {2}, huge);
+  io::write_safetensors(at("big.safetensors"), big);
+  const Ran rb = run_all("quantize --scheme bf16 --input " + at("big.safetensors") + " --output " +
+                         at("bigout.safetensors"));
+  EXPECT_NE(rb.error.find("tensor 'huge': F64 element 1 = 1e+39 is beyond FP32's range"), std::string::npos)
+      << rb.error;
+  EXPECT_EQ(rb.out, "");
+  EXPECT_FALSE(std::filesystem::exists(at("bigout.safetensors")));
 }
 
 // fp4 (fprop.w: E2M1, 1x16 blocks, E4M3 block scale, FP32 tensor scale) on a

@@ -18,10 +18,7 @@ namespace {
 using testing::TmpDirTest;
 using ::testing::HasSubstr;
 
-const std::vector<DType> kAll = {DType::BOOL, DType::U8,   DType::I8,   DType::I16,
-                                 DType::U16,  DType::F16,  DType::BF16, DType::I32,
-                                 DType::U32,  DType::F32,  DType::F64,  DType::I64,
-                                 DType::U64,  DType::F8_E4M3, DType::F8_E5M2};
+const std::vector<DType>& kAll = all_dtypes();
 
 /// u64 little-endian, written out byte by byte.
 std::string le64(uint64_t v) {
@@ -41,27 +38,83 @@ bool same(const TensorRecord& a, const TensorRecord& b) {
 
 // ------------------------------------------------------------------ dtypes ---
 
-TEST(SafeTensorsDType, NamesAndSizesMatchTheSpec) {
-  // Hand-written table from the safetensors spec (name, bytes per element).
-  const std::vector<std::pair<std::string, size_t>> expect = {
-      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"I16", 2}, {"U16", 2},
-      {"F16", 2},  {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},
-      {"F64", 8},  {"I64", 8}, {"U64", 8}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+TEST(SafeTensorsDType, NamesAndBitsMatchTheReference) {
+  // Hand-written from huggingface/safetensors, safetensors/src/tensor.rs
+  // (`enum Dtype`, `Dtype::bitsize`): every dtype of the current format.
+  const std::vector<std::pair<std::string, int>> expect = {
+      {"BOOL", 8},        {"U8", 8},          {"I8", 8},      {"I16", 16},     {"U16", 16},
+      {"F16", 16},        {"BF16", 16},       {"I32", 32},    {"U32", 32},     {"F32", 32},
+      {"F64", 64},        {"I64", 64},        {"U64", 64},    {"F8_E4M3", 8},  {"F8_E5M2", 8},
+      {"F8_E8M0", 8},     {"F8_E4M3FNUZ", 8}, {"F8_E5M2FNUZ", 8}, {"F4", 4},   {"F6_E2M3", 6},
+      {"F6_E3M2", 6},     {"C64", 64}};
   ASSERT_EQ(expect.size(), kAll.size());
   for (size_t i = 0; i < kAll.size(); ++i) {
     EXPECT_EQ(dtype_name(kAll[i]), expect[i].first);
-    EXPECT_EQ(dtype_size(kAll[i]), expect[i].second) << expect[i].first;
+    EXPECT_EQ(dtype_bits(kAll[i]), expect[i].second) << expect[i].first;
     EXPECT_EQ(parse_dtype(expect[i].first), kAll[i]);
   }
-  for (const char* bad : {"F33", "f32", "float32", "", "BF16 "}) {
+  for (const char* bad : {"F33", "f32", "float32", "", "BF16 ", "E8M0", "F8_E8M0FNU", "F4_E2M1", "C128"}) {
     try {
       parse_dtype(bad);
       ADD_FAILURE() << bad;
     } catch (const UserError& e) {
       EXPECT_THAT(e.what(), HasSubstr("unknown safetensors dtype '" + std::string(bad) + "'"));
       EXPECT_THAT(e.what(), HasSubstr("BF16"));  // lists the valid names
+      EXPECT_THAT(e.what(), HasSubstr("F8_E8M0"));
     }
   }
+}
+
+TEST(SafeTensorsDType, SubByteTensorsFillWholeBytes) {
+  // The reference's rule: bytes = numel * bits / 8, refused unless numel *
+  // bits is a multiple of 8 (F4 [1, 3] = 12 bits is MisalignedSlice there).
+  EXPECT_EQ(tensor_bytes({1, 2}, DType::F4, "t"), 1u);
+  EXPECT_EQ(tensor_bytes({3, 6}, DType::F4, "t"), 9u);
+  EXPECT_EQ(tensor_bytes({4}, DType::F6_E2M3, "t"), 3u);
+  EXPECT_EQ(tensor_bytes({2, 8}, DType::F6_E3M2, "t"), 12u);
+  EXPECT_EQ(tensor_bytes({0, 3}, DType::F4, "t"), 0u);
+  EXPECT_EQ(tensor_bytes({}, DType::C64, "t"), 8u);
+  EXPECT_EQ(tensor_bytes({3}, DType::F8_E8M0, "t"), 3u);
+  for (const auto& [shape, d] : std::vector<std::pair<std::vector<int64_t>, DType>>{
+           {{1, 3}, DType::F4}, {{}, DType::F4}, {{2}, DType::F6_E2M3}, {{5}, DType::F6_E3M2}}) {
+    try {
+      tensor_bytes(shape, d, "tensor \"x\"");
+      ADD_FAILURE() << dtype_name(d);
+    } catch (const UserError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("not a whole number of bytes"));
+      EXPECT_THAT(e.what(), HasSubstr("tensor \"x\": shape"));
+    }
+  }
+  SafeTensors st;
+  const uint8_t b[2] = {0x21, 0x43};
+  EXPECT_EQ(st.add("f4", DType::F4, {4}, b).nbytes(), 2u);
+  EXPECT_THROW(st.add("f4odd", DType::F4, {3}, b), UserError);
+  // A reader meets the same rule: F4 [3] claiming 2 bytes.
+  const std::string h = R"({"x":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}})";
+  try {
+    parse_safetensors(le64(h.size()) + h + "ab", "odd.safetensors");
+    ADD_FAILURE();
+  } catch (const UserError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("odd.safetensors: tensor \"x\": shape [3] of F4 holds 3 elements"));
+  }
+}
+
+// Issue 13, item 2: a spec-valid file with an E8M0 scale was "unknown
+// safetensors dtype 'F8_E8M0'". Bytes written out by hand.
+TEST(SafeTensorsDType, ReadsAnE8M0ScaleBesideItsWeights) {
+  const std::string h =
+      R"({"w":{"dtype":"F32","shape":[1,4],"data_offsets":[0,16]},)"
+      R"("w_scale":{"dtype":"F8_E8M0","shape":[1],"data_offsets":[16,17]}})";
+  std::string buf;
+  for (int i = 0; i < 4; ++i) buf += std::string("\x00\x00\x80\x3f", 4);  // 1.0f
+  buf += "\x7f";
+  const SafeTensors st = parse_safetensors(le64(h.size()) + h + buf, "mx.safetensors");
+  ASSERT_EQ(st.tensors.size(), 2u);
+  const TensorRecord* s = st.find("w_scale");
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->dtype, DType::F8_E8M0);
+  EXPECT_EQ(s->shape, std::vector<int64_t>{1});
+  EXPECT_EQ(s->data, std::vector<uint8_t>{0x7f});
 }
 
 TEST(SafeTensorsRecord, NumelAndAdd) {
@@ -150,10 +203,12 @@ TEST_F(SafeTensorsFile, RoundTripAllDTypesScalarsAndEmpty) {
   for (DType d : kAll) {
     for (const std::vector<int64_t>& shape :
          {std::vector<int64_t>{2, 3}, std::vector<int64_t>{}, std::vector<int64_t>{0},
-          std::vector<int64_t>{3, 0, 2}, std::vector<int64_t>{1, 1, 5}}) {
+          std::vector<int64_t>{3, 0, 2}, std::vector<int64_t>{1, 1, 5},
+          std::vector<int64_t>{2, 4}}) {
       int64_t n = 1;
       for (int64_t s : shape) n *= s;
-      std::vector<uint8_t> bytes(static_cast<size_t>(n) * dtype_size(d));
+      if ((n * dtype_bits(d)) % 8 != 0) continue;  // sub-byte: whole bytes only
+      std::vector<uint8_t> bytes(static_cast<size_t>(n * dtype_bits(d) / 8));
       for (auto& b : bytes) b = counter++;
       st.add(dtype_name(d) + "/" + std::to_string(shape.size()) + "/" +
                  std::to_string(n),

@@ -40,32 +40,55 @@
 
 namespace snip::io {
 
-/// Element types of the safetensors spec, named as in the header ("F32",
-/// "BF16", ...). F8_E4M3 / F8_E5M2 are the OCP FP8 formats (1 byte each).
+/// Element types of the safetensors format, named as in the header ("F32",
+/// "F8_E8M0", ...). The list, the names and the bits per element are those
+/// of the reference implementation (huggingface/safetensors,
+/// safetensors/src/tensor.rs: `enum Dtype`, `Dtype::bitsize`, 0.6):
+///
+///   BOOL 8   U8 8   I8 8   I16 16   U16 16   I32 32   U32 32   I64 64   U64 64
+///   F16 16 (IEEE binary16)   BF16 16   F32 32   F64 64
+///   F8_E4M3 8, F8_E5M2 8 (OCP FP8; arXiv 2209.05433)
+///   F8_E4M3FNUZ 8, F8_E5M2FNUZ 8 (no Inf, no -0, NaN = 0x80; arXiv 2206.02915)
+///   F8_E8M0 8 (OCP MX v1.0 scale: 2^(c-127), 0xFF = NaN)
+///   F4 4 (OCP MX FP4 = E2M1), F6_E2M3 6, F6_E3M2 6 (OCP MX FP6)
+///   C64 64 (complex: real then imaginary part, each an F32)
+///
+/// Sub-byte types are packed: a tensor of n elements holds n * bits / 8
+/// bytes, and the reference refuses a tensor whose n * bits is not a
+/// multiple of 8 (tensor.rs `Metadata::validate`, MisalignedSlice). The
+/// format does not say how elements sit inside a byte; what snip assumes
+/// when it reads values is in snip/io/tensor_values.h.
 enum class DType {
   BOOL, U8, I8, I16, U16, F16, BF16, I32, U32, F32, F64, I64, U64,
-  F8_E4M3, F8_E5M2
+  F8_E4M3, F8_E5M2, F8_E8M0, F8_E4M3FNUZ, F8_E5M2FNUZ, F4, F6_E2M3, F6_E3M2, C64
 };
 
-/// Size of one element in bytes (BOOL = 1, BF16 = 2, F64 = 8, ...).
-size_t dtype_size(DType dtype);
-/// The spec's name of `dtype` ("F32", "BF16", "F8_E4M3", ...).
+/// Every DType, in the order of the enum.
+const std::vector<DType>& all_dtypes();
+/// Bits of one element: 4 (F4), 6 (F6_E2M3, F6_E3M2), 8, 16, 32 or 64.
+int dtype_bits(DType dtype);
+/// The format's name of `dtype` ("F32", "BF16", "F8_E8M0", ...).
 std::string dtype_name(DType dtype);
-/// Inverse of dtype_name. Throws UserError "unknown safetensors dtype 'X'
-/// (expected one of BOOL, U8, ...)" for any other string.
+/// Inverse of dtype_name (exact, case-sensitive). Throws UserError "unknown
+/// safetensors dtype 'X' (expected one of BOOL, U8, ...)" for any other string.
 DType parse_dtype(const std::string& name);
+/// Bytes of a tensor of `shape` and `dtype`: numel * dtype_bits / 8. Throws
+/// UserError "<what>: ..." for a negative dim, a size that overflows 64 bits,
+/// or a sub-byte tensor whose numel * bits is not a multiple of 8 (e.g. 3
+/// F4 elements: 12 bits).
+uint64_t tensor_bytes(const std::vector<int64_t>& shape, DType dtype, const std::string& what);
 
 /// One tensor: name, element type, shape (row-major, [] for a scalar) and its
-/// raw little-endian bytes (data.size() == numel() * dtype_size(dtype)).
+/// raw little-endian bytes (data.size() == numel() * dtype_bits(dtype) / 8).
 struct TensorRecord {
   std::string name;
   DType dtype = DType::F32;
   std::vector<int64_t> shape;  // element counts per dim, each >= 0
-  std::vector<uint8_t> data;   // [numel * dtype_size] bytes
+  std::vector<uint8_t> data;   // [numel * bits / 8] bytes
 
   /// Product of shape (1 for a scalar, 0 if any dim is 0).
   int64_t numel() const;
-  /// numel() * dtype_size(dtype), in bytes.
+  /// numel() * dtype_bits(dtype) / 8, in bytes.
   size_t nbytes() const;
 };
 
@@ -76,9 +99,10 @@ struct SafeTensors {
 
   /// The tensor named `name`, or nullptr.
   const TensorRecord* find(const std::string& name) const;
-  /// Appends a tensor, copying numel*dtype_size bytes from `bytes` (may be
-  /// null when numel == 0). Throws UserError on a duplicate name, the
-  /// reserved name "__metadata__", an empty name or a negative dim.
+  /// Appends a tensor, copying tensor_bytes(shape, dtype) bytes from `bytes`
+  /// (may be null when that is 0). Throws UserError on a duplicate name, the
+  /// reserved name "__metadata__", an empty name, a negative dim or a
+  /// sub-byte tensor that does not fill whole bytes.
   TensorRecord& add(const std::string& name, DType dtype,
                     const std::vector<int64_t>& shape, const void* bytes);
 };
@@ -99,8 +123,9 @@ SafeTensors read_safetensors(const std::string& path);
 /// a key appears twice; "__metadata__" is not an object of strings; a tensor
 /// entry is not an object, lacks dtype/shape/data_offsets or has extra keys;
 /// the dtype is unknown; a dim is negative or not an integer; data_offsets is
-/// not [begin, end] with begin <= end; end - begin != numel * dtype_size; the
-/// tensors overlap, leave a hole or do not cover the buffer exactly.
+/// not [begin, end] with begin <= end; numel * bits is not a multiple of 8;
+/// end - begin != numel * bits / 8; the tensors overlap, leave a hole or do
+/// not cover the buffer exactly.
 SafeTensors parse_safetensors(std::string_view bytes,
                               const std::string& what_for_errors);
 

@@ -55,8 +55,24 @@ struct LlamaConfig {
   static LlamaConfig from_run_config(const ModelConfig& cfg, int64_t vocab);
   /// The same from an unparsed configuration (RunConfig::from checks it first).
   static LlamaConfig from_run_config(const Config& cfg, int64_t vocab);
-  /// From a Hugging Face config.json object; `what` names the file in errors.
-  /// Throws UserError for a missing/mistyped field or an inconsistent shape.
+  /// From a Hugging Face config.json object (transformers' LlamaConfig,
+  /// configuration_llama.py, 4.x and 5.x); `what` names the file in errors.
+  /// Required: vocab_size, hidden_size, intermediate_size, num_hidden_layers,
+  /// num_attention_heads. Absent or null optional fields take transformers'
+  /// defaults: num_key_value_heads = num_attention_heads, rms_norm_eps 1e-6,
+  /// rope_theta 10000, tie_word_embeddings false, max_position_embeddings
+  /// 2048. The RoPE base is read from rope_theta, or from rope_parameters /
+  /// rope_scaling {"rope_type": "default", "rope_theta": x} (transformers 5).
+  /// Throws UserError, one line naming the field and the value found, for a
+  /// missing/mistyped field, an inconsistent shape, and any value snip does
+  /// not implement: model_type other than "llama"; architectures without
+  /// "LlamaForCausalLM"; a quantization_config; hidden_act other than
+  /// "silu"; attention_bias or mlp_bias true; attention_dropout != 0; a
+  /// head_dim other than hidden_size / num_attention_heads; RoPE scaling (a
+  /// rope_type other than "default", or parameters besides rope_theta);
+  /// rope_theta and rope_parameters.rope_theta that disagree. Every other
+  /// key is left to the caller (model/hf.h, adopt_hf_config, says what
+  /// --init-from does with each).
   static LlamaConfig from_hf_json(const nlohmann::json& j, const std::string& what);
   /// As a Hugging Face config.json object (architectures, model_type, ...).
   nlohmann::json to_hf_json() const;
