@@ -32,6 +32,7 @@
 #include "snip/formats/element_format.h"
 #include "snip/formats/fake_quant.h"
 #include "snip/io/atomic_file.h"
+#include "snip/formats/hadamard.h"
 #include "snip/io/safetensors.h"
 #include "snip/io/tensor_values.h"
 #include "snip/quant/recipe.h"
@@ -209,6 +210,14 @@ void run_quantize(const QuantizeOpts& o, std::ostream& out, std::ostream& err) {
   const quant::Recipe recipe = quant::find_recipe(o.scheme);
   const Operand op = parse_operand(o.operand, "--operand");
   const formats::QuantSpec spec = recipe[op];
+  // An operand with a Hadamard transform (nvfp4's wgrad operands): the
+  // tensor is transformed, x·R, quantized without the transform, and the
+  // result mapped back, Q(x·R)·Rᵀ, so the file approximates the input; the
+  // statistics (and the flush warning) are over x·R, which has x's norm.
+  formats::QuantSpec plain = spec;
+  plain.hadamard_size = 0;
+  const std::vector<float> signs =
+      spec.hadamard_size ? formats::hadamard_signs(spec.hadamard_size, spec.hadamard_seed) : std::vector<float>{};
   io::ensure_writable_file(o.output, "--output");  // before any work or output
   const io::SafeTensors in = io::read_safetensors(o.input);
   // Every float tensor must decode before anything is printed or written:
@@ -221,6 +230,13 @@ void run_quantize(const QuantizeOpts& o, std::ostream& out, std::ostream& err) {
   result.metadata["snip.quantize.scheme"] = o.scheme;
   result.metadata["snip.quantize.operand"] = o.operand;
   result.metadata["snip.quantize.spec"] = spec.describe();
+  if (spec.hadamard_size) {
+    result.metadata["snip.quantize.hadamard"] = "Q(x·R)·Rᵀ written: mapped back to the input's basis";
+    if (!o.json)
+      os << "operand " << o.operand << " passes a " << spec.hadamard_size << "x" << spec.hadamard_size
+         << " random Hadamard transform R before quantization: statistics are over x·R (same norm as x); "
+            "the file holds Q(x·R)·Rᵀ, an approximation of x\n";
+  }
   if (!o.json)
     os << "scheme " << o.scheme << " (" << o.operand << ": " << spec.describe() << ")\n"
        << std::left << std::setw(40) << "tensor" << std::right << std::setw(16) << "shape"
@@ -252,15 +268,17 @@ void run_quantize(const QuantizeOpts& o, std::ostream& out, std::ostream& err) {
     y.resize(x.size());
     formats::QuantStats st;
     const formats::RoundingKey key{o.seed, 0, uint64_t(ti), uint32_t(static_cast<int>(op))};
+    if (spec.hadamard_size) formats::hadamard_rows(x.data(), rows, cols, spec.hadamard_size, signs.data());
     if (spec.rule == formats::ScaleRule::kDelayed) {
-      formats::DelayedScaling state(spec);  // fresh: the first call uses current scaling
+      formats::DelayedScaling state(plain);  // fresh: the first call uses current scaling
       formats::fake_quantize(x.data(), y.data(), rows, cols, key, state, &st);
     } else {
-      formats::fake_quantize(x.data(), y.data(), rows, cols, spec, key, &st);
+      formats::fake_quantize(x.data(), y.data(), rows, cols, plain, key, &st);
     }
+    if (spec.hadamard_size) formats::hadamard_rows_inverse(y.data(), rows, cols, spec.hadamard_size, signs.data());
     result.add(t.name, io::DType::F32, t.shape, y.data());
     total.merge(st);
-    int64_t nonzero = 0;  // the inputs st.underflow counts among (x != 0, NaN excluded)
+    int64_t nonzero = 0;  // the inputs st.underflow counts among (x != 0, NaN excluded; x·R under a transform)
     for (const float v : x) nonzero += v != 0.0f && !std::isnan(v);
     if (const std::string w = flush_warning(t.name, o.scheme, nonzero, st.underflow); !w.empty())
       err << w << "\n" << std::flush;
@@ -335,7 +353,9 @@ void add_format_commands(CLI::App& app) {
       "Dtypes: every float dtype of the input (F32, F64, F16, BF16, F8_*, F4) is decoded to FP32\n"
       "exactly (F64 rounded to nearest) and quantized; BOOL, integers and C64 are copied unchanged\n"
       "(the tensor's line says so); F6_E2M3/F6_E3M2 are refused (their bit order is not defined).\n"
-      "Table per dtype: docs/formats.md.");
+      "Table per dtype: docs/formats.md.\n"
+      "An operand with a random Hadamard transform (nvfp4's wgrad.x and wgrad.dy) is quantized\n"
+      "as x·R and written mapped back, Q(x·R)·Rᵀ; its statistics are over x·R (same norm as x).");
   quantize_cmd->add_option("--scheme", qo->scheme, "recipe name (see `snip formats --recipes`)")
       ->required();
   quantize_cmd->add_option("--input", qo->input, "input .safetensors")->required();

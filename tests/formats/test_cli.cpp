@@ -19,6 +19,7 @@
 
 #include "commands.h"
 #include "snip/formats/fake_quant.h"
+#include "snip/formats/hadamard.h"
 #include "snip/formats/minifloat.h"
 #include "snip/io/safetensors.h"
 #include "snip/quant/recipe.h"
@@ -214,6 +215,47 @@ TEST_F(CliTest, QuantizeWritesFp32AndReportsSqnr) {
                                 at("in.safetensors") + " --output " + at("out2.safetensors"));
   EXPECT_NE(table.find("copied (I64 is not floating point)"), std::string::npos) << table;
   EXPECT_NE(table.find("all tensors: SQNR"), std::string::npos) << table;
+}
+
+// nvfp4's wgrad operands pass a Hadamard transform: the file holds the
+// dequantized values mapped back to the input's basis (an approximation of
+// the input, not of x·R), the statistics are over x·R, and the flush
+// warning counts x·R's elements.
+TEST_F(CliTest, QuantizeWithHadamardOperandWritesAnApproximationOfTheInput) {
+  io::SafeTensors st;
+  std::vector<float> a(4 * 48);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = std::sin(0.37f * float(i)) * (i % 23 == 0 ? 30.0f : 1.0f);
+  st.add("a", io::DType::F32, {4, 48}, a.data());
+  std::vector<float> tiny(4 * 32, 0.0f);  // one FP32 subnormal per 16-block: x·R spreads it over 16
+  for (size_t i = 0; i < tiny.size(); i += 16) tiny[i] = 1e-40f;
+  st.add("tiny", io::DType::F32, {4, 32}, tiny.data());
+  io::write_safetensors(at("in.safetensors"), st);
+  const Ran r = run_all("quantize --scheme nvfp4 --operand wgrad.x --input " + at("in.safetensors") +
+                        " --output " + at("out.safetensors") + " --json");
+  ASSERT_EQ(r.error, "");
+  const io::SafeTensors got = io::read_safetensors(at("out.safetensors"));
+  // Expected: x·R quantized with the plain spec, mapped back with Rᵀ.
+  formats::QuantSpec spec = quant::find_recipe("nvfp4")[Operand::kWgradX];
+  ASSERT_EQ(spec.hadamard_size, 16);
+  const auto signs = formats::hadamard_signs(16, spec.hadamard_seed);
+  std::vector<float> t = a, q(a.size());
+  formats::hadamard_rows(t.data(), 4, 48, 16, signs.data());
+  spec.hadamard_size = 0;
+  formats::QuantStats sq;
+  formats::fake_quantize(t.data(), q.data(), 4, 48, spec, {0, 0, 0, uint32_t(Operand::kWgradX)}, &sq);
+  formats::hadamard_rows_inverse(q.data(), 4, 48, 16, signs.data());
+  std::vector<float> ga(a.size());
+  std::memcpy(ga.data(), got.find("a")->data.data(), ga.size() * 4);
+  EXPECT_TRUE(formats::testing::bits_equal(ga, q, 48));
+  // The written tensor approximates the input: NVFP4's error, not a rotation's.
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < a.size(); ++i) err += double(ga[i] - a[i]) * (ga[i] - a[i]), ref += double(a[i]) * a[i];
+  EXPECT_LT(std::sqrt(err / ref), 0.2);
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(r.out.substr(0, r.out.find('\n')))["sqnr_db"].get<double>(), sq.sqnr_db());
+  // 'tiny': 8 nonzero inputs, but its x·R has 128 nonzeros that all flush:
+  // the warning counts x·R's, never more flushed than nonzero.
+  EXPECT_NE(r.err.find("every one of its 128 nonzero inputs became 0"), std::string::npos) << r.err;
+  EXPECT_EQ(got.metadata.count("snip.quantize.hadamard"), 1u);
 }
 
 TEST_F(CliTest, QuantizeErrorsAreUserErrorsAndLeaveNoOutput) {
