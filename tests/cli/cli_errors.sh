@@ -7,6 +7,7 @@
 set -u
 snip="$1"; data="$2"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/micro_toml.sh"
 pass=0; fail=0
 
 # expect NAME NEEDLE -- command...: exit 2, one stderr line with NEEDLE.
@@ -26,22 +27,7 @@ absent() {
   if [ -e "$1" ]; then fail=$((fail + 1)); echo "FAIL: $1 was left behind" >&2; else pass=$((pass + 1)); fi
 }
 
-cat >"$tmp/ok.toml" <<TOML
-[model]
-hidden_size = 32
-intermediate_size = 64
-num_hidden_layers = 1
-num_attention_heads = 2
-num_key_value_heads = 1
-max_position_embeddings = 32
-[data]
-dir = "$data"
-[train]
-batch_size = 2
-seq_len = 16
-max_steps = 2
-threads = 1
-TOML
+micro_toml "$tmp/ok.toml" "$data" "max_steps = 2"
 
 expect "missing config" "cannot be read" -- "$snip" train --config "$tmp/nope.toml" --run-dir "$tmp/r0"
 absent "$tmp/r0"

@@ -14,6 +14,7 @@ set -u
 snip="$1"; data="$2"
 export OMP_WAIT_POLICY=PASSIVE
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/micro_toml.sh"
 pass=0; fail=0
 ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL $*" >&2; }
@@ -110,22 +111,7 @@ absent "$tmp/f6_out.safetensors"
 # ---- item 3: --init-from
 # A tiny tied model exported as a Hugging Face folder; t.toml sets its shape
 # but neither rope_theta nor tie_word_embeddings.
-cat >"$tmp/t.toml" <<TOML
-[model]
-hidden_size = 32
-intermediate_size = 64
-num_hidden_layers = 1
-num_attention_heads = 2
-num_key_value_heads = 1
-max_position_embeddings = 32
-[data]
-dir = "$data"
-[train]
-batch_size = 2
-seq_len = 16
-max_steps = 2
-threads = 1
-TOML
+micro_toml "$tmp/t.toml" "$data" "max_steps = 2"
 "$snip" train --config "$tmp/t.toml" --run-dir "$tmp/base" >/dev/null 2>&1 || bad "base run"
 "$snip" export --run-dir "$tmp/base" --out "$tmp/hf" >/dev/null 2>&1 || bad "export"
 fresh() { rm -rf "$tmp/$1"; cp -r "$tmp/hf" "$tmp/$1"; }  # fresh NAME: a copy of the exported folder

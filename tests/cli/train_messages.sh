@@ -10,6 +10,7 @@
 set -u
 snip="$1"; data="$2"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/micro_toml.sh"
 pass=0; fail=0
 check() {  # check NAME FILE PATTERN [COUNT]: PATTERN (grep -E) occurs in FILE (COUNT times if given)
   local n; n=$(grep -cE -- "$3" "$2")
@@ -17,28 +18,13 @@ check() {  # check NAME FILE PATTERN [COUNT]: PATTERN (grep -E) occurs in FILE (
   else fail=$((fail + 1)); echo "FAIL $1: '$3' found $n times in $2:" >&2; cat "$2" >&2; fi
 }
 
-cat >"$tmp/m.toml" <<TOML
-[model]
-hidden_size = 32
-intermediate_size = 64
-num_hidden_layers = 1
-num_attention_heads = 2
-num_key_value_heads = 1
-max_position_embeddings = 32
-[data]
-dir = "$data"
-[train]
-batch_size = 2
-seq_len = 16
-max_steps = 6
+micro_toml "$tmp/m.toml" "$data" "max_steps = 6
 warmup_steps = 9
 eval_interval = 3
 eval_batches = 2
 log_interval = 1
-threads = 1
 [precision]
-recipe = "fp4"
-TOML
+recipe = \"fp4\""
 
 "$snip" train --config "$tmp/m.toml" --run-dir "$tmp/run" >"$tmp/out" 2>"$tmp/err" || { fail=$((fail + 1)); cat "$tmp/err" >&2; }
 cat "$tmp/out" "$tmp/err" >"$tmp/all"   # spdlog's lines go to stdout
