@@ -345,6 +345,12 @@ void add_format_commands(CLI::App& app) {
       "Fake-quantize every tensor of a safetensors file along its last dimension; "
       "print per-tensor SQNR and relative error");
   quantize_cmd->footer(
+      "Columns (x = input, q = fake-quantized output, sums over finite inputs):\n"
+      "  SQNR dB    10 log10(sum x^2 / sum (q - x)^2)\n"
+      "  rel err    ||q - x|| / ||x||\n"
+      "  underflow  nonzero inputs that came out exactly 0, as a fraction of all elements\n"
+      "  saturated  finite inputs whose scaled magnitude exceeded the element format's largest\n"
+      "             finite value (clamped to it), as a fraction of all elements\n"
       "--output must be a file in an existing, writable folder; it is checked before any work.\n"
       "A tensor with nonzero inputs of which more than half come out exactly 0 is named on\n"
       "stderr, one line each: \"snip: warning: tensor 'NAME' [mostly] flushed to zero by RECIPE\n"

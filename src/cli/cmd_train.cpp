@@ -131,9 +131,15 @@ void add_train_commands(CLI::App& app) {
     const std::string val = (fs::path(data) / "val.bin").string();
     if (!fs::exists(val)) fail("--data: ", val, " does not exist");
     LlamaForCausalLM model = load_checkpoint_model(ckpt);
-    const double loss = evaluate(model, val, ea->batch, T, ea->batches);
-    std::cout << fmt::format("{}: val loss {:.4f} nats/token, perplexity {:.2f} ({})\n", ckpt, loss,
-                             std::exp(loss), val);
+    EvalCoverage cov;
+    const double loss = evaluate(model, val, ea->batch, T, ea->batches, &cov);
+    const std::string part =
+        cov.windows == cov.windows_total
+            ? fmt::format("all {} micro-batches ({} windows of {} tokens)", cov.batches, cov.windows, T)
+            : fmt::format("{} of {} micro-batches ({} of {} windows of {} tokens; --batches 0 evaluates all)",
+                          cov.batches, cov.batches_total, cov.windows, cov.windows_total, T);
+    std::cout << fmt::format("{}: val loss {:.4f} nats/token, perplexity {:.2f}, over {} of {}\n", ckpt, loss,
+                             std::exp(loss), part, val);
   });
 
   struct ExportArgs {

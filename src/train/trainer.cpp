@@ -62,7 +62,8 @@ void set_threads(int64_t threads) {
 
 at::ScalarType gemm_dtype_of(const TrainConfig& t) { return t.gemm_bf16 ? at::kBFloat16 : at::kFloat; }
 
-double evaluate(LlamaForCausalLM& model, const std::string& val_path, int64_t B, int64_t T, int64_t batches) {
+double evaluate(LlamaForCausalLM& model, const std::string& val_path, int64_t B, int64_t T, int64_t batches,
+                EvalCoverage* coverage) {
   torch::NoGradGuard ng;
   QuantStateFreeze freeze;  // evaluation does not feed amax histories
   data::TokenLoader val(val_path, int(B), int(T), 0);
@@ -85,6 +86,13 @@ double evaluate(LlamaForCausalLM& model, const std::string& val_path, int64_t B,
     torch::Tensor logits = model(to_ids(bin, b, T));
     sum += LlamaForCausalLMImpl::loss(logits, to_ids(btg, b, T)).item<double>() * double(b * T);
     tokens += b * T;
+  }
+  if (coverage) {
+    coverage->windows = n;
+    coverage->windows_total = W;
+    coverage->batches = (n + uint64_t(B) - 1) / uint64_t(B);
+    coverage->batches_total = (W + uint64_t(B) - 1) / uint64_t(B);
+    coverage->tokens = tokens;
   }
   return sum / double(tokens);
 }

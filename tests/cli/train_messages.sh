@@ -46,6 +46,16 @@ check "sample continues the prompt" "$tmp/s1" "^The jury" 1
 cmp -s "$tmp/s1" "$tmp/s2" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: same seed, other text" >&2; }
 cmp -s "$tmp/s1" "$tmp/s3" && { fail=$((fail + 1)); echo "FAIL: seeds 3 and 4 gave the same text" >&2; } || pass=$((pass + 1))
 
+# snip eval says how much of the validation split it read.
+"$snip" eval --run-dir "$tmp/run" --batches 1 --batch-size 2 >"$tmp/e1" 2>&1 || { fail=$((fail + 1)); cat "$tmp/e1" >&2; }
+check "eval says a part" "$tmp/e1" "over 1 of [0-9]+ micro-batches \(2 of [0-9]+ windows of 16 tokens; --batches 0 evaluates all\)" 1
+"$snip" eval --run-dir "$tmp/run" --batch-size 64 >"$tmp/e2" 2>&1 || { fail=$((fail + 1)); cat "$tmp/e2" >&2; }
+check "eval says all" "$tmp/e2" "over all [0-9]+ micro-batches \([0-9]+ windows of 16 tokens\)" 1
+# snip quantize --help defines its columns.
+"$snip" quantize --help >"$tmp/qh" 2>&1
+check "quantize help defines underflow" "$tmp/qh" "underflow  nonzero inputs that came out exactly 0" 1
+check "quantize help defines saturated" "$tmp/qh" "saturated  finite inputs whose scaled magnitude" 1
+
 # Stopped before its first checkpoint: --resume starts it again from step 0.
 sed -i 's/^max_steps = 6/max_steps = 4/; s/^warmup_steps = 9/warmup_steps = 1/' "$tmp/m.toml"
 mkdir -p "$tmp/early" && cp "$tmp/run/config.toml" "$tmp/early/config.toml"

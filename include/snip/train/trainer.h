@@ -95,12 +95,20 @@ void set_threads(int64_t threads);
 /// for "fp32".
 at::ScalarType gemm_dtype_of(const TrainConfig& t);
 
+/// How much of a validation shard an evaluate() call read.
+struct EvalCoverage {
+  uint64_t batches = 0, batches_total = 0;  ///< micro-batches read, and in the whole shard
+  uint64_t windows = 0, windows_total = 0;  ///< windows of seq+1 tokens read, and in the shard
+  uint64_t tokens = 0;                      ///< predicted tokens the loss averages over
+};
+
 /// Validation loss of `model` on the shard at `val_path`: mean cross-entropy
 /// (nats/token) over the first `batches` micro-batches of B windows of T+1
 /// tokens in shard order (0 = all windows). No gradients; quantizer state
-/// (amax histories) is left as it was (QuantStateFreeze).
+/// (amax histories) is left as it was (QuantStateFreeze). What was read goes
+/// to `coverage` when given.
 double evaluate(LlamaForCausalLM& model, const std::string& val_path, int64_t batch, int64_t seq,
-                int64_t batches);
+                int64_t batches, EvalCoverage* coverage = nullptr);
 
 
 }  // namespace snip
