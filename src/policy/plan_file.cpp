@@ -108,16 +108,13 @@ std::string format_plan_table(const nlohmann::json& pj) {
 }
 
 std::string find_plan_file(const std::string& run_dir, int64_t step) {
-  const std::filesystem::path dir = std::filesystem::path(run_dir) / "plans";
-  if (step >= 0) {
-    const std::filesystem::path p = dir / ("step-" + std::to_string(step) + ".json");
-    if (!std::filesystem::exists(p)) fail("snip plan show: ", p.string(), " does not exist");
-    return p.string();
-  }
-  if (!std::filesystem::is_directory(dir)) fail("snip plan show: ", dir.string(), " does not exist (no plan was made in ", run_dir, ")");
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(run_dir)) fail("snip plan show: run folder ", run_dir, " does not exist");
+  const fs::path dir = fs::path(run_dir) / "plans";
+  if (!fs::is_directory(dir)) fail("snip plan show: ", dir.string(), " does not exist (no plan was made in ", run_dir, ")");
   std::vector<int64_t> steps;
   const std::regex re("step-([0-9]+)\\.json");
-  for (auto& e : std::filesystem::directory_iterator(dir)) {
+  for (auto& e : fs::directory_iterator(dir)) {
     std::smatch m;
     const std::string n = e.path().filename().string();
     if (std::regex_match(n, m, re)) steps.push_back(std::stoll(m[1]));
@@ -125,6 +122,15 @@ std::string find_plan_file(const std::string& run_dir, int64_t step) {
   if (steps.empty()) fail("snip plan show: no plans/step-N.json in ", run_dir);
   std::sort(steps.rbegin(), steps.rend());
   auto path = [&](int64_t s) { return (dir / ("step-" + std::to_string(s) + ".json")).string(); };
+  if (step >= 0) {
+    // The plan in force at `step`: the newest one decided at or before it.
+    for (int64_t s : steps)
+      if (s <= step) return path(s);
+    std::string made;
+    for (auto it = steps.rbegin(); it != steps.rend(); ++it) made += (made.empty() ? "" : ", ") + std::to_string(*it);
+    fail("snip plan show: no plan was in force at step ", step, " in ", run_dir, " (plans were made at steps ", made,
+         "; before the first, the warmup precision ran)");
+  }
   // The newest real plan (phase "plan"), not the final phase's all-FP8 decision.
   for (int64_t s : steps) {
     std::ifstream in(path(s));

@@ -288,9 +288,18 @@ TEST(CliPlan, ShowPrintsASavedPlan) {
   r = run({"show", d.path + "/run", "--step", "3", "--json"});
   ASSERT_EQ(r.error, "");
   EXPECT_EQ(json::parse(r.out)["step"], 3);
-  EXPECT_NE(run({"show", d.path + "/run", "--step", "5"}).error.find("step-5.json does not exist"),
-            std::string::npos);
-  EXPECT_NE(run({"show", d.path + "/nothing"}).error.find("does not exist"), std::string::npos);
+  // Step 5: no plan was made there; the one made at 3 is in force (until 7).
+  r = run({"show", d.path + "/run", "--step", "5", "--json"});
+  ASSERT_EQ(r.error, "");
+  EXPECT_EQ(json::parse(r.out)["step"], 3);
+  EXPECT_EQ(json::parse(run({"show", d.path + "/run", "--step", "7", "--json"}).out)["step"], 7);
+  EXPECT_EQ(json::parse(run({"show", d.path + "/run", "--step", "1000", "--json"}).out)["step"], 7);
+  // Before the first plan: none in force, and the message lists the plans.
+  EXPECT_EQ(run({"show", d.path + "/run", "--step", "2"}).error,
+            "snip plan show: no plan was in force at step 2 in " + d.path +
+                "/run (plans were made at steps 3, 7; before the first, the warmup precision ran)");
+  EXPECT_EQ(run({"show", d.path + "/nothing"}).error,
+            "snip plan show: run folder " + d.path + "/nothing does not exist");
 }
 
 // `--stats FILE`: the options the stats step measured are the default

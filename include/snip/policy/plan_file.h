@@ -17,9 +17,12 @@ namespace snip {
 /// saved plans/step-N.json object. Throws UserError for a malformed plan.
 std::string format_plan_table(const nlohmann::json& plan);
 
-/// RUN/plans/step-N.json, or when step < 0 the newest plan made in the plan
-/// phase (the newest decision of any phase if there is none, e.g. uniform
-/// runs). Throws UserError when there is none.
+/// The plan file of RUN in force at `step` (optimizer steps from 0): the
+/// newest RUN/plans/step-S.json with S <= step; when step < 0 the newest plan
+/// made in the plan phase (the newest decision of any phase if there is
+/// none, e.g. uniform runs). Throws UserError when RUN does not exist, has no
+/// plans, or none was in force at `step` (the message lists the steps that
+/// have one).
 std::string find_plan_file(const std::string& run_dir, int64_t step = -1);
 
 }  // namespace snip
