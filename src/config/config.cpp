@@ -2,6 +2,8 @@
 #include "snip/config/config.h"
 
 #include <algorithm>
+#include <regex>
+#include <map>
 #include <limits>
 #include <optional>
 #include <cerrno>
@@ -245,6 +247,34 @@ const std::vector<OptionSpec>& option_table() {
 }
 
 std::string closest_option_key(const std::string& key) {
+  // Names other trainers use for the same thing (Hugging Face Trainer,
+  // nanoGPT, Megatron), matched on the key's last component.
+  static const std::map<std::string, std::string> kSynonyms = {
+      {"learning_rate", "train.lr"},
+      {"steps", "train.max_steps"},
+      {"num_steps", "train.max_steps"},
+      {"max_iters", "train.max_steps"},
+      {"train_iters", "train.max_steps"},
+      {"bsz", "train.batch_size"},
+      {"micro_batch_size", "train.batch_size"},
+      {"per_device_train_batch_size", "train.batch_size"},
+      {"block_size", "train.seq_len"},
+      {"seq_length", "train.seq_len"},
+      {"sequence_length", "train.seq_len"},
+      {"gradient_accumulation_steps", "train.grad_accum"},
+      {"max_grad_norm", "train.grad_clip"},
+      {"clip_grad", "train.grad_clip"},
+      {"warmup", "train.warmup_steps"},
+      {"lr_warmup_iters", "train.warmup_steps"},
+      {"n_layer", "model.num_hidden_layers"},
+      {"num_layers", "model.num_hidden_layers"},
+      {"n_head", "model.num_attention_heads"},
+      {"n_embd", "model.hidden_size"},
+      {"d_model", "model.hidden_size"},
+      {"ffn_hidden_size", "model.intermediate_size"},
+  };
+  const std::string last = key.substr(key.rfind('.') == std::string::npos ? 0 : key.rfind('.') + 1);
+  if (auto it = kSynonyms.find(last); it != kSynonyms.end()) return it->second;
   std::string best;
   size_t best_d = SIZE_MAX;
   // Compare against the full key and against the last component, so that
@@ -318,8 +348,20 @@ void Config::load_toml_string(const std::string& text, const std::string& what) 
   try {
     tbl = toml::parse(text, what);
   } catch (const toml::parse_error& e) {
+    // `recipe = fp4`: TOML strings need quotes; say so.
+    std::string hint;
+    const size_t line_no = size_t(e.source().begin.line);
+    std::istringstream lines(text);
+    std::string line;
+    for (size_t i = 1; std::getline(lines, line) && i <= line_no; ++i)
+      if (i == line_no) {
+        static const std::regex bare(R"(^\s*([A-Za-z0-9_.-]+)\s*=\s*([A-Za-z_][A-Za-z0-9_.,/-]*)\s*(#.*)?$)");
+        std::smatch m;
+        if (std::regex_match(line, m, bare))
+          hint = str_cat(" (strings need quotes: ", m[1].str(), " = \"", m[2].str(), "\")");
+      }
     fail(what, ":", e.source().begin.line, ":", e.source().begin.column, ": TOML syntax error: ",
-         e.description());
+         e.description(), hint);
   }
   for (auto&& [section, node] : tbl) {
     const std::string sec(section.str());
@@ -332,7 +374,19 @@ void Config::load_toml_string(const std::string& text, const std::string& what) 
       else if (auto i = val.value_exact<int64_t>()) v = *i;
       else if (auto d = val.value_exact<double>()) v = *d;
       else if (auto s = val.value_exact<std::string>()) v = *s;
-      else {
+      else if (const toml::array* arr = val.as_array();
+               arr && find_spec(key) && find_spec(key)->unit == "list") {
+        // A list option written as a TOML array: ["fp4", "fp8"] = "fp4,fp8".
+        std::string joined;
+        for (const toml::node& e : *arr) {
+          const auto str = e.value_exact<std::string>();
+          if (!str || str->empty() || str->find(',') != std::string::npos)
+            fail(what, ":", val.source().begin.line, ": ", key,
+                 ": expected a list of non-empty strings without commas, e.g. [\"fp4\", \"fp8\"]");
+          joined += (joined.empty() ? "" : ",") + *str;
+        }
+        v = joined;
+      } else {
         if (!find_spec(key)) unknown_key(key, what);
         fail(what, ":", val.source().begin.line, ": ", key, ": expected ",
              type_name(find_spec(key)->type), ", got a TOML ", val.type());

@@ -36,6 +36,37 @@ TEST(Config, UnknownKeyNamesTheClosestValidOne) {
             std::string::npos);
   EXPECT_EQ(closest_option_key("hiden_size"), "model.hidden_size");
   EXPECT_EQ(closest_option_key("model.num_layers"), "model.num_hidden_layers");
+  // Other trainers' names for the same options (edit distance would miss them).
+  EXPECT_EQ(error_of([&] { c.load_toml_string("[train]\nlearning_rate = 3e-4\n", "hf.toml"); }),
+            "hf.toml:2: unknown option 'train.learning_rate' (did you mean 'train.lr'? "
+            "`snip train --help` lists every option)");
+  EXPECT_EQ(closest_option_key("steps"), "train.max_steps");
+  EXPECT_EQ(closest_option_key("train.bsz"), "train.batch_size");
+  EXPECT_EQ(closest_option_key("gradient_accumulation_steps"), "train.grad_accum");
+  EXPECT_EQ(closest_option_key("model.n_layer"), "model.num_hidden_layers");
+}
+
+TEST(Config, ListOptionsAcceptTomlArrays) {
+  Config c;
+  c.load_toml_string("[precision]\noptions = [\"fp4\", \"fp8\", \"bf16\"]\npins = []\n", "a.toml");
+  EXPECT_EQ(c.get_string("precision.options"), "fp4,fp8,bf16");
+  EXPECT_EQ(c.get_string("precision.pins"), "");
+  EXPECT_EQ(error_of([&] { c.load_toml_string("[precision]\noptions = [\"fp4\", 8]\n", "b.toml"); }),
+            "b.toml:2: precision.options: expected a list of non-empty strings without commas, e.g. "
+            "[\"fp4\", \"fp8\"]");
+  // An array where one value is expected stays an error naming the type.
+  EXPECT_EQ(error_of([&] { c.load_toml_string("[train]\nlr = [1, 2]\n", "c.toml"); }),
+            "c.toml:2: train.lr: expected a number, got a TOML array");
+}
+
+TEST(Config, UnquotedStringSaysToQuoteIt) {
+  Config c;
+  const std::string e = error_of([&] { c.load_toml_string("[precision]\nrecipe = fp4\n", "q.toml"); });
+  EXPECT_EQ(e.rfind("q.toml:2:", 0), 0u) << e;
+  EXPECT_NE(e.find("TOML syntax error"), std::string::npos) << e;
+  EXPECT_NE(e.find("(strings need quotes: recipe = \"fp4\")"), std::string::npos) << e;
+  // No hint where quoting is not the problem.
+  EXPECT_EQ(error_of([&] { c.load_toml_string("[train\n", "b.toml"); }).find("need quotes"), std::string::npos);
 }
 
 TEST(Config, WrongTypesAreNamed) {
