@@ -153,8 +153,8 @@ void add_train_commands(CLI::App& app) {
   ex->add_option("--checkpoint", xa->checkpoint, "a checkpoint folder");
   ex->add_option("--out", xa->out, "output folder (new or empty; never a checkpoint folder)")->required();
   ex->add_flag("--force", xa->force, "replace config.json and model.safetensors in a non-empty --out");
-  ex->add_option("--dtype", xa->dtype, "float32 or bfloat16")->capture_default_str()->check(
-      CLI::IsMember({"float32", "bfloat16"}));
+  ex->add_option("--dtype", xa->dtype, "float32 or bfloat16 (also fp32, bf16)")->capture_default_str()->check(
+      CLI::IsMember({"float32", "bfloat16", "fp32", "bf16"}));
   ex->callback([xa] {
     std::string ckpt = xa->checkpoint;
     if (ckpt.empty()) {
@@ -163,7 +163,8 @@ void add_train_commands(CLI::App& app) {
       if (ckpt.empty()) fail("no complete checkpoint in ", xa->run_dir, "/checkpoints");
     }
     LlamaForCausalLM model = load_checkpoint_model(ckpt);
-    export_hf(model, xa->out, xa->dtype == "bfloat16" ? at::kBFloat16 : at::kFloat, xa->force);
+    const bool bf16 = xa->dtype == "bfloat16" || xa->dtype == "bf16";
+    export_hf(model, xa->out, bf16 ? at::kBFloat16 : at::kFloat, xa->force);
     std::cout << "wrote " << xa->out << "/config.json and " << xa->out << "/model.safetensors\n";
   });
 }

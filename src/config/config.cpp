@@ -331,6 +331,13 @@ void Config::set(const std::string& key, const OptionValue& v, const std::string
   const OptionSpec* s = find_spec(key);
   if (!s) unknown_key(key, what);
   OptionValue val = v;
+  // Dtype names are the same everywhere: PyTorch's long names are accepted
+  // for the short ones (train.gemm_dtype = "bfloat16" is "bf16").
+  if (const auto* str = std::get_if<std::string>(&v);
+      str && std::find(s->choices.begin(), s->choices.end(), "bf16") != s->choices.end()) {
+    if (*str == "bfloat16") val = std::string("bf16");
+    if (*str == "float32") val = std::string("fp32");
+  }
   // An integer is accepted where a number is expected.
   if (s->type == T::kFloat && std::holds_alternative<int64_t>(v))
     val = static_cast<double>(std::get<int64_t>(v));

@@ -51,6 +51,10 @@ cmp -s "$tmp/s1" "$tmp/s3" && { fail=$((fail + 1)); echo "FAIL: seeds 3 and 4 ga
 check "eval says a part" "$tmp/e1" "over 1 of [0-9]+ micro-batches \(2 of [0-9]+ windows of 16 tokens; --batches 0 evaluates all\)" 1
 "$snip" eval --run-dir "$tmp/run" --batch-size 64 >"$tmp/e2" 2>&1 || { fail=$((fail + 1)); cat "$tmp/e2" >&2; }
 check "eval says all" "$tmp/e2" "over all [0-9]+ micro-batches \([0-9]+ windows of 16 tokens\)" 1
+# Dtype names: export takes bf16 as well as bfloat16.
+"$snip" export --run-dir "$tmp/run" --out "$tmp/hf16" --dtype bf16 >"$tmp/x1" 2>&1 || { fail=$((fail + 1)); cat "$tmp/x1" >&2; }
+check "export --dtype bf16" "$tmp/hf16/config.json" '"torch_dtype": "bfloat16"' 1
+
 # snip quantize --help defines its columns.
 "$snip" quantize --help >"$tmp/qh" 2>&1
 check "quantize help defines underflow" "$tmp/qh" "underflow  nonzero inputs that came out exactly 0" 1

@@ -59,6 +59,19 @@ TEST(Config, ListOptionsAcceptTomlArrays) {
             "c.toml:2: train.lr: expected a number, got a TOML array");
 }
 
+TEST(Config, DtypeNamesAreTheSameEverywhere) {
+  Config c;
+  c.set_override("train.gemm_dtype=bfloat16");
+  EXPECT_EQ(c.get_string("train.gemm_dtype"), "bf16");
+  c.load_toml_string("[train]\ngemm_dtype = \"float32\"\n", "d.toml");
+  EXPECT_EQ(c.get_string("train.gemm_dtype"), "fp32");
+  c.set_override("train.gemm_dtype=bf16");
+  EXPECT_EQ(c.get_string("train.gemm_dtype"), "bf16");
+  // Only dtype options: other strings keep their spelling.
+  c.set_override("data.dir=bfloat16");
+  EXPECT_EQ(c.get_string("data.dir"), "bfloat16");
+}
+
 TEST(Config, UnquotedStringSaysToQuoteIt) {
   Config c;
   const std::string e = error_of([&] { c.load_toml_string("[precision]\nrecipe = fp4\n", "q.toml"); });
