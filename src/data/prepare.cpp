@@ -191,6 +191,15 @@ std::string sha256_hex(const std::string& bytes) {
   return out;
 }
 
+std::string default_prepare_dir(const std::vector<std::string>& inputs, const std::string& corpus) {
+  if (inputs.empty()) return "data/" + (corpus.empty() ? std::string("brown") : corpus);
+  fs::path p = fs::path(inputs.front()).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();  // "texts/" -> "texts"
+  std::string name = p.stem().string();
+  if (name.empty() || name == "." || name == "..") name = "corpus";
+  return "data/" + name;
+}
+
 PrepareSummary prepare_data(const PrepareOptions& opt, const PrepareProgress& progress) {
   const auto t_start = Clock::now();
   auto report = [&](const std::string& line) {
@@ -247,6 +256,28 @@ PrepareSummary prepare_data(const PrepareOptions& opt, const PrepareProgress& pr
     s.meta_path = (out / "meta.json").string();
     return s;
   };
+  // A folder prepared from other sources is not replaced without --force.
+  {
+    std::error_code ec;
+    const fs::path meta_path = out / "meta.json";
+    if (!opt.force && fs::exists(meta_path, ec)) {
+      const json meta = json::parse(io::read_file(meta_path.string()), nullptr, /*allow_exceptions=*/false);
+      auto sources = [](const json& k) {
+        std::string s = k.value("corpus", json()).is_string() ? k["corpus"].get<std::string>() : "";
+        if (k.contains("inputs") && k["inputs"].is_array())
+          for (const auto& i : k["inputs"])
+            if (i.is_object() && i.contains("path") && i["path"].is_string())
+              s += (s.empty() ? "" : ", ") + i["path"].get<std::string>();
+        return s;
+      };
+      if (meta.is_object() && meta.contains("key") && meta["key"].is_object()) {
+        const std::string was = sources(meta["key"]), now = sources(key);
+        if (was != now)
+          fail("--out ", opt.out_dir, " holds data prepared from ", was.empty() ? "(unknown)" : was,
+               "; this run reads ", now, ": choose another --out, or pass --force to replace it");
+      }
+    }
+  }
   remove_stale_staging(opt.out_dir, report);
   PrepareSummary summary = fresh_summary();
   const std::string stale = check_up_to_date(opt.out_dir, key, summary);

@@ -2,12 +2,14 @@
 # `snip-data data prepare` through the real binary (what `snip data` execs):
 #   1. --vocab-size out of range: exit 2, one line, no output folder;
 #   2. a staging folder left by a dead process is removed by the next run;
+#      a user corpus gets data/NAME by default, and a folder prepared from
+#      other sources is refused unless --force;
 #   3. SIGTERM and SIGINT during a prepare: the staging folder (and the output
 #      folder this run created) are removed, one line on stderr, and the
 #      process ends by the signal (status 128 + signal: 143, 130).
 # Usage: data_cli.sh PATH/TO/snip-data
 set -u
-bin=$1
+bin=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")  # absolute: some checks run in another folder
 work=$(mktemp -d /tmp/snip_data_cli.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 fails=0
@@ -35,6 +37,21 @@ if "$bin" data prepare --input "$work/small.txt" --vocab-size 300 --out "$work/s
 else
   bad "prepare with a stale staging folder failed"
 fi
+
+# ---- 2b. a user corpus gets its own folder; another corpus never silently
+# replaces a prepared folder (--force does).
+mkdir -p "$work/cwd" && cp "$work/small.txt" "$work/cwd/notes.txt"
+printf 'other text\n\nin two documents\n' > "$work/cwd/other.txt"
+( cd "$work/cwd" && "$bin" data prepare --input notes.txt --vocab-size 300 > out 2> err )
+[ -f "$work/cwd/data/notes/meta.json" ] && ok "default --out data/notes" || bad "no data/notes/meta.json: $(cat "$work/cwd/err")"
+grep -q "output folder: data/notes (from --input; --out to choose)" "$work/cwd/err" && ok "default --out said" \
+  || bad "default --out not said: $(cat "$work/cwd/err")"
+( cd "$work/cwd" && "$bin" data prepare --input other.txt --vocab-size 300 --out data/notes > out2 2> err2 ); rc=$?
+want="snip: error: --out data/notes holds data prepared from notes.txt; this run reads other.txt: choose another --out, or pass --force to replace it"
+[ "$rc" = 2 ] && [ "$(cat "$work/cwd/err2")" = "$want" ] && ok "other inputs refused" \
+  || bad "other inputs: exit $rc, stderr: $(cat "$work/cwd/err2")"
+( cd "$work/cwd" && "$bin" data prepare --input other.txt --vocab-size 300 --out data/notes --force > /dev/null 2>&1 ) \
+  && grep -q '"other.txt"' "$work/cwd/data/notes/meta.json" && ok "--force replaces" || bad "--force did not replace"
 
 # ---- 3. signals. A corpus whose BPE training takes seconds (random words), so
 # the signal arrives while the prepare runs; job control on, so that a

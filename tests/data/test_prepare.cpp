@@ -159,7 +159,9 @@ TEST(Prepare, RemovesStaleStagingFoldersOfDeadProcesses) {
   std::vector<std::string> lines;
   prepare_data(o, [&](const std::string& l) { lines.push_back(l); });
   EXPECT_FALSE(fs::exists(dead));
-  if (fixed_pid_is_free) EXPECT_FALSE(fs::exists(t / "out/.prepare.tmp.999999"));
+  if (fixed_pid_is_free) {
+    EXPECT_FALSE(fs::exists(t / "out/.prepare.tmp.999999"));
+  }
   EXPECT_TRUE(fs::exists(alive + "/train.bin"));
   EXPECT_TRUE(fs::exists(not_a_pid + "/x"));
   EXPECT_NE(std::find(lines.begin(), lines.end(),

