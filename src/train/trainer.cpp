@@ -151,6 +151,16 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
         fail("--resume: ", key, " is ", cfg.get_int(key), " but ", opts.run_dir, " was trained with ",
              saved.get_int(key), " (it fixes the data order and the tokens per step); resume with that value, or "
              "start a new --run-dir");
+    // What only changes the arithmetic may change, but then the resumed steps
+    // are not bit-identical to an uninterrupted run: say so.
+    for (const char* key : {"train.gemm_dtype", "train.gemm_backend"})
+      if (saved.get_string(key) != cfg.get_string(key))
+        spdlog::warn("--resume: {} is {} but {} was trained with {}: the resumed steps will not be bit-identical "
+                     "to an uninterrupted run", key, cfg.get_string(key), opts.run_dir, saved.get_string(key));
+    if (saved.get_int("train.threads") != cfg.get_int("train.threads"))
+      spdlog::warn("--resume: train.threads is {} but {} was trained with {}: the resumed steps will not be "
+                   "bit-identical to an uninterrupted run (GEMM sums are split by thread)",
+                   cfg.get_int("train.threads"), opts.run_dir, saved.get_int("train.threads"));
   }
   const TrainConfig& tc = rc.train;
   const fs::path data_dir(rc.data.dir);

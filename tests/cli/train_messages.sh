@@ -67,6 +67,12 @@ mkdir -p "$tmp/early" && cp "$tmp/run/config.toml" "$tmp/early/config.toml"
 cat "$tmp/out2" >>"$tmp/err2"
 check "resume from zero" "$tmp/err2" "has no checkpoint yet: starting it from step 0 with its saved configuration" 1
 
+# Resuming with another GEMM dtype works but says the steps will differ.
+"$snip" train --config "$tmp/m.toml" --set train.max_steps=2 --set train.checkpoint_interval=1 --run-dir "$tmp/gd" >/dev/null 2>&1 || fail=$((fail + 1))
+"$snip" train --run-dir "$tmp/gd" --resume --set train.max_steps=3 --set train.gemm_dtype=fp32 >"$tmp/out5" 2>"$tmp/err5" || { fail=$((fail + 1)); cat "$tmp/err5" >&2; }
+cat "$tmp/out5" >>"$tmp/err5"
+check "resume with another gemm dtype warns" "$tmp/err5" "--resume: train.gemm_dtype is fp32 but $tmp/gd was trained with bf16: the resumed steps will not be bit-identical" 1
+
 # A second trainer on a folder in use gets one line naming the first.
 "$snip" train --config "$tmp/m.toml" --set train.max_steps=1000000 --set train.log_interval=1000000 --set train.eval_interval=1000000 --run-dir "$tmp/busy" >/dev/null 2>&1 &
 first=$!
