@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <memory>
 #include <thread>
 
@@ -140,16 +141,32 @@ void remove_stale_staging(const std::string& out_dir, const std::function<void(c
   }
 }
 
+// The sources an up-to-date key names: the corpus, then the --input paths
+// ("brown", "notes.txt, more/").
+std::string sources_of(const json& key) {
+  std::string s = key.value("corpus", json()).is_string() ? key["corpus"].get<std::string>() : "";
+  if (key.contains("inputs") && key["inputs"].is_array())
+    for (const auto& i : key["inputs"])
+      if (i.is_object() && i.contains("path") && i["path"].is_string())
+        s += (s.empty() ? "" : ", ") + i["path"].get<std::string>();
+  return s;
+}
+
 // Returns the reason meta.json in out_dir is not up to date with `key`, or ""
-// if it is; fills `summary` from it when it is.
-std::string check_up_to_date(const std::string& out_dir, const json& key, PrepareSummary& summary) {
+// if it is; fills `summary` from it when it is. When meta.json holds another
+// key, `prepared_from` gets the sources that key names.
+std::string check_up_to_date(const std::string& out_dir, const json& key, PrepareSummary& summary,
+                             std::optional<std::string>& prepared_from) {
   const fs::path out(out_dir);
   std::error_code ec;
   if (!fs::exists(out / "meta.json", ec)) return "no meta.json";
   json meta;
   try {
     meta = json::parse(io::read_file((out / "meta.json").string()));
-    if (meta.value("key", json()) != key) return "options or inputs changed";
+    if (meta.value("key", json()) != key) {
+      if (meta.contains("key") && meta["key"].is_object()) prepared_from = sources_of(meta["key"]);
+      return "options or inputs changed";
+    }
     const std::string tok = io::read_file((out / "tokenizer.model").string());
     if (sha256_hex(tok) != meta.at("tokenizer").at("sha256").get<std::string>()) return "tokenizer.model changed";
     ShardReader train((out / "train.bin").string());
@@ -256,37 +273,20 @@ PrepareSummary prepare_data(const PrepareOptions& opt, const PrepareProgress& pr
     s.meta_path = (out / "meta.json").string();
     return s;
   };
-  // A folder prepared from other sources is not replaced without --force.
-  {
-    std::error_code ec;
-    const fs::path meta_path = out / "meta.json";
-    if (!opt.force && fs::exists(meta_path, ec)) {
-      const json meta = json::parse(io::read_file(meta_path.string()), nullptr, /*allow_exceptions=*/false);
-      auto sources = [](const json& k) {
-        std::string s = k.value("corpus", json()).is_string() ? k["corpus"].get<std::string>() : "";
-        if (k.contains("inputs") && k["inputs"].is_array())
-          for (const auto& i : k["inputs"])
-            if (i.is_object() && i.contains("path") && i["path"].is_string())
-              s += (s.empty() ? "" : ", ") + i["path"].get<std::string>();
-        return s;
-      };
-      if (meta.is_object() && meta.contains("key") && meta["key"].is_object()) {
-        const std::string was = sources(meta["key"]), now = sources(key);
-        if (was != now)
-          fail("--out ", opt.out_dir, " holds data prepared from ", was.empty() ? "(unknown)" : was,
-               "; this run reads ", now, ": choose another --out, or pass --force to replace it");
-      }
-    }
-  }
   remove_stale_staging(opt.out_dir, report);
   PrepareSummary summary = fresh_summary();
-  const std::string stale = check_up_to_date(opt.out_dir, key, summary);
+  std::optional<std::string> prepared_from;
+  const std::string stale = check_up_to_date(opt.out_dir, key, summary, prepared_from);
   if (stale.empty()) {
     summary.up_to_date = true;
     summary.seconds = since(t_start);
     report(str_cat(opt.out_dir, " is up to date (meta.json matches the options and inputs)"));
     return summary;
   }
+  // A folder prepared from other sources is not replaced without --force.
+  if (prepared_from && !opt.force && *prepared_from != sources_of(key))
+    fail("--out ", opt.out_dir, " holds data prepared from ", prepared_from->empty() ? "(unknown)" : *prepared_from,
+         "; this run reads ", sources_of(key), ": choose another --out, or pass --force to replace it");
   summary = fresh_summary();
   spdlog::debug("preparing {}: {}", opt.out_dir, stale);
 
