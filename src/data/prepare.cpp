@@ -3,7 +3,8 @@
 // include/snip/data/prepare.h.
 #include "snip/data/prepare.h"
 
-#include <openssl/evp.h>
+#include "snip/data/data_folder.h"
+
 
 #include <cerrno>
 #include <chrono>
@@ -194,19 +195,6 @@ std::string check_up_to_date(const std::string& out_dir, const json& key, Prepar
 
 }  // namespace
 
-std::string sha256_hex(const std::string& bytes) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  const int ok = EVP_Digest(bytes.data(), bytes.size(), md, &len, EVP_sha256(), nullptr);
-  SNIP_CHECK(ok == 1 && len == 32, "EVP_Digest(sha256) failed");
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned i = 0; i < len; ++i) {
-    out += hex[md[i] >> 4];
-    out += hex[md[i] & 15];
-  }
-  return out;
-}
 
 std::string default_prepare_dir(const std::vector<std::string>& inputs, const std::string& corpus) {
   if (inputs.empty()) return "data/" + (corpus.empty() ? std::string("brown") : corpus);

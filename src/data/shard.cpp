@@ -182,6 +182,10 @@ ShardReader::ShardReader(const std::string& path) : path_(path) {
       fail("token shard ", path, ": vocab_size ", vocab_size_, " exceeds 2^31 - 1 (ids are read as int32)");
     if (dtype_ == ShardDtype::kUint16 && vocab_size_ > 65536u)
       fail("token shard ", path, ": vocab_size ", vocab_size_, " does not fit dtype uint16 (max 65536)");
+    for (size_t i = 28; i < kShardHeaderBytes; ++i)
+      if (h[i] != 0)
+        fail("token shard ", path, ": reserved header byte ", i, " is ", unsigned(h[i]),
+             ", expected 0 (a corrupt header, or a newer shard format)");
     const uint64_t width = dtype_width(dtype_);
     const uint64_t data_bytes = file_bytes - kShardHeaderBytes;
     if (count_ > data_bytes / width || count_ * width != data_bytes) {

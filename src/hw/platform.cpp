@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <initializer_list>
+#include <string>
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -78,3 +80,64 @@ void tune_runtime_or_reexec(char** argv) {
 }
 
 }  // namespace snip
+
+namespace snip::hw {
+
+namespace {
+// The first number in `path` after `key` (a /proc/meminfo line "Key: N kB"
+// with key "Key:"), or of the whole file when key is empty; -1 if absent.
+long long number_in(const char* path, const char* key) {
+  std::FILE* f = std::fopen(path, "r");
+  if (!f) return -1;
+  char line[256];
+  long long v = -1;
+  while (std::fgets(line, sizeof line, f)) {
+    const size_t k = std::strlen(key);
+    if (k && std::strncmp(line, key, k) != 0) continue;
+    char* end = nullptr;
+    const long long x = std::strtoll(line + k, &end, 10);
+    if (end != line + k) v = x;
+    break;
+  }
+  std::fclose(f);
+  return v;
+}
+
+// The process's cgroup v2 folder (/proc/self/cgroup line "0::/path"), "" if none.
+std::string cgroup_dir() {
+  std::FILE* f = std::fopen("/proc/self/cgroup", "r");
+  if (!f) return "";
+  char line[4096];
+  std::string dir;
+  while (std::fgets(line, sizeof line, f)) {
+    if (std::strncmp(line, "0::", 3) != 0) continue;
+    dir = line + 3;
+    while (!dir.empty() && (dir.back() == '\n' || dir.back() == '\r')) dir.pop_back();
+    break;
+  }
+  std::fclose(f);
+  return dir.empty() ? "" : "/sys/fs/cgroup" + (dir == "/" ? std::string() : dir);
+}
+}  // namespace
+
+long long available_memory_bytes() {
+  long long avail = number_in("/proc/meminfo", "MemAvailable:");
+  if (avail > 0) avail *= 1024;  // kB
+  auto lower_to = [&](long long max, long long cur) {
+    if (max > 0 && cur >= 0) {
+      const long long left = max > cur ? max - cur : 0;
+      avail = avail > 0 ? std::min(avail, left) : left;
+    }
+  };
+  const std::string cg = cgroup_dir();
+  // cgroup v2: memory.max is "max" (no limit: strtoll reads nothing) or bytes.
+  if (!cg.empty())
+    lower_to(number_in((cg + "/memory.max").c_str(), ""), number_in((cg + "/memory.current").c_str(), ""));
+  // cgroup v1 (a container sees its own group at the mount's root); "no
+  // limit" reads as a huge number there.
+  lower_to(number_in("/sys/fs/cgroup/memory/memory.limit_in_bytes", ""),
+           number_in("/sys/fs/cgroup/memory/memory.usage_in_bytes", ""));
+  return avail > 0 ? avail : 0;
+}
+
+}  // namespace snip::hw

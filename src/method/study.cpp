@@ -1,4 +1,6 @@
 // The correlation study of METHOD.md section 8 (see study.h).
+#include "snip/hw/platform.h"
+#include "snip/train/memory.h"
 #include "snip/method/study.h"
 
 #include <spdlog/spdlog.h>
@@ -77,11 +79,14 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
   auto lr_of = [&](int64_t step) { return lr_at(step, tc.max_steps, tc.warmup_steps, tc.lr, tc.min_lr_ratio); };
   set_threads(tc.threads);
   data::TokenLoader loader(train_bin, int(B), int(T), seed);
-  loader.restore({st.at("loader").at("epoch").get<uint64_t>(), st.at("loader").at("cursor").get<uint64_t>()});
+  loader.restore(checkpoint_loader_state(st, B, accum, loader.windows_per_epoch(),
+                                         (fs::path(ckpt) / "trainer_state.json").string()));
   const data::LoaderState loader0 = loader.state();
 
   torch::manual_seed(seed);
-  LlamaForCausalLM model(LlamaConfig::from_run_config(rc.model, loader.vocab_size()));
+  const LlamaConfig mcfg = LlamaConfig::from_run_config(rc.model, loader.vocab_size());
+  check_memory(training_memory(mcfg, B, T), hw::available_memory_bytes(), "snip correlate");
+  LlamaForCausalLM model(mcfg);
   load_checkpoint_weights(ckpt, model);
   const at::ScalarType gemm = gemm_dtype_of(tc);
   set_bf16_gemm_backend(parse_bf16_gemm_backend(tc.gemm_backend));
@@ -90,7 +95,7 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
   const std::string opt_path = (fs::path(ckpt) / "optimizer.pt").string();
   const std::string opt_bytes = io::read_file(opt_path);
   auto opt = make_optimizer(model, tc);
-  load_optimizer_state(*opt, opt_bytes, opt_path);
+  load_optimizer_state(*opt, opt_bytes, opt_path, step0);
   std::vector<torch::Tensor> weights0;
   {
     torch::NoGradGuard ng;
@@ -101,7 +106,7 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
     auto params = model->parameters();
     for (size_t i = 0; i < params.size(); ++i) params[i].copy_(weights0[i]);
     opt = make_optimizer(model, tc);
-    load_optimizer_state(*opt, opt_bytes, opt_path);
+    load_optimizer_state(*opt, opt_bytes, opt_path, step0);
     loader.restore(loader0);
     model->set_precision(LinearPrecision{nullptr, gemm});
   };

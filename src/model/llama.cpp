@@ -170,6 +170,9 @@ nlohmann::json LlamaConfig::to_hf_json() const {
 void LlamaConfig::validate(const std::string& what) const {
   auto pos = [&](const char* k, int64_t v) {
     if (v <= 0) fail(what, ": ", k, ": expected a positive integer, got ", v);
+    // Tensor sizes and the parameter count must not overflow (an int64
+    // product of two sizes past 2^31 can).
+    if (v > 0x7FFFFFFF) fail(what, ": ", k, ": expected at most 2^31 - 1 = 2147483647, got ", v);
   };
   pos("vocab_size", vocab_size);
   pos("hidden_size", hidden_size);

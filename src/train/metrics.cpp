@@ -19,10 +19,20 @@ MetricsLog::MetricsLog(const std::string& path, int64_t resume_step) : path_(pat
   std::string kept;
   if (resume_step >= 0) {
     std::ifstream in(path);
+    int64_t line_no = 0;
     for (std::string line; std::getline(in, line);) {
+      ++line_no;
       const json r = json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (!r.is_object()) continue;  // a torn last line from a killed run
-      if (r.value("step", int64_t{0}) <= resume_step) {
+      // Records the run reads back (the summary's losses) must be what it wrote.
+      if (!r.contains("step") || !r["step"].is_number_integer())
+        fail(path, ": line ", line_no, ": step: expected an integer (the file is corrupt; a resumed run keeps "
+             "the records up to its checkpoint)");
+      if (r.contains("loss") && !r["loss"].is_number())
+        fail(path, ": line ", line_no, ": loss: expected a number (the file is corrupt)");
+      if (r.contains("val_loss") && !r["val_loss"].is_number() && !r["val_loss"].is_null())
+        fail(path, ": line ", line_no, ": val_loss: expected a number or null (the file is corrupt)");
+      if (r["step"].get<int64_t>() <= resume_step) {
         kept += line + "\n";
         earlier_.push_back(r);
       }

@@ -13,8 +13,10 @@
 #include <optional>
 #include <thread>
 
+#include "snip/data/data_folder.h"
 #include "snip/data/loader.h"
 #include "snip/data/token_client.h"
+#include "snip/hw/platform.h"
 #include "snip/io/atomic_file.h"
 #include "snip/io/dir_lock.h"
 #include "snip/method/controller.h"
@@ -23,6 +25,7 @@
 #include "snip/quant/quantizers.h"
 #include "snip/report/report.h"
 #include "snip/train/checkpoint.h"
+#include "snip/train/memory.h"
 #include "snip/train/metrics.h"
 #include "snip/train/optimizer.h"
 #include "snip/train/sample.h"
@@ -168,6 +171,10 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   for (const auto& p : {train_bin, val_bin})
     if (!fs::exists(p))
       fail("data.dir: ", p, " does not exist (run `snip data prepare --out ", data_dir.string(), "` first)");
+  // meta.json, tokenizer.model and the shards must agree (vocabulary, dtype,
+  // token counts, the tokenizer's SHA-256): samples and exports decode the
+  // ids with that tokenizer.
+  data::verify_data_folder(data_dir.string(), "data.dir");
   const int64_t B = tc.batch_size, T = tc.seq_len, accum = tc.grad_accum, max_steps = tc.max_steps;
   const uint64_t seed = uint64_t(tc.seed);
   data::TokenLoader loader(train_bin, int(B), int(T), seed);
@@ -194,6 +201,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
 
   torch::manual_seed(seed);
   LlamaConfig mcfg = LlamaConfig::from_run_config(rc.model, shard_vocab);
+  check_memory(training_memory(mcfg, B, T), hw::available_memory_bytes(), "snip train");
   LlamaForCausalLM model(mcfg);
   if (init) {
     // Every parameter from the file (shapes and dtypes checked, unused
@@ -223,23 +231,23 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       fail("--resume: ", e.what());
     }
     const std::string op = (fs::path(resume_ckpt) / "optimizer.pt").string();
-    load_optimizer_state(*optimizer, io::read_file(op), op);
     step = resume_state.at("step").get<int64_t>();
+    load_optimizer_state(*optimizer, io::read_file(op), op, step);
     // A run killed between its last checkpoint and its summary is finished, not refused.
     if (step > max_steps || (step == max_steps && fs::exists(run / "summary.json")))
       fail("--resume: the checkpoint is at step ", step, " and train.max_steps is ", max_steps,
            ": nothing to do (raise train.max_steps to train further)");
     if (ctl.active() && resume_state.contains("precision"))
       ctl.restore(resume_state["precision"], (fs::path(resume_ckpt) / "trainer_state.json").string());
-    loader.restore({resume_state.at("loader").at("epoch").get<uint64_t>(),
-                    resume_state.at("loader").at("cursor").get<uint64_t>()});
+    loader.restore(checkpoint_loader_state(resume_state, B, accum, loader.windows_per_epoch(),
+                                           (fs::path(resume_ckpt) / "trainer_state.json").string()));
   }
 
   // ---- the run directory: only now is anything written
   io::ensure_writable_dir(opts.run_dir);
   if (!lock) lock = std::make_unique<io::DirLock>(opts.run_dir, "run directory");
+  MetricsLog metrics((run / "metrics.jsonl").string(), opts.resume ? step : -1);  // checks what it reads back first
   io::write_file_atomic((run / "config.toml").string(), cfg.to_toml());
-  MetricsLog metrics((run / "metrics.jsonl").string(), opts.resume ? step : -1);
   std::deque<double> recent;  // training losses of the last 10 steps (the summary's train loss)
   double best_val = std::numeric_limits<double>::infinity();
   double last_val = std::nan("");

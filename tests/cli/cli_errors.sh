@@ -67,7 +67,8 @@ expect "resume with nothing to do" "nothing to do" -- \
   "$snip" train --config "$tmp/ok.toml" --run-dir "$tmp/run" --resume
 cp -r "$tmp/run" "$tmp/run2"
 sed -i 's/"step": 2/"step": 1/' "$tmp/run2/checkpoints/step-2/trainer_state.json"
-expect "edited trainer state" "holds step 1 but its folder is step-2" -- \
+# manifest.json covers trainer_state.json (its fields: tests/cli/corrupt_inputs.py)
+expect "edited trainer state" "trainer_state.json: checksum mismatch with manifest.json" -- \
   "$snip" train --config "$tmp/ok.toml" --set train.max_steps=4 --run-dir "$tmp/run2" --resume
 w="$tmp/run/checkpoints/step-2/model.safetensors"
 if [ -f "$w" ]; then

@@ -127,6 +127,18 @@ TEST_F(LoaderTest, RestoreRejectsForeignState) {
   EXPECT_NE(msg.find("cursor 100 out of range [0, 100)"), std::string::npos) << msg;
 }
 
+TEST_F(LoaderTest, LastEpochIsARealEpoch) {
+  // Epoch 2^64 - 1 once read a permutation that was never made (it equalled
+  // the "none yet" marker): a SIGSEGV on resume (issue 17). Its windows must
+  // be a permutation of all windows, like any epoch's.
+  TokenLoader l(make_shard(1001), 4, kT, 42);
+  l.restore({UINT64_MAX, 0});
+  std::vector<uint64_t> w = take(l, 25);
+  std::sort(w.begin(), w.end());
+  ASSERT_EQ(w.size(), 100u);
+  for (uint64_t i = 0; i < 100; ++i) ASSERT_EQ(w[i], i);
+}
+
 TEST_F(LoaderTest, EvalWindowsInOrder) {
   const TokenLoader l(make_shard(1001), 2, kT, 5);
   std::vector<int32_t> in, tg;

@@ -653,3 +653,31 @@ TEST(Platform, AllocatorReusesLargeBlocks) {
   GTEST_SKIP() << "glibc only";
 #endif
 }
+
+// available_memory_bytes: positive on Linux, at most MemTotal (both read by
+// the test from /proc/meminfo itself), and it shrinks when this process
+// touches 512 MiB more (MemAvailable counts free + reclaimable pages).
+TEST(Memory, AvailableIsPositiveBelowTotalAndShrinksWhenUsed) {
+  std::ifstream in("/proc/meminfo");
+  long long total_kb = -1;
+  for (std::string k; in >> k;) {
+    long long v;
+    std::string unit;
+    in >> v >> unit;
+    if (k == "MemTotal:") total_kb = v;
+  }
+  ASSERT_GT(total_kb, 0);
+  const long long a = snip::hw::available_memory_bytes();
+  EXPECT_GT(a, 0);
+  EXPECT_LE(a, total_kb * 1024);
+  if (a < (1LL << 31)) GTEST_SKIP() << "less than 2 GiB available: not touching 512 MiB";
+  // Other processes (ctest -j) may free memory meanwhile: three tries.
+  bool shrank = false;
+  for (int attempt = 0; attempt < 3 && !shrank; ++attempt) {
+    const long long before = snip::hw::available_memory_bytes();
+    std::vector<char> block(size_t(512) << 20, 1);
+    const long long after = snip::hw::available_memory_bytes();
+    shrank = after < before - (256LL << 20) && block.back() == 1;
+  }
+  EXPECT_TRUE(shrank) << "touching 512 MiB did not lower the available memory by 256 MiB";
+}

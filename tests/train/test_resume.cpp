@@ -145,8 +145,8 @@ TEST(ResumeState, CheckpointCarriesAmaxHistoriesAndRefusesBadOnes) {
     EXPECT_EQ(e.at("calls"), 2);
     EXPECT_EQ(e.at("scale_amax"), json(std::max(e.at("history")[0].get<float>(), e.at("history")[1].get<float>())));
   }
-  // Tampered entries (the CRCs cover the other files: only the content is
-  // wrong) are refused with one line naming the file and the problem.
+  // Tampered entries (checksums recomputed: only the content is wrong) are
+  // refused with one line naming the file and the problem.
   const std::string good = io::read_file(st_path);
   o.stop_after = 0;
   o.resume = true;
@@ -154,6 +154,7 @@ TEST(ResumeState, CheckpointCarriesAmaxHistoriesAndRefusesBadOnes) {
     json bad = json::parse(good);
     edit(bad["precision"]["quantizers"]["fp8_tensor"]);
     io::write_file_atomic(st_path, bad.dump(2));
+    write_checkpoint_manifest(fs::path(st_path).parent_path().string());  // past the checksum, to the fields
     const std::string err = test::error_of([&] { train(c, o); });
     EXPECT_NE(err.find(needle), std::string::npos) << err;
     EXPECT_NE(err.find("trainer_state.json"), std::string::npos) << err;
@@ -166,6 +167,7 @@ TEST(ResumeState, CheckpointCarriesAmaxHistoriesAndRefusesBadOnes) {
   refused([](json& q) { q["delayed"].push_back(q["delayed"][0]); }, "appears twice");
   // Restored intact, the run finishes.
   io::write_file_atomic(st_path, good);
+  write_checkpoint_manifest(fs::path(st_path).parent_path().string());
   EXPECT_EQ(test::error_of([&] { train(c, o); }), "(no error)");
   fs::remove_all(o.run_dir);
 }

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -86,7 +87,8 @@ class TokenLoader {
   uint64_t num_windows_ = 0;
   uint64_t per_rank_ = 0;
   LoaderState state_;
-  uint64_t perm_epoch_ = UINT64_MAX;  // epoch whose permutation is in perm_
+  std::optional<uint64_t> perm_epoch_;  // epoch whose permutation is in perm_ (none yet: empty;
+                                        // every epoch, 2^64 - 1 included, is a real one)
   std::vector<uint64_t> perm_;        // [W] P_epoch
 };
 

@@ -45,6 +45,8 @@
 #include <string>
 #include <vector>
 
+#include "snip/data/data_folder.h"  // sha256_hex
+
 namespace snip::data {
 
 /// Range of PrepareOptions::vocab_size for a trained tokenizer (checked
@@ -114,8 +116,5 @@ using PrepareProgress = std::function<void(const std::string& line)>;
 /// outside [kMinTrainedVocab, kMaxVocab] or too large/small for the corpus, val_fraction outside [0, 1), unreadable
 /// tokenizer model, unwritable out_dir, Brown fetch failures.
 PrepareSummary prepare_data(const PrepareOptions& options, const PrepareProgress& progress = nullptr);
-
-/// Hex SHA-256 (FIPS 180-4) of `bytes`, via OpenSSL.
-std::string sha256_hex(const std::string& bytes);
 
 }  // namespace snip::data

@@ -8,7 +8,7 @@
 //   12     4     dtype       u32: 1 = uint16, 2 = uint32 (token width 2 / 4 bytes)
 //   16     8     count       u64: number of tokens
 //   24     4     vocab_size  u32: tokens are in [0, vocab_size)
-//   28     36    reserved    zero (ignored by readers of version 1)
+//   28     36    reserved    zero (readers refuse a non-zero byte: corrupt)
 //   64     ...   tokens      count * width bytes
 //
 // File size is exactly 64 + count * width. uint16 is used when
@@ -86,7 +86,8 @@ class ShardWriter {
 class ShardReader {
  public:
   /// Maps `path` and checks size >= 64, magic, version == 1, dtype code,
-  /// vocab_size > 0 (and <= 65536 for uint16) and file size ==
+  /// vocab_size > 0 (and <= 65536 for uint16), reserved bytes 28..63 all
+  /// zero, and file size ==
   /// 64 + count * width. Throws UserError "token shard <path>: <problem>"
   /// (e.g. "bad magic ...", "truncated: file is B bytes, header promises
   /// E bytes (64 + count * width)") otherwise.

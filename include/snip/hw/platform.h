@@ -48,3 +48,16 @@ bool opted_out_of_runtime_tuning();
 void tune_allocator();
 
 }  // namespace snip
+
+namespace snip::hw {
+
+/// Memory this process may still allocate, in bytes: MemAvailable of
+/// /proc/meminfo (proc(5): the kernel's estimate of memory available without
+/// swapping), lowered to memory.max - memory.current of the process's cgroup
+/// v2 when that is set (cgroups(7); a container's limit), or to
+/// memory.limit_in_bytes - memory.usage_in_bytes of a cgroup v1 memory
+/// controller mounted at /sys/fs/cgroup/memory. 0 when none of these can
+/// be read (then callers skip their check). Never throws.
+long long available_memory_bytes();
+
+}  // namespace snip::hw

@@ -76,7 +76,8 @@ struct LlamaConfig {
   static LlamaConfig from_hf_json(const nlohmann::json& j, const std::string& what);
   /// As a Hugging Face config.json object (architectures, model_type, ...).
   nlohmann::json to_hf_json() const;
-  /// Throws UserError naming the field when shapes are inconsistent.
+  /// Throws UserError naming the field when shapes are inconsistent or a size
+  /// is outside [1, 2^31 - 1].
   void validate(const std::string& what) const;
 
   /// Parameters (count) with tied embeddings counted once.

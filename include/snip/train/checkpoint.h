@@ -14,6 +14,10 @@
 //                                  scales per (layer, operand)) and "crc32":
 //                                  {file: CRC-32 (zlib, ISO 3309)} of the
 //                                  three files above
+//     manifest.json                {"format": "snip-checkpoint", "version": 1,
+//                                  "files": {name: {"bytes", "crc32"}}} for
+//                                  the four files above, trainer_state.json
+//                                  included (written last)
 //   RUN/checkpoints/last_good.json {"step": N}: the newest checkpoint that was
 //                                  written completely (its checksums computed
 //                                  from the bytes on disk); what a rollback
@@ -22,7 +26,9 @@
 // Writes are atomic: the folder is written as step-N.tmp (each file written,
 // fsynced and renamed), then renamed to step-N, so a killed run never leaves a
 // torn checkpoint and "newest complete" is simply the highest step-N with a
-// trainer_state.json. Later, per-rank shards plug in here.
+// trainer_state.json. Anything else under checkpoints/ (a stray folder, a
+// step number past 2^63 - 1) is ignored with a warning when a run looks for
+// its newest checkpoint. Later, per-rank shards plug in here.
 #pragma once
 
 #include <torch/torch.h>
@@ -32,6 +38,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "snip/data/loader.h"
 #include "snip/model/llama.h"
 
 namespace snip {
@@ -46,11 +53,31 @@ namespace snip {
 std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCausalLM& model,
                             torch::optim::Optimizer& opt, const nlohmann::json& state, int64_t keep);
 
-/// trainer_state.json of the checkpoint folder `dir`, after checking that it
-/// is well-formed (step matching the folder name, loader position) and that
-/// the CRC-32 of every file matches. Throws UserError naming the file and
-/// what is wrong (missing, corrupt JSON, checksum mismatch).
+/// Writes `dir`/manifest.json (atomically) from the bytes of the four files
+/// now in the checkpoint folder `dir` (save_checkpoint's last file; tests
+/// that edit a checkpoint on purpose reseal it with this). Throws UserError
+/// when a file cannot be read or the manifest written.
+void write_checkpoint_manifest(const std::string& dir);
+
+/// trainer_state.json of the checkpoint folder `dir`, after checking that the
+/// size and CRC-32 of every file (trainer_state.json included) match
+/// manifest.json (a checkpoint without one, from an older snip, is read with a
+/// warning), that its "crc32" entries match, and that its fields are
+/// well-formed: step an integer in [0, 2^63) matching the folder name,
+/// loader.epoch and loader.cursor non-negative integers, seed a non-negative
+/// integer, elapsed_s (when present) finite and >= 0 seconds, val_loss a
+/// number or null, precision an object. Throws UserError naming the file and
+/// what is wrong (missing, corrupt JSON, checksum mismatch, bad field).
 nlohmann::json verify_checkpoint(const std::string& dir);
+
+/// The loader position of a verified trainer_state.json `state`, checked
+/// against its step: a run that draws `batch` x `grad_accum` windows per step
+/// from an epoch of `windows_per_epoch` windows (TokenLoader, world 1) is at
+/// epoch·W + cursor = step·batch·grad_accum with cursor < W. Throws
+/// UserError naming `what` (the file) when it is not: a corrupt file, or a
+/// data folder that changed since the checkpoint.
+data::LoaderState checkpoint_loader_state(const nlohmann::json& state, int64_t batch, int64_t grad_accum,
+                                          uint64_t windows_per_epoch, const std::string& what);
 
 /// Path of the newest complete checkpoint of RUN ("" if none).
 std::string latest_checkpoint(const std::string& run_dir);
@@ -65,8 +92,15 @@ std::string last_good_checkpoint(const std::string& run_dir);
 void load_checkpoint_weights(const std::string& dir, LlamaForCausalLM& model);
 
 /// Loads AdamW state from the bytes of an optimizer.pt (`what` names the file
-/// in errors). Throws UserError when the archive does not fit `opt`.
-void load_optimizer_state(torch::optim::Optimizer& opt, const std::string& bytes, const std::string& what);
+/// in errors) of the checkpoint at optimizer step `step`, then checks it
+/// against `opt`'s parameters: the same parameter groups and tensor counts,
+/// and per parameter with state exp_avg and exp_avg_sq of the parameter's
+/// shape and dtype, all finite, exp_avg_sq >= 0, and its step in [1, step].
+/// The groups keep `opt`'s configured options (lr, betas, eps, weight decay:
+/// the run's config wins over the file's). Throws UserError when the archive
+/// cannot be read or does not pass these checks ("... (corrupt)").
+void load_optimizer_state(torch::optim::Optimizer& opt, const std::string& bytes, const std::string& what,
+                          int64_t step);
 
 /// A verified checkpoint's model, built from its config.json (for
 /// `snip eval`, `snip export`, `snip sample`). Throws UserError if the folder

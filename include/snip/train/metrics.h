@@ -16,7 +16,10 @@ class MetricsLog {
   /// Opens `path`. resume_step < 0: a new, empty file. resume_step >= 0: keeps
   /// the records whose "step" is <= resume_step (a resumed run drops the
   /// interrupted tail and a torn last line), rewriting the file atomically,
-  /// and appends after them. Throws UserError when the file cannot be opened.
+  /// and appends after them. Throws UserError when the file cannot be opened,
+  /// or, before anything is written, when a complete line read back is not a
+  /// record snip writes ("step" an integer, "loss" a number, "val_loss" a
+  /// number or null), naming the file and the line number.
   MetricsLog(const std::string& path, int64_t resume_step);
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
