@@ -1,0 +1,68 @@
+// snip/train/checkpoint_files.h: the files of a checkpoint folder, read,
+// checked and found without LibTorch (layout: snip/train/checkpoint.h), so
+// that what a run reads back is testable and fuzzable alone (tests/fuzz).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "snip/config/llama_config.h"
+#include "snip/data/loader.h"  // LoaderState (a plain struct)
+
+namespace snip {
+
+/// CRC-32 (zlib, ISO 3309) of `bytes`.
+uint32_t crc32_of(const std::string& bytes);
+
+/// CRC-32 of the file at `path`. Throws UserError when it cannot be read.
+uint32_t file_crc32(const std::string& path);
+
+/// The complete checkpoints under the folder `checkpoints_dir` (folders
+/// step-N holding a trainer_state.json), oldest first, as (N, path). With
+/// `warn`, every other entry (a stray folder, a step number past 2^63 - 1, a
+/// step-N without trainer_state.json) is named in a warning and ignored;
+/// step-N.tmp folders (a write cut short) and last_good.json are expected.
+std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::string& checkpoints_dir, bool warn);
+
+/// The model shape `dir`/config.json describes (LlamaConfig::from_hf_json).
+/// Throws UserError naming the file for invalid JSON or a bad field.
+LlamaConfig checkpoint_model_config(const std::string& dir);
+
+/// Writes `dir`/manifest.json (atomically) from the bytes of the four files
+/// now in the checkpoint folder `dir` (save_checkpoint's last file; tests
+/// that edit a checkpoint on purpose reseal it with this). Throws UserError
+/// when a file cannot be read or the manifest written.
+void write_checkpoint_manifest(const std::string& dir);
+
+/// trainer_state.json of the checkpoint folder `dir`, after checking that the
+/// size and CRC-32 of every file (trainer_state.json included) match
+/// manifest.json (a checkpoint without one, from an older snip, is read with a
+/// warning), that its "crc32" entries match, and that its fields are
+/// well-formed: step an integer in [0, 2^63) matching the folder name,
+/// loader.epoch and loader.cursor non-negative integers, seed a non-negative
+/// integer, elapsed_s (when present) finite and >= 0 seconds, val_loss a
+/// number or null, precision an object. Throws UserError naming the file and
+/// what is wrong (missing, corrupt JSON, checksum mismatch, bad field).
+nlohmann::json verify_checkpoint(const std::string& dir);
+
+/// The loader position of a verified trainer_state.json `state`, checked
+/// against its step: a run that draws `batch` x `grad_accum` windows per step
+/// from an epoch of `windows_per_epoch` windows (TokenLoader, world 1) is at
+/// epoch·W + cursor = step·batch·grad_accum with cursor < W. Throws
+/// UserError naming `what` (the file) when it is not: a corrupt file, or a
+/// data folder that changed since the checkpoint.
+data::LoaderState checkpoint_loader_state(const nlohmann::json& state, int64_t batch, int64_t grad_accum,
+                                          uint64_t windows_per_epoch, const std::string& what);
+
+/// Path of the newest complete checkpoint of RUN ("" if none).
+std::string latest_checkpoint(const std::string& run_dir);
+
+/// Path of the checkpoint RUN/checkpoints/last_good.json names ("" if none,
+/// or if that folder no longer exists).
+std::string last_good_checkpoint(const std::string& run_dir);
+
+}  // namespace snip
