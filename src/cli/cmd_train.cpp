@@ -2,6 +2,8 @@
 #include <spdlog/spdlog.h>
 
 #include <cmath>
+#include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <iostream>
 
@@ -91,6 +93,19 @@ void add_train_commands(CLI::App& app) {
     opts.init_from = args->init_from;
     opts.snip_data = data::TokenizerClient::sibling_program();
     TrainSummary s = snip::train(cfg, opts);
+    if (s.stopped_by_signal) {
+      // Stopped by Ctrl-C or SIGTERM with a checkpoint: say where and how to
+      // go on, then end by the same signal (exit status 128 + signal number,
+      // 130 / 143, and a calling shell loop or Slurm sees the signal).
+      std::cout.flush();
+      std::fprintf(stderr,
+                   "snip: stopped by %s at step %lld: checkpoint %s; continue with: snip train --run-dir %s --resume\n",
+                   s.stopped_by_signal == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(s.steps),
+                   s.checkpoint.c_str(), s.run_dir.c_str());
+      std::fflush(stderr);
+      std::signal(s.stopped_by_signal, SIG_DFL);
+      std::raise(s.stopped_by_signal);
+    }
     std::cout << fmt::format(
         "\nsummary: {} steps, {} tokens in {:.1f} s ({:.0f} tokens/s){}\n"
         "         train loss {:.4f} (mean of the last 10 steps) | val loss {:.4f} (perplexity {:.1f}) | best val {:.4f}\n"

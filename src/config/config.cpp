@@ -86,6 +86,9 @@ std::vector<OptionSpec> make_table() {
           "validation micro-batches per evaluation; 0 = the whole validation split"),
       opt("train.checkpoint_interval", T::kInt, int64_t{500}, "steps",
           "checkpoint every N steps (and at the end); 0 = only at the end"),
+      opt("train.checkpoint_minutes", T::kFloat, 30.0, "minutes",
+          "also checkpoint when this much wall time passed since the last checkpoint (bounds the work a "
+          "crash or preemption loses); 0 = by steps only"),
       opt("train.keep_checkpoints", T::kInt, int64_t{2}, "", "newest checkpoints kept; 0 = all"),
       opt("train.log_interval", T::kInt, int64_t{10}, "steps", "progress line every N steps"),
       opt("train.threads", T::kInt, int64_t{0}, "", "CPU threads for LibTorch; 0 = all cores"),
@@ -173,6 +176,7 @@ std::vector<OptionSpec> make_table() {
       {"train.eval_interval", positive},
       {"train.eval_batches", non_negative},
       {"train.checkpoint_interval", non_negative},
+      {"train.checkpoint_minutes", {0, 1e6}},
       {"train.keep_checkpoints", non_negative},
       {"train.log_interval", positive},
       {"train.threads", {0, 1024}},
@@ -621,6 +625,7 @@ RunConfig RunConfig::from(const Config& c) {
   t.eval_batches = c.get_int("train.eval_batches");
   t.checkpoint_interval = c.get_int("train.checkpoint_interval");
   t.keep_checkpoints = c.get_int("train.keep_checkpoints");
+  t.checkpoint_minutes = c.get_float("train.checkpoint_minutes");
   t.log_interval = c.get_int("train.log_interval");
   t.threads = c.get_int("train.threads");
   t.sample_tokens = c.get_int("train.sample_tokens");

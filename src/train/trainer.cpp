@@ -5,7 +5,9 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <deque>
 #include <filesystem>
@@ -99,6 +101,54 @@ double evaluate(LlamaForCausalLM& model, const std::string& val_path, int64_t B,
   }
   return sum / double(tokens);
 }
+
+namespace {
+
+// SIGINT/SIGTERM during training (issue 18, item 4): the first one asks the
+// loop to stop after the step in progress, with a checkpoint; a second one
+// ends the process at once (the default action, re-raised).
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop_signal.exchange(sig) != 0) {
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+    return;
+  }
+  static const char msg[] =
+      "\nsnip: stopping after this step and writing a checkpoint (press Ctrl-C again to stop at once)\n";
+  (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
+}
+
+// Installs on_stop_signal for SIGINT and SIGTERM while alive (a signal the
+// process ignores on entry, e.g. under nohup, stays ignored), restoring the
+// previous handlers after.
+class StopOnSignal {
+ public:
+  StopOnSignal() {
+    g_stop_signal = 0;
+    for (int i = 0; i < 2; ++i) {
+      struct sigaction sa {};
+      sa.sa_handler = on_stop_signal;
+      sigemptyset(&sa.sa_mask);
+      sigaction(kSignals[i], nullptr, &old_[i]);
+      if (old_[i].sa_handler != SIG_IGN) sigaction(kSignals[i], &sa, nullptr);
+    }
+  }
+  ~StopOnSignal() {
+    for (int i = 0; i < 2; ++i) sigaction(kSignals[i], &old_[i], nullptr);
+  }
+  StopOnSignal(const StopOnSignal&) = delete;
+  StopOnSignal& operator=(const StopOnSignal&) = delete;
+  /// The first signal received, 0 if none.
+  int received() const { return g_stop_signal.load(); }
+
+ private:
+  static constexpr int kSignals[2] = {SIGINT, SIGTERM};
+  struct sigaction old_[2] {};
+};
+
+}  // namespace
 
 TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   Config cfg = cfg_in;
@@ -331,6 +381,10 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     return st;
   };
 
+  StopOnSignal stop_signal;  // Ctrl-C / Slurm's SIGTERM: finish the step, checkpoint, stop
+  int stopped_by = 0;
+  std::string last_checkpoint;
+  double last_checkpoint_s = elapsed();
   while (step < max_steps) {
     if (opts.stop_after > 0 && step - start_step >= opts.stop_after) break;
     const auto ts = std::chrono::steady_clock::now();
@@ -363,10 +417,16 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       if (tty && eval_step) std::fprintf(stderr, "\n");
       if (eval_step && sampler) print_sample();
     }
-    if ((tc.checkpoint_interval > 0 && step % tc.checkpoint_interval == 0) || step == max_steps) {
-      save_checkpoint(opts.run_dir, step, model, *optimizer, checkpoint_state(), tc.keep_checkpoints);
+    stopped_by = stop_signal.received();
+    const bool by_time = tc.checkpoint_minutes > 0 && elapsed() - last_checkpoint_s >= 60.0 * tc.checkpoint_minutes;
+    if ((tc.checkpoint_interval > 0 && step % tc.checkpoint_interval == 0) || step == max_steps || by_time ||
+        stopped_by) {
+      last_checkpoint =
+          save_checkpoint(opts.run_dir, step, model, *optimizer, checkpoint_state(), tc.keep_checkpoints);
+      last_checkpoint_s = elapsed();
       if (step != max_steps) write_run_report(opts.run_dir);
     }
+    if (stopped_by) break;
   }
   if (tty) std::fprintf(stderr, "\n");
   // The summary covers the whole run, every invocation of a resumed one.
@@ -383,6 +443,9 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   sum.final_train_loss = recent.empty() ? 0 : acc / double(recent.size());
   sum.final_val_loss = last_val;
   sum.best_val_loss = std::isfinite(best_val) ? best_val : last_val;
+  sum.checkpoint = last_checkpoint;
+  sum.stopped_by_signal = step < max_steps ? stopped_by : 0;
+  if (sum.stopped_by_signal) return sum;  // not the end of the run: no summary.json
   auto num = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
   json s = {{"steps", sum.steps}, {"tokens", sum.tokens}, {"seconds", sum.seconds},
             {"tokens_per_s", sum.tokens_per_s}, {"final_train_loss", sum.final_train_loss},

@@ -62,6 +62,11 @@ struct TrainSummary {
   int64_t invocation_steps = 0;   ///< steps run by this invocation
   double invocation_seconds = 0;  ///< wall time of this invocation, seconds
   std::string run_dir;
+  /// SIGINT or SIGTERM when one stopped the run early: the step it was in was
+  /// finished and checkpointed (`checkpoint`), no summary.json was written;
+  /// 0 when the run reached train.max_steps (or TrainOptions::stop_after).
+  int stopped_by_signal = 0;
+  std::string checkpoint;         ///< the newest checkpoint this invocation wrote ("" if none)
 };
 
 /// Options of one `snip train` invocation beyond the config.
