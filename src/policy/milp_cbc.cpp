@@ -18,6 +18,7 @@
 //    closed.
 //  * Primal tolerance from MilpSolveOptions (row feasibility); dual
 //    tolerance 1e-10 (Clp default 1e-7), see below.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -159,8 +160,22 @@ class CbcMilpSolver final : public MilpSolver {
     CbcHeuristicLocal local(model);
     model.addHeuristic(&rounding);
     model.addHeuristic(&local);
+    // Warm start: the caller's plan is the first incumbent (and cutoff).
+    if (!opt.initial_solution.empty()) {
+      SNIP_CHECK(static_cast<int>(opt.initial_solution.size()) == n,
+                 "initial solution has ", opt.initial_solution.size(), " values for ", n,
+                 " variables");
+      SNIP_CHECK(rows_hold(m, opt.initial_solution, opt.feasibility_tolerance),
+                 "initial solution violates a row");
+    }
     try {
       model.initialSolve();
+      if (!opt.initial_solution.empty()) {
+        std::vector<double> x0(opt.initial_solution.begin(), opt.initial_solution.end());
+        double obj0 = 0.0;
+        for (int j = 0; j < n; ++j) obj0 += m.objective[j] * x0[j];
+        model.setBestSolution(x0.data(), n, obj0, /*check=*/false);
+      }
       model.branchAndBound();
     } catch (const CoinError& e) {
       sol.status = MilpStatus::error;
@@ -187,12 +202,15 @@ class CbcMilpSolver final : public MilpSolver {
     }
     if (model.isProvenOptimal() && best) {
       sol.status = MilpStatus::optimal;
+      sol.bound = sol.objective;
     } else if (model.isProvenInfeasible()) {
       sol.status = MilpStatus::infeasible;
       sol.x.clear();
     } else if (model.isSecondsLimitReached()) {
       sol.status = best ? MilpStatus::time_limit_feasible
                         : MilpStatus::time_limit_no_solution;
+      const double b = model.getBestPossibleObjValue();
+      if (best && std::isfinite(b) && std::fabs(b) < 1e50) sol.bound = std::min(b, sol.objective);
     } else {
       sol.status = MilpStatus::error;
       sol.message = "CBC stopped with status " + std::to_string(model.status()) +

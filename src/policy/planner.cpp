@@ -22,6 +22,22 @@ namespace snip::policy {
 
 const char* to_string(Granularity g) { return g == Granularity::layer ? "layer" : "gemm"; }
 
+const char* to_string(PlanMethod m) {
+  switch (m) {
+    case PlanMethod::automatic: return "auto";
+    case PlanMethod::milp: return "milp";
+    case PlanMethod::mckp: return "mckp";
+  }
+  return "auto";
+}
+
+PlanMethod parse_plan_method(const std::string& name) {
+  if (name == "auto") return PlanMethod::automatic;
+  if (name == "milp") return PlanMethod::milp;
+  if (name == "mckp") return PlanMethod::mckp;
+  fail("planner method: expected one of auto, milp, mckp, got '", name, "'");
+}
+
 std::map<std::string, std::string> PlanResult::assignments() const {
   std::map<std::string, std::string> m;
   for (const PlanChoice& c : items) m[c.name] = c.option;
@@ -302,6 +318,7 @@ PlanResult assemble(const Prepared& p, const PlanOptions& options,
   r.method = method;
   r.budget = options.budget;
   r.low_option = options.low_option;
+  r.lower_bound = r.gap = r.relative_gap = std::numeric_limits<double>::quiet_NaN();
   std::set<std::string> offered;
   for (const PlanItem& item : p.problem.items)
     for (const auto& kv : item.q) offered.insert(kv.first);
@@ -386,12 +403,40 @@ struct Var {
   std::string option;
 };
 
-}  // namespace
+// The result's gap fields from an absolute gap (Q units): the lower bound
+// is never below 0 (every Q is >= 0).
+void set_gap(PlanResult& r, double gap) {
+  r.lower_bound = std::max(0.0, r.objective - std::max(0.0, gap));
+  r.gap = r.objective - r.lower_bound;
+  r.relative_gap = r.objective > 0.0 ? r.gap / r.objective : 0.0;
+}
 
-PlanResult plan(const PlanProblem& problem, const PlanOptions& options) {
-  const auto t0 = Clock::now();
-  const detail::Prepared p = detail::prepare(problem, options);
-  detail::check_feasible(p, options);
+std::vector<int> budget_scopes(const detail::Prepared& p, const PlanOptions& options) {
+  std::vector<int> scopes = {-1};
+  if (options.per_stage_budget)
+    for (int s = 0; s < p.n_stages; ++s) scopes.push_back(s);
+  return scopes;
+}
+
+// The mckp method (mckp.cpp) at budget value `value`; `m` built for p.
+PlanResult plan_mckp(const detail::Prepared& p, const PlanOptions& options,
+                     const detail::Mckp& m, double value, double time_limit_s) {
+  PlanOptions o = options;
+  o.budget.value = value;
+  const detail::MckpSolution s = detail::solve_mckp(p, o, m, value, time_limit_s);
+  for (int stage : budget_scopes(p, o))
+    SNIP_CHECK(detail::budget_holds(p, o, s.choice, stage),
+               "mckp plan misses the budget in scope ", stage);
+  PlanResult r = detail::assemble(p, o, s.choice, "ilp");
+  r.status = s.status;
+  r.algorithm = s.algorithm;
+  r.proven_optimal = s.proven;
+  set_gap(r, s.gap);
+  return r;
+}
+
+// The whole model on the MILP solver (planner.h, "Exactness").
+PlanResult plan_milp(const detail::Prepared& p, const PlanOptions& options) {
   const auto& items = p.problem.items;
   const size_t n = items.size();
   const bool share = options.budget.kind == Budget::Kind::fp4_share;
@@ -433,9 +478,7 @@ PlanResult plan(const PlanProblem& problem, const PlanOptions& options) {
                     -std::numeric_limits<double>::infinity(), 1.0);
 
   // Budget rows, in fractions of the scope's FLOPs.
-  std::vector<int> scopes = {-1};
-  if (options.per_stage_budget)
-    for (int s = 0; s < p.n_stages; ++s) scopes.push_back(s);
+  const std::vector<int> scopes = budget_scopes(p, options);
   for (int stage : scopes) {
     const double scope_flops = stage < 0 ? p.total_flops : p.stage_flops[stage];
     std::vector<int> idx;
@@ -505,7 +548,34 @@ PlanResult plan(const PlanProblem& problem, const PlanOptions& options) {
 
   PlanResult r = detail::assemble(p, options, choice, "ilp");
   r.status = to_string(sol.status);
+  r.algorithm = solver->name();
   r.proven_optimal = sol.status == MilpStatus::optimal;
+  if (r.proven_optimal) {
+    set_gap(r, 0.0);
+  } else {
+    // The better of the solver's bound and the LP-relaxation bound.
+    double gap = detail::lp_gap(p, detail::build_mckp(p, options), options.budget.value, choice);
+    if (std::isfinite(sol.bound)) gap = std::min(gap, (sol.objective - sol.bound) * qscale);
+    set_gap(r, gap);
+  }
+  return r;
+}
+
+}  // namespace
+
+PlanResult plan(const PlanProblem& problem, const PlanOptions& options) {
+  const auto t0 = Clock::now();
+  const detail::Prepared p = detail::prepare(problem, options);
+  detail::check_feasible(p, options);
+  size_t n_free = 0;
+  for (const std::string& pin : p.pins.option) n_free += pin.empty();
+  PlanMethod method = options.method;
+  if (method == PlanMethod::automatic)
+    method = n_free <= kMilpMaxFreeItems ? PlanMethod::milp : PlanMethod::mckp;
+  PlanResult r = method == PlanMethod::milp
+                     ? plan_milp(p, options)
+                     : plan_mckp(p, options, detail::build_mckp(p, options),
+                                 options.budget.value, options.time_limit_s);
   r.solve_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return r;
 }
@@ -534,10 +604,25 @@ std::vector<ParetoPoint> sweep(const PlanProblem& problem, const PlanOptions& op
 
   std::set<double> todo;
   for (double b : budgets) todo.insert(std::min(b, cap));
+  // One compact problem (dominance, hulls, sorted hull edges) for every
+  // budget; budgets in ascending order. A plan proven optimal at b whose
+  // share (every stage's, with per-stage rows) is s >= b is also optimal
+  // for every budget in [b, s] (it meets them, and their plans are a subset
+  // of b's), so those budgets are not solved again.
+  const detail::Mckp m = detail::build_mckp(p, o);
   std::vector<ParetoPoint> all;
+  double covered = -std::numeric_limits<double>::infinity();
   for (double b : todo) {
-    o.budget.value = b;
-    all.push_back(ParetoPoint{b, plan(problem, o)});
+    if (b <= covered) continue;
+    const auto t0 = Clock::now();
+    PlanResult r = plan_mckp(p, o, m, b, o.time_limit_s);
+    r.solve_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (r.proven_optimal) {
+      covered = r.fp4_share;
+      if (o.per_stage_budget)
+        for (double s : r.stage_fp4_share) covered = std::min(covered, s);
+    }
+    all.push_back(ParetoPoint{b, std::move(r)});
   }
   // Keep non-dominated points, one per (share, objective) value.
   std::sort(all.begin(), all.end(), [](const ParetoPoint& a, const ParetoPoint& b) {

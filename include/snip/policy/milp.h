@@ -74,6 +74,12 @@ struct MilpSolveOptions {
   // (absolute). The planner writes its rows in fractions of total FLOPs, so
   // 1e-9 means "share met to within 1e-9".
   double feasibility_tolerance = 1e-9;
+  // Warm start: a 0/1 vector [num_vars] that satisfies every row (within the
+  // feasibility tolerance), handed to the solver as its first incumbent so
+  // that it only searches for better plans (CbcModel::setBestSolution).
+  // Empty: none. A vector of the wrong length or one that violates a row is
+  // a std::logic_error (the caller's bug).
+  std::vector<int> initial_solution;
 };
 
 struct MilpSolution {
@@ -81,6 +87,10 @@ struct MilpSolution {
   std::vector<int> x;        // [num_vars] 0/1 when status is optimal or
                              // time_limit_feasible; empty otherwise
   double objective = 0.0;    // Σ objective[j]·x[j] of x (recomputed exactly)
+  // Proven lower bound on the optimum (objective units): == objective when
+  // optimal; the solver's best bound (CbcModel::getBestPossibleObjValue) at
+  // a time limit; -infinity when the solver gives none.
+  double bound = -std::numeric_limits<double>::infinity();
   double seconds = 0.0;      // wall-clock seconds spent in the solver
   std::string message;       // solver's words on error; empty otherwise
 };

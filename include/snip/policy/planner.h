@@ -65,6 +65,25 @@ namespace snip::policy {
 /// Absolute tolerance on budget rows (share fraction, or cost per FLOP).
 inline constexpr double kBudgetTolerance = 1e-9;
 
+/// How plan() solves the program (see the header comment, "Methods").
+///  automatic  milp up to kMilpMaxFreeItems free items, mckp above
+///  milp       CBC on the whole model (exact, proven; seconds at 3,000 items)
+///  mckp       LP relaxation by the convex-hull greedy, greedy rounding,
+///             reduced-cost fixing, CBC on the remaining core; states its gap
+enum class PlanMethod { automatic, milp, mckp };
+/// "auto", "milp" or "mckp".
+const char* to_string(PlanMethod m);
+/// Parses "auto", "milp" or "mckp"; UserError for anything else.
+PlanMethod parse_plan_method(const std::string& name);
+
+/// PlanMethod::automatic uses the whole-model MILP up to this many free
+/// (unpinned) items: up to here CBC proves optimality in well under a second
+/// on the benchmark shapes (docs/planner.md, "Benchmarks").
+inline constexpr size_t kMilpMaxFreeItems = 2000;
+
+/// Default of PlanOptions::max_core_vars.
+inline constexpr size_t kMckpMaxCoreVars = 20000;
+
 /// Granularity of the choice (METHOD.md section 2).
 enum class Granularity { layer, gemm };
 /// "layer" or "gemm".
@@ -155,6 +174,11 @@ struct PlanOptions {
   // (METHOD.md section 4 uses "fp8"). Needs item.stage >= 0 on every item.
   std::string stage_boundary_option;
   std::string solver = "cbc";   // make_milp_solver name
+  PlanMethod method = PlanMethod::automatic;  // see PlanMethod
+  // mckp: the largest core (option variables left after reduced-cost
+  // fixing) handed to CBC; a larger core keeps the rounded plan and its
+  // stated gap (status "feasible"). 0: never call CBC.
+  size_t max_core_vars = kMckpMaxCoreVars;
   double time_limit_s = 60.0;   // solver wall-clock limit, seconds
   int verbosity = 0;            // 0 silent, 1 summary line, 2 solver log
   // Heuristics: the option non-low items get when they offer it; otherwise
@@ -189,9 +213,29 @@ struct PlanResult {
   double cost_per_flop = 0; // cost / Σ F_i, summed as Σ_i cost·(F_i/Σ F) so
                             // it stays finite; NaN likewise
   std::vector<double> stage_fp4_share;  // [n_stages] when items have stages
-  std::string status;       // MilpStatus name ("optimal", ...) or "heuristic"
+  std::string status;       // MilpStatus name ("optimal", ...), "feasible"
+                            // (mckp: core too large for CBC, gap stated) or
+                            // "heuristic"
+  // How the ILP was solved: "cbc" (whole model), "mckp" (LP hull greedy and
+  // rounding proved the plan), "mckp+cbc" (with CBC on the core); "" for a
+  // heuristic.
+  std::string algorithm;
   double solve_seconds = 0; // wall-clock seconds of the whole plan() call
+  // True only when the plan is proven optimal: gap <= 1e-9 of the largest
+  // per-item Q difference (the solver tolerance, planner.h "Exactness").
   bool proven_optimal = false;
+  // Optimality gap (ILP results; heuristics leave 0/0/NaN, see below).
+  // lower_bound: a proven lower bound on Σ Q over every plan that meets the
+  //   budget (Q units, dimensionless): the LP-relaxation (Lagrangian) bound,
+  //   or the solver's bound, whichever is higher; == objective when proven.
+  // gap: objective - lower_bound >= 0 (Q units); an upper bound on how far
+  //   the plan is from the optimum.
+  // relative_gap: gap / objective, a fraction (0 when objective is 0), the
+  //   definition MILP solvers report (|primal - bound| / |primal|).
+  // Heuristics: lower_bound and relative_gap NaN, gap NaN (not computed).
+  double lower_bound = 0;
+  double gap = 0;
+  double relative_gap = 0;
   // Things the user should hear about the plan, one line each (no trailing
   // period), e.g. a heuristic that could not keep its promise. `snip plan`
   // prints them as "snip: warning: ...", the trainer logs them; plan_to_json

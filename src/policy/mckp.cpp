@@ -1,0 +1,448 @@
+// mckp.cpp: the planner's method for large problems (planner.h, "Methods"):
+// the ILP is a multiple-choice knapsack problem (MCKP) with one budget row
+// per scope. Steps, with their sources:
+//
+//  1. Dominance and the lower convex hull of each item's options in the
+//     (use, Q) plane; the LP relaxation of an MCKP with one row is solved
+//     exactly by taking hull edges in order of decreasing efficiency -ΔQ/Δu
+//     until the row is full, with at most one fractional item (Sinha &
+//     Zoltners, Oper. Res. 27(3), 1979; Kellerer, Pferschy & Pisinger,
+//     "Knapsack Problems", Springer 2004, ch. 11, the LP relaxation of MCKP).
+//  2. Greedy rounding: the same walk, skipping the edge that does not fit and
+//     taking every later edge that still fits.
+//  3. The gap: with λ the efficiency of the edge that did not fit (the LP
+//     dual of the row), every plan x meeting the row satisfies
+//       Q(x) >= L(λ) + Σ_i rc_i(x_i) + λ·slack(x) >= L(λ),
+//       L(λ) = Σ_i min_p (Q_i(p) + λ u_{i,p}) - λ U,
+//       rc_i(p) = Q_i(p) + λ u_{i,p} - min_p' (Q_i(p') + λ u_{i,p'}) >= 0,
+//     (Lagrangian relaxation, Geoffrion, Math. Prog. Study 2, 1974), and
+//     L(λ) is the LP optimum. So gap(x) = Σ_i rc_i(x_i) + λ slack(x) bounds
+//     Q(x) - optimum; it is computed from per-item differences, which keeps
+//     it accurate for 10^5 items.
+//  4. Reduced-cost fixing: an option with rc_i(p) > gap cannot be in a plan
+//     better than x (Nemhauser & Wolsey, "Integer and Combinatorial
+//     Optimization", 1988, reduced-cost fixing; the MCKP "core" of Pisinger,
+//     EJOR 83(2), 1995). What is left (the core: items with two or more
+//     options) goes to CBC, warm-started with x; CBC's optimum on the core is
+//     then optimal for the whole problem.
+// Scopes are independent: with per-stage rows the global row is implied, so
+// every step runs per stage.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "planner_internal.h"
+#include "snip/policy/milp.h"
+#include "snip/policy/planner.h"
+#include "snip/util/error.h"
+
+namespace snip::policy::detail {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Tolerance on Q: plans within this of the bound count as proven, the same
+// "1e-9 of the largest per-item Q difference" as the MILP path.
+double q_tolerance(const Mckp& m) { return 1e-9 * m.qscale; }
+
+// λ of a scope at capacity `cap_lp` (U plus the row tolerance): the
+// efficiency of the first hull edge that does not fit, 0 when all fit.
+double scope_lambda(const McScope& sc, double cap_lp) {
+  double r = cap_lp - sc.pinned_use - sc.base_use;
+  for (const McSegment& s : sc.segs) {
+    if (s.du <= r) {
+      r -= s.du;
+    } else {
+      return s.eff;
+    }
+  }
+  return 0.0;
+}
+
+double capacity(const Mckp& m, double value) { return m.share ? -value : value; }
+
+// Per-scope gap of a plan given as (use, q) of each free item's choice.
+// `use_q(i)` returns {use, q} of item i's chosen option.
+template <typename UseQ>
+std::vector<double> scope_gaps(const Mckp& m, double value, const std::vector<double>& lambda,
+                               UseQ use_q) {
+  std::vector<double> gaps(m.scopes.size(), 0.0);
+  const double cap = capacity(m, value);
+  for (size_t s = 0; s < m.scopes.size(); ++s) {
+    const McScope& sc = m.scopes[s];
+    const double lam = lambda[s];
+    // slack = (U + tol) - Σ use, from per-item differences to the base.
+    double slack = cap + kBudgetTolerance - sc.pinned_use - sc.base_use;
+    double rc_sum = 0.0;
+    for (int i : sc.items) {
+      const auto [u, q] = use_q(static_cast<size_t>(i));
+      const McOption& base = m.opts[m.first[i]];
+      slack -= u - base.use;
+      double best = std::numeric_limits<double>::infinity();
+      for (int j = m.first[i]; j < m.first[i + 1]; ++j)
+        best = std::min(best, (m.opts[j].q - base.q) + lam * (m.opts[j].use - base.use));
+      rc_sum += std::max(0.0, (q - base.q) + lam * (u - base.use) - best);
+    }
+    gaps[s] = rc_sum + lam * std::max(0.0, slack);
+  }
+  return gaps;
+}
+
+}  // namespace
+
+Mckp build_mckp(const Prepared& p, const PlanOptions& o) {
+  Mckp m;
+  const auto& items = p.problem.items;
+  const size_t n = items.size();
+  m.share = o.budget.kind == Budget::Kind::fp4_share;
+
+  std::map<std::string, int> id;
+  for (const PlanItem& it : items)
+    for (const auto& kv : it.q) id.emplace(kv.first, 0);
+  int k = 0;
+  for (auto& [name, v] : id) {
+    v = k++;
+    m.names.push_back(name);
+  }
+  m.rate.assign(k, 0.0);
+  std::vector<double> tie_cost(k);
+  for (int j = 0; j < k; ++j) {
+    const std::string& name = m.names[j];
+    m.rate[j] = m.share ? (name == o.low_option ? -1.0 : 0.0) : option_cost(o, name);
+    auto c = o.budget.cost_per_flop.find(name);
+    tie_cost[j] = c == o.budget.cost_per_flop.end() ? 1e300 : c->second;
+  }
+  // Dominance exactly as the MILP path's undominated(): r dominates p when
+  // Q_r <= Q_p and use_r <= use_p, strictly in one, or tied and r first
+  // (cheaper known cost, then name).
+  auto tie_before = [&](int a, int b) {
+    return tie_cost[a] != tie_cost[b] ? tie_cost[a] < tie_cost[b] : a < b;
+  };
+
+  const int n_scopes = o.per_stage_budget ? p.n_stages : 1;
+  m.scopes.resize(n_scopes);
+  for (int s = 0; s < n_scopes; ++s) m.scopes[s].stage = o.per_stage_budget ? s : -1;
+  m.pinned.assign(n, -1);
+  m.scope.assign(n, 0);
+  m.f.assign(n, 0.0);
+  m.first.assign(n + 1, 0);
+  m.qscale = 0.0;
+
+  std::vector<std::pair<int, double>> offered;  // (name id, Q)
+  std::vector<McOption> keep;
+  std::vector<int> hull;
+  for (size_t i = 0; i < n; ++i) {
+    const PlanItem& it = items[i];
+    const int s = o.per_stage_budget ? it.stage : 0;
+    const double scope_flops = o.per_stage_budget ? p.stage_flops[s] : p.total_flops;
+    const double f = it.flops / scope_flops;
+    m.scope[i] = s;
+    m.f[i] = f;
+    McScope& sc = m.scopes[s];
+    m.first[i + 1] = m.first[i];
+    if (!p.pins.option[i].empty()) {
+      const int j = id.at(p.pins.option[i]);
+      m.pinned[i] = j;
+      sc.pinned_use += m.rate[j] * f;
+      continue;
+    }
+    offered.clear();
+    for (const auto& kv : it.q) offered.emplace_back(id.at(kv.first), kv.second);
+    keep.clear();
+    for (const auto& [a, qa] : offered) {
+      bool dominated = false;
+      for (const auto& [r, qr] : offered) {
+        if (r == a) continue;
+        // goodness = -rate (a larger share or a lower cost is better)
+        const double ga = -m.rate[a], gr = -m.rate[r];
+        if (qr <= qa && gr >= ga && (qr < qa || gr > ga || tie_before(r, a))) {
+          dominated = true;
+          break;
+        }
+      }
+      if (!dominated) keep.push_back(McOption{m.rate[a] * f, qa, a});
+    }
+    SNIP_CHECK(!keep.empty(), "every option of ", it.name, " dominated");
+    std::sort(keep.begin(), keep.end(), [](const McOption& a, const McOption& b) {
+      return a.use != b.use ? a.use < b.use : a.q > b.q;
+    });
+    double qmin = keep.front().q, qmax = keep.front().q;
+    for (const McOption& x : keep) {
+      qmin = std::min(qmin, x.q);
+      qmax = std::max(qmax, x.q);
+    }
+    m.qscale = std::max(m.qscale, qmax - qmin);
+    m.opts.insert(m.opts.end(), keep.begin(), keep.end());
+    m.first[i + 1] = static_cast<int>(m.opts.size());
+    sc.items.push_back(static_cast<int>(i));
+    sc.base_use += keep.front().use;
+    // Lower convex hull (Andrew's monotone chain on use-sorted points):
+    // drop B when it lies above the line from A to the new point P.
+    hull.clear();
+    for (int a = 0; a < static_cast<int>(keep.size()); ++a) {
+      while (hull.size() >= 2) {
+        const McOption& A = keep[hull[hull.size() - 2]];
+        const McOption& B = keep[hull.back()];
+        const McOption& P = keep[a];
+        if ((B.q - A.q) * (P.use - A.use) > (P.q - A.q) * (B.use - A.use))
+          hull.pop_back();
+        else
+          break;
+      }
+      hull.push_back(a);
+    }
+    double prev = std::numeric_limits<double>::infinity();
+    for (size_t t = 0; t + 1 < hull.size(); ++t) {
+      const McOption& A = keep[hull[t]];
+      const McOption& B = keep[hull[t + 1]];
+      const double du = B.use - A.use, dq = B.q - A.q;
+      if (!(du > 0.0) || !(dq < 0.0)) break;  // cannot happen after dominance
+      // Convexity makes efficiencies non-increasing along an item's hull;
+      // clamp so that rounding cannot reorder an item's own edges.
+      const double eff = std::min(-dq / du, prev);
+      prev = eff;
+      sc.segs.push_back(McSegment{eff, du, dq, static_cast<int>(i), hull[t], hull[t + 1]});
+    }
+  }
+  if (!(m.qscale > 0.0)) m.qscale = 1.0;
+  for (McScope& sc : m.scopes)
+    std::sort(sc.segs.begin(), sc.segs.end(), [](const McSegment& a, const McSegment& b) {
+      if (a.eff != b.eff) return a.eff > b.eff;
+      if (a.item != b.item) return a.item < b.item;
+      return a.from < b.from;
+    });
+  return m;
+}
+
+double lp_gap(const Prepared& p, const Mckp& m, double value,
+              const std::vector<std::string>& choice) {
+  const double cap = capacity(m, value);
+  std::vector<double> lambda(m.scopes.size());
+  for (size_t s = 0; s < m.scopes.size(); ++s)
+    lambda[s] = scope_lambda(m.scopes[s], cap + kBudgetTolerance);
+  std::map<std::string, int> id;
+  for (size_t j = 0; j < m.names.size(); ++j) id[m.names[j]] = static_cast<int>(j);
+  const auto gaps = scope_gaps(m, value, lambda, [&](size_t i) {
+    const int name = id.at(choice[i]);
+    return std::pair<double, double>{m.rate[name] * m.f[i], p.problem.items[i].q.at(choice[i])};
+  });
+  double g = 0.0;
+  for (double x : gaps) g += x;
+  return g;
+}
+
+MckpSolution solve_mckp(const Prepared& p, const PlanOptions& o, const Mckp& m, double value,
+                        double time_limit_s) {
+  const auto t0 = Clock::now();
+  const size_t n = p.problem.items.size();
+  const double cap = capacity(m, value);
+  const double qtol = q_tolerance(m);
+
+  // 1-2. LP λ and greedy rounding, per scope. pos[i]: local option index.
+  std::vector<int> pos(n, 0);
+  std::vector<double> lambda(m.scopes.size(), 0.0);
+  for (size_t s = 0; s < m.scopes.size(); ++s) {
+    const McScope& sc = m.scopes[s];
+    lambda[s] = scope_lambda(sc, cap + kBudgetTolerance);
+    // Rounding keeps half the row tolerance in reserve against the
+    // different summation order of the final check.
+    double r = cap + 0.5 * kBudgetTolerance - sc.pinned_use - sc.base_use;
+    for (const McSegment& seg : sc.segs)
+      if (pos[seg.item] == seg.from && seg.du <= r) {
+        r -= seg.du;
+        pos[seg.item] = seg.to;
+      }
+  }
+  auto opt_of = [&](size_t i) -> const McOption& { return m.opts[m.first[i] + pos[i]]; };
+  auto greedy_use_q = [&](size_t i) {
+    const McOption& x = opt_of(i);
+    return std::pair<double, double>{x.use, x.q};
+  };
+  // 3. Gap per scope.
+  const std::vector<double> gaps = scope_gaps(m, value, lambda, greedy_use_q);
+
+  MckpSolution out;
+  out.algorithm = "mckp";
+  auto finish_choice = [&]() {
+    out.choice.assign(n, "");
+    for (size_t i = 0; i < n; ++i)
+      out.choice[i] = m.pinned[i] >= 0 ? m.names[m.pinned[i]] : m.names[opt_of(i).name];
+  };
+  double gap = 0.0;
+  bool all_proven = true;
+  for (double g : gaps) {
+    gap += g;
+    all_proven = all_proven && g <= qtol;
+  }
+  if (all_proven) {
+    finish_choice();
+    out.status = "optimal";
+    out.proven = true;
+    out.gap = 0.0;
+    return out;
+  }
+
+  // 4. Reduced-cost fixing; the core of every scope not yet proven.
+  struct CoreItem {
+    int item;
+    std::vector<int> local;  // surviving local options, use ascending
+  };
+  std::vector<CoreItem> core;
+  size_t core_vars = 0;
+  for (size_t s = 0; s < m.scopes.size(); ++s) {
+    if (gaps[s] <= qtol) continue;
+    const double lam = lambda[s];
+    const double limit = gaps[s] + qtol;
+    for (int i : m.scopes[s].items) {
+      const McOption& base = m.opts[m.first[i]];
+      double best = std::numeric_limits<double>::infinity();
+      for (int j = m.first[i]; j < m.first[i + 1]; ++j)
+        best = std::min(best, (m.opts[j].q - base.q) + lam * (m.opts[j].use - base.use));
+      CoreItem c{i, {}};
+      for (int j = m.first[i]; j < m.first[i + 1]; ++j) {
+        const double rc = (m.opts[j].q - base.q) + lam * (m.opts[j].use - base.use) - best;
+        if (rc <= limit || j - m.first[i] == pos[i]) c.local.push_back(j - m.first[i]);
+      }
+      if (c.local.size() >= 2) {
+        core_vars += c.local.size() - 1;
+        core.push_back(std::move(c));
+      }
+    }
+  }
+  out.core_vars = core_vars;
+  const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double left = time_limit_s - elapsed;
+  if (core.empty() || core_vars > o.max_core_vars || left <= 0.0) {
+    // Nothing CBC can add within the limits: the rounded plan, its gap.
+    finish_choice();
+    out.status = core.empty() ? "optimal" : left <= 0.0 ? "time_limit_feasible" : "feasible";
+    out.proven = core.empty();
+    out.gap = core.empty() ? 0.0 : gap;
+    return out;
+  }
+
+  // The core MILP: per core item a base option (its first surviving one)
+  // and a binary per other option; rows: at most one option per item, the
+  // scope's budget row (everything outside the core a constant), ordering
+  // rows for interchangeable two-option items (planner.h, "Exactness").
+  MilpModel model;
+  std::vector<double> obj;
+  std::vector<std::pair<int, int>> var_of;  // (core index, local option)
+  std::vector<std::vector<int>> core_vars_of(core.size());
+  for (size_t c = 0; c < core.size(); ++c) {
+    const int i = core[c].item;
+    const McOption& base = m.opts[m.first[i] + core[c].local[0]];
+    for (size_t k = 1; k < core[c].local.size(); ++k) {
+      core_vars_of[c].push_back(static_cast<int>(obj.size()));
+      var_of.emplace_back(static_cast<int>(c), core[c].local[k]);
+      obj.push_back(m.opts[m.first[i] + core[c].local[k]].q - base.q);
+    }
+  }
+  double qscale = 0.0;
+  for (double v : obj) qscale = std::max(qscale, std::fabs(v));
+  if (qscale == 0.0) qscale = 1.0;
+  for (double v : obj) model.add_binary(v / qscale);
+  for (size_t c = 0; c < core.size(); ++c)
+    if (core_vars_of[c].size() >= 2)
+      model.add_row(core_vars_of[c], std::vector<double>(core_vars_of[c].size(), 1.0),
+                    -std::numeric_limits<double>::infinity(), 1.0);
+  // Budget rows: Σ_core (u - u_corebase) y <= U - Σ_outside u - Σ_core u_corebase,
+  // the right side from per-item differences to the scope base.
+  std::vector<double> hi(m.scopes.size());
+  for (size_t s = 0; s < m.scopes.size(); ++s)
+    hi[s] = cap - m.scopes[s].pinned_use - m.scopes[s].base_use;
+  std::vector<char> in_core(n, 0);
+  for (const CoreItem& c : core) in_core[c.item] = 1;
+  for (size_t s = 0; s < m.scopes.size(); ++s)
+    for (int i : m.scopes[s].items)
+      if (!in_core[i]) hi[s] -= opt_of(i).use - m.opts[m.first[i]].use;
+  std::vector<std::vector<int>> row_idx(m.scopes.size());
+  std::vector<std::vector<double>> row_coef(m.scopes.size());
+  for (size_t c = 0; c < core.size(); ++c) {
+    const int i = core[c].item;
+    const int s = m.scope[i];
+    const McOption& base = m.opts[m.first[i] + core[c].local[0]];
+    hi[s] -= base.use - m.opts[m.first[i]].use;
+    for (size_t k = 1; k < core[c].local.size(); ++k) {
+      const double coef = m.opts[m.first[i] + core[c].local[k]].use - base.use;
+      if (coef != 0.0) {
+        row_idx[s].push_back(core_vars_of[c][k - 1]);
+        row_coef[s].push_back(coef);
+      }
+    }
+  }
+  for (size_t s = 0; s < m.scopes.size(); ++s)
+    if (!row_idx[s].empty())
+      model.add_row(row_idx[s], row_coef[s], -std::numeric_limits<double>::infinity(), hi[s]);
+  // Warm start: the rounded plan.
+  std::vector<int> x0(obj.size(), 0);
+  for (size_t v = 0; v < var_of.size(); ++v)
+    x0[v] = pos[core[var_of[v].first].item] == var_of[v].second ? 1 : 0;
+  // Ordering rows; the warm start is re-sorted within each class (same
+  // count of y = 1, on the members with the smallest Δ first: rows and
+  // budget unchanged, objective not higher).
+  std::map<std::tuple<double, int, int, int>, std::vector<int>> classes;
+  for (size_t c = 0; c < core.size(); ++c)
+    if (core_vars_of[c].size() == 1) {
+      const int i = core[c].item;
+      classes[{p.problem.items[i].flops, m.scope[i], m.opts[m.first[i] + core[c].local[0]].name,
+               m.opts[m.first[i] + core[c].local[1]].name}]
+          .push_back(core_vars_of[c][0]);
+    }
+  for (auto& [key, members] : classes) {
+    std::stable_sort(members.begin(), members.end(),
+                     [&](int a, int b) { return obj[a] < obj[b]; });
+    int ones = 0;
+    for (int v : members) ones += x0[v];
+    for (size_t k = 0; k < members.size(); ++k) x0[members[k]] = static_cast<int>(k) < ones;
+    for (size_t k = 0; k + 1 < members.size(); ++k)
+      model.add_row({members[k], members[k + 1]}, {1.0, -1.0}, 0.0,
+                    std::numeric_limits<double>::infinity());
+  }
+
+  auto solver = make_milp_solver(o.solver);
+  MilpSolveOptions so;
+  so.time_limit_s = left;
+  so.verbosity = o.verbosity;
+  so.feasibility_tolerance = kBudgetTolerance;
+  so.initial_solution = x0;
+  const MilpSolution sol = solver->solve(model, so);
+  out.algorithm = "mckp+cbc";
+  if (sol.status == MilpStatus::optimal || sol.status == MilpStatus::time_limit_feasible) {
+    for (const CoreItem& c : core) pos[c.item] = c.local[0];  // y = 0: the core base
+    for (size_t v = 0; v < var_of.size(); ++v)
+      if (sol.x[v]) pos[core[var_of[v].first].item] = var_of[v].second;
+  }
+  finish_choice();
+  if (sol.status == MilpStatus::optimal) {
+    out.status = "optimal";
+    out.proven = true;
+    out.gap = 0.0;
+    return out;
+  }
+  // Not proven: the better of the LP gap of the (possibly improved) plan
+  // and CBC's own gap on the core (every plan better than the rounded one
+  // lies in the core).
+  const auto new_gaps = scope_gaps(m, value, lambda, greedy_use_q);
+  double g = 0.0;
+  for (double x : new_gaps) g += x;
+  if (sol.status == MilpStatus::time_limit_feasible && std::isfinite(sol.bound))
+    g = std::min(g, std::max(0.0, (sol.objective - sol.bound) * qscale));
+  out.status = sol.status == MilpStatus::time_limit_feasible ||
+                       sol.status == MilpStatus::time_limit_no_solution
+                   ? "time_limit_feasible"
+                   : "feasible";
+  out.proven = false;
+  out.gap = g;
+  if (sol.status == MilpStatus::error)
+    out.status = "feasible";  // the rounded plan stands; CBC's failure costs only the proof
+  return out;
+}
+
+}  // namespace snip::policy::detail
