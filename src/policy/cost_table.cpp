@@ -304,9 +304,13 @@ json plan_to_json(const PlanResult& r) {
   j["low_option"] = r.low_option;
   if (!r.options.empty()) j["options"] = r.options;
   j["status"] = r.status;
+  if (!r.algorithm.empty()) j["algorithm"] = r.algorithm;
   j["proven_optimal"] = r.proven_optimal;
   j["solve_seconds"] = r.solve_seconds;
   j["objective"] = r.objective;
+  j["lower_bound"] = num_or_null(r.lower_bound);
+  j["gap"] = num_or_null(r.gap);
+  j["relative_gap"] = num_or_null(r.relative_gap);
   j["fp4_share"] = r.fp4_share;
   j["cost_per_flop"] = num_or_null(r.cost_per_flop);
   if (!r.stage_fp4_share.empty()) j["stage_fp4_share"] = r.stage_fp4_share;
@@ -334,6 +338,10 @@ json sweep_to_json(const std::vector<ParetoPoint>& points) {
     pts.push_back({{"budget", p.budget},
                    {"fp4_share", p.plan.fp4_share},
                    {"objective", p.plan.objective},
+                   {"lower_bound", num_or_null(p.plan.lower_bound)},
+                   {"gap", num_or_null(p.plan.gap)},
+                   {"relative_gap", num_or_null(p.plan.relative_gap)},
+                   {"proven_optimal", p.plan.proven_optimal},
                    {"cost_per_flop", num_or_null(p.plan.cost_per_flop)},
                    {"status", p.plan.status},
                    {"solve_seconds", p.plan.solve_seconds},

@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <string>
@@ -94,6 +95,99 @@ std::vector<double> scope_gaps(const Mckp& m, double value, const std::vector<do
   return gaps;
 }
 
+// A heuristic for the warm start, run after greedy rounding in one scope:
+// the best exchange of one hull step down on one item (or none) and one
+// hull step up on another that fits the row's remaining room `r`, repeated
+// while it lowers Q. It fills the room the rounding left, which shrinks the
+// gap and so the core CBC has to search. Candidates: the kExchange moves of
+// each kind with the smallest reduced cost at λ.
+void improve_by_exchange(const Mckp& m, const McScope& sc, double lam, double& r,
+                         std::vector<int>& pos) {
+  constexpr size_t kExchange = 2048;
+  struct Move {
+    double du, dq, rc;
+    int item, to;
+  };
+  std::vector<Move> up, down;
+  const double min_gain = 1e-15 * m.qscale;
+  for (int iter = 0; iter < 64; ++iter) {
+    up.clear();
+    down.clear();
+    for (int i : sc.items) {
+      const int h0 = m.hull_first[i], hn = m.hull_first[i + 1] - h0;
+      int k = 0;
+      while (k < hn && m.hull[h0 + k] != pos[i]) ++k;
+      if (k == hn) continue;  // not on the hull (cannot happen after rounding)
+      const McOption& cur = m.opts[m.first[i] + pos[i]];
+      auto add = [&](std::vector<Move>& v, int to) {
+        const McOption& x = m.opts[m.first[i] + to];
+        const double du = x.use - cur.use, dq = x.q - cur.q;
+        v.push_back(Move{du, dq, dq + lam * du, i, to});
+      };
+      if (k + 1 < hn) add(up, m.hull[h0 + k + 1]);
+      if (k > 0) add(down, m.hull[h0 + k - 1]);
+    }
+    auto nearest = [&](std::vector<Move>& v) {
+      if (v.size() <= kExchange) return;
+      std::nth_element(v.begin(), v.begin() + kExchange, v.end(),
+                       [](const Move& a, const Move& b) { return a.rc < b.rc; });
+      v.resize(kExchange);
+    };
+    nearest(up);
+    nearest(down);
+    // Downs by capacity freed (-du) ascending; suffix bests of dq (Q cost)
+    // with two distinct items, so that an up move can skip its own item.
+    std::sort(down.begin(), down.end(), [](const Move& a, const Move& b) { return a.du > b.du; });
+    const size_t nd = down.size();
+    std::vector<int> best1(nd + 1, -1), best2(nd + 1, -1);
+    for (size_t j = nd; j-- > 0;) {
+      best1[j] = best1[j + 1];
+      best2[j] = best2[j + 1];
+      const int c = static_cast<int>(j);
+      if (best1[j] < 0 || down[c].dq < down[best1[j]].dq) {
+        if (best1[j] >= 0 && down[best1[j]].item != down[c].item) best2[j] = best1[j];
+        best1[j] = c;
+      } else if (down[c].item != down[best1[j]].item &&
+                 (best2[j] < 0 || down[c].dq < down[best2[j]].dq)) {
+        best2[j] = c;
+      }
+    }
+    double best_gain = min_gain;
+    int bu = -1, bd = -1;
+    for (size_t u = 0; u < up.size(); ++u) {
+      const Move& a = up[u];
+      if (a.du <= r && -a.dq > best_gain) {
+        best_gain = -a.dq;
+        bu = static_cast<int>(u);
+        bd = -1;
+      }
+      // First down freeing at least a.du - r.
+      const double need = a.du - r;
+      size_t lo = 0, hi = nd;
+      while (lo < hi) {
+        const size_t mid = (lo + hi) / 2;
+        if (-down[mid].du >= need) hi = mid; else lo = mid + 1;
+      }
+      int d = best1[lo];
+      if (d >= 0 && down[d].item == a.item) d = best2[lo];
+      if (d < 0) continue;
+      const double gain = -(a.dq + down[d].dq);
+      if (gain > best_gain) {
+        best_gain = gain;
+        bu = static_cast<int>(u);
+        bd = d;
+      }
+    }
+    if (bu < 0) break;
+    pos[up[bu].item] = up[bu].to;
+    r -= up[bu].du;
+    if (bd >= 0) {
+      pos[down[bd].item] = down[bd].to;
+      r -= down[bd].du;
+    }
+  }
+}
+
 }  // namespace
 
 Mckp build_mckp(const Prepared& p, const PlanOptions& o) {
@@ -132,6 +226,7 @@ Mckp build_mckp(const Prepared& p, const PlanOptions& o) {
   m.scope.assign(n, 0);
   m.f.assign(n, 0.0);
   m.first.assign(n + 1, 0);
+  m.hull_first.assign(n + 1, 0);
   m.qscale = 0.0;
 
   std::vector<std::pair<int, double>> offered;  // (name id, Q)
@@ -146,6 +241,7 @@ Mckp build_mckp(const Prepared& p, const PlanOptions& o) {
     m.f[i] = f;
     McScope& sc = m.scopes[s];
     m.first[i + 1] = m.first[i];
+    m.hull_first[i + 1] = m.hull_first[i];
     if (!p.pins.option[i].empty()) {
       const int j = id.at(p.pins.option[i]);
       m.pinned[i] = j;
@@ -197,6 +293,8 @@ Mckp build_mckp(const Prepared& p, const PlanOptions& o) {
       }
       hull.push_back(a);
     }
+    m.hull.insert(m.hull.end(), hull.begin(), hull.end());
+    m.hull_first[i + 1] = static_cast<int>(m.hull.size());
     double prev = std::numeric_limits<double>::infinity();
     for (size_t t = 0; t + 1 < hull.size(); ++t) {
       const McOption& A = keep[hull[t]];
@@ -258,6 +356,7 @@ MckpSolution solve_mckp(const Prepared& p, const PlanOptions& o, const Mckp& m, 
         r -= seg.du;
         pos[seg.item] = seg.to;
       }
+    if (lambda[s] > 0.0) improve_by_exchange(m, sc, lambda[s], r, pos);
   }
   auto opt_of = [&](size_t i) -> const McOption& { return m.opts[m.first[i] + pos[i]]; };
   auto greedy_use_q = [&](size_t i) {
@@ -317,6 +416,11 @@ MckpSolution solve_mckp(const Prepared& p, const PlanOptions& o, const Mckp& m, 
   }
   out.core_vars = core_vars;
   const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (o.verbosity >= 1)
+    std::fprintf(stderr,
+                 "[mckp] %zu items, %zu scopes: rounded plan within %.6g of the LP bound; "
+                 "core %zu items, %zu option variables after reduced-cost fixing (%.3f s)\n",
+                 n, m.scopes.size(), gap, core.size(), core_vars, elapsed);
   const double left = time_limit_s - elapsed;
   if (core.empty() || core_vars > o.max_core_vars || left <= 0.0) {
     // Nothing CBC can add within the limits: the rounded plan, its gap.
@@ -408,7 +512,7 @@ MckpSolution solve_mckp(const Prepared& p, const PlanOptions& o, const Mckp& m, 
 
   auto solver = make_milp_solver(o.solver);
   MilpSolveOptions so;
-  so.time_limit_s = left;
+  so.time_limit_s = std::min(left, o.core_time_limit_s);
   so.verbosity = o.verbosity;
   so.feasibility_tolerance = kBudgetTolerance;
   so.initial_solution = x0;

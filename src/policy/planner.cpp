@@ -93,6 +93,9 @@ Prepared prepare(const PlanProblem& problem, const PlanOptions& options) {
   if (options.low_option.empty()) fail("low option: expected a name (e.g. fp4), got ''");
   if (!(options.time_limit_s > 0.0))
     fail("time limit: expected a positive number of seconds, got ", options.time_limit_s);
+  if (!(options.core_time_limit_s > 0.0))
+    fail("core time limit: expected a positive number of seconds, got ",
+         options.core_time_limit_s);
 
   std::set<std::string> names;
   const std::set<std::string> allowed(options.allowed_options.begin(),

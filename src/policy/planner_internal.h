@@ -99,6 +99,8 @@ struct Mckp {
   std::vector<double> f;           // [n] F_i / F_scope
   std::vector<int> first;          // [n+1] offsets into opts (free items)
   std::vector<McOption> opts;      // undominated options, use ascending
+  std::vector<int> hull_first;     // [n+1] offsets into hull (free items)
+  std::vector<int> hull;           // local option indices on the lower hull
   std::vector<McScope> scopes;
   double qscale = 1;               // largest Q spread of a free item (> 0)
 };
