@@ -59,7 +59,7 @@ struct PlanArgs {
   bool json = false;
   std::string out;
   double time_limit = 60;
-  double core_time_limit = 5;
+  double core_time_limit = 3;
   std::string method = "auto";
   int verbose = 0;
 };

@@ -392,8 +392,8 @@ MckpSolution solve_mckp(const Prepared& p, const PlanOptions& o, const Mckp& m, 
     int item;
     std::vector<int> local;  // surviving local options, use ascending
   };
-  std::vector<CoreItem> core;
-  size_t core_vars = 0;
+  std::vector<std::vector<CoreItem>> cores(m.scopes.size());
+  size_t core_vars = 0, core_items = 0;
   for (size_t s = 0; s < m.scopes.size(); ++s) {
     if (gaps[s] <= qtol) continue;
     const double lam = lambda[s];
@@ -410,9 +410,10 @@ MckpSolution solve_mckp(const Prepared& p, const PlanOptions& o, const Mckp& m, 
       }
       if (c.local.size() >= 2) {
         core_vars += c.local.size() - 1;
-        core.push_back(std::move(c));
+        cores[s].push_back(std::move(c));
       }
     }
+    core_items += cores[s].size();
   }
   out.core_vars = core_vars;
   const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -420,132 +421,148 @@ MckpSolution solve_mckp(const Prepared& p, const PlanOptions& o, const Mckp& m, 
     std::fprintf(stderr,
                  "[mckp] %zu items, %zu scopes: rounded plan within %.6g of the LP bound; "
                  "core %zu items, %zu option variables after reduced-cost fixing (%.3f s)\n",
-                 n, m.scopes.size(), gap, core.size(), core_vars, elapsed);
-  const double left = time_limit_s - elapsed;
-  if (core.empty() || core_vars > o.max_core_vars || left <= 0.0) {
-    // Nothing CBC can add within the limits: the rounded plan, its gap.
+                 n, m.scopes.size(), gap, core_items, core_vars, elapsed);
+  const double left = std::min(time_limit_s - elapsed, o.core_time_limit_s);
+  if (core_items == 0) {
+    // Every option but the rounded plan's is fixed: the plan is optimal.
     finish_choice();
-    out.status = core.empty() ? "optimal" : left <= 0.0 ? "time_limit_feasible" : "feasible";
-    out.proven = core.empty();
-    out.gap = core.empty() ? 0.0 : gap;
-    return out;
-  }
-
-  // The core MILP: per core item a base option (its first surviving one)
-  // and a binary per other option; rows: at most one option per item, the
-  // scope's budget row (everything outside the core a constant), ordering
-  // rows for interchangeable two-option items (planner.h, "Exactness").
-  MilpModel model;
-  std::vector<double> obj;
-  std::vector<std::pair<int, int>> var_of;  // (core index, local option)
-  std::vector<std::vector<int>> core_vars_of(core.size());
-  for (size_t c = 0; c < core.size(); ++c) {
-    const int i = core[c].item;
-    const McOption& base = m.opts[m.first[i] + core[c].local[0]];
-    for (size_t k = 1; k < core[c].local.size(); ++k) {
-      core_vars_of[c].push_back(static_cast<int>(obj.size()));
-      var_of.emplace_back(static_cast<int>(c), core[c].local[k]);
-      obj.push_back(m.opts[m.first[i] + core[c].local[k]].q - base.q);
-    }
-  }
-  double qscale = 0.0;
-  for (double v : obj) qscale = std::max(qscale, std::fabs(v));
-  if (qscale == 0.0) qscale = 1.0;
-  for (double v : obj) model.add_binary(v / qscale);
-  for (size_t c = 0; c < core.size(); ++c)
-    if (core_vars_of[c].size() >= 2)
-      model.add_row(core_vars_of[c], std::vector<double>(core_vars_of[c].size(), 1.0),
-                    -std::numeric_limits<double>::infinity(), 1.0);
-  // Budget rows: Σ_core (u - u_corebase) y <= U - Σ_outside u - Σ_core u_corebase,
-  // the right side from per-item differences to the scope base.
-  std::vector<double> hi(m.scopes.size());
-  for (size_t s = 0; s < m.scopes.size(); ++s)
-    hi[s] = cap - m.scopes[s].pinned_use - m.scopes[s].base_use;
-  std::vector<char> in_core(n, 0);
-  for (const CoreItem& c : core) in_core[c.item] = 1;
-  for (size_t s = 0; s < m.scopes.size(); ++s)
-    for (int i : m.scopes[s].items)
-      if (!in_core[i]) hi[s] -= opt_of(i).use - m.opts[m.first[i]].use;
-  std::vector<std::vector<int>> row_idx(m.scopes.size());
-  std::vector<std::vector<double>> row_coef(m.scopes.size());
-  for (size_t c = 0; c < core.size(); ++c) {
-    const int i = core[c].item;
-    const int s = m.scope[i];
-    const McOption& base = m.opts[m.first[i] + core[c].local[0]];
-    hi[s] -= base.use - m.opts[m.first[i]].use;
-    for (size_t k = 1; k < core[c].local.size(); ++k) {
-      const double coef = m.opts[m.first[i] + core[c].local[k]].use - base.use;
-      if (coef != 0.0) {
-        row_idx[s].push_back(core_vars_of[c][k - 1]);
-        row_coef[s].push_back(coef);
-      }
-    }
-  }
-  for (size_t s = 0; s < m.scopes.size(); ++s)
-    if (!row_idx[s].empty())
-      model.add_row(row_idx[s], row_coef[s], -std::numeric_limits<double>::infinity(), hi[s]);
-  // Warm start: the rounded plan.
-  std::vector<int> x0(obj.size(), 0);
-  for (size_t v = 0; v < var_of.size(); ++v)
-    x0[v] = pos[core[var_of[v].first].item] == var_of[v].second ? 1 : 0;
-  // Ordering rows; the warm start is re-sorted within each class (same
-  // count of y = 1, on the members with the smallest Δ first: rows and
-  // budget unchanged, objective not higher).
-  std::map<std::tuple<double, int, int, int>, std::vector<int>> classes;
-  for (size_t c = 0; c < core.size(); ++c)
-    if (core_vars_of[c].size() == 1) {
-      const int i = core[c].item;
-      classes[{p.problem.items[i].flops, m.scope[i], m.opts[m.first[i] + core[c].local[0]].name,
-               m.opts[m.first[i] + core[c].local[1]].name}]
-          .push_back(core_vars_of[c][0]);
-    }
-  for (auto& [key, members] : classes) {
-    std::stable_sort(members.begin(), members.end(),
-                     [&](int a, int b) { return obj[a] < obj[b]; });
-    int ones = 0;
-    for (int v : members) ones += x0[v];
-    for (size_t k = 0; k < members.size(); ++k) x0[members[k]] = static_cast<int>(k) < ones;
-    for (size_t k = 0; k + 1 < members.size(); ++k)
-      model.add_row({members[k], members[k + 1]}, {1.0, -1.0}, 0.0,
-                    std::numeric_limits<double>::infinity());
-  }
-
-  auto solver = make_milp_solver(o.solver);
-  MilpSolveOptions so;
-  so.time_limit_s = std::min(left, o.core_time_limit_s);
-  so.verbosity = o.verbosity;
-  so.feasibility_tolerance = kBudgetTolerance;
-  so.initial_solution = x0;
-  const MilpSolution sol = solver->solve(model, so);
-  out.algorithm = "mckp+cbc";
-  if (sol.status == MilpStatus::optimal || sol.status == MilpStatus::time_limit_feasible) {
-    for (const CoreItem& c : core) pos[c.item] = c.local[0];  // y = 0: the core base
-    for (size_t v = 0; v < var_of.size(); ++v)
-      if (sol.x[v]) pos[core[var_of[v].first].item] = var_of[v].second;
-  }
-  finish_choice();
-  if (sol.status == MilpStatus::optimal) {
     out.status = "optimal";
     out.proven = true;
-    out.gap = 0.0;
     return out;
   }
-  // Not proven: the better of the LP gap of the (possibly improved) plan
-  // and CBC's own gap on the core (every plan better than the rounded one
-  // lies in the core).
+  if (core_vars > o.max_core_vars || left <= 0.0) {
+    // Nothing CBC can add within the limits: the rounded plan, its gap.
+    finish_choice();
+    out.status = left <= 0.0 ? "time_limit_feasible" : "feasible";
+    out.gap = gap;
+    return out;
+  }
+
+  // The core MILP of one scope at a time (scopes are independent; smaller
+  // models are easier for CBC): per core item a base option (its first
+  // surviving one) and a binary per other option; rows: at most one option
+  // per item, the scope's budget row (everything outside the core a
+  // constant), ordering rows for interchangeable two-option items (planner.h,
+  // "Exactness"). The time left is shared among the scopes still to solve.
+  const auto t_core = Clock::now();
+  auto solver = make_milp_solver(o.solver);
+  std::vector<double> cbc_gap(m.scopes.size(), std::numeric_limits<double>::infinity());
+  std::vector<char> cbc_proven(m.scopes.size(), 0);
+  bool any_limit = false;
+  size_t scopes_left = 0;
+  for (const auto& c : cores) scopes_left += !c.empty();
+  out.algorithm = "mckp+cbc";
+  // Smallest cores first: time they leave goes to the larger ones.
+  std::vector<size_t> order(m.scopes.size());
+  for (size_t s = 0; s < order.size(); ++s) order[s] = s;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return cores[a].size() < cores[b].size(); });
+  for (size_t s : order) {
+    const std::vector<CoreItem>& core = cores[s];
+    if (core.empty()) continue;
+    const McScope& sc = m.scopes[s];
+    MilpModel model;
+    std::vector<double> obj;
+    std::vector<std::pair<int, int>> var_of;  // (core index, local option)
+    std::vector<std::vector<int>> vars_of(core.size());
+    for (size_t c = 0; c < core.size(); ++c) {
+      const int i = core[c].item;
+      const McOption& base = m.opts[m.first[i] + core[c].local[0]];
+      for (size_t k = 1; k < core[c].local.size(); ++k) {
+        vars_of[c].push_back(static_cast<int>(obj.size()));
+        var_of.emplace_back(static_cast<int>(c), core[c].local[k]);
+        obj.push_back(m.opts[m.first[i] + core[c].local[k]].q - base.q);
+      }
+    }
+    double qscale = 0.0;
+    for (double v : obj) qscale = std::max(qscale, std::fabs(v));
+    if (qscale == 0.0) qscale = 1.0;
+    for (double v : obj) model.add_binary(v / qscale);
+    for (size_t c = 0; c < core.size(); ++c)
+      if (vars_of[c].size() >= 2)
+        model.add_row(vars_of[c], std::vector<double>(vars_of[c].size(), 1.0),
+                      -std::numeric_limits<double>::infinity(), 1.0);
+    // Budget row: Σ_core (u - u_corebase) y <= U - Σ_outside u - Σ_core
+    // u_corebase, the right side from per-item differences to the scope base.
+    double hi = cap - sc.pinned_use - sc.base_use;
+    std::vector<char> in_core(n, 0);
+    for (const CoreItem& c : core) in_core[c.item] = 1;
+    for (int i : sc.items)
+      if (!in_core[i]) hi -= opt_of(i).use - m.opts[m.first[i]].use;
+    std::vector<int> row_idx;
+    std::vector<double> row_coef;
+    for (size_t c = 0; c < core.size(); ++c) {
+      const int i = core[c].item;
+      const McOption& base = m.opts[m.first[i] + core[c].local[0]];
+      hi -= base.use - m.opts[m.first[i]].use;
+      for (size_t k = 1; k < core[c].local.size(); ++k) {
+        const double coef = m.opts[m.first[i] + core[c].local[k]].use - base.use;
+        if (coef != 0.0) {
+          row_idx.push_back(vars_of[c][k - 1]);
+          row_coef.push_back(coef);
+        }
+      }
+    }
+    if (!row_idx.empty())
+      model.add_row(row_idx, row_coef, -std::numeric_limits<double>::infinity(), hi);
+    // Warm start: the rounded plan.
+    std::vector<int> x0(obj.size(), 0);
+    for (size_t v = 0; v < var_of.size(); ++v)
+      x0[v] = pos[core[var_of[v].first].item] == var_of[v].second ? 1 : 0;
+    // Ordering rows; the warm start is re-sorted within each class (same
+    // count of y = 1, on the members with the smallest Δ first: rows and
+    // budget unchanged, objective not higher).
+    std::map<std::tuple<double, int, int>, std::vector<int>> classes;
+    for (size_t c = 0; c < core.size(); ++c)
+      if (vars_of[c].size() == 1) {
+        const int i = core[c].item;
+        classes[{p.problem.items[i].flops, m.opts[m.first[i] + core[c].local[0]].name,
+                 m.opts[m.first[i] + core[c].local[1]].name}]
+            .push_back(vars_of[c][0]);
+      }
+    for (auto& [key, members] : classes) {
+      std::stable_sort(members.begin(), members.end(),
+                       [&](int a, int b) { return obj[a] < obj[b]; });
+      int ones = 0;
+      for (int v : members) ones += x0[v];
+      for (size_t k = 0; k < members.size(); ++k) x0[members[k]] = static_cast<int>(k) < ones;
+      for (size_t k = 0; k + 1 < members.size(); ++k)
+        model.add_row({members[k], members[k + 1]}, {1.0, -1.0}, 0.0,
+                      std::numeric_limits<double>::infinity());
+    }
+    MilpSolveOptions so;
+    const double spent = std::chrono::duration<double>(Clock::now() - t_core).count();
+    so.time_limit_s = std::max(1e-3, (left - spent) / static_cast<double>(scopes_left--));
+    so.verbosity = o.verbosity;
+    so.feasibility_tolerance = kBudgetTolerance;
+    so.initial_solution = x0;
+    const MilpSolution sol = solver->solve(model, so);
+    if (sol.status == MilpStatus::optimal || sol.status == MilpStatus::time_limit_feasible) {
+      for (const CoreItem& c : core) pos[c.item] = c.local[0];  // y = 0: the core base
+      for (size_t v = 0; v < var_of.size(); ++v)
+        if (sol.x[v]) pos[core[var_of[v].first].item] = var_of[v].second;
+    }
+    cbc_proven[s] = sol.status == MilpStatus::optimal;
+    any_limit = any_limit || sol.status == MilpStatus::time_limit_feasible ||
+                sol.status == MilpStatus::time_limit_no_solution;
+    if (sol.status == MilpStatus::time_limit_feasible && std::isfinite(sol.bound))
+      cbc_gap[s] = std::max(0.0, (sol.objective - sol.bound) * qscale);
+  }
+  finish_choice();
+  // Per scope: proven (rounding or CBC), or the better of the LP gap of the
+  // (possibly improved) plan and CBC's own gap on the core (every plan
+  // better than the rounded one lies in the core).
   const auto new_gaps = scope_gaps(m, value, lambda, greedy_use_q);
   double g = 0.0;
-  for (double x : new_gaps) g += x;
-  if (sol.status == MilpStatus::time_limit_feasible && std::isfinite(sol.bound))
-    g = std::min(g, std::max(0.0, (sol.objective - sol.bound) * qscale));
-  out.status = sol.status == MilpStatus::time_limit_feasible ||
-                       sol.status == MilpStatus::time_limit_no_solution
-                   ? "time_limit_feasible"
-                   : "feasible";
-  out.proven = false;
-  out.gap = g;
-  if (sol.status == MilpStatus::error)
-    out.status = "feasible";  // the rounded plan stands; CBC's failure costs only the proof
+  bool proven = true;
+  for (size_t s = 0; s < m.scopes.size(); ++s) {
+    if (gaps[s] <= qtol || cores[s].empty() || cbc_proven[s]) continue;
+    proven = false;
+    g += std::min(new_gaps[s], cbc_gap[s]);
+  }
+  out.proven = proven;
+  out.gap = proven ? 0.0 : g;
+  out.status = proven ? "optimal" : any_limit ? "time_limit_feasible" : "feasible";
   return out;
 }
 

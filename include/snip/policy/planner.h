@@ -183,7 +183,7 @@ struct PlanOptions {
   // time_limit_s). At the limit the best plan found stays, with its stated
   // gap (status time_limit_feasible): proving the last 1e-8 of a
   // 10^5-item knapsack can take CBC far longer than finding it.
-  double core_time_limit_s = 5.0;
+  double core_time_limit_s = 3.0;
   double time_limit_s = 60.0;   // solver wall-clock limit, seconds
   int verbosity = 0;            // 0 silent, 1 summary line, 2 solver log
   // Heuristics: the option non-low items get when they offer it; otherwise
