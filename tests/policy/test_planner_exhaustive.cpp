@@ -353,7 +353,9 @@ void check_instance(const Inst& in_, const std::string& tag, Tally& t, Path path
     EXPECT_EQ(r.lower_bound, r.objective) << tag;
   } else {
     EXPECT_NE(r.status, "optimal") << tag;
-    if (path == Path::mckp_lp) EXPECT_EQ(r.status, "feasible") << tag;
+    if (path == Path::mckp_lp) {
+      EXPECT_EQ(r.status, "feasible") << tag;
+    }
   }
   // The stated gap: the bound is a true lower bound (<= the optimum, so the
   // stated gap >= the true gap), and consistent.
@@ -415,7 +417,9 @@ void run_mode(Mode mode, int count, uint64_t seed, const char* name, int min_sol
     std::printf("; %d proven optimal, largest stated relative gap %.3g", t.proven, t.max_rel_gap);
   std::printf("\n");
   // With CBC on the core, the mckp method proves every plan here.
-  if (path == Path::mckp) EXPECT_EQ(t.proven, t.solved) << name;
+  if (path == Path::mckp) {
+    EXPECT_EQ(t.proven, t.solved) << name;
+  }
 }
 
 }  // namespace
