@@ -505,11 +505,11 @@ MckpSolution solve_mckp(const Prepared& p, const PlanOptions& o, const Mckp& m, 
     }
     if (!row_idx.empty())
       model.add_row(row_idx, row_coef, -std::numeric_limits<double>::infinity(), hi);
-    // Warm start: the rounded plan.
+    // The rounded plan, kept when CBC does not beat it.
     std::vector<int> x0(obj.size(), 0);
     for (size_t v = 0; v < var_of.size(); ++v)
       x0[v] = pos[core[var_of[v].first].item] == var_of[v].second ? 1 : 0;
-    // Ordering rows; the warm start is re-sorted within each class (same
+    // Ordering rows; the rounded plan is re-sorted within each class (same
     // count of y = 1, on the members with the smallest Δ first: rows and
     // budget unchanged, objective not higher).
     std::map<std::tuple<double, int, int>, std::vector<int>> classes;
@@ -535,9 +535,14 @@ MckpSolution solve_mckp(const Prepared& p, const PlanOptions& o, const Mckp& m, 
     so.time_limit_s = std::max(1e-3, (left - spent) / static_cast<double>(scopes_left--));
     so.verbosity = o.verbosity;
     so.feasibility_tolerance = kBudgetTolerance;
-    so.initial_solution = x0;
     const MilpSolution sol = solver->solve(model, so);
-    if (sol.status == MilpStatus::optimal || sol.status == MilpStatus::time_limit_feasible) {
+    // CBC's plan unless it is worse than the rounded one (x0; possible at a
+    // time limit, as CBC is not warm-started: milp_cbc.cpp says why).
+    double obj0 = 0.0;
+    for (size_t v = 0; v < x0.size(); ++v) obj0 += x0[v] * (obj[v] / qscale);
+    const bool has_x =
+        sol.status == MilpStatus::optimal || sol.status == MilpStatus::time_limit_feasible;
+    if (has_x && (sol.status == MilpStatus::optimal || sol.objective <= obj0)) {
       for (const CoreItem& c : core) pos[c.item] = c.local[0];  // y = 0: the core base
       for (size_t v = 0; v < var_of.size(); ++v)
         if (sol.x[v]) pos[core[var_of[v].first].item] = var_of[v].second;

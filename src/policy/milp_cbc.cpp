@@ -18,6 +18,12 @@
 //    closed.
 //  * Primal tolerance from MilpSolveOptions (row feasibility); dual
 //    tolerance 1e-10 (Clp default 1e-7), see below.
+//  * No warm start: handing CBC 2.10.8 a feasible incumbent
+//    (CbcModel::setBestSolution, with or without its check, after
+//    initialSolve) made it return a wrong "optimal" on a random 8-item,
+//    3-option cost-budget instance of tests/policy (3.7% above the optimum;
+//    found by SNIP_STRESS_MULT=10). Callers keep their own incumbent and take
+//    the better of the two.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -160,22 +166,8 @@ class CbcMilpSolver final : public MilpSolver {
     CbcHeuristicLocal local(model);
     model.addHeuristic(&rounding);
     model.addHeuristic(&local);
-    // Warm start: the caller's plan is the first incumbent (and cutoff).
-    if (!opt.initial_solution.empty()) {
-      SNIP_CHECK(static_cast<int>(opt.initial_solution.size()) == n,
-                 "initial solution has ", opt.initial_solution.size(), " values for ", n,
-                 " variables");
-      SNIP_CHECK(rows_hold(m, opt.initial_solution, opt.feasibility_tolerance),
-                 "initial solution violates a row");
-    }
     try {
       model.initialSolve();
-      if (!opt.initial_solution.empty()) {
-        std::vector<double> x0(opt.initial_solution.begin(), opt.initial_solution.end());
-        double obj0 = 0.0;
-        for (int j = 0; j < n; ++j) obj0 += m.objective[j] * x0[j];
-        model.setBestSolution(x0.data(), n, obj0, /*check=*/false);
-      }
       model.branchAndBound();
     } catch (const CoinError& e) {
       sol.status = MilpStatus::error;

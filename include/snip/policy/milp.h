@@ -74,12 +74,6 @@ struct MilpSolveOptions {
   // (absolute). The planner writes its rows in fractions of total FLOPs, so
   // 1e-9 means "share met to within 1e-9".
   double feasibility_tolerance = 1e-9;
-  // Warm start: a 0/1 vector [num_vars] that satisfies every row (within the
-  // feasibility tolerance), handed to the solver as its first incumbent so
-  // that it only searches for better plans (CbcModel::setBestSolution).
-  // Empty: none. A vector of the wrong length or one that violates a row is
-  // a std::logic_error (the caller's bug).
-  std::vector<int> initial_solution;
 };
 
 struct MilpSolution {
