@@ -612,38 +612,49 @@ std::vector<ParetoPoint> sweep(const PlanProblem& problem, const PlanOptions& op
   // share (every stage's, with per-stage rows) is s >= b is also optimal
   // for every budget in [b, s] (it meets them, and their plans are a subset
   // of b's), so those budgets are not solved again.
+  // CBC's time on the cores is shared by the whole sweep: core_time_limit_s
+  // in all. Once it is spent, the remaining points keep their rounded plans
+  // with the stated gap (a long sweep, e.g. --steps 10000, stays in seconds;
+  // the default 21 budgets are all proven on the benchmark tables).
   const detail::Mckp m = detail::build_mckp(p, o);
-  std::vector<ParetoPoint> all;
+  std::vector<ParetoPoint> front;
   double covered = -std::numeric_limits<double>::infinity();
+  double cbc_left = o.core_time_limit_s;
   for (double b : todo) {
     if (b <= covered) continue;
     const auto t0 = Clock::now();
-    PlanResult r = plan_mckp(p, o, m, b, o.time_limit_s);
+    PlanOptions ob = o;
+    if (cbc_left <= 0.0) ob.max_core_vars = 0;
+    ob.core_time_limit_s = std::max(1e-3, cbc_left);
+    PlanResult r = plan_mckp(p, ob, m, b, o.time_limit_s);
     r.solve_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (r.algorithm == "mckp+cbc") cbc_left -= r.solve_seconds;
     if (r.proven_optimal) {
       covered = r.fp4_share;
       if (o.per_stage_budget)
         for (double s : r.stage_fp4_share) covered = std::min(covered, s);
     }
-    all.push_back(ParetoPoint{b, std::move(r)});
+    // Keep non-dominated points as they come, one per (share, objective)
+    // value (the earlier, i.e. smaller, budget on a tie), so that memory
+    // holds the front only (each point holds a plan of every item).
+    bool dominated = false;
+    for (const ParetoPoint& q : front)
+      if (q.plan.fp4_share >= r.fp4_share && q.plan.objective <= r.objective) {
+        dominated = true;
+        break;
+      }
+    if (dominated) continue;
+    front.erase(std::remove_if(front.begin(), front.end(),
+                               [&](const ParetoPoint& q) {
+                                 return r.fp4_share >= q.plan.fp4_share &&
+                                        r.objective <= q.plan.objective;
+                               }),
+                front.end());
+    front.push_back(ParetoPoint{b, std::move(r)});
   }
-  // Keep non-dominated points, one per (share, objective) value.
-  std::sort(all.begin(), all.end(), [](const ParetoPoint& a, const ParetoPoint& b) {
-    if (a.plan.fp4_share != b.plan.fp4_share) return a.plan.fp4_share > b.plan.fp4_share;
-    if (a.plan.objective != b.plan.objective) return a.plan.objective < b.plan.objective;
-    return a.budget < b.budget;  // duplicates keep the smallest budget
+  std::sort(front.begin(), front.end(), [](const ParetoPoint& a, const ParetoPoint& b) {
+    return a.plan.fp4_share < b.plan.fp4_share;
   });
-  // Walk from the largest share down; a point survives if its objective is
-  // strictly below every point with a larger-or-equal share.
-  std::vector<ParetoPoint> front;
-  double best = std::numeric_limits<double>::infinity();
-  for (ParetoPoint& pt : all) {
-    if (pt.plan.objective < best) {
-      best = pt.plan.objective;
-      front.push_back(std::move(pt));
-    }
-  }
-  std::reverse(front.begin(), front.end());
   return front;
 }
 
