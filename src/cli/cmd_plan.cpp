@@ -3,12 +3,14 @@
 //
 //   snip plan --costs FILE --budget B [--per-gemm] [--pin GLOB=OPTION ...]
 //             [--stages N] [--cost-budget C] [--json] [--out FILE]
+//             [--method auto|milp|mckp] [--time-limit S] [--core-time-limit S]
 //   snip plan --costs FILE --sweep [--steps N]
 //   snip plan --costs FILE --budget B --heuristic min-rel-err
 //   snip plan show runs/NAME [--step N] [--json]   (a plan `snip train` saved)
 //
 // Prints a table (item, option, FLOPs share, Q per option) and a summary
-// (achieved FP4 share, Σ Q, cost, solver status, solve time), or JSON.
+// (achieved FP4 share, Σ Q, its lower bound and gap, cost, solver status,
+// solve time), or JSON.
 // Every input problem ends as a snip::UserError (one line, exit status 2).
 #include <algorithm>
 #include <cctype>
@@ -57,6 +59,8 @@ struct PlanArgs {
   bool json = false;
   std::string out;
   double time_limit = 60;
+  double core_time_limit = 3;
+  std::string method = "auto";
   int verbose = 0;
 };
 
@@ -132,10 +136,13 @@ void print_plan(std::ostream& os, const PlanProblem& p, const PlanOptions& o,
     os << " (" << up << " share per stage)\n";
   }
   os << "objective: sum Q = " << fmt("%.6g", r.objective) << "\n";
-  if (r.method == "ilp")
-    os << "solver:    " << o.solver << " " << r.status
+  if (r.method == "ilp") {
+    os << "bound:     sum Q >= " << fmt("%.6g", r.lower_bound) << " (gap " << fmt("%.3g", r.gap)
+       << ", " << fmt("%.3g", 100.0 * r.relative_gap) << "%)\n";
+    os << "solver:    " << (r.algorithm.empty() ? o.solver : r.algorithm) << " " << r.status
        << (r.proven_optimal ? " (proven)" : " (NOT proven optimal)") << " in "
        << fmt("%.3f", r.solve_seconds) << " s\n";
+  }
   else
     os << "method:    heuristic " << r.method << " in " << fmt("%.3f", r.solve_seconds) << " s\n";
 }
@@ -145,13 +152,13 @@ void print_sweep(std::ostream& os, const std::vector<ParetoPoint>& pts) {
   for (char& ch : up) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
   os << "Pareto front: quality loss (sum Q) vs " << up << " FLOPs share\n";
   char line[160];
-  std::snprintf(line, sizeof line, "%8s  %10s  %14s  %10s  %-10s %8s\n", "budget",
-                (up + " share").c_str(), "sum Q", "cost/FLOP", "status", "seconds");
+  std::snprintf(line, sizeof line, "%8s  %10s  %14s  %10s  %9s  %-10s %8s\n", "budget",
+                (up + " share").c_str(), "sum Q", "cost/FLOP", "gap %", "status", "seconds");
   os << line;
   for (const ParetoPoint& p : pts) {
-    std::snprintf(line, sizeof line, "%8.4f  %10.4f  %14.6g  %10.4f  %-10s %8.3f\n", p.budget,
-                  p.plan.fp4_share, p.plan.objective, p.plan.cost_per_flop,
-                  p.plan.status.c_str(), p.plan.solve_seconds);
+    std::snprintf(line, sizeof line, "%8.4f  %10.4f  %14.6g  %10.4f  %9.3g  %-10s %8.3f\n",
+                  p.budget, p.plan.fp4_share, p.plan.objective, p.plan.cost_per_flop,
+                  100.0 * p.plan.relative_gap, p.plan.status.c_str(), p.plan.solve_seconds);
     os << line;
   }
 }
@@ -183,6 +190,8 @@ void run_plan(const PlanArgs& a) {
         if (v.is_string()) o.allowed_options.push_back(v.get<std::string>());
   }
   o.time_limit_s = a.time_limit;
+  o.core_time_limit_s = a.core_time_limit;
+  o.method = parse_plan_method(a.method);
   o.verbosity = a.verbose;
   const bool is_uniform = a.heuristic.rfind("uniform-", 0) == 0;
   if (a.has_budget && a.has_cost_budget)
@@ -258,9 +267,14 @@ void run_plan(const PlanArgs& a) {
   } else {
     const PlanResult r = a.heuristic == "ilp" ? plan(problem, o)
                                                : run_heuristic(a.heuristic, problem, o, a.seed);
-    if (r.status == "time_limit_feasible")
-      std::cerr << "snip: warning: the solver hit the time limit (" << a.time_limit
-                << " s); the plan meets the budget but is not proven optimal\n";
+    if (r.method == "ilp" && !r.proven_optimal)
+      std::cerr << "snip: warning: the plan meets the budget but is not proven optimal ("
+                << r.status << "): sum Q " << fmt("%.6g", r.objective) << " is within "
+                << fmt("%.3g", r.gap) << " (" << fmt("%.3g", 100.0 * r.relative_gap)
+                << "%) of the optimum"
+                << (r.status == "time_limit_feasible" ? "; raise --time-limit / --core-time-limit"
+                                                       : "")
+                << "\n";
     for (const std::string& w : r.warnings) std::cerr << "snip: warning: " << w << "\n";
     out = plan_to_json(r);
     if (a.json)
@@ -305,6 +319,13 @@ void add_plan_commands(CLI::App& app) {
   sub->add_flag("--json", a->json, "Print JSON instead of the table");
   sub->add_option("--out", a->out, "Also write the plan (or sweep) JSON to this file, atomically");
   sub->add_option("--time-limit", a->time_limit, "Solver time limit, seconds")->capture_default_str();
+  sub->add_option("--method", a->method,
+                  "auto (whole-model MILP up to 2000 free items, mckp above), milp, or mckp "
+                  "(LP hull bound + rounding + CBC on the core; states its gap)")
+      ->capture_default_str();
+  sub->add_option("--core-time-limit", a->core_time_limit,
+                  "mckp: time limit of CBC on the core, seconds (the plan keeps its stated gap)")
+      ->capture_default_str();
   sub->add_flag("-v,--verbose", a->verbose, "Solver summary (-v) or full solver log (-vv) on stderr");
   CLI::Option* budget_opt = sub->get_option("--budget");
   CLI::Option* cost_budget_opt = sub->get_option("--cost-budget");

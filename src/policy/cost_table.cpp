@@ -74,54 +74,78 @@ GemmCost parse_gemm(const Ctx& c, const json& v, const std::string& path) {
   return g;
 }
 
-// A parser callback that fails on a key seen twice in one object (nlohmann
-// keeps the last value silently, so "flops": 1, "flops": 2 would drop data).
-// It tracks the JSON path of the open containers for the message:
+// A SAX handler that builds the DOM (nlohmann's own json_sax_dom_parser)
+// and fails on a key seen twice in one object (nlohmann keeps the last
+// value silently, so "flops": 1, "flops": 2 would drop data). It tracks the
+// JSON path of the open containers for the message:
 // "costs.json: layers[1]: expected each key once, got \"flops\" twice".
-json::parser_callback_t duplicate_key_check(const std::string& source) {
+// Not json::parse with a callback: nlohmann 3.11.2's callback parser scans
+// the parent container at every object end (quadratic: 10 s for a
+// 100,000-layer table); sax_parse dispatches statically to these members.
+class DuplicateKeyCheck : public nlohmann::detail::json_sax_dom_parser<json> {
+ public:
+  using Base = nlohmann::detail::json_sax_dom_parser<json>;
+  DuplicateKeyCheck(json& result, std::string source)
+      : Base(result, /*allow_exceptions=*/true), source_(std::move(source)) {}
+
+  bool start_object(std::size_t n) {
+    st_.push_back(Frame{false, 0, {}, {}});
+    return Base::start_object(n);
+  }
+  bool end_object() {
+    if (!st_.empty()) st_.pop_back();
+    element_done();
+    return Base::end_object();
+  }
+  bool start_array(std::size_t n) {
+    st_.push_back(Frame{true, 0, {}, {}});
+    return Base::start_array(n);
+  }
+  bool end_array() {
+    if (!st_.empty()) st_.pop_back();
+    element_done();
+    return Base::end_array();
+  }
+  bool key(std::string& k) {
+    if (!st_.empty() && !st_.back().array) {
+      st_.back().key = k;
+      if (!st_.back().keys.insert(k).second) {
+        // The path of the object holding the duplicate: every open
+        // container but the last contributes the selector of its child.
+        std::string where;
+        for (size_t d = 0; d + 1 < st_.size(); ++d)
+          where += st_[d].array ? "[" + std::to_string(st_[d].index) + "]"
+                                : (where.empty() ? "" : ".") + st_[d].key;
+        fail(source_, ": ", where.empty() ? "(top level)" : where,
+             ": expected each key once, got \"", k, "\" twice");
+      }
+    }
+    return Base::key(k);
+  }
+  bool null() { element_done(); return Base::null(); }
+  bool boolean(bool v) { element_done(); return Base::boolean(v); }
+  bool number_integer(json::number_integer_t v) { element_done(); return Base::number_integer(v); }
+  bool number_unsigned(json::number_unsigned_t v) { element_done(); return Base::number_unsigned(v); }
+  bool number_float(json::number_float_t v, const std::string& s) {
+    element_done();
+    return Base::number_float(v, s);
+  }
+  bool string(std::string& v) { element_done(); return Base::string(v); }
+  bool binary(json::binary_t& v) { element_done(); return Base::binary(v); }
+
+ private:
   struct Frame {
     bool array = false;
     size_t index = 0;            // array: index of the element being read
     std::string key;             // object: key of the value being read
     std::set<std::string> keys;  // object: keys seen so far
   };
-  auto stack = std::make_shared<std::vector<Frame>>();
-  return [source, stack](int /*depth*/, json::parse_event_t ev, json& parsed) {
-    std::vector<Frame>& st = *stack;
-    auto element_done = [&] {
-      if (!st.empty() && st.back().array) ++st.back().index;
-    };
-    switch (ev) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        st.push_back(Frame{ev == json::parse_event_t::array_start, 0, {}, {}});
-        break;
-      case json::parse_event_t::object_end:
-      case json::parse_event_t::array_end:
-        if (!st.empty()) st.pop_back();
-        element_done();
-        break;
-      case json::parse_event_t::value:
-        element_done();
-        break;
-      case json::parse_event_t::key: {
-        if (st.empty() || st.back().array) break;
-        const std::string k = parsed.get<std::string>();
-        st.back().key = k;
-        if (st.back().keys.insert(k).second) break;
-        // The path of the object holding the duplicate: every open container
-        // but the last contributes the selector of its child.
-        std::string where;
-        for (size_t d = 0; d + 1 < st.size(); ++d)
-          where += st[d].array ? "[" + std::to_string(st[d].index) + "]"
-                               : (where.empty() ? "" : ".") + st[d].key;
-        fail(source, ": ", where.empty() ? "(top level)" : where,
-             ": expected each key once, got \"", k, "\" twice");
-      }
-    }
-    return true;
-  };
-}
+  void element_done() {
+    if (!st_.empty() && st_.back().array) ++st_.back().index;
+  }
+  std::string source_;
+  std::vector<Frame> st_;
+};
 
 }  // namespace
 
@@ -222,7 +246,8 @@ CostTable load_cost_table(const std::string& path) {
   if (in.bad()) fail(path, ": cannot read the cost table");
   json j;
   try {
-    j = json::parse(ss.str(), duplicate_key_check(path));
+    DuplicateKeyCheck sax(j, path);
+    json::sax_parse(ss.str(), &sax);
   } catch (const json::parse_error& e) {
     std::string what = e.what();
     for (char& ch : what)
@@ -304,9 +329,13 @@ json plan_to_json(const PlanResult& r) {
   j["low_option"] = r.low_option;
   if (!r.options.empty()) j["options"] = r.options;
   j["status"] = r.status;
+  if (!r.algorithm.empty()) j["algorithm"] = r.algorithm;
   j["proven_optimal"] = r.proven_optimal;
   j["solve_seconds"] = r.solve_seconds;
   j["objective"] = r.objective;
+  j["lower_bound"] = num_or_null(r.lower_bound);
+  j["gap"] = num_or_null(r.gap);
+  j["relative_gap"] = num_or_null(r.relative_gap);
   j["fp4_share"] = r.fp4_share;
   j["cost_per_flop"] = num_or_null(r.cost_per_flop);
   if (!r.stage_fp4_share.empty()) j["stage_fp4_share"] = r.stage_fp4_share;
@@ -334,6 +363,10 @@ json sweep_to_json(const std::vector<ParetoPoint>& points) {
     pts.push_back({{"budget", p.budget},
                    {"fp4_share", p.plan.fp4_share},
                    {"objective", p.plan.objective},
+                   {"lower_bound", num_or_null(p.plan.lower_bound)},
+                   {"gap", num_or_null(p.plan.gap)},
+                   {"relative_gap", num_or_null(p.plan.relative_gap)},
+                   {"proven_optimal", p.plan.proven_optimal},
                    {"cost_per_flop", num_or_null(p.plan.cost_per_flop)},
                    {"status", p.plan.status},
                    {"solve_seconds", p.plan.solve_seconds},

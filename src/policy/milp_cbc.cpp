@@ -18,6 +18,13 @@
 //    closed.
 //  * Primal tolerance from MilpSolveOptions (row feasibility); dual
 //    tolerance 1e-10 (Clp default 1e-7), see below.
+//  * No warm start: handing CBC 2.10.8 a feasible incumbent
+//    (CbcModel::setBestSolution, with or without its check, after
+//    initialSolve) made it return a wrong "optimal" on a random 8-item,
+//    3-option cost-budget instance of tests/policy (3.7% above the optimum;
+//    found by SNIP_STRESS_MULT=10). Callers keep their own incumbent and take
+//    the better of the two.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -187,12 +194,15 @@ class CbcMilpSolver final : public MilpSolver {
     }
     if (model.isProvenOptimal() && best) {
       sol.status = MilpStatus::optimal;
+      sol.bound = sol.objective;
     } else if (model.isProvenInfeasible()) {
       sol.status = MilpStatus::infeasible;
       sol.x.clear();
     } else if (model.isSecondsLimitReached()) {
       sol.status = best ? MilpStatus::time_limit_feasible
                         : MilpStatus::time_limit_no_solution;
+      const double b = model.getBestPossibleObjValue();
+      if (best && std::isfinite(b) && std::fabs(b) < 1e50) sol.bound = std::min(b, sol.objective);
     } else {
       sol.status = MilpStatus::error;
       sol.message = "CBC stopped with status " + std::to_string(model.status()) +

@@ -93,8 +93,13 @@ std::string format_plan_table(const nlohmann::json& pj) {
       os << ", cost " << fmtd("%.4f", pj["cost_per_flop"].get<double>()) << " per FLOP";
     os << "\n";
     if (has_q) os << "objective: sum Q = " << fmtd("%.6g", pj.at("objective").get<double>()) << "\n";
+    if (method == "ilp" && pj.contains("gap") && pj["gap"].is_number() && pj.contains("lower_bound") &&
+        pj["lower_bound"].is_number())
+      os << "bound:     sum Q >= " << fmtd("%.6g", pj["lower_bound"].get<double>()) << " (gap "
+         << fmtd("%.3g", pj["gap"].get<double>()) << ", "
+         << fmtd("%.3g", 100.0 * pj.value("relative_gap", 0.0)) << "%)\n";
     if (method == "ilp")
-      os << "solver:    cbc " << pj.value("status", std::string("?"))
+      os << "solver:    " << pj.value("algorithm", std::string("cbc")) << " " << pj.value("status", std::string("?"))
          << (pj.value("proven_optimal", false) ? " (proven)" : " (NOT proven optimal)") << " in "
          << fmtd("%.3f", pj.value("solve_seconds", 0.0)) << " s\n";
     else

@@ -22,6 +22,22 @@ namespace snip::policy {
 
 const char* to_string(Granularity g) { return g == Granularity::layer ? "layer" : "gemm"; }
 
+const char* to_string(PlanMethod m) {
+  switch (m) {
+    case PlanMethod::automatic: return "auto";
+    case PlanMethod::milp: return "milp";
+    case PlanMethod::mckp: return "mckp";
+  }
+  return "auto";
+}
+
+PlanMethod parse_plan_method(const std::string& name) {
+  if (name == "auto") return PlanMethod::automatic;
+  if (name == "milp") return PlanMethod::milp;
+  if (name == "mckp") return PlanMethod::mckp;
+  fail("planner method: expected one of auto, milp, mckp, got '", name, "'");
+}
+
 std::map<std::string, std::string> PlanResult::assignments() const {
   std::map<std::string, std::string> m;
   for (const PlanChoice& c : items) m[c.name] = c.option;
@@ -77,6 +93,9 @@ Prepared prepare(const PlanProblem& problem, const PlanOptions& options) {
   if (options.low_option.empty()) fail("low option: expected a name (e.g. fp4), got ''");
   if (!(options.time_limit_s > 0.0))
     fail("time limit: expected a positive number of seconds, got ", options.time_limit_s);
+  if (!(options.core_time_limit_s > 0.0))
+    fail("core time limit: expected a positive number of seconds, got ",
+         options.core_time_limit_s);
 
   std::set<std::string> names;
   const std::set<std::string> allowed(options.allowed_options.begin(),
@@ -302,6 +321,7 @@ PlanResult assemble(const Prepared& p, const PlanOptions& options,
   r.method = method;
   r.budget = options.budget;
   r.low_option = options.low_option;
+  r.lower_bound = r.gap = r.relative_gap = std::numeric_limits<double>::quiet_NaN();
   std::set<std::string> offered;
   for (const PlanItem& item : p.problem.items)
     for (const auto& kv : item.q) offered.insert(kv.first);
@@ -386,12 +406,40 @@ struct Var {
   std::string option;
 };
 
-}  // namespace
+// The result's gap fields from an absolute gap (Q units): the lower bound
+// is never below 0 (every Q is >= 0).
+void set_gap(PlanResult& r, double gap) {
+  r.lower_bound = std::max(0.0, r.objective - std::max(0.0, gap));
+  r.gap = r.objective - r.lower_bound;
+  r.relative_gap = r.objective > 0.0 ? r.gap / r.objective : 0.0;
+}
 
-PlanResult plan(const PlanProblem& problem, const PlanOptions& options) {
-  const auto t0 = Clock::now();
-  const detail::Prepared p = detail::prepare(problem, options);
-  detail::check_feasible(p, options);
+std::vector<int> budget_scopes(const detail::Prepared& p, const PlanOptions& options) {
+  std::vector<int> scopes = {-1};
+  if (options.per_stage_budget)
+    for (int s = 0; s < p.n_stages; ++s) scopes.push_back(s);
+  return scopes;
+}
+
+// The mckp method (mckp.cpp) at budget value `value`; `m` built for p.
+PlanResult plan_mckp(const detail::Prepared& p, const PlanOptions& options,
+                     const detail::Mckp& m, double value, double time_limit_s) {
+  PlanOptions o = options;
+  o.budget.value = value;
+  const detail::MckpSolution s = detail::solve_mckp(p, o, m, value, time_limit_s);
+  for (int stage : budget_scopes(p, o))
+    SNIP_CHECK(detail::budget_holds(p, o, s.choice, stage),
+               "mckp plan misses the budget in scope ", stage);
+  PlanResult r = detail::assemble(p, o, s.choice, "ilp");
+  r.status = s.status;
+  r.algorithm = s.algorithm;
+  r.proven_optimal = s.proven;
+  set_gap(r, s.gap);
+  return r;
+}
+
+// The whole model on the MILP solver (planner.h, "Exactness").
+PlanResult plan_milp(const detail::Prepared& p, const PlanOptions& options) {
   const auto& items = p.problem.items;
   const size_t n = items.size();
   const bool share = options.budget.kind == Budget::Kind::fp4_share;
@@ -433,9 +481,7 @@ PlanResult plan(const PlanProblem& problem, const PlanOptions& options) {
                     -std::numeric_limits<double>::infinity(), 1.0);
 
   // Budget rows, in fractions of the scope's FLOPs.
-  std::vector<int> scopes = {-1};
-  if (options.per_stage_budget)
-    for (int s = 0; s < p.n_stages; ++s) scopes.push_back(s);
+  const std::vector<int> scopes = budget_scopes(p, options);
   for (int stage : scopes) {
     const double scope_flops = stage < 0 ? p.total_flops : p.stage_flops[stage];
     std::vector<int> idx;
@@ -505,7 +551,34 @@ PlanResult plan(const PlanProblem& problem, const PlanOptions& options) {
 
   PlanResult r = detail::assemble(p, options, choice, "ilp");
   r.status = to_string(sol.status);
+  r.algorithm = solver->name();
   r.proven_optimal = sol.status == MilpStatus::optimal;
+  if (r.proven_optimal) {
+    set_gap(r, 0.0);
+  } else {
+    // The better of the solver's bound and the LP-relaxation bound.
+    double gap = detail::lp_gap(p, detail::build_mckp(p, options), options.budget.value, choice);
+    if (std::isfinite(sol.bound)) gap = std::min(gap, (sol.objective - sol.bound) * qscale);
+    set_gap(r, gap);
+  }
+  return r;
+}
+
+}  // namespace
+
+PlanResult plan(const PlanProblem& problem, const PlanOptions& options) {
+  const auto t0 = Clock::now();
+  const detail::Prepared p = detail::prepare(problem, options);
+  detail::check_feasible(p, options);
+  size_t n_free = 0;
+  for (const std::string& pin : p.pins.option) n_free += pin.empty();
+  PlanMethod method = options.method;
+  if (method == PlanMethod::automatic)
+    method = n_free <= kMilpMaxFreeItems ? PlanMethod::milp : PlanMethod::mckp;
+  PlanResult r = method == PlanMethod::milp
+                     ? plan_milp(p, options)
+                     : plan_mckp(p, options, detail::build_mckp(p, options),
+                                 options.budget.value, options.time_limit_s);
   r.solve_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return r;
 }
@@ -534,28 +607,54 @@ std::vector<ParetoPoint> sweep(const PlanProblem& problem, const PlanOptions& op
 
   std::set<double> todo;
   for (double b : budgets) todo.insert(std::min(b, cap));
-  std::vector<ParetoPoint> all;
-  for (double b : todo) {
-    o.budget.value = b;
-    all.push_back(ParetoPoint{b, plan(problem, o)});
-  }
-  // Keep non-dominated points, one per (share, objective) value.
-  std::sort(all.begin(), all.end(), [](const ParetoPoint& a, const ParetoPoint& b) {
-    if (a.plan.fp4_share != b.plan.fp4_share) return a.plan.fp4_share > b.plan.fp4_share;
-    if (a.plan.objective != b.plan.objective) return a.plan.objective < b.plan.objective;
-    return a.budget < b.budget;  // duplicates keep the smallest budget
-  });
-  // Walk from the largest share down; a point survives if its objective is
-  // strictly below every point with a larger-or-equal share.
+  // One compact problem (dominance, hulls, sorted hull edges) for every
+  // budget; budgets in ascending order. A plan proven optimal at b whose
+  // share (every stage's, with per-stage rows) is s >= b is also optimal
+  // for every budget in [b, s] (it meets them, and their plans are a subset
+  // of b's), so those budgets are not solved again.
+  // CBC's time on the cores is shared by the whole sweep: core_time_limit_s
+  // in all. Once it is spent, the remaining points keep their rounded plans
+  // with the stated gap (a long sweep, e.g. --steps 10000, stays in seconds;
+  // the default 21 budgets are all proven on the benchmark tables).
+  const detail::Mckp m = detail::build_mckp(p, o);
   std::vector<ParetoPoint> front;
-  double best = std::numeric_limits<double>::infinity();
-  for (ParetoPoint& pt : all) {
-    if (pt.plan.objective < best) {
-      best = pt.plan.objective;
-      front.push_back(std::move(pt));
+  double covered = -std::numeric_limits<double>::infinity();
+  double cbc_left = o.core_time_limit_s;
+  for (double b : todo) {
+    if (b <= covered) continue;
+    const auto t0 = Clock::now();
+    PlanOptions ob = o;
+    if (cbc_left <= 0.0) ob.max_core_vars = 0;
+    ob.core_time_limit_s = std::max(1e-3, cbc_left);
+    PlanResult r = plan_mckp(p, ob, m, b, o.time_limit_s);
+    r.solve_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (r.algorithm == "mckp+cbc") cbc_left -= r.solve_seconds;
+    if (r.proven_optimal) {
+      covered = r.fp4_share;
+      if (o.per_stage_budget)
+        for (double s : r.stage_fp4_share) covered = std::min(covered, s);
     }
+    // Keep non-dominated points as they come, one per (share, objective)
+    // value (the earlier, i.e. smaller, budget on a tie), so that memory
+    // holds the front only (each point holds a plan of every item).
+    bool dominated = false;
+    for (const ParetoPoint& q : front)
+      if (q.plan.fp4_share >= r.fp4_share && q.plan.objective <= r.objective) {
+        dominated = true;
+        break;
+      }
+    if (dominated) continue;
+    front.erase(std::remove_if(front.begin(), front.end(),
+                               [&](const ParetoPoint& q) {
+                                 return r.fp4_share >= q.plan.fp4_share &&
+                                        r.objective <= q.plan.objective;
+                               }),
+                front.end());
+    front.push_back(ParetoPoint{b, std::move(r)});
   }
-  std::reverse(front.begin(), front.end());
+  std::sort(front.begin(), front.end(), [](const ParetoPoint& a, const ParetoPoint& b) {
+    return a.plan.fp4_share < b.plan.fp4_share;
+  });
   return front;
 }
 

@@ -149,6 +149,32 @@ TEST(CliPlan, JsonPlanIsTheHandDerivedOptimum) {
   EXPECT_NEAR(j["objective"].get<double>(), 0.3, 1e-15);
   EXPECT_EQ(j["granularity"], "layer");
   EXPECT_EQ(j["budget"], 0.375);
+  // The gap: proven, so the bound is the objective.
+  EXPECT_EQ(j["algorithm"], "cbc");
+  EXPECT_EQ(j["lower_bound"], j["objective"]);
+  EXPECT_EQ(j["gap"], 0.0);
+  EXPECT_EQ(j["relative_gap"], 0.0);
+}
+
+// --method mckp: the same optimum, proven, with the algorithm named (bounds
+// against enumeration: test_planner_exhaustive.cpp); an unknown method is a
+// one-line error.
+TEST(CliPlan, MethodMckpStatesItsGap) {
+  TempDir d;
+  const std::string costs = d.file("costs.json", kTable);
+  CliResult r = run({"--costs", costs, "--budget", "0.375", "--json", "--method", "mckp"});
+  ASSERT_EQ(r.error, "");
+  const json j = json::parse(r.out);
+  EXPECT_NEAR(j["objective"].get<double>(), 0.3, 1e-15);
+  EXPECT_EQ(j["proven_optimal"], true);
+  EXPECT_EQ(j["gap"], 0.0);
+  EXPECT_EQ(j["algorithm"].get<std::string>().rfind("mckp", 0), 0u) << j["algorithm"];
+  r = run({"--costs", costs, "--budget", "0.375", "--method", "mckp"});
+  EXPECT_NE(r.out.find("bound:     sum Q >= 0.3 (gap 0, 0%)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("solver:    mckp"), std::string::npos) << r.out;
+  EXPECT_NE(run({"--costs", costs, "--budget", "0.375", "--method", "simplex"}).error.find(
+                "expected one of auto, milp, mckp, got 'simplex'"),
+            std::string::npos);
 }
 
 TEST(CliPlan, TableOutputAndOutFile) {
@@ -162,6 +188,7 @@ TEST(CliPlan, TableOutputAndOutFile) {
   EXPECT_NE(r.out.find("achieved:  FP4 share 0.3750, cost 1.6250 per FLOP"), std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("objective: sum Q = 0.3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("bound:     sum Q >= 0.3 (gap 0, 0%)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("solver:    cbc optimal (proven) in "), std::string::npos) << r.out;
   std::ifstream in(out);
   const json j = json::parse(in);

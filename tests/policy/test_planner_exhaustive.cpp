@@ -269,9 +269,20 @@ std::string describe(const Inst& in, const PlanResult& r) {
 
 struct Tally {
   int solved = 0, infeasible = 0, pin_errors = 0;
+  int proven = 0;          // mckp runs: plans proven optimal
+  double max_rel_gap = 0;  // mckp runs: largest stated relative gap
 };
 
-void check_instance(const Inst& in, const std::string& tag, Tally& t) {
+// Which path of plan() an instance runs.
+//  milp       the default (automatic: the whole model on CBC at these sizes)
+//  mckp       LP hull bound, rounding, reduced-cost fixing, CBC on the core
+//  mckp_lp    the same without CBC: the rounded plan and its stated gap
+enum class Path { milp, mckp, mckp_lp };
+
+void check_instance(const Inst& in_, const std::string& tag, Tally& t, Path path = Path::milp) {
+  Inst in = in_;
+  if (path != Path::milp) in.options.method = PlanMethod::mckp;
+  if (path == Path::mckp_lp) in.options.max_core_vars = 0;
   const Ref ref = reference(in);
   const PlanOptions& o = in.options;
   if (ref.pin_error) {
@@ -329,10 +340,32 @@ void check_instance(const Inst& in, const std::string& tag, Tally& t) {
     ADD_FAILURE() << tag << ": unexpected error: " << e.what();
     return;
   }
-  EXPECT_EQ(r.status, "optimal") << tag;
-  EXPECT_TRUE(r.proven_optimal) << tag;
-  EXPECT_NEAR(r.objective, ref.best, 1e-9 * std::max(1.0, std::fabs(ref.best)))
-      << tag << "\n" << describe(in, r);
+  const double tol = 1e-9 * std::max(1.0, std::fabs(ref.best));
+  if (path == Path::milp) {
+    EXPECT_EQ(r.status, "optimal") << tag;
+    EXPECT_TRUE(r.proven_optimal) << tag;
+  }
+  if (r.proven_optimal) {
+    ++t.proven;
+    EXPECT_EQ(r.status, "optimal") << tag;
+    EXPECT_NEAR(r.objective, ref.best, tol) << tag << "\n" << describe(in, r);
+    EXPECT_EQ(r.gap, 0.0) << tag;
+    EXPECT_EQ(r.lower_bound, r.objective) << tag;
+  } else {
+    EXPECT_NE(r.status, "optimal") << tag;
+    if (path == Path::mckp_lp) {
+      EXPECT_EQ(r.status, "feasible") << tag;
+    }
+  }
+  // The stated gap: the bound is a true lower bound (<= the optimum, so the
+  // stated gap >= the true gap), and consistent.
+  EXPECT_LE(r.lower_bound, ref.best + tol) << tag << "\n" << describe(in, r);
+  EXPECT_GE(r.objective, ref.best - tol) << tag;
+  EXPECT_GE(r.gap, r.objective - ref.best - tol) << tag;
+  EXPECT_GE(r.gap, 0.0) << tag;
+  EXPECT_NEAR(r.gap, r.objective - r.lower_bound, 1e-15 * std::max(1.0, r.objective)) << tag;
+  EXPECT_NEAR(r.relative_gap, r.objective > 0 ? r.gap / r.objective : 0.0, 1e-15) << tag;
+  t.max_rel_gap = std::max(t.max_rel_gap, r.relative_gap);
   // The plan itself: pins kept, options offered, budget met, objective sum.
   ASSERT_EQ(r.items.size(), in.problem.items.size()) << tag;
   double low = 0, total = 0, obj = 0, cost = 0;
@@ -362,7 +395,7 @@ void check_instance(const Inst& in, const std::string& tag, Tally& t) {
 }
 
 void run_mode(Mode mode, int count, uint64_t seed, const char* name, int min_solved,
-              int min_infeasible) {
+              int min_infeasible, Path path = Path::milp) {
   // Stress knobs (not used by CTest): SNIP_STRESS_MULT=10 runs ten times the
   // instances, SNIP_STRESS_SEED=k shifts the seeds.
   const char* mult = std::getenv("SNIP_STRESS_MULT");
@@ -372,14 +405,21 @@ void run_mode(Mode mode, int count, uint64_t seed, const char* name, int min_sol
   if (mult) count *= std::max(1, std::atoi(mult));
   for (int k = 0; k < count; ++k) {
     const Inst in = make_instance(r, mode);
-    check_instance(in, std::string(name) + " #" + std::to_string(k), t);
+    check_instance(in, std::string(name) + " #" + std::to_string(k), t, path);
   }
   // The generator must exercise every outcome, or the test proves little.
   EXPECT_GE(t.solved, min_solved) << name;
   EXPECT_GE(t.infeasible, min_infeasible) << name;
   EXPECT_GE(t.pin_errors, 1) << name;
-  std::printf("[%s] %d instances: %d solved, %d infeasible, %d pin errors\n", name, count,
+  std::printf("[%s] %d instances: %d solved, %d infeasible, %d pin errors", name, count,
               t.solved, t.infeasible, t.pin_errors);
+  if (path != Path::milp)
+    std::printf("; %d proven optimal, largest stated relative gap %.3g", t.proven, t.max_rel_gap);
+  std::printf("\n");
+  // With CBC on the core, the mckp method proves every plan here.
+  if (path == Path::mckp) {
+    EXPECT_EQ(t.proven, t.solved) << name;
+  }
 }
 
 }  // namespace
@@ -398,6 +438,29 @@ TEST(PlannerExhaustive, PerLayerThreeOptionsCostBudget) {
 
 TEST(PlannerExhaustive, PerGemm) {
   run_mode(Mode::gemm, 110, 14, "gemm", 60, 5);
+}
+
+// The mckp method (planner.h, "Methods") on the same random instances, with
+// other seeds: with CBC on the core it must prove the optimum; without
+// (LP bound and rounding alone) its stated gap must hold.
+TEST(PlannerExhaustive, MckpPerLayerTwoOptionsShareBudget) {
+  run_mode(Mode::layer2, 160, 111, "mckp layer/2 options/share", 90, 5, Path::mckp);
+  run_mode(Mode::layer2, 160, 211, "mckp-lp layer/2 options/share", 90, 5, Path::mckp_lp);
+}
+
+TEST(PlannerExhaustive, MckpPerLayerThreeOptionsShareBudget) {
+  run_mode(Mode::layer3_share, 110, 112, "mckp layer/3 options/share", 60, 5, Path::mckp);
+  run_mode(Mode::layer3_share, 110, 212, "mckp-lp layer/3 options/share", 60, 5, Path::mckp_lp);
+}
+
+TEST(PlannerExhaustive, MckpPerLayerThreeOptionsCostBudget) {
+  run_mode(Mode::layer3_cost, 110, 113, "mckp layer/3 options/cost", 50, 5, Path::mckp);
+  run_mode(Mode::layer3_cost, 110, 213, "mckp-lp layer/3 options/cost", 50, 5, Path::mckp_lp);
+}
+
+TEST(PlannerExhaustive, MckpPerGemm) {
+  run_mode(Mode::gemm, 110, 114, "mckp gemm", 60, 5, Path::mckp);
+  run_mode(Mode::gemm, 110, 214, "mckp-lp gemm", 60, 5, Path::mckp_lp);
 }
 
 // Distinct FLOPs (no interchangeable items, so no ordering rows) and

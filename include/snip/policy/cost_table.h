@@ -37,7 +37,10 @@
 //    "low_option": "fp4",
 //    "options": ["fp4", "fp8"],       // what the plan chose among (after --options)
 //    "status": "optimal", "proven_optimal": true, "solve_seconds": 0.01,
+//    "algorithm": "cbc",              // ILP only: "cbc" | "mckp" | "mckp+cbc"
 //    "objective": 1.23,               // Σ Q
+//    "lower_bound": 1.23,             // proven bound on Σ Q (null: heuristic)
+//    "gap": 0, "relative_gap": 0,     // objective - lower_bound; / objective
 //    "fp4_share": 0.7512,             // achieved fraction
 //    "cost_per_flop": 1.62,           // null when an option has no cost
 //    "option_costs": {"fp4": 1, "fp8": 2, "bf16": 4},
@@ -111,8 +114,9 @@ PlanProblem make_problem(const CostTable& table, Granularity g);
 nlohmann::json plan_to_json(const PlanResult& result);
 
 /// Sweep result: {"low_option": .., "points": [{"budget": b, "fp4_share": ..,
-/// "objective": .., "cost_per_flop": .., "status": .., "solve_seconds": ..,
-/// "assignments": {..}}, ...]}.
+/// "objective": .., "lower_bound": .., "gap": .., "relative_gap": ..,
+/// "proven_optimal": .., "cost_per_flop": .., "status": ..,
+/// "solve_seconds": .., "assignments": {..}}, ...]}.
 nlohmann::json sweep_to_json(const std::vector<ParetoPoint>& points);
 
 // save_json_atomic is snip/io/json.h.

@@ -81,6 +81,10 @@ struct MilpSolution {
   std::vector<int> x;        // [num_vars] 0/1 when status is optimal or
                              // time_limit_feasible; empty otherwise
   double objective = 0.0;    // Σ objective[j]·x[j] of x (recomputed exactly)
+  // Proven lower bound on the optimum (objective units): == objective when
+  // optimal; the solver's best bound (CbcModel::getBestPossibleObjValue) at
+  // a time limit; -infinity when the solver gives none.
+  double bound = -std::numeric_limits<double>::infinity();
   double seconds = 0.0;      // wall-clock seconds spent in the solver
   std::string message;       // solver's words on error; empty otherwise
 };

@@ -36,6 +36,51 @@
 // max |coefficient| = 1; plans are optimal to ~1e-9 of the largest per-item
 // Q difference (tests/policy checks 1e-9 relative against enumeration).
 //
+// Methods (PlanOptions::method; PlanResult::algorithm says which ran):
+//   milp  the whole model above on CBC (milp.h). Proven optimal as described
+//         under "Exactness"; CBC needs seconds at ~3,000 items and did not
+//         finish 10,000 in 30 s. The default up to kMilpMaxFreeItems (2000)
+//         free items.
+//   mckp  for larger problems (the default above 2000 free items; sweep()
+//         always). The program is a multiple-choice knapsack (MCKP): one
+//         option per item, one budget row per scope (a scope is a pipeline
+//         stage with per-stage budgets, whose rows then imply the global
+//         one; otherwise all items). Per scope, with u_{i,p} the option's
+//         use of the row (share: -F_i/F_scope for the low option; cost:
+//         cost_p F_i/F_scope) and U the row's bound (-b, resp. C):
+//     1. LP relaxation: options dominated within an item are dropped and
+//        the rest reduced to their lower convex hull in the (u, Q) plane;
+//        taking hull edges in order of decreasing efficiency -ΔQ/Δu until
+//        the row is full solves the LP exactly, with at most one fractional
+//        item (Sinha & Zoltners, "The multiple-choice knapsack problem",
+//        Oper. Res. 27(3):503-515, 1979; Kellerer, Pferschy & Pisinger,
+//        "Knapsack Problems", Springer 2004, ch. 11). λ, the efficiency of
+//        the edge that does not fit, is the LP dual of the row.
+//     2. Rounding: the same walk keeping only edges that fit whole, then an
+//        exchange search (one hull step down on one item and up on another)
+//        that fills the room left.
+//     3. Bound: L(λ) = Σ_i min_p (Q_i(p) + λ u_{i,p}) - λ U is the LP optimum
+//        and, by Lagrangian duality (Geoffrion, Math. Prog. Study 2, 1974),
+//        a lower bound on every plan meeting the row; for the rounded plan
+//        x, Q(x) - L(λ) = Σ_i rc_i(x_i) + λ·slack(x) with reduced costs
+//        rc_i(p) = Q_i(p) + λ u_{i,p} - min_p' (Q_i(p') + λ u_{i,p'}) >= 0.
+//     4. Reduced-cost fixing: an option with rc_i(p) > Q(x) - L(λ) is in no
+//        plan better than x (Nemhauser & Wolsey, "Integer and Combinatorial
+//        Optimization", 1988; the MCKP core of Pisinger, EJOR 83(2), 1995).
+//        The items left with two or more options (the core; tens to a few
+//        thousand of 10^5) go to CBC as a MILP of their own, one scope at a
+//        time, with the ordering rows above; CBC's proven optimum there is
+//        optimal for the whole problem. CBC stops at core_time_limit_s (3 s
+//        default); a core above max_core_vars is not attempted.
+//   The gap (PlanResult::gap) is objective - lower_bound, where lower_bound
+//   is the best proven bound: Σ_scope L(λ_s) (with the pinned Q), or CBC's
+//   bound on the core where it is higher (every plan better than the
+//   rounded one lies in the core). relative_gap = gap / objective (0 when
+//   objective is 0), as MILP solvers report it. proven_optimal holds, and
+//   gap is 0, only when gap <= 1e-9 of the largest per-item Q difference
+//   or CBC proved the core optimal. tests/policy/test_planner_exhaustive.cpp
+//   checks both methods against enumeration (stated gap >= true gap).
+//
 // Pins (glob patterns, see glob_match and pin_matches):
 //   * A pin "GLOB=OPTION" forces OPTION on every item GLOB matches.
 //   * Conflicting pins are an error: if two pins with DIFFERENT options match
@@ -64,6 +109,25 @@ namespace snip::policy {
 
 /// Absolute tolerance on budget rows (share fraction, or cost per FLOP).
 inline constexpr double kBudgetTolerance = 1e-9;
+
+/// How plan() solves the program (see the header comment, "Methods").
+///  automatic  milp up to kMilpMaxFreeItems free items, mckp above
+///  milp       CBC on the whole model (exact, proven; seconds at 3,000 items)
+///  mckp       LP relaxation by the convex-hull greedy, greedy rounding,
+///             reduced-cost fixing, CBC on the remaining core; states its gap
+enum class PlanMethod { automatic, milp, mckp };
+/// "auto", "milp" or "mckp".
+const char* to_string(PlanMethod m);
+/// Parses "auto", "milp" or "mckp"; UserError for anything else.
+PlanMethod parse_plan_method(const std::string& name);
+
+/// PlanMethod::automatic uses the whole-model MILP up to this many free
+/// (unpinned) items: up to here CBC proves optimality in well under a second
+/// on the benchmark shapes (docs/planner.md, "Benchmarks").
+inline constexpr size_t kMilpMaxFreeItems = 2000;
+
+/// Default of PlanOptions::max_core_vars.
+inline constexpr size_t kMckpMaxCoreVars = 20000;
 
 /// Granularity of the choice (METHOD.md section 2).
 enum class Granularity { layer, gemm };
@@ -155,6 +219,16 @@ struct PlanOptions {
   // (METHOD.md section 4 uses "fp8"). Needs item.stage >= 0 on every item.
   std::string stage_boundary_option;
   std::string solver = "cbc";   // make_milp_solver name
+  PlanMethod method = PlanMethod::automatic;  // see PlanMethod
+  // mckp: the largest core (option variables left after reduced-cost
+  // fixing) handed to CBC; a larger core keeps the rounded plan and its
+  // stated gap (status "feasible"). 0: never call CBC.
+  size_t max_core_vars = kMckpMaxCoreVars;
+  // mckp: wall-clock limit of CBC on the core, seconds (also capped by
+  // time_limit_s; in sweep(), the total over all points). At the limit the best plan found stays, with its stated
+  // gap (status time_limit_feasible): proving the last 1e-8 of a
+  // 10^5-item knapsack can take CBC far longer than finding it.
+  double core_time_limit_s = 3.0;
   double time_limit_s = 60.0;   // solver wall-clock limit, seconds
   int verbosity = 0;            // 0 silent, 1 summary line, 2 solver log
   // Heuristics: the option non-low items get when they offer it; otherwise
@@ -189,9 +263,29 @@ struct PlanResult {
   double cost_per_flop = 0; // cost / Σ F_i, summed as Σ_i cost·(F_i/Σ F) so
                             // it stays finite; NaN likewise
   std::vector<double> stage_fp4_share;  // [n_stages] when items have stages
-  std::string status;       // MilpStatus name ("optimal", ...) or "heuristic"
+  std::string status;       // MilpStatus name ("optimal", ...), "feasible"
+                            // (mckp: core too large for CBC, gap stated) or
+                            // "heuristic"
+  // How the ILP was solved: "cbc" (whole model), "mckp" (LP hull greedy and
+  // rounding proved the plan), "mckp+cbc" (with CBC on the core); "" for a
+  // heuristic.
+  std::string algorithm;
   double solve_seconds = 0; // wall-clock seconds of the whole plan() call
+  // True only when the plan is proven optimal: gap <= 1e-9 of the largest
+  // per-item Q difference (the solver tolerance, planner.h "Exactness").
   bool proven_optimal = false;
+  // Optimality gap (ILP results; heuristics leave 0/0/NaN, see below).
+  // lower_bound: a proven lower bound on Σ Q over every plan that meets the
+  //   budget (Q units, dimensionless): the LP-relaxation (Lagrangian) bound,
+  //   or the solver's bound, whichever is higher; == objective when proven.
+  // gap: objective - lower_bound >= 0 (Q units); an upper bound on how far
+  //   the plan is from the optimum.
+  // relative_gap: gap / objective, a fraction (0 when objective is 0), the
+  //   definition MILP solvers report (|primal - bound| / |primal|).
+  // Heuristics: lower_bound and relative_gap NaN, gap NaN (not computed).
+  double lower_bound = 0;
+  double gap = 0;
+  double relative_gap = 0;
   // Things the user should hear about the plan, one line each (no trailing
   // period), e.g. a heuristic that could not keep its promise. `snip plan`
   // prints them as "snip: warning: ...", the trainer logs them; plan_to_json
@@ -229,9 +323,11 @@ int block_index(const std::string& layer_name);
 /// number of blocks.
 void assign_stages(PlanProblem& problem, int n_stages);
 
-/// Solves the ILP exactly (CBC). Returns a proven-optimal plan (status
-/// "optimal"), or the best plan found when the time limit stops the solver
-/// (status "time_limit_feasible", proven_optimal false). Throws UserError
+/// Solves the ILP (see "Methods": whole model on CBC, or the MCKP method).
+/// Returns a proven-optimal plan (status "optimal", gap 0), or a plan that
+/// meets the budget with its stated gap: status "time_limit_feasible" when
+/// a time limit stopped CBC, "feasible" when the mckp core was too large for
+/// CBC (proven_optimal false). Throws UserError
 /// when the budget is infeasible, e.g.
 ///   "budget 0.9 is infeasible: pins '*.down_proj=fp8' (22 layers, 35.7% of
 ///    FLOPs) cap the FP4 share at 0.643"
@@ -250,9 +346,15 @@ struct ParetoPoint {
 /// Budgets 0, 1/steps, ..., 1 (steps >= 1, else UserError).
 std::vector<double> budget_steps(int steps);
 
-/// The Pareto front of Σ Q against achieved share: one plan() per budget in
+/// The Pareto front of Σ Q against achieved share: a plan per budget in
 /// `budgets` (each in [0,1]; the options' budget kind must be fp4_share,
-/// its value is ignored). Budgets above the maximum achievable share are
+/// its value is ignored), by the mckp method whatever options.method says:
+/// hulls and their sorted edges are built once for all budgets, budgets are
+/// solved in ascending order, and a plan proven optimal at b with share s
+/// also answers every budget in (b, s] (it meets them and their plans are a
+/// subset of b's), so those are not solved again. CBC's time on the cores
+/// is options.core_time_limit_s for the whole sweep; points after it is
+/// spent keep their rounded plans. Each point states its gap. Budgets above the maximum achievable share are
 /// replaced by that maximum (solved once). Dominated points (another point
 /// has objective <= and share >= , one strictly) and duplicates are removed;
 /// the result is sorted by fp4_share ascending, with objective
