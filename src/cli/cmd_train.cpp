@@ -1,14 +1,18 @@
 // `snip train`, `snip eval`, `snip export`.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "commands.h"
 #include "snip/config/config.h"
+#include "snip/data/data_folder.h"
+#include "snip/io/atomic_file.h"
 #include "snip/data/token_client.h"
 #include "snip/model/hf.h"
 #include "snip/train/trainer.h"
@@ -17,6 +21,7 @@
 namespace snip::cli {
 
 namespace fs = std::filesystem;
+using json = nlohmann::json;
 
 namespace {
 
@@ -57,7 +62,7 @@ std::string run_contents(const std::string& run_dir) {
 struct TrainArgs {
   std::string config, run_dir, init_from;
   std::vector<std::string> sets;
-  bool resume = false;
+  bool resume = false, allow_other_tokenizer = false;
 };
 
 }  // namespace
@@ -70,6 +75,9 @@ void add_train_commands(CLI::App& app) {
   train->add_option("--set", args->sets, "override one option: section.key=value (repeatable)");
   train->add_option("--run-dir", args->run_dir, "run directory (default: runs/<config file stem>)");
   train->add_flag("--resume", args->resume, "continue from the run directory's newest checkpoint");
+  train->add_flag("--allow-other-tokenizer", args->allow_other_tokenizer,
+                  "with --resume: continue although data.dir's tokenizer is not the one the checkpoint was "
+                  "trained with");
   train->add_option("--init-from", args->init_from, "initialise weights from a Hugging Face folder "
                                                     "(config.json + model.safetensors)");
   train->footer(config_options_help());
@@ -91,6 +99,7 @@ void add_train_commands(CLI::App& app) {
     opts.run_dir = run_dir;
     opts.resume = args->resume;
     opts.init_from = args->init_from;
+    opts.allow_other_tokenizer = args->allow_other_tokenizer;
     opts.snip_data = data::TokenizerClient::sibling_program();
     TrainSummary s = snip::train(cfg, opts);
     if (s.stopped_by_signal) {
@@ -119,16 +128,21 @@ void add_train_commands(CLI::App& app) {
   struct EvalArgs {
     std::string run_dir, checkpoint, data;
     int64_t batches = 0, batch = 16, seq = 0;
+    bool allow_other_tokenizer = false;
   };
   auto ea = std::make_shared<EvalArgs>();
   CLI::App* ev = app.add_subcommand("eval", "validation loss and perplexity of a checkpoint");
   ev->add_option("--run-dir", ea->run_dir, "run directory (its newest checkpoint and config are used)");
-  ev->add_option("--checkpoint", ea->checkpoint, "a checkpoint folder (default: newest of --run-dir)");
+  ev->add_option("--checkpoint", ea->checkpoint,
+                 "a checkpoint folder (default: newest of --run-dir), or a Hugging Face folder (config.json + "
+                 "model.safetensors, e.g. from snip export; needs --data)");
   ev->add_option("--data", ea->data, "prepared data folder (default: the run's data.dir)");
   ev->add_option("--batches", ea->batches, "micro-batches to evaluate; 0 = the whole validation split")
       ->capture_default_str();
   ev->add_option("--batch-size", ea->batch, "sequences per micro-batch")->capture_default_str();
-  ev->add_option("--seq-len", ea->seq, "tokens per sequence (default: the run's train.seq_len)");
+  ev->add_option("--seq-len", ea->seq, "tokens per sequence (default: the run's train.seq_len, else min(256, max_position_embeddings))");
+  ev->add_flag("--allow-other-tokenizer", ea->allow_other_tokenizer,
+               "evaluate although --data was tokenized with another tokenizer than the model's");
   ev->callback([ea] {
     Config cfg;
     if (!ea->run_dir.empty()) {
@@ -141,11 +155,45 @@ void add_train_commands(CLI::App& app) {
       ckpt = latest_checkpoint(ea->run_dir);
       if (ckpt.empty()) fail("no complete checkpoint in ", ea->run_dir, "/checkpoints");
     }
+    // A snip checkpoint (trainer_state.json) or a Hugging Face folder.
+    const bool hf = !fs::exists(fs::path(ckpt) / "trainer_state.json") && fs::exists(fs::path(ckpt) / "config.json");
+    if (hf && ea->data.empty() && ea->run_dir.empty())
+      fail("--checkpoint ", ckpt, " is a Hugging Face folder: give the data to evaluate on with --data");
     const std::string data = ea->data.empty() ? cfg.get_string("data.dir") : ea->data;
-    const int64_t T = ea->seq > 0 ? ea->seq : cfg.get_int("train.seq_len");
     const std::string val = (fs::path(data) / "val.bin").string();
     if (!fs::exists(val)) fail("--data: ", val, " does not exist");
-    LlamaForCausalLM model = load_checkpoint_model(ckpt);
+    const data::DataFolderInfo info = data::verify_data_folder(data, "--data");
+    // The model's tokenizer: recorded in the checkpoint, or the HF folder's
+    // own tokenizer.model. Another one makes the loss meaningless.
+    std::string model_tok, model_tok_from;
+    if (hf) {
+      const fs::path t = fs::path(ckpt) / "tokenizer.model";
+      if (fs::is_regular_file(t)) {
+        model_tok = data::sha256_hex(io::read_file(t.string()));
+        model_tok_from = t.string();
+      }
+    } else {
+      model_tok = checkpoint_tokenizer_sha256(verify_checkpoint(ckpt));
+      model_tok_from = ckpt;
+    }
+    if (model_tok.empty())
+      spdlog::warn("{} does not say which tokenizer the model was trained with: the data's tokenizer cannot be "
+                   "checked", ckpt);
+    else if (model_tok != info.tokenizer_sha256) {
+      if (!ea->allow_other_tokenizer)
+        fail("--data ", data, " was tokenized with another tokenizer (SHA-256 ", info.tokenizer_sha256.substr(0, 12),
+             "...) than the model (", model_tok_from, ": ", model_tok.substr(0, 12),
+             "...): the loss would be meaningless; evaluate on data prepared with the model's tokenizer "
+             "(snip data prepare --tokenizer), or pass --allow-other-tokenizer");
+      spdlog::warn("--allow-other-tokenizer: the data's tokenizer is not the model's");
+    }
+    LlamaForCausalLM model = hf ? import_hf(ckpt) : load_checkpoint_model(ckpt);
+    const int64_t T = ea->seq > 0            ? ea->seq
+                      : !ea->run_dir.empty() ? cfg.get_int("train.seq_len")
+                                             : std::min<int64_t>(256, model->cfg.max_position_embeddings);
+    if (int64_t(info.vocab_size) > model->cfg.vocab_size)
+      fail("--data ", data, ": vocabulary ", info.vocab_size, " is larger than the model's ", model->cfg.vocab_size,
+           " (", ckpt, "): its ids have no embedding");
     EvalCoverage cov;
     const double loss = evaluate(model, val, ea->batch, T, ea->batches, &cov);
     const std::string part =
@@ -163,11 +211,11 @@ void add_train_commands(CLI::App& app) {
   };
   auto xa = std::make_shared<ExportArgs>();
   CLI::App* ex = app.add_subcommand("export", "write a checkpoint as a Hugging Face folder "
-                                              "(config.json + model.safetensors)");
+                                              "(config.json, model.safetensors and the tokenizer)");
   ex->add_option("--run-dir", xa->run_dir, "run directory (its newest checkpoint is used)");
   ex->add_option("--checkpoint", xa->checkpoint, "a checkpoint folder");
   ex->add_option("--out", xa->out, "output folder (new or empty; never a checkpoint folder)")->required();
-  ex->add_flag("--force", xa->force, "replace config.json and model.safetensors in a non-empty --out");
+  ex->add_flag("--force", xa->force, "replace config.json, model.safetensors and the tokenizer files in a non-empty --out");
   ex->add_option("--dtype", xa->dtype, "float32 or bfloat16 (also fp32, bf16)")->capture_default_str()->check(
       CLI::IsMember({"float32", "bfloat16", "fp32", "bf16"}));
   ex->callback([xa] {
@@ -178,9 +226,34 @@ void add_train_commands(CLI::App& app) {
       if (ckpt.empty()) fail("no complete checkpoint in ", xa->run_dir, "/checkpoints");
     }
     LlamaForCausalLM model = load_checkpoint_model(ckpt);
+    // The tokenizer goes with the model: the data folder the checkpoint
+    // recorded (or the run's data.dir), when it still holds that tokenizer.
+    std::optional<HfTokenizer> tok;
+    {
+      const json st = verify_checkpoint(ckpt);
+      std::string dir = checkpoint_data_dir(st);
+      const fs::path run_cfg = fs::path(ckpt).parent_path().parent_path() / "config.toml";
+      if (dir.empty() && fs::exists(run_cfg)) {
+        Config rc;
+        rc.load_toml_file(run_cfg.string());
+        dir = rc.get_string("data.dir");
+      }
+      try {
+        if (dir.empty()) fail("the checkpoint does not name its data folder");
+        const data::DataFolderInfo info = data::verify_data_folder(dir, "data folder");
+        const std::string want = checkpoint_tokenizer_sha256(st);
+        if (!want.empty() && want != info.tokenizer_sha256)
+          fail(info.tokenizer_path, " is no longer the tokenizer the model was trained with");
+        tok = HfTokenizer{info.tokenizer_path, info.bos_id, info.eos_id, info.bos_piece, info.eos_piece,
+                          info.unk_piece};
+      } catch (const UserError& e) {
+        spdlog::warn("no tokenizer exported ({}): the folder holds the model only", e.what());
+      }
+    }
     const bool bf16 = xa->dtype == "bfloat16" || xa->dtype == "bf16";
-    export_hf(model, xa->out, bf16 ? at::kBFloat16 : at::kFloat, xa->force);
-    std::cout << "wrote " << xa->out << "/config.json and " << xa->out << "/model.safetensors\n";
+    export_hf(model, xa->out, bf16 ? at::kBFloat16 : at::kFloat, xa->force, tok ? &*tok : nullptr);
+    std::cout << "wrote " << xa->out << "/config.json and " << xa->out << "/model.safetensors"
+              << (tok ? ", tokenizer.model, tokenizer_config.json and special_tokens_map.json" : "") << "\n";
   });
 }
 

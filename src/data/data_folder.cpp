@@ -93,10 +93,33 @@ DataFolderInfo verify_data_folder(const std::string& folder, const std::string& 
     info.dtype = r.dtype();
     (std::string(split) == "train" ? info.train_tokens : info.val_tokens) = n;
   }
+  if (meta.contains("unk_id")) {
+    const json& v = meta["unk_id"];
+    if (!v.is_number_integer() || v.get<int64_t>() < -1 || v.get<int64_t>() >= int64_t(vocab))
+      bad("unk_id", str_cat("expected -1 or an id in [0, ", vocab, ")"));
+    info.unk_id = v.get<int64_t>();
+  } else {
+    info.unk_id = 0;  // SentencePiece's default, what prepare always had
+  }
+  if (meta.contains("special_pieces")) {
+    const json& sp = meta["special_pieces"];
+    if (!sp.is_object()) bad("special_pieces", "expected an object");
+    for (auto [key, out] : {std::pair<const char*, std::string*>{"bos", &info.bos_piece},
+                            {"eos", &info.eos_piece}, {"unk", &info.unk_piece}}) {
+      if (!sp.contains(key) || sp[key].is_null()) continue;
+      if (!sp[key].is_string()) bad(std::string("special_pieces.") + key, "expected a string or null");
+      *out = sp[key].get<std::string>();
+    }
+  } else {
+    if (info.bos_id == 1) info.bos_piece = "<s>";
+    if (info.eos_id == 2) info.eos_piece = "</s>";
+    if (info.unk_id == 0) info.unk_piece = "<unk>";
+  }
   const json& tok = at(meta, "tokenizer", "tokenizer");
   const std::string tp = file_in_folder(string_at(tok, "path", "tokenizer.path"), "tokenizer.path");
   const std::string want = string_at(tok, "sha256", "tokenizer.sha256");
   info.tokenizer_sha256 = sha256_hex(io::read_file(tp));
+  info.tokenizer_path = tp;
   if (info.tokenizer_sha256 != want)
     fail(what, ": ", tp, ": SHA-256 ", info.tokenizer_sha256, " differs from ", mp, "'s tokenizer.sha256 ", want,
          " (the tokenizer was replaced after the shards were made; prepare the folder again)");

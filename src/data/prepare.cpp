@@ -410,6 +410,13 @@ PrepareSummary prepare_data(const PrepareOptions& opt, const PrepareProgress& pr
       {"vocab_size", summary.vocab_size},
       {"bos_id", tok.bos_id()},
       {"eos_id", tok.eos_id()},
+      {"unk_id", tok.unk_id()},
+      // The pieces of the special ids, for the Hugging Face tokenizer files
+      // `snip export` writes (tokenizer_config.json, special_tokens_map.json).
+      {"special_pieces",
+       {{"bos", tok.bos_id() >= 0 ? json(tok.id_to_piece(tok.bos_id())) : json(nullptr)},
+        {"eos", tok.eos_id() >= 0 ? json(tok.id_to_piece(tok.eos_id())) : json(nullptr)},
+        {"unk", tok.unk_id() >= 0 ? json(tok.id_to_piece(tok.unk_id())) : json(nullptr)}}},
       {"seed", opt.seed},
       {"val_fraction", opt.val_fraction},
       {"tokenizer",

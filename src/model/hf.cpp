@@ -150,7 +150,8 @@ std::vector<std::string> load_model_from_safetensors(LlamaForCausalLM& model, co
   return notes;
 }
 
-void export_hf(LlamaForCausalLM& model, const std::string& dir, at::ScalarType dtype, bool force) {
+void export_hf(LlamaForCausalLM& model, const std::string& dir, at::ScalarType dtype, bool force,
+               const HfTokenizer* tokenizer) {
   if (dir.empty()) fail("--out: expected a folder name, got an empty string");
   const fs::path d = fs::absolute(dir).lexically_normal();
   const fs::path name = d.filename().empty() ? d.parent_path().filename() : d.filename();
@@ -158,19 +159,43 @@ void export_hf(LlamaForCausalLM& model, const std::string& dir, at::ScalarType d
   if (fs::exists(d / "trainer_state.json") || name == "checkpoints" || parent.filename() == "checkpoints")
     fail("--out: ", dir, " is a checkpoint folder of a run; export into a folder of its own");
   if (fs::is_directory(d) && !fs::is_empty(d) && !force)
-    fail("--out: ", dir, " is not empty; choose a new folder, or pass --force to replace its config.json and "
-         "model.safetensors");
+    fail("--out: ", dir, " is not empty; choose a new folder, or pass --force to replace its config.json, "
+         "model.safetensors and tokenizer files");
   const bool created = !fs::exists(d);
   io::ensure_writable_dir(dir);
   nlohmann::json cfg = model->cfg.to_hf_json();
   cfg["torch_dtype"] = dtype == at::kBFloat16 ? "bfloat16" : "float32";
+  std::string tok_bytes;
+  nlohmann::json tok_cfg, special;
+  if (tokenizer) {
+    tok_bytes = io::read_file(tokenizer->model_path);  // before anything is written
+    if (tokenizer->bos_id >= 0) cfg["bos_token_id"] = tokenizer->bos_id;
+    if (tokenizer->eos_id >= 0) cfg["eos_token_id"] = tokenizer->eos_id;
+    special = nlohmann::json::object();
+    for (auto [key, piece] : {std::pair<const char*, const std::string*>{"bos_token", &tokenizer->bos_piece},
+                              {"eos_token", &tokenizer->eos_piece}, {"unk_token", &tokenizer->unk_piece}})
+      if (!piece->empty()) special[key] = *piece;
+    tok_cfg = special;
+    tok_cfg["tokenizer_class"] = "LlamaTokenizer";
+    tok_cfg["add_bos_token"] = tokenizer->bos_id >= 0;
+    tok_cfg["add_eos_token"] = false;
+    tok_cfg["model_max_length"] = model->cfg.max_position_embeddings;
+    tok_cfg["legacy"] = true;
+    tok_cfg["clean_up_tokenization_spaces"] = false;
+  }
   try {
     io::write_safetensors((fs::path(dir) / "model.safetensors").string(), model_to_safetensors(model, dtype));
     io::write_file_atomic((fs::path(dir) / "config.json").string(), cfg.dump(2) + "\n");
+    if (tokenizer) {
+      io::write_file_atomic((fs::path(dir) / "tokenizer.model").string(), tok_bytes);
+      io::write_file_atomic((fs::path(dir) / "tokenizer_config.json").string(), tok_cfg.dump(2) + "\n");
+      io::write_file_atomic((fs::path(dir) / "special_tokens_map.json").string(), special.dump(2) + "\n");
+    }
   } catch (...) {
-    // Nothing partial: the writes are atomic; a folder this call made goes too.
+    // Nothing partial: each write is atomic, and a folder this call made
+    // goes with whatever it already holds.
     std::error_code ec;
-    if (created && fs::is_empty(d, ec)) fs::remove(d, ec);
+    if (created) fs::remove_all(d, ec);
     throw;
   }
 }

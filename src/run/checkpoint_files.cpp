@@ -137,6 +137,12 @@ json verify_checkpoint(const std::string& dir) {
     fail("checkpoint ", sp, ": elapsed_s: expected a finite number of seconds >= 0");
   if (st.contains("val_loss") && !st["val_loss"].is_null() && !st["val_loss"].is_number())
     fail("checkpoint ", sp, ": val_loss: expected a number or null");
+  if (st.contains("data")) {
+    const json& d = st["data"];
+    if (!d.is_object() || !d.contains("tokenizer_sha256") || !d["tokenizer_sha256"].is_string() ||
+        d["tokenizer_sha256"].get<std::string>().size() != 64 || (d.contains("dir") && !d["dir"].is_string()))
+      fail("checkpoint ", sp, ": data: expected {\"dir\": path, \"tokenizer_sha256\": 64 hex digits}");
+  }
   if (st.contains("precision") && !st["precision"].is_object())
     fail("checkpoint ", sp, ": precision: expected an object");
   for (const char* f : kFiles) {
@@ -163,6 +169,14 @@ data::LoaderState checkpoint_loader_state(const json& state, int64_t batch, int6
          batch, " x ", grad_accum, " windows per step and ", windows_per_epoch,
          " per epoch: the file is corrupt, or the data folder changed since it was written");
   return {epoch, cursor};
+}
+
+std::string checkpoint_tokenizer_sha256(const json& state) {
+  return state.contains("data") ? state["data"]["tokenizer_sha256"].get<std::string>() : "";
+}
+
+std::string checkpoint_data_dir(const json& state) {
+  return state.contains("data") && state["data"].contains("dir") ? state["data"]["dir"].get<std::string>() : "";
 }
 
 std::string latest_checkpoint(const std::string& run_dir) {

@@ -224,7 +224,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   // meta.json, tokenizer.model and the shards must agree (vocabulary, dtype,
   // token counts, the tokenizer's SHA-256): samples and exports decode the
   // ids with that tokenizer.
-  data::verify_data_folder(data_dir.string(), "data.dir");
+  const data::DataFolderInfo data_info = data::verify_data_folder(data_dir.string(), "data.dir");
   const int64_t B = tc.batch_size, T = tc.seq_len, accum = tc.grad_accum, max_steps = tc.max_steps;
   const uint64_t seed = uint64_t(tc.seed);
   data::TokenLoader loader(train_bin, int(B), int(T), seed);
@@ -282,6 +282,18 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     }
     const std::string op = (fs::path(resume_ckpt) / "optimizer.pt").string();
     step = resume_state.at("step").get<int64_t>();
+    // The ids mean the pieces of one tokenizer: a run does not continue on
+    // data tokenized by another (issue 18, item 3).
+    const std::string trained_with = checkpoint_tokenizer_sha256(resume_state);
+    if (!trained_with.empty() && trained_with != data_info.tokenizer_sha256) {
+      if (!opts.allow_other_tokenizer)
+        fail("--resume: data.dir ", data_dir.string(), " was tokenized with another tokenizer (SHA-256 ",
+             data_info.tokenizer_sha256.substr(0, 12), "...) than ", resume_ckpt, " was trained on (",
+             trained_with.substr(0, 12), "...): the token ids would mean other pieces; use that data, or pass "
+             "--allow-other-tokenizer");
+      spdlog::warn("--allow-other-tokenizer: continuing on data tokenized by another tokenizer than {} was "
+                   "trained on", resume_ckpt);
+    }
     load_optimizer_state(*optimizer, io::read_file(op), op, step);
     // A run killed between its last checkpoint and its summary is finished, not refused.
     if (step > max_steps || (step == max_steps && fs::exists(run / "summary.json")))
@@ -376,7 +388,10 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     auto ls = loader.state();
     json st = {{"step", step}, {"loader", {{"epoch", ls.epoch}, {"cursor", ls.cursor}}}, {"seed", seed},
                {"val_loss", std::isfinite(last_val) ? json(last_val) : json(nullptr)},
-               {"elapsed_s", elapsed0 + elapsed()}};
+               {"elapsed_s", elapsed0 + elapsed()},
+               {"data", {{"dir", fs::absolute(data_dir).lexically_normal().string()},
+                         {"tokenizer_sha256", data_info.tokenizer_sha256},
+                         {"vocab_size", data_info.vocab_size}}}};
     if (ctl.active()) st["precision"] = ctl.state();
     return st;
   };

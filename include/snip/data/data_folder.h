@@ -25,6 +25,13 @@ struct DataFolderInfo {
   int64_t bos_id = -1;           ///< id of <s>, -1 if none
   int64_t eos_id = -1;           ///< id of </s>, -1 if none
   std::string tokenizer_sha256;  ///< hex SHA-256 (FIPS 180-4) of tokenizer.model
+  std::string tokenizer_path;    ///< FOLDER/tokenizer.model (as meta.json names it)
+  /// The pieces of the BOS, EOS and UNK ids (meta.json "special_pieces";
+  /// SentencePiece's defaults "<s>", "</s>", "<unk>" for folders prepared
+  /// before it was recorded, when the ids are SentencePiece's 1, 2, 0; "" if
+  /// unknown or the id is -1).
+  std::string bos_piece, eos_piece, unk_piece;
+  int64_t unk_id = -1;           ///< id of <unk>, -1 if none or unknown
 };
 
 /// Checks the prepared data folder `folder` as a whole: meta.json parses and

@@ -64,6 +64,14 @@ std::vector<std::string> load_model_from_safetensors(LlamaForCausalLM& model, co
                                                      const std::string& what,
                                                      std::optional<bool> file_tied = std::nullopt);
 
+/// The tokenizer files export_hf writes beside the model, so the folder is
+/// usable on its own (transformers' LlamaTokenizer reads them).
+struct HfTokenizer {
+  std::string model_path;          ///< a SentencePiece tokenizer.model, copied as is
+  int64_t bos_id = -1, eos_id = -1;  ///< ids (-1 = none), written to config.json
+  std::string bos_piece, eos_piece, unk_piece;  ///< their pieces ("" = none)
+};
+
 /// Writes `dir`/config.json and `dir`/model.safetensors atomically (dir is
 /// created; `dtype` float32 or bfloat16: the tensors are F32 or BF16, the
 /// only dtypes export writes). Throws UserError, writing nothing,
@@ -71,8 +79,13 @@ std::vector<std::string> load_model_from_safetensors(LlamaForCausalLM& model, co
 /// trainer_state.json, or is named checkpoints/ or sits in one), or if it is
 /// not empty and `force` is false; and when a write fails (disk full), after
 /// removing the folder if this call created it.
+/// With `tokenizer`, also tokenizer.model (a copy), tokenizer_config.json
+/// ({"tokenizer_class": "LlamaTokenizer", "add_bos_token": true,
+/// "add_eos_token": false, bos/eos/unk tokens, "model_max_length":
+/// max_position_embeddings, "legacy": true: SentencePiece's own behaviour}),
+/// special_tokens_map.json, and "bos_token_id"/"eos_token_id" in config.json.
 void export_hf(LlamaForCausalLM& model, const std::string& dir, at::ScalarType dtype = at::kFloat,
-               bool force = false);
+               bool force = false, const HfTokenizer* tokenizer = nullptr);
 
 /// A Hugging Face folder's config.json, read and checked.
 struct HfFolder {

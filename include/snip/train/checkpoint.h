@@ -7,7 +7,9 @@
 //     optimizer.pt                 AdamW state (LibTorch archive: m, v, step)
 //     trainer_state.json           "step": N, "loader": {epoch, cursor},
 //                                  "seed", "val_loss", "elapsed_s" (seconds
-//                                  since the run's first step), "precision"
+//                                  since the run's first step), "data":
+//                                  {"dir", "tokenizer_sha256", "vocab_size"}
+//                                  (what the ids mean), "precision"
 //                                  (the controller's state: phase, plan,
 //                                  smoothed statistics, and "quantizers":
 //                                  delayed scaling's amax histories and

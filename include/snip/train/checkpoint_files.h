@@ -45,7 +45,8 @@ void write_checkpoint_manifest(const std::string& dir);
 /// well-formed: step an integer in [0, 2^63) matching the folder name,
 /// loader.epoch and loader.cursor non-negative integers, seed a non-negative
 /// integer, elapsed_s (when present) finite and >= 0 seconds, val_loss a
-/// number or null, precision an object. Throws UserError naming the file and
+/// number or null, precision an object, data (when present) an object with
+/// "tokenizer_sha256" (64 hex digits) and "dir". Throws UserError naming the file and
 /// what is wrong (missing, corrupt JSON, checksum mismatch, bad field).
 nlohmann::json verify_checkpoint(const std::string& dir);
 
@@ -57,6 +58,15 @@ nlohmann::json verify_checkpoint(const std::string& dir);
 /// data folder that changed since the checkpoint.
 data::LoaderState checkpoint_loader_state(const nlohmann::json& state, int64_t batch, int64_t grad_accum,
                                           uint64_t windows_per_epoch, const std::string& what);
+
+/// The hex SHA-256 of the tokenizer a verified trainer_state.json `state`
+/// was trained with ("data"."tokenizer_sha256"; "" for checkpoints written
+/// before snip recorded it).
+std::string checkpoint_tokenizer_sha256(const nlohmann::json& state);
+
+/// The absolute data folder a verified trainer_state.json `state` was
+/// trained on ("data"."dir"; "" when not recorded).
+std::string checkpoint_data_dir(const nlohmann::json& state);
 
 /// Path of the newest complete checkpoint of RUN ("" if none).
 std::string latest_checkpoint(const std::string& run_dir);

@@ -82,6 +82,9 @@ struct TrainOptions {
   /// tests; 0 = run to train.max_steps). The end-of-run checkpoint is still
   /// written only when max_steps is reached.
   int64_t stop_after = 0;
+  /// --allow-other-tokenizer: resume although the data folder's tokenizer
+  /// (its SHA-256) differs from the one the checkpoint was trained with.
+  bool allow_other_tokenizer = false;
 };
 
 /// Runs training. Validates the whole configuration and the data before

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Which tokenizer a model was trained with (issue 18, item 3), through the
+real binary: a checkpoint records the data's tokenizer SHA-256; evaluating
+or resuming on data tokenized by another tokenizer is refused (one line,
+exit 2) unless --allow-other-tokenizer; `snip export` writes the tokenizer
+beside the model (tokenizer.model byte-identical to the data's, the Hugging
+Face tokenizer_config.json / special_tokens_map.json with the pieces of the
+BOS/EOS/UNK ids, bos_token_id/eos_token_id in config.json); `snip eval
+--checkpoint HF_DIR --data D` evaluates the exported folder to the same loss
+as its checkpoint, and checks its tokenizer too.
+
+usage: tokenizer_identity.py SNIP_BINARY PREPARED_DATA_DIR
+"""
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+snip, data = sys.argv[1], os.path.abspath(sys.argv[2])
+tmp = tempfile.mkdtemp(prefix="snip-tok-")
+failures = []
+passed = 0
+
+
+def check(ok, name, detail=""):
+    global passed
+    if ok:
+        passed += 1
+    else:
+        failures.append(name)
+        print(f"FAIL {name}: {detail}", file=sys.stderr)
+
+
+def run(*args):
+    p = subprocess.run([snip, *args], capture_output=True, text=True, timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+def refused(name, args, needle):
+    rc, out, err = run(*args)
+    lines = err.splitlines()
+    check(rc == 2 and len(lines) == 1 and lines[0].startswith("snip: error: ") and needle in lines[0], name,
+          f"rc={rc} stderr={err!r} want {needle!r}")
+
+
+def sha(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+cfg = os.path.join(tmp, "m.toml")
+with open(cfg, "w") as f:
+    f.write(f"""[model]
+hidden_size = 32
+intermediate_size = 64
+num_hidden_layers = 1
+num_attention_heads = 2
+num_key_value_heads = 1
+max_position_embeddings = 32
+[data]
+dir = "{data}"
+[train]
+batch_size = 2
+seq_len = 16
+threads = 1
+max_steps = 2
+""")
+run_dir = os.path.join(tmp, "run")
+rc, out, err = run("train", "--config", cfg, "--run-dir", run_dir)
+check(rc == 0, "train", err[-400:])
+st = json.load(open(os.path.join(run_dir, "checkpoints", "step-2", "trainer_state.json")))
+check(st.get("data", {}).get("tokenizer_sha256") == sha(os.path.join(data, "tokenizer.model")),
+      "checkpoint records the tokenizer's SHA-256", json.dumps(st.get("data")))
+
+# Another tokenizer: the same folder with a changed tokenizer.model and its
+# meta.json updated (a consistent folder, made by another tokenizer).
+other = os.path.join(tmp, "other")
+shutil.copytree(data, other)
+with open(os.path.join(other, "tokenizer.model"), "ab") as f:
+    f.write(b"\n")
+meta = json.load(open(os.path.join(other, "meta.json")))
+meta["tokenizer"]["sha256"] = sha(os.path.join(other, "tokenizer.model"))
+json.dump(meta, open(os.path.join(other, "meta.json"), "w"))
+
+refused("eval on another tokenizer's data", ["eval", "--run-dir", run_dir, "--data", other, "--batches", "1"],
+        "was tokenized with another tokenizer")
+rc, out, err = run("eval", "--run-dir", run_dir, "--data", other, "--batches", "1", "--allow-other-tokenizer")
+check(rc == 0 and "--allow-other-tokenizer" in err + out, "eval --allow-other-tokenizer", f"rc={rc} {err[-300:]!r}")
+resumed = os.path.join(tmp, "resumed")
+shutil.copytree(run_dir, resumed)
+refused("resume on another tokenizer's data",
+        ["train", "--run-dir", resumed, "--resume", "--set", "train.max_steps=3", "--set", f"data.dir={other}"],
+        "was tokenized with another tokenizer")
+rc, out, err = run("train", "--run-dir", resumed, "--resume", "--set", "train.max_steps=3", "--set",
+                   f"data.dir={other}", "--allow-other-tokenizer")
+check(rc == 0, "resume --allow-other-tokenizer", err[-400:])
+
+# The export carries the tokenizer.
+hf = os.path.join(tmp, "hf")
+rc, out, err = run("export", "--run-dir", run_dir, "--out", hf)
+check(rc == 0, "export", err[-400:])
+check(sha(os.path.join(hf, "tokenizer.model")) == sha(os.path.join(data, "tokenizer.model")),
+      "exported tokenizer.model is the data's")
+data_meta = json.load(open(os.path.join(data, "meta.json")))
+tc = json.load(open(os.path.join(hf, "tokenizer_config.json")))
+sm = json.load(open(os.path.join(hf, "special_tokens_map.json")))
+cj = json.load(open(os.path.join(hf, "config.json")))
+# SentencePiece's defaults, which `snip data prepare` trains with: <unk> 0, <s> 1, </s> 2.
+check(data_meta["bos_id"] == 1 and data_meta["eos_id"] == 2, "the data's special ids are SentencePiece's")
+check(sm == {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}, "special_tokens_map.json", str(sm))
+check(tc.get("tokenizer_class") == "LlamaTokenizer" and tc.get("bos_token") == "<s>" and tc.get("eos_token") == "</s>"
+      and tc.get("add_bos_token") is True and tc.get("add_eos_token") is False and tc.get("model_max_length") == 32,
+      "tokenizer_config.json", str(tc))
+check(cj.get("bos_token_id") == 1 and cj.get("eos_token_id") == 2, "config.json token ids", str(cj))
+
+# The exported folder evaluates on its own, to its checkpoint's loss.
+def loss_of(out):
+    m = re.search(r"val loss ([0-9.]+)", out)
+    return m.group(1) if m else None
+
+
+rc1, out1, err1 = run("eval", "--run-dir", run_dir, "--batches", "3", "--seq-len", "16")
+rc2, out2, err2 = run("eval", "--checkpoint", hf, "--data", data, "--batches", "3", "--seq-len", "16")
+check(rc1 == 0 and rc2 == 0 and loss_of(out1) is not None and loss_of(out1) == loss_of(out2),
+      "HF folder evaluates to its checkpoint's loss", f"{out1!r} {out2!r} {err2[-300:]!r}")
+refused("HF folder on another tokenizer's data", ["eval", "--checkpoint", hf, "--data", other, "--batches", "1"],
+        "was tokenized with another tokenizer")
+refused("HF folder without --data", ["eval", "--checkpoint", hf], "give the data to evaluate on with --data")
+
+shutil.rmtree(tmp, ignore_errors=True)
+print(f"{passed} passed, {len(failures)} failed")
+sys.exit(1 if failures else 0)
