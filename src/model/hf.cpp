@@ -144,8 +144,17 @@ std::vector<std::string> load_model_from_safetensors(LlamaForCausalLM& model, co
   }
   for (const auto& r : st.tensors)
     if (!used.count(r.name)) fail(what, ": unexpected tensor '", r.name, "' (not a parameter of this model)");
-  // Only now: the copies.
-  for (auto& [p, r] : plan) p.copy_(value_for(*r, p.scalar_type(), what));
+  // Only now: the copies, each value checked finite first (a NaN or Inf
+  // weight would only show later as a NaN loss, naming no file).
+  for (auto& [p, r] : plan) {
+    const torch::Tensor v = value_for(*r, p.scalar_type(), what);
+    if (!torch::isfinite(v).all().item<bool>()) {
+      const int64_t i = torch::logical_not(torch::isfinite(v)).flatten().nonzero()[0][0].item<int64_t>();
+      fail(what, ": tensor '", r->name, "' holds a non-finite value (", v.flatten()[i].item<double>(),
+           " at flat index ", i, "): the weights are corrupt");
+    }
+    p.copy_(v);
+  }
   if (head_from_embed.defined()) head_from_embed.copy_(model->model->embed_tokens->weight);
   return notes;
 }

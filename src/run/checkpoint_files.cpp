@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <limits>
 #include <regex>
+#include <set>
 
 #include "snip/io/atomic_file.h"
 #include "snip/util/error.h"
@@ -95,6 +96,13 @@ json verify_checkpoint(const std::string& dir) {
     const json man = json::parse(io::read_file(mp), nullptr, /*allow_exceptions=*/false);
     if (!man.is_object() || !man.contains("files") || !man["files"].is_object())
       fail("checkpoint ", mp, ": corrupt (expected a JSON object with a 'files' object)");
+    if (man.value("format", json()) != "snip-checkpoint" || man.value("version", json()) != 1)
+      fail("checkpoint ", mp, ": expected \"format\": \"snip-checkpoint\", \"version\": 1 (written by another "
+           "snip version, or corrupt)");
+    for (auto& [name, e] : man["files"].items())
+      if (name != "model.safetensors" && name != "optimizer.pt" && name != "config.json" &&
+          name != "trainer_state.json")
+        fail("checkpoint ", mp, ": files: unexpected entry \"", name.substr(0, 64), "\" (corrupt manifest)");
     for (const char* f : {"model.safetensors", "optimizer.pt", "config.json", "trainer_state.json"}) {
       const std::string p = (fs::path(dir) / f).string();
       if (!fs::is_regular_file(p)) fail("checkpoint ", dir, ": missing file ", f);
@@ -107,8 +115,10 @@ json verify_checkpoint(const std::string& dir) {
         fail("checkpoint ", p, ": checksum mismatch with ", kManifest, " (the file is truncated or corrupted)");
     }
   } else {
-    spdlog::warn("checkpoint {} has no {} (written by an older snip): trainer_state.json is not covered by a checksum",
-                 dir, kManifest);
+    static std::set<std::string> warned;  // once per folder (eval and export read it twice)
+    if (warned.insert(dir).second)
+      spdlog::warn("checkpoint {} has no {} (written by an older snip): trainer_state.json is not covered by a "
+                   "checksum", dir, kManifest);
   }
   json st;
   try {
@@ -135,8 +145,12 @@ json verify_checkpoint(const std::string& dir) {
   if (st.contains("elapsed_s") &&
       !(st["elapsed_s"].is_number() && std::isfinite(st["elapsed_s"].get<double>()) && st["elapsed_s"].get<double>() >= 0))
     fail("checkpoint ", sp, ": elapsed_s: expected a finite number of seconds >= 0");
-  if (st.contains("val_loss") && !st["val_loss"].is_null() && !st["val_loss"].is_number())
-    fail("checkpoint ", sp, ": val_loss: expected a number or null");
+  if (st.contains("val_loss") && !st["val_loss"].is_null() &&
+      !(st["val_loss"].is_number() && std::isfinite(st["val_loss"].get<double>()) && st["val_loss"].get<double>() >= 0))
+    fail("checkpoint ", sp, ": val_loss: expected a cross-entropy in nats >= 0, or null");
+  // Checkpoints with a manifest (this snip) always record their data.
+  if (fs::exists(mp) && !st.contains("data"))
+    fail("checkpoint ", sp, ": missing the 'data' object (the tokenizer the model was trained with)");
   if (st.contains("data")) {
     const json& d = st["data"];
     if (!d.is_object() || !d.contains("tokenizer_sha256") || !d["tokenizer_sha256"].is_string() ||

@@ -167,6 +167,9 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     fail("run directory ", opts.run_dir, " already holds a run; continue it with --resume, or choose "
          "another --run-dir (or delete it)");
   }
+  for (const char* sub : {"checkpoints", "plans", "stats"})
+    if (fs::exists(run / sub) && !fs::is_directory(run / sub))
+      fail("run directory ", opts.run_dir, ": ", (run / sub).string(), " is not a folder (move it away)");
   // --init-from: the folder's config.json is reconciled with the run's
   // [model] options field by field (adopt_hf_config: taken where the run
   // leaves an option unset, else equal or refused) before the configuration
@@ -282,6 +285,14 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     }
     const std::string op = (fs::path(resume_ckpt) / "optimizer.pt").string();
     step = resume_state.at("step").get<int64_t>();
+    if (resume_state.at("seed").get<uint64_t>() != seed)
+      fail("--resume: ", resume_ckpt, "/trainer_state.json has seed ", resume_state.at("seed").get<uint64_t>(),
+           " but train.seed is ", seed, " (the seed fixes the data order and the initialisation; corrupt?)");
+    if (resume_state.contains("data") && resume_state["data"].contains("vocab_size") &&
+        resume_state["data"]["vocab_size"] != json(data_info.vocab_size))
+      fail("--resume: ", resume_ckpt, "/trainer_state.json has data.vocab_size ",
+           resume_state["data"]["vocab_size"].dump(), " but data.dir's vocabulary is ", data_info.vocab_size,
+           " (corrupt, or another data folder)");
     // The ids mean the pieces of one tokenizer: a run does not continue on
     // data tokenized by another (issue 18, item 3).
     const std::string trained_with = checkpoint_tokenizer_sha256(resume_state);

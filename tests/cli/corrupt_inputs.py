@@ -179,7 +179,11 @@ for name, fn, needle in [
     ("elapsed_s negative", lambda st: st.update(elapsed_s=-1.0), "elapsed_s: expected a finite number"),
     ("step 2^63", lambda st: st.update(step=2**63), "step: 9223372036854775808 is out of range"),
     ("seed missing", lambda st: st.pop("seed"), "seed: expected a non-negative integer"),
-    ("val_loss a string", lambda st: st.update(val_loss="low"), "val_loss: expected a number or null"),
+    ("val_loss a string", lambda st: st.update(val_loss="low"), "val_loss: expected a cross-entropy"),
+    ("val_loss negative", lambda st: st.update(val_loss=-1.0), "val_loss: expected a cross-entropy"),
+    ("data missing", lambda st: st.pop("data"), "missing the 'data' object"),
+    ("seed changed", lambda st: st.update(seed=99), "has seed 99 but train.seed is 1234"),
+    ("data vocab changed", lambda st: st["data"].update(vocab_size=513), "has data.vocab_size 513"),
 ]:
     r, ck = fresh()
     edit_state(ck, fn)
@@ -270,6 +274,52 @@ for k in range(16):
         ok = False
     flip_ok += ok
     record(ok, f"optimizer.pt flip {k}", f"rc={rc} stderr={err[-400:]!r}")
+
+# Found by review: a file where checkpoints/ should be was an internal error
+# after metrics.jsonl and config.toml had been rewritten.
+r, ck = fresh()
+shutil.rmtree(os.path.join(r, "checkpoints"))
+open(os.path.join(r, "checkpoints"), "w").write("x")
+expect_error("checkpoints is a file", resume(r), "checkpoints is not a folder", untouched=r)
+
+# A NaN weight (checksums recomputed) printed a NaN loss (eval), was exported,
+# or ended a resume with "training diverged" naming no file.
+r, ck = fresh()
+p = os.path.join(ck, "model.safetensors")
+b = bytearray(open(p, "rb").read())
+b[-4:] = bytes.fromhex("0000c07f")  # the last float32 of the last tensor: NaN
+open(p, "wb").write(bytes(b))
+reseal(ck)
+for name, args in [("resume", resume(r)), ("eval", ["eval", "--run-dir", r]),
+                   ("export", ["export", "--run-dir", r, "--out", os.path.join(tmp, "nan-export")])]:
+    expect_error(f"NaN weight at {name}", args, "holds a non-finite value", untouched=r,
+                 absent=os.path.join(tmp, "nan-export"))
+
+# metrics.jsonl must hold steps 1 .. N once each (a repeated or missing
+# record, or a garbage line, was accepted and kept).
+for name, edit, needle in [
+    ("repeated", lambda ls: ls[:2] + ls[1:], "line 3: step 2 where step 3 was expected (a record repeated"),
+    ("missing", lambda ls: ls[:1] + ls[2:], "line 2: step 3 where step 2 was expected (a record missing"),
+    ("garbage line", lambda ls: ls[:1] + ["{garbage"] + ls[1:], "line 2: not a JSON record"),
+]:
+    r, ck = fresh()
+    mp = os.path.join(r, "metrics.jsonl")
+    lines = open(mp).read().splitlines()
+    open(mp, "w").write("\n".join(edit(lines)) + "\n")
+    expect_error(f"metrics.jsonl {name}", resume(r), needle, untouched=r)
+
+# manifest.json: another version, or an entry that is not one of the four files.
+for name, fn, needle in [
+    ("manifest version 2", lambda m: m.update(version=2), "expected \"format\": \"snip-checkpoint\", \"version\": 1"),
+    ("manifest extra entry", lambda m: m["files"].update({"../../config.toml": {"bytes": 1, "crc32": 1}}),
+     "files: unexpected entry \"../../config.toml\""),
+]:
+    r, ck = fresh()
+    mp = os.path.join(ck, "manifest.json")
+    m = json.load(open(mp))
+    fn(m)
+    json.dump(m, open(mp, "w"))
+    expect_error(name, ["eval", "--run-dir", r], needle, untouched=r)
 
 # A stray folder under checkpoints/ is ignored with a warning (a step number
 # past 2^63 - 1 was a std::stoll internal error).

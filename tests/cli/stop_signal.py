@@ -115,24 +115,27 @@ for sig, name in [(signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM")]:
 # enough that both signals arrive inside it).
 run = os.path.join(tmp, "run-twice")
 proc = start(["train", "--config", cfg, "--run-dir", run, "--set", "train.max_steps=400", "--set",
-              "train.batch_size=64"])
+              "train.batch_size=1024"])
 check(wait_for_steps(run, 1, proc), "twice: run reached step 1")
 proc.send_signal(signal.SIGINT)
-time.sleep(0.02)
+time.sleep(0.1)  # two signals sent at once merge into one (standard signals are not queued)
 proc.send_signal(signal.SIGINT)
 out, err = proc.communicate(timeout=120)
 check(proc.returncode == -signal.SIGINT, "twice: ends by SIGINT", f"rc={proc.returncode}")
 check("stopped by SIGINT at step" not in err, "twice: did not wait for a checkpoint", err[-400:])
 
 # train.checkpoint_minutes: a checkpoint after that much wall time, whatever
-# checkpoint_interval says (0.0005 minutes = 30 ms: about every step or two).
-run = os.path.join(tmp, "run-minutes")
-p = subprocess.run([snip, "train", "--config", cfg, "--run-dir", run, "--set", "train.max_steps=20", "--set",
-                    "train.checkpoint_minutes=0.0005", "--set", "train.keep_checkpoints=0"],
-                   capture_output=True, text=True, timeout=300)
-steps = sorted(int(d.split("-")[1]) for d in os.listdir(os.path.join(run, "checkpoints")) if d.startswith("step-"))
-check(p.returncode == 0 and len(steps) >= 3, "checkpoint_minutes writes checkpoints by time",
-      f"rc={p.returncode} checkpoints at {steps}")
+# checkpoint_interval says (0.002 minutes = 120 ms; 200 steps take > 1 s),
+# against the same run with it off (one checkpoint, at the end).
+for minutes, want in [("0.002", lambda n: n >= 3), ("0", lambda n: n == 1)]:
+    run = os.path.join(tmp, "run-minutes-" + minutes)
+    p = subprocess.run([snip, "train", "--config", cfg, "--run-dir", run, "--set", "train.max_steps=200", "--set",
+                        f"train.checkpoint_minutes={minutes}", "--set", "train.keep_checkpoints=0"],
+                       capture_output=True, text=True, timeout=300)
+    steps = sorted(int(d.split("-")[1]) for d in os.listdir(os.path.join(run, "checkpoints"))
+                   if d.startswith("step-"))
+    check(p.returncode == 0 and want(len(steps)), f"checkpoint_minutes={minutes}",
+          f"rc={p.returncode} checkpoints at {steps}")
 
 shutil.rmtree(tmp, ignore_errors=True)
 print(f"{passed} passed, {len(failures)} failed")

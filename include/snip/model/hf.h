@@ -59,7 +59,9 @@ io::SafeTensors model_to_safetensors(LlamaForCausalLM& model, at::ScalarType dty
 /// for a missing tensor, a shape mismatch ("tensor 'name' has shape [a, b],
 /// expected [c, d]"), a dtype that is not decoded ("tensor 'x': I64 is not
 /// floating point ..."), an unused tensor ("unexpected tensor 'x' (not a
-/// parameter of this model)") and a head that differs from tied embeddings.
+/// parameter of this model)"), a head that differs from tied embeddings, and
+/// a NaN or Inf value ("tensor 'x' holds a non-finite value ..."; checked as
+/// each tensor is copied: the model is then partly loaded, discard it).
 std::vector<std::string> load_model_from_safetensors(LlamaForCausalLM& model, const io::SafeTensors& st,
                                                      const std::string& what,
                                                      std::optional<bool> file_tied = std::nullopt);

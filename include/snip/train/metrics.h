@@ -17,9 +17,12 @@ class MetricsLog {
   /// the records whose "step" is <= resume_step (a resumed run drops the
   /// interrupted tail and a torn last line), rewriting the file atomically,
   /// and appends after them. Throws UserError when the file cannot be opened,
-  /// or, before anything is written, when a complete line read back is not a
-  /// record snip writes ("step" an integer, "loss" a number, "val_loss" a
-  /// number or null), naming the file and the line number.
+  /// or, before anything is written, when what it reads back is not what snip
+  /// wrote: a line that is not a JSON record (but the last, a torn write), a
+  /// record without an integer "step", a "loss" that is not a number, a
+  /// "val_loss" neither number nor null, or steps other than 1 .. resume_step
+  /// in order (a record repeated or missing), naming the file and the line.
+  /// A missing file is a warning (its records are lost).
   MetricsLog(const std::string& path, int64_t resume_step);
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
