@@ -11,6 +11,7 @@
 #include <string>
 
 #include "snip/io/atomic_file.h"
+#include "snip/io/json.h"
 #include "snip/policy/cost_table.h"
 #include "snip/util/error.h"
 
@@ -21,11 +22,7 @@ using nlohmann::json;
 namespace {
 
 // A short, one-line rendering of a JSON value for "got ..." messages.
-std::string show(const json& v) {
-  std::string s = v.dump();
-  if (s.size() > 40) s = s.substr(0, 37) + "...";
-  return s;
-}
+std::string show(const json& v) { return io::json_excerpt(v, 40); }
 
 struct Ctx {
   const std::string& source;
@@ -72,55 +69,6 @@ GemmCost parse_gemm(const Ctx& c, const json& v, const std::string& path) {
   g.q = option_map(c, v["q"], path + ".q", true);
   if (v.contains("rel_err")) g.rel_err = option_map(c, v["rel_err"], path + ".rel_err", false);
   return g;
-}
-
-// A parser callback that fails on a key seen twice in one object (nlohmann
-// keeps the last value silently, so "flops": 1, "flops": 2 would drop data).
-// It tracks the JSON path of the open containers for the message:
-// "costs.json: layers[1]: expected each key once, got \"flops\" twice".
-json::parser_callback_t duplicate_key_check(const std::string& source) {
-  struct Frame {
-    bool array = false;
-    size_t index = 0;            // array: index of the element being read
-    std::string key;             // object: key of the value being read
-    std::set<std::string> keys;  // object: keys seen so far
-  };
-  auto stack = std::make_shared<std::vector<Frame>>();
-  return [source, stack](int /*depth*/, json::parse_event_t ev, json& parsed) {
-    std::vector<Frame>& st = *stack;
-    auto element_done = [&] {
-      if (!st.empty() && st.back().array) ++st.back().index;
-    };
-    switch (ev) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        st.push_back(Frame{ev == json::parse_event_t::array_start, 0, {}, {}});
-        break;
-      case json::parse_event_t::object_end:
-      case json::parse_event_t::array_end:
-        if (!st.empty()) st.pop_back();
-        element_done();
-        break;
-      case json::parse_event_t::value:
-        element_done();
-        break;
-      case json::parse_event_t::key: {
-        if (st.empty() || st.back().array) break;
-        const std::string k = parsed.get<std::string>();
-        st.back().key = k;
-        if (st.back().keys.insert(k).second) break;
-        // The path of the object holding the duplicate: every open container
-        // but the last contributes the selector of its child.
-        std::string where;
-        for (size_t d = 0; d + 1 < st.size(); ++d)
-          where += st[d].array ? "[" + std::to_string(st[d].index) + "]"
-                               : (where.empty() ? "" : ".") + st[d].key;
-        fail(source, ": ", where.empty() ? "(top level)" : where,
-             ": expected each key once, got \"", k, "\" twice");
-      }
-    }
-    return true;
-  };
 }
 
 }  // namespace
@@ -220,15 +168,9 @@ CostTable load_cost_table(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   if (in.bad()) fail(path, ": cannot read the cost table");
-  json j;
-  try {
-    j = json::parse(ss.str(), duplicate_key_check(path));
-  } catch (const json::parse_error& e) {
-    std::string what = e.what();
-    for (char& ch : what)
-      if (ch == '\n' || ch == '\r') ch = ' ';
-    fail(path, ": expected valid JSON, got a syntax error: ", what);
-  }
+  // Syntax, duplicate keys, nesting depth, numbers past a double's range:
+  // io::parse_json's messages, which name the file and the JSON path.
+  const json j = io::parse_json(ss.str(), path);
   return parse_cost_table(j, path);
 }
 
