@@ -318,6 +318,10 @@ TEST(CliPlan, ShowPrintsASavedPlan) {
   const std::string p9 = d.path + "/run/plans/step-9.json";
   std::ofstream(p9) << R"({"phase": "plan", "items": [], "items": []})";
   EXPECT_EQ(run({"show", d.path + "/run"}).error, p9 + ": (top level): expected each key once, got \"items\" twice");
+  // "step": 1e300 was cast to int64 (undefined behaviour; fuzz_plan_file).
+  std::ofstream(p9) << R"({"phase": "plan", "step": 1e300, "items": [], "fp4_share": 0})";
+  EXPECT_EQ(run({"show", d.path + "/run", "--step", "9"}).error,
+            "plan JSON: step: expected an integer >= 0, got number");
   std::ofstream(p9) << std::string(100000, '[') << std::string(100000, ']');
   EXPECT_NE(run({"show", d.path + "/run", "--step", "9"}).error.find("expected at most 128 nested arrays/objects"), std::string::npos);
 }
