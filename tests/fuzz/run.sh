@@ -23,20 +23,27 @@ seeds="$here/corpus/$target"
 [ -d "$seeds" ] || { echo "fuzz: no target '$target' (no $seeds)" >&2; exit 2; }
 [ -x "$bin" ] || { echo "fuzz: $bin is missing: build it with scripts/setup.sh (clang fuzz build in $build)" >&2; exit 1; }
 work="$build/corpus/$target" artifacts="$build/artifacts"
+dict=()
+case "$target" in
+  safetensors | cost_table | plan_file | recipe | data_meta) dict=(-dict="$here/json.dict") ;;
+  config_toml | config_set) dict=(-dict="$here/toml.dict") ;;
+esac
 mkdir -p "$work" "$artifacts"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 # -timeout: one input taking 10 s is a finding (a hang); -rss_limit_mb /
 # -malloc_limit_mb: an allocation of 2 GiB driven by a small input is one too.
 set +e
+start=$SECONDS
 "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048 \
-  -max_len=16384 -print_final_stats=1 -artifact_prefix="$artifacts/$target-" "$@" "$work" "$seeds" >"$log" 2>&1
+  -max_len=16384 -print_final_stats=1 -artifact_prefix="$artifacts/$target-" "${dict[@]}" "$@" "$work" "$seeds" >"$log" 2>&1
 rc=$?
+elapsed=$((SECONDS - start))
 set -e
 runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
 if [ $rc -ne 0 ] || grep -q -e '^snip: internal error' -e 'runtime error:' -e 'ERROR: AddressSanitizer' -e 'ERROR: LeakSanitizer' "$log"; then
   tail -n 60 "$log" >&2
-  echo "fuzz $target: FAILED after ${runs:-?} executions in ${seconds} s (input in $artifacts/)" >&2
+  echo "fuzz $target: FAILED after ${runs:-?} executions in ${elapsed} s (input in $artifacts/)" >&2
   exit 1
 fi
-echo "fuzz $target: ${runs:-?} executions in ${seconds} s, corpus $(ls "$work" | wc -l) + $(ls "$seeds" | wc -l) seeds, no findings"
+echo "fuzz $target: ${runs:-?} executions in ${elapsed} s, corpus $(ls "$work" | wc -l) + $(ls "$seeds" | wc -l) seeds, no findings"
