@@ -359,7 +359,11 @@ const std::vector<OptionSpec>& option_table() {
   return table;
 }
 
-std::string closest_option_key(const std::string& key) {
+std::string closest_option_key(const std::string& full_key) {
+  // Edit distances cost |key| x |option| each: a key of kilobytes (a file's
+  // junk line) made the suggestion take seconds under the fuzzer. No option
+  // is longer than 64 characters, so neither is a useful look-up.
+  const std::string key = full_key.substr(0, 64);
   // Names other trainers use for the same thing (Hugging Face Trainer,
   // nanoGPT, Megatron), matched on the key's last component.
   static const std::map<std::string, std::string> kSynonyms = {
@@ -392,11 +396,17 @@ std::string closest_option_key(const std::string& key) {
   size_t best_d = SIZE_MAX;
   // Compare against the full key and against the last component, so that
   // "train.learning_rat" and "lr" both find "train.lr".
+  // The distance is at least the difference in length: a candidate that
+  // cannot beat the best so far is not computed (same result, less work).
+  auto distance = [&](const std::string& b) {
+    const size_t gap = key.size() > b.size() ? key.size() - b.size() : b.size() - key.size();
+    return gap >= best_d ? SIZE_MAX : edit_distance(key, b);
+  };
   for (const auto& s : option_table()) {
-    size_t d = edit_distance(key, s.key);
+    size_t d = distance(s.key);
     const auto dot = s.key.find('.');
     if (key.find('.') == std::string::npos && dot != std::string::npos)
-      d = std::min(d, edit_distance(key, s.key.substr(dot + 1)));
+      d = std::min(d, distance(s.key.substr(dot + 1)));
     if (d < best_d) best_d = d, best = s.key;
   }
   return best;
