@@ -73,6 +73,10 @@ expect "65,968 nested arrays in a cost table (was SIGSEGV)" "deep.json: layers\\
 printf '{"layers": [{"name": "a", "flops": 1e309, "q": {"fp4": 1}}]}' >"$tmp/big.json"
 expect "1e309 in a cost table (was an internal error)" "big.json: layers\\[0\\].flops: expected a number a double can hold" -- \
   "$snip" plan --costs "$tmp/big.json" --budget 0.5
+mkdir -p "$tmp/hf"; printf '{"hidden_size": 1e309}' >"$tmp/hf/config.json"
+expect "1e309 in a Hugging Face config.json (was an internal error)" "config.json: hidden_size: expected a number a double can hold" -- \
+  "$snip" train --config "$tmp/ok.toml" --init-from "$tmp/hf" --run-dir "$tmp/r9"
+absent "$tmp/r9"
 expect "empty --budget (was 0)" "--budget: expected a number, got ''" -- "$snip" plan --costs "$tmp/costs.json" --budget ''
 expect "--options no layer offers (was dropped)" "--options: expected options the cost table .* gives a Q for (fp4, fp8), got 'zz'" -- \
   "$snip" plan --costs "$tmp/costs.json" --budget 0.5 --options fp4,zz
