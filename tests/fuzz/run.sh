@@ -31,11 +31,11 @@ esac
 mkdir -p "$work" "$artifacts"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
-# -timeout: one input taking 10 s is a finding (a hang); -rss_limit_mb /
+# -timeout: one input taking 30 s is a finding (a hang; less flags a busy shared machine); -rss_limit_mb /
 # -malloc_limit_mb: an allocation of 2 GiB driven by a small input is one too.
 set +e
 start=$SECONDS
-"$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048 \
+"$bin" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=2048 -malloc_limit_mb=2048 \
   -max_len=16384 -print_final_stats=1 -artifact_prefix="$artifacts/$target-" "${dict[@]}" "$@" "$work" "$seeds" >"$log" 2>&1
 rc=$?
 elapsed=$((SECONDS - start))
