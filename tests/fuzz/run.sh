@@ -11,7 +11,7 @@
 # run). Exit status 0 when the run ends with no crash, no sanitizer report,
 # no leak, no timeout and no `snip: internal error`; otherwise 1, with the
 # input that did it in BUILD/artifacts/ (replay: BUILD/tests/fuzz/fuzz_TARGET FILE).
-# A long campaign on one core: tests/fuzz/run.sh cost_table 3600 -jobs=1
+# A long campaign, one target at a time: tests/fuzz/run.sh cost_table 3600 -runs=1000000
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
