@@ -4,7 +4,7 @@
 # missing packages and rebuilds only what changed.
 #
 # usage: scripts/setup.sh [TARGET ...]   (from anywhere; works on the repo it is in)
-#        TARGETs are Ninja targets (e.g. snip); none = everything (tests, benchmarks)
+#        TARGETs are Ninja targets (e.g. snip); none = everything (tests, benchmarks, and the clang fuzz build in BUILD/fuzz)
 # env:   SNIP_BUILD_DIR (default build), SNIP_BUILD_TYPE (default Release),
 #        SNIP_EXTRA_PACKAGES (more apt packages, e.g. for the report tests)
 set -euo pipefail
@@ -20,6 +20,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch                           # the float64 reference model of the golden test
   chromium                                # headless browser of the report test (tests/report/report_browser.sh)
+  clang libclang-rt-14-dev libomp-14-dev  # the fuzz build: clang 14, libFuzzer + sanitizer runtimes, OpenMP for clang
   ${SNIP_EXTRA_PACKAGES:-}
 )
 missing=()
@@ -41,3 +42,14 @@ if [ ! -f "$build/build.ninja" ]; then
 fi
 # 2 parallel jobs: LibTorch translation units take ~1.5 GiB each to compile.
 ninja -C "$build" -j "${SNIP_JOBS:-$(nproc)}" "$@" >&2
+
+# The fuzz build (docs/robustness.md): clang, libFuzzer, ASan/UBSan, only the
+# LibTorch-free parsers; its targets run in the test suite (CTest label fuzz).
+# Built with everything, not when TARGETs are named.
+if [ $# -eq 0 ]; then
+  if [ ! -f "$build/fuzz/build.ninja" ]; then
+    cmake -S . -B "$build/fuzz" -G Ninja -DSNIP_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ \
+      -DCMAKE_BUILD_TYPE="${SNIP_BUILD_TYPE:-Release}" >&2
+  fi
+  ninja -C "$build/fuzz" -j "${SNIP_JOBS:-$(nproc)}" >&2
+fi

@@ -23,6 +23,7 @@
 #include "snip/quant/quantizers.h"
 #include "snip/method/study.h"
 #include "snip/io/atomic_file.h"
+#include "snip/io/json.h"
 #include "snip/report/report.h"
 #include "snip/report/svg.h"
 #include "snip/util/error.h"
@@ -126,12 +127,7 @@ ArmResult collect(const Arm& arm, const fs::path& dir) {
   r.arm = arm;
   const fs::path sp = dir / "summary.json";
   if (!fs::exists(sp)) return r;
-  json s;
-  try {
-    s = json::parse(io::read_file(sp.string()));
-  } catch (const json::parse_error& e) {
-    fail(sp.string(), ": invalid JSON (", e.what(), ")");
-  }
+  const json s = io::read_json_file(sp.string(), "summary");
   r.done = true;
   r.val = s.value("final_val_loss", std::nan(""));
   r.steps = s.value("steps", int64_t{0});
@@ -362,12 +358,7 @@ void add_experiment_commands(CLI::App& app) {
     std::string out_dir = c->out;
     if (!c->replot.empty()) {
       if (!c->run.empty()) fail("--replot and --run: give one of them");
-      json j;
-      try {
-        j = json::parse(io::read_file(c->replot));
-      } catch (const json::parse_error& e) {
-        fail(c->replot, ": invalid JSON (", e.what(), ")");
-      }
+      const json j = io::read_json_file(c->replot, "correlation study");
       r = correlation_from_json(j, c->replot);
       if (out_dir.empty()) out_dir = fs::path(c->replot).parent_path().string();
       if (out_dir.empty()) out_dir = ".";

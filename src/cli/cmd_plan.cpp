@@ -189,6 +189,21 @@ void run_plan(const PlanArgs& a) {
       for (const auto& v : j["details"]["options"])
         if (v.is_string()) o.allowed_options.push_back(v.get<std::string>());
   }
+  // An option no item offers is a typo (--options fp4,fp8x): refuse it
+  // rather than plan without it.
+  for (const std::string& opt : o.allowed_options) {
+    bool offered = false;
+    std::set<std::string> all;
+    for (const PlanItem& it : problem.items) {
+      offered = offered || it.q.count(opt);
+      for (const auto& kv : it.q) all.insert(kv.first);
+    }
+    if (!offered) {
+      std::string list;
+      for (const std::string& x : all) list += (list.empty() ? "" : ", ") + x;
+      fail("--options: expected options the cost table ", source, " gives a Q for (", list, "), got '", opt, "'");
+    }
+  }
   o.time_limit_s = a.time_limit;
   o.core_time_limit_s = a.core_time_limit;
   o.method = parse_plan_method(a.method);
@@ -327,6 +342,7 @@ void add_plan_commands(CLI::App& app) {
                   "mckp: time limit of CBC on the core, seconds (the plan keeps its stated gap)")
       ->capture_default_str();
   sub->add_flag("-v,--verbose", a->verbose, "Solver summary (-v) or full solver log (-vv) on stderr");
+  refuse_empty_numbers(*sub);
   CLI::Option* budget_opt = sub->get_option("--budget");
   CLI::Option* cost_budget_opt = sub->get_option("--cost-budget");
 
@@ -344,14 +360,7 @@ void add_plan_commands(CLI::App& app) {
   show->add_flag("--json", sa->json, "Print the plan JSON instead of the table");
   show->callback([sa] {
     const std::string path = find_plan_file(sa->run, sa->step);
-    nlohmann::json j;
-    std::ifstream in(path);
-    if (!in) fail(path, ": cannot be read");
-    try {
-      j = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::parse_error& e) {
-      fail(path, ": invalid JSON (", e.what(), ")");
-    }
+    const nlohmann::json j = io::read_json_file(path, "plan");
     if (sa->json)
       std::cout << j.dump(2) << "\n";
     else

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <string>
 
+#include "commands.h"
 #include "snip/util/error.h"
 
 namespace snip::cli {
@@ -47,6 +48,7 @@ inline int run_app(CLI::App& app, int argc, char** argv) {
   // A file-size limit (ulimit -f) must end a write with EFBIG, which every
   // writer turns into one clear line, not kill the process mid-file.
   std::signal(SIGXFSZ, SIG_IGN);
+  refuse_empty_numbers(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

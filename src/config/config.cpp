@@ -148,7 +148,13 @@ std::vector<OptionSpec> make_table() {
   // bounds are typos, not models this build can train: they would overflow
   // 32-bit loader indices or allocations before step 1).
   const double inf = std::numeric_limits<double>::infinity();
-  const OptionRange positive{1, inf}, non_negative{0, inf}, fraction{0, 1}, above_zero{0, inf, true};
+  const OptionRange positive{1, inf}, non_negative{0, inf}, fraction{0, 1};
+  // Floats that reach LibTorch become FP32 scalars there, and c10 refuses a
+  // double beyond FP32's range (lr = 1e308 and grad_clip = 1e308 ended in
+  // "internal error: value cannot be converted to type float without
+  // overflow"): at most 1e30, far below FLT_MAX = 3.4e38. The learning rate
+  // and weight decay also enter as their product (AdamW's 1 - lr*wd): 1e3 each.
+  const OptionRange fp32_scalar{0, 1e30, true}, adamw{0, 1e3, true};
   const std::vector<std::pair<const char*, OptionRange>> ranges = {
       {"model.vocab_size", {0, double(1 << 22)}},
       {"model.hidden_size", {1, double(1 << 17)}},
@@ -157,22 +163,22 @@ std::vector<OptionSpec> make_table() {
       {"model.num_attention_heads", {1, double(1 << 12)}},
       {"model.num_key_value_heads", positive},
       {"model.max_position_embeddings", positive},
-      {"model.rms_norm_eps", above_zero},
-      {"model.rope_theta", above_zero},
-      {"model.init_std", above_zero},
+      {"model.rms_norm_eps", fp32_scalar},
+      {"model.rope_theta", fp32_scalar},
+      {"model.init_std", fp32_scalar},
       {"train.seed", non_negative},
       {"train.batch_size", {1, double(1 << 20)}},
       {"train.seq_len", {1, double(1 << 20)}},
       {"train.grad_accum", {1, double(1 << 20)}},
       {"train.max_steps", positive},
-      {"train.lr", above_zero},
+      {"train.lr", adamw},
       {"train.min_lr_ratio", fraction},
       {"train.warmup_steps", non_negative},
-      {"train.weight_decay", non_negative},
+      {"train.weight_decay", {0, 1e3}},
       {"train.beta1", {0, 1, false, true}},
       {"train.beta2", {0, 1, false, true}},
-      {"train.eps", above_zero},
-      {"train.grad_clip", non_negative},
+      {"train.eps", adamw},
+      {"train.grad_clip", {0, 1e30}},
       {"train.eval_interval", positive},
       {"train.eval_batches", non_negative},
       {"train.checkpoint_interval", non_negative},
@@ -238,11 +244,118 @@ const char* type_name(OptionType t) {
   return "?";
 }
 
+/// A number literal no double (float option) or int64 (integer option)
+/// holds: refused by the option's range, like any value outside it.
+[[noreturn]] void beyond_type(const std::string& what, const OptionSpec& s, const std::string& literal) {
+  const bool integer = s.type == OptionType::kInt;
+  const std::string range = s.range.describe(integer);
+  fail(what, ": ", s.key, ": expected ", integer ? "an integer" : "a finite number", range.empty() ? "" : " ", range,
+       ", got ", literal, integer ? " (beyond 64 bits)" : " (beyond a double's range)");
+}
+
 [[noreturn]] void unknown_key(const std::string& key, const std::string& what) {
   fail(what, ": unknown option '", key, "' (did you mean '", closest_option_key(key),
        "'? `snip train --help` lists every option)");
 }
 
+
+/// Deepest nesting a configuration may have: tables from headers and dotted
+/// keys, arrays and inline tables together. snip's options are section.key
+/// (2), list options arrays (3).
+constexpr size_t kMaxTomlDepth = 64;
+
+/// toml++ builds and destroys nested tables recursively and bounds only the
+/// nesting of arrays and inline tables, not the parts of a dotted key: a
+/// header [a.a. ... .a] of 31,287 parts overflowed the stack (SIGSEGV). A
+/// lexical pass over `text` bounds the depth before toml++ sees it: per
+/// statement, the dotted parts of its key (after its table header's) plus
+/// the arrays and inline tables open around it. Strings and comments are
+/// skipped; syntax errors are left to toml++ (the bound only over-counts).
+void check_toml_depth(const std::string& text, const std::string& what) {
+  struct Open {
+    bool inline_table;  // else an array
+    size_t depth;       // depth of the values inside
+    bool in_key;        // inline table: reading a key (after '{' or ',')
+    size_t key_parts;   // inline table: parts of the key being read
+  };
+  std::vector<Open> open;
+  size_t line = 1, header_depth = 0, key_parts = 1;
+  bool line_start = true, in_key = true, in_header = false;
+  auto check = [&](size_t depth) {
+    if (depth > kMaxTomlDepth)
+      fail(what, ":", line, ": expected tables, dotted keys, arrays and inline tables nested at most ", kMaxTomlDepth,
+           " deep, got more");
+  };
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\n') {
+      ++line;
+      if (open.empty()) line_start = in_key = true, key_parts = 1, in_header = false;
+      continue;
+    }
+    if (c == '#') {  // comment to the end of the line
+      while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
+      continue;
+    }
+    if (c == '"' || c == '\'') {  // strings: basic (escapes) or literal, one- or multi-line
+      const bool multi = text.compare(i, 3, std::string(3, c)) == 0;
+      i += multi ? 3 : 1;
+      for (; i < text.size(); ++i) {
+        if (text[i] == '\n') ++line;
+        if (c == '"' && text[i] == '\\') {
+          ++i;
+          if (i < text.size() && text[i] == '\n') ++line;
+        } else if (text[i] == c && (!multi || text.compare(i, 3, std::string(3, c)) == 0)) {
+          if (multi) {  // a closing """ may follow up to two quotes of the content
+            i += 2;
+            for (int extra = 0; extra < 2 && i + 1 < text.size() && text[i + 1] == c; ++extra) ++i;
+          }
+          break;
+        }
+      }
+      line_start = false;
+      continue;
+    }
+    if (c == ' ' || c == '\t' || c == '\r') continue;
+    const size_t base = open.empty() ? header_depth : open.back().depth;
+    if (open.empty() && line_start && c == '[') {  // a table header: [a.b] or [[a.b]]
+      in_header = true;
+      header_depth = 1;
+      line_start = false;
+      continue;
+    }
+    line_start = false;
+    if (in_header) {
+      if (c == '.') check(++header_depth);
+      else if (c == '[') check(++header_depth);  // [[array of tables]]
+      continue;
+    }
+    if (!open.empty() && open.back().inline_table && open.back().in_key) {
+      if (c == '.') check(base + ++open.back().key_parts);
+      else if (c == '=') open.back().in_key = false;
+      else if (c == '}') open.pop_back();
+      continue;
+    }
+    if (open.empty() && in_key) {
+      if (c == '.') check(base + ++key_parts);
+      else if (c == '=') in_key = false;
+      continue;
+    }
+    // A value: arrays and inline tables open here.
+    const size_t here = open.empty() ? base + key_parts
+                        : open.back().inline_table ? base + open.back().key_parts
+                                                   : base;
+    if (c == '[' || c == '{') {
+      check(here + 1);
+      open.push_back(Open{c == '{', here + 1, c == '{', 1});
+    } else if ((c == ']' || c == '}') && !open.empty()) {
+      open.pop_back();
+    } else if (c == ',' && !open.empty() && open.back().inline_table) {
+      open.back().in_key = true;
+      open.back().key_parts = 1;
+    }
+  }
+}
 }  // namespace
 
 const std::vector<OptionSpec>& option_table() {
@@ -250,7 +363,11 @@ const std::vector<OptionSpec>& option_table() {
   return table;
 }
 
-std::string closest_option_key(const std::string& key) {
+std::string closest_option_key(const std::string& full_key) {
+  // Edit distances cost |key| x |option| each: a key of kilobytes (a file's
+  // junk line) made the suggestion take seconds under the fuzzer. No option
+  // is longer than 64 characters, so neither is a useful look-up.
+  const std::string key = full_key.substr(0, 64);
   // Names other trainers use for the same thing (Hugging Face Trainer,
   // nanoGPT, Megatron), matched on the key's last component.
   static const std::map<std::string, std::string> kSynonyms = {
@@ -283,11 +400,17 @@ std::string closest_option_key(const std::string& key) {
   size_t best_d = SIZE_MAX;
   // Compare against the full key and against the last component, so that
   // "train.learning_rat" and "lr" both find "train.lr".
+  // The distance is at least the difference in length: a candidate that
+  // cannot beat the best so far is not computed (same result, less work).
+  auto distance = [&](const std::string& b) {
+    const size_t gap = key.size() > b.size() ? key.size() - b.size() : b.size() - key.size();
+    return gap >= best_d ? SIZE_MAX : edit_distance(key, b);
+  };
   for (const auto& s : option_table()) {
-    size_t d = edit_distance(key, s.key);
+    size_t d = distance(s.key);
     const auto dot = s.key.find('.');
     if (key.find('.') == std::string::npos && dot != std::string::npos)
-      d = std::min(d, edit_distance(key, s.key.substr(dot + 1)));
+      d = std::min(d, distance(s.key.substr(dot + 1)));
     if (d < best_d) best_d = d, best = s.key;
   }
   return best;
@@ -355,6 +478,7 @@ void Config::set(const std::string& key, const OptionValue& v, const std::string
 }
 
 void Config::load_toml_string(const std::string& text, const std::string& what) {
+  check_toml_depth(text, what);
   toml::table tbl;
   try {
     tbl = toml::parse(text, what);
@@ -370,6 +494,25 @@ void Config::load_toml_string(const std::string& text, const std::string& what) 
         std::smatch m;
         if (std::regex_match(line, m, bare))
           hint = str_cat(" (strings need quotes: ", m[1].str(), " = \"", m[2].str(), "\")");
+        // `lr = 1e309`, `max_steps = 99999999999999999999`: toml++ cannot
+        // hold the number; the option's range refuses it by name.
+        static const std::regex num(R"(^\s*([A-Za-z0-9_-]+)\s*=\s*([-+]?[0-9][0-9_]*(\.[0-9_]*)?([eE][-+]?[0-9_]+)?)\s*(#.*)?$)");
+        if (std::regex_match(line, m, num)) {
+          std::string section;
+          std::istringstream before(text);
+          static const std::regex header(R"(^\s*\[\s*([A-Za-z0-9_-]+)\s*\]\s*(#.*)?$)");
+          std::string l;
+          std::smatch h;
+          for (size_t k = 1; k < line_no && std::getline(before, l); ++k)
+            if (std::regex_match(l, h, header)) section = h[1].str();
+          std::string digits = m[2].str();
+          digits.erase(std::remove(digits.begin(), digits.end(), '_'), digits.end());
+          const double x = std::strtod(digits.c_str(), nullptr);
+          const OptionSpec* spec = find_spec(section + "." + m[1].str());
+          if (spec && ((spec->type == T::kFloat && !std::isfinite(x)) ||
+                       (spec->type == T::kInt && std::fabs(x) >= 9.2e18)))
+            beyond_type(str_cat(what, ":", line_no), *spec, m[2].str());
+        }
       }
     fail(what, ":", e.source().begin.line, ":", e.source().begin.column, ": TOML syntax error: ",
          e.description(), hint);
@@ -434,7 +577,13 @@ void Config::set_override(const std::string& assignment) {
     case T::kInt: {
       size_t pos = 0;
       long long x = 0;
-      try { x = std::stoll(text, &pos); } catch (...) { pos = 0; }
+      try {
+        x = std::stoll(text, &pos);
+      } catch (const std::out_of_range&) {
+        beyond_type(what, *s, text);
+      } catch (...) {
+        pos = 0;
+      }
       if (pos == 0 || pos != text.size()) fail(what, ": ", key, ": expected an integer, got '", text, "'");
       v = int64_t{x};
       break;
@@ -442,7 +591,18 @@ void Config::set_override(const std::string& assignment) {
     case T::kFloat: {
       size_t pos = 0;
       double x = 0;
-      try { x = std::stod(text, &pos); } catch (...) { pos = 0; }
+      try {
+        x = std::stod(text, &pos);
+      } catch (const std::out_of_range&) {
+        // stod also throws for a subnormal result (1e-310); only overflow is out of range.
+        char* end = nullptr;
+        const double y = std::strtod(text.c_str(), &end);
+        if (*end != '\0') pos = 0;
+        else if (std::isfinite(y)) x = y, pos = text.size();
+        else beyond_type(what, *s, text);
+      } catch (...) {
+        pos = 0;
+      }
       if (pos == 0 || pos != text.size()) fail(what, ": ", key, ": expected a number, got '", text, "'");
       v = x;
       break;
@@ -522,6 +682,7 @@ std::map<std::string, std::string> read_toml_display(const std::string& path) {
   if (!in) fail(path, ": cannot be read: ", std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
+  check_toml_depth(ss.str(), path);
   toml::table tbl;
   try {
     tbl = toml::parse(ss.str(), path);

@@ -1,4 +1,5 @@
 // QuantSpec: names, validation, JSON form.
+#include <climits>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -162,6 +163,10 @@ QuantSpec quant_spec_from_json(const nlohmann::json& j, const std::string& where
     const auto& v = j.at(key);
     if (!v.is_number_integer())
       fail(where, ".", key, ": expected an integer, got ", v.type_name(), " ", v.dump());
+    // get<int>() would wrap 2^32 + 5 to 5 silently.
+    if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(INT_MAX)
+                               : v.get<int64_t>() < INT_MIN || v.get<int64_t>() > INT_MAX)
+      fail(where, ".", key, ": expected an integer of 32 bits, got ", v.dump());
     return v.get<int>();
   };
   for (auto it = j.begin(); it != j.end(); ++it) {

@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "snip/io/atomic_file.h"
+#include "snip/io/json.h"
 #include "snip/util/error.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -139,26 +140,9 @@ Header parse_header(std::string_view text, uint64_t buffer_size, const std::stri
   if (text.find('\0') != std::string_view::npos)
     fail(what, ": header is not valid UTF-8 JSON: raw NUL byte at offset ",
          text.find('\0'), " (zero padding? the spec pads with spaces)");
-  // nlohmann keeps the last of duplicate keys silently; catch them here.
-  std::vector<std::set<std::string>> keys;
-  auto cb = [&](int /*depth*/, json::parse_event_t ev, json& parsed) {
-    if (ev == json::parse_event_t::object_start) {
-      keys.emplace_back();
-    } else if (ev == json::parse_event_t::object_end) {
-      if (!keys.empty()) keys.pop_back();
-    } else if (ev == json::parse_event_t::key) {
-      const std::string k = parsed.get<std::string>();
-      if (!keys.empty() && !keys.back().insert(k).second)
-        fail(what, ": duplicate key \"", k, "\" in header");
-    }
-    return true;
-  };
-  json h;
-  try {
-    h = json::parse(text.begin(), text.end(), cb);
-  } catch (const json::exception& e) {
-    fail(what, ": header is not valid UTF-8 JSON: ", e.what());
-  }
+  // Syntax, duplicate keys (nlohmann keeps the last silently), nesting
+  // depth and numbers past a double's range, named by their JSON path.
+  const json h = parse_json(text, what + ": header");
   if (!h.is_object()) fail(what, ": header is not a JSON object (got ", json_type(h), ")");
 
   Header out;
@@ -199,24 +183,24 @@ Header parse_header(std::string_view text, uint64_t buffer_size, const std::stri
     for (const json& d : js) {
       if (d.is_number_unsigned()) {
         if (d.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-          fail(t, "dim ", d.dump(), " in shape is too large");
+          fail(t, "dim ", json_excerpt(d), " in shape is too large");
         e.shape.push_back(d.get<int64_t>());
       } else if (d.is_number_integer()) {
-        fail(t, "negative dim ", d.dump(), " in shape ", js.dump());
+        fail(t, "negative dim ", json_excerpt(d), " in shape ", json_excerpt(js));
       } else {
-        fail(t, "shape must be an array of integers, found ", d.dump());
+        fail(t, "shape must be an array of integers, found ", json_excerpt(d));
       }
     }
     const json& jo = v["data_offsets"];
     if (!jo.is_array() || jo.size() != 2 || !jo[0].is_number_unsigned() ||
         !jo[1].is_number_unsigned() || jo[0].get<uint64_t>() > jo[1].get<uint64_t>())
-      fail(t, "data_offsets must be [begin, end] with 0 <= begin <= end, got ", jo.dump());
+      fail(t, "data_offsets must be [begin, end] with 0 <= begin <= end, got ", json_excerpt(jo));
     e.begin = jo[0].get<uint64_t>();
     e.end = jo[1].get<uint64_t>();
     uint64_t need = 0;
     if (const std::string why = byte_size(e.shape, e.dtype, &need); !why.empty()) fail(t, why);
     if (e.end - e.begin != need)
-      fail(t, "data_offsets ", jo.dump(), " span ", e.end - e.begin, " bytes but shape ",
+      fail(t, "data_offsets ", json_excerpt(jo), " span ", e.end - e.begin, " bytes but shape ",
            shape_str(e.shape), " of ", dtype_name(e.dtype), " needs ", need, " bytes");
     out.entries.push_back(std::move(e));
   }

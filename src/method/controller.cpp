@@ -217,6 +217,16 @@ PrecisionController::PrecisionController(const RunConfig& rc, std::vector<QuantL
       fail("config: precision.pins: ", e.what());
     }
   }
+  // Pins name layers and options: one that matches no layer, conflicts with
+  // another or picks an option the layers do not offer is refused whatever
+  // the policy (issue 17: with bf16, pins = "x[=fp8" was accepted silently).
+  if (!pins_.empty()) {
+    try {
+      policy::resolve_pins(shape_only_problem(), plan_options(true));
+    } catch (const UserError& e) {
+      fail("config: precision.pins: ", e.what());
+    }
+  }
   if (pc_.policy == Policy::kBf16) return;  // inactive: nothing is quantized
   active_ = true;
   for (int64_t p : sched_.plan_steps()) plan_steps_.insert(p);

@@ -8,6 +8,7 @@
 
 #include "snip/config/config.h"
 #include "snip/io/atomic_file.h"
+#include "snip/io/json.h"
 #include "snip/io/tensor_values.h"
 #include "snip/util/error.h"
 
@@ -214,11 +215,9 @@ HfFolder read_hf_folder(const std::string& dir) {
   f.dir = dir;
   f.config_path = (fs::path(dir) / "config.json").string();
   f.weights_path = (fs::path(dir) / "model.safetensors").string();
-  try {
-    f.config_json = nlohmann::json::parse(io::read_file(f.config_path));
-  } catch (const nlohmann::json::parse_error& e) {
-    fail(f.config_path, ": invalid JSON: ", e.what());
-  }
+  // io::read_json_file: syntax, duplicate keys, depth and 1e309 (which
+  // json::parse threw as out_of_range, an internal error) named by path.
+  f.config_json = io::read_json_file(f.config_path, "config");
   f.config = LlamaConfig::from_hf_json(f.config_json, f.config_path);
   return f;
 }

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "snip/io/atomic_file.h"
+#include "snip/io/json.h"
 #include "snip/policy/cost_table.h"
 #include "snip/util/error.h"
 
@@ -21,11 +22,7 @@ using nlohmann::json;
 namespace {
 
 // A short, one-line rendering of a JSON value for "got ..." messages.
-std::string show(const json& v) {
-  std::string s = v.dump();
-  if (s.size() > 40) s = s.substr(0, 37) + "...";
-  return s;
-}
+std::string show(const json& v) { return io::json_excerpt(v, 40); }
 
 struct Ctx {
   const std::string& source;
@@ -73,79 +70,6 @@ GemmCost parse_gemm(const Ctx& c, const json& v, const std::string& path) {
   if (v.contains("rel_err")) g.rel_err = option_map(c, v["rel_err"], path + ".rel_err", false);
   return g;
 }
-
-// A SAX handler that builds the DOM (nlohmann's own json_sax_dom_parser)
-// and fails on a key seen twice in one object (nlohmann keeps the last
-// value silently, so "flops": 1, "flops": 2 would drop data). It tracks the
-// JSON path of the open containers for the message:
-// "costs.json: layers[1]: expected each key once, got \"flops\" twice".
-// Not json::parse with a callback: nlohmann 3.11.2's callback parser scans
-// the parent container at every object end (quadratic: 10 s for a
-// 100,000-layer table); sax_parse dispatches statically to these members.
-class DuplicateKeyCheck : public nlohmann::detail::json_sax_dom_parser<json> {
- public:
-  using Base = nlohmann::detail::json_sax_dom_parser<json>;
-  DuplicateKeyCheck(json& result, std::string source)
-      : Base(result, /*allow_exceptions=*/true), source_(std::move(source)) {}
-
-  bool start_object(std::size_t n) {
-    st_.push_back(Frame{false, 0, {}, {}});
-    return Base::start_object(n);
-  }
-  bool end_object() {
-    if (!st_.empty()) st_.pop_back();
-    element_done();
-    return Base::end_object();
-  }
-  bool start_array(std::size_t n) {
-    st_.push_back(Frame{true, 0, {}, {}});
-    return Base::start_array(n);
-  }
-  bool end_array() {
-    if (!st_.empty()) st_.pop_back();
-    element_done();
-    return Base::end_array();
-  }
-  bool key(std::string& k) {
-    if (!st_.empty() && !st_.back().array) {
-      st_.back().key = k;
-      if (!st_.back().keys.insert(k).second) {
-        // The path of the object holding the duplicate: every open
-        // container but the last contributes the selector of its child.
-        std::string where;
-        for (size_t d = 0; d + 1 < st_.size(); ++d)
-          where += st_[d].array ? "[" + std::to_string(st_[d].index) + "]"
-                                : (where.empty() ? "" : ".") + st_[d].key;
-        fail(source_, ": ", where.empty() ? "(top level)" : where,
-             ": expected each key once, got \"", k, "\" twice");
-      }
-    }
-    return Base::key(k);
-  }
-  bool null() { element_done(); return Base::null(); }
-  bool boolean(bool v) { element_done(); return Base::boolean(v); }
-  bool number_integer(json::number_integer_t v) { element_done(); return Base::number_integer(v); }
-  bool number_unsigned(json::number_unsigned_t v) { element_done(); return Base::number_unsigned(v); }
-  bool number_float(json::number_float_t v, const std::string& s) {
-    element_done();
-    return Base::number_float(v, s);
-  }
-  bool string(std::string& v) { element_done(); return Base::string(v); }
-  bool binary(json::binary_t& v) { element_done(); return Base::binary(v); }
-
- private:
-  struct Frame {
-    bool array = false;
-    size_t index = 0;            // array: index of the element being read
-    std::string key;             // object: key of the value being read
-    std::set<std::string> keys;  // object: keys seen so far
-  };
-  void element_done() {
-    if (!st_.empty() && st_.back().array) ++st_.back().index;
-  }
-  std::string source_;
-  std::vector<Frame> st_;
-};
 
 }  // namespace
 
@@ -244,16 +168,9 @@ CostTable load_cost_table(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   if (in.bad()) fail(path, ": cannot read the cost table");
-  json j;
-  try {
-    DuplicateKeyCheck sax(j, path);
-    json::sax_parse(ss.str(), &sax);
-  } catch (const json::parse_error& e) {
-    std::string what = e.what();
-    for (char& ch : what)
-      if (ch == '\n' || ch == '\r') ch = ' ';
-    fail(path, ": expected valid JSON, got a syntax error: ", what);
-  }
+  // Syntax, duplicate keys, nesting depth, numbers past a double's range:
+  // io::parse_json's messages, which name the file and the JSON path.
+  const json j = io::parse_json(ss.str(), path);
   return parse_cost_table(j, path);
 }
 

@@ -59,7 +59,16 @@ std::string format_plan_table(const nlohmann::json& pj) {
     }
     auto pad = [](const std::string& s, size_t n) { return s.size() >= n ? s : s + std::string(n - s.size(), ' '); };
     auto lpad = [](const std::string& s, size_t n) { return s.size() >= n ? s : std::string(n - s.size(), ' ') + s; };
-    os << "precision plan at step " << pj.value("step", int64_t{-1}) << ": policy "
+    // "step": an integer; json::value() would cast a float such as 1e300 to
+    // int64 (undefined behaviour, found by fuzz_plan_file).
+    int64_t step = -1;
+    if (pj.contains("step")) {
+      const nlohmann::json& s = pj["step"];
+      if (!s.is_number_integer() || (s.is_number_unsigned() && s.get<uint64_t>() > uint64_t(INT64_MAX)))
+        fail("plan JSON: step: expected an integer >= 0, got ", s.type_name());
+      step = s.get<int64_t>();
+    }
+    os << "precision plan at step " << step << ": policy "
        << pj.value("policy", std::string("?")) << ", phase " << pj.value("phase", std::string("?")) << "\n";
     os << pad("item", w) << "  " << pad("option", 8) << lpad("FLOPs %", 9);
     for (const auto& c : cols) os << lpad("Q(" + c + ")", 13);

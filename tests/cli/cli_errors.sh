@@ -48,9 +48,38 @@ touch "$tmp/afile"
 expect "unwritable run dir" "not writable" -- "$snip" train --config "$tmp/ok.toml" --run-dir "$tmp/afile/run"
 expect "config is a directory" "is a directory" -- "$snip" train --config "$tmp" --run-dir "$tmp/r6"
 absent "$tmp/r6"
-expect "negative eps" "train.eps: expected a finite number > 0" -- \
+expect "negative eps" "train.eps: expected a finite number in (0, 1000\\]" -- \
   "$snip" train --config "$tmp/ok.toml" --set train.eps=-1 --run-dir "$tmp/r7"
 absent "$tmp/r7"
+
+# Issue 17: measured crashes and internal errors on malformed input.
+expect "lr beyond FP32 (was an internal error)" "train.lr: expected a finite number in (0, 1000\\], got 1e+308" -- \
+  "$snip" train --config "$tmp/ok.toml" --set train.lr=1e308 --run-dir "$tmp/r8"
+expect "grad_clip beyond FP32 (was an internal error)" "train.grad_clip: expected a finite number in \\[0, 1e+30\\]" -- \
+  "$snip" train --config "$tmp/ok.toml" --set train.grad_clip=1e308 --run-dir "$tmp/r8"
+cp "$tmp/ok.toml" "$tmp/lr.toml"; printf 'lr = 1e309\n' >>"$tmp/lr.toml"
+expect "lr literal beyond a double" "lr.toml:[0-9]*: train.lr: expected a finite number in (0, 1000\\], got 1e309" -- \
+  "$snip" train --config "$tmp/lr.toml" --run-dir "$tmp/r8"
+python3 -c "print('[' + '.'.join(['a'] * 31287) + ']')" >"$tmp/deep.toml"
+expect "31,287-part table header (was SIGSEGV)" "deep.toml:1: expected tables, dotted keys, arrays and inline tables nested at most 64" -- \
+  "$snip" train --config "$tmp/deep.toml" --run-dir "$tmp/r8"
+expect "pin matching no layer under bf16 (was accepted)" "config: precision.pins: pin 'x.=fp8' matches no item" -- \
+  "$snip" train --config "$tmp/ok.toml" --set 'precision.pins=x[=fp8' --run-dir "$tmp/r8"
+absent "$tmp/r8"
+printf '{"layers": [{"name": "a", "flops": 1, "q": {"fp4": 1, "fp8": 0}}]}' >"$tmp/costs.json"
+python3 -c "n = 65968; print('{\"layers\": ' + '[' * n + ']' * n + '}')" >"$tmp/deep.json"
+expect "65,968 nested arrays in a cost table (was SIGSEGV)" "deep.json: layers\\[0\\]\\[0\\].*expected at most 128 nested arrays/objects" -- \
+  "$snip" plan --costs "$tmp/deep.json" --budget 0.5
+printf '{"layers": [{"name": "a", "flops": 1e309, "q": {"fp4": 1}}]}' >"$tmp/big.json"
+expect "1e309 in a cost table (was an internal error)" "big.json: layers\\[0\\].flops: expected a number a double can hold" -- \
+  "$snip" plan --costs "$tmp/big.json" --budget 0.5
+mkdir -p "$tmp/hf"; printf '{"hidden_size": 1e309}' >"$tmp/hf/config.json"
+expect "1e309 in a Hugging Face config.json (was an internal error)" "config.json: hidden_size: expected a number a double can hold" -- \
+  "$snip" train --config "$tmp/ok.toml" --init-from "$tmp/hf" --run-dir "$tmp/r9"
+absent "$tmp/r9"
+expect "empty --budget (was 0)" "--budget: expected a number, got ''" -- "$snip" plan --costs "$tmp/costs.json" --budget ''
+expect "--options no layer offers (was dropped)" "--options: expected options the cost table .* gives a Q for (fp4, fp8), got 'zz'" -- \
+  "$snip" plan --costs "$tmp/costs.json" --budget 0.5 --options fp4,zz
 expect "unknown flag" "" -- "$snip" train --bogus
 expect "unknown command" "" -- "$snip" bogus
 expect "missing corpus" "" -- "$snip" data prepare --input "$tmp/no-corpus" --out "$tmp/d1"

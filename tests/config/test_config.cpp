@@ -125,3 +125,70 @@ TEST(Config, NumbersPrintAsTheShortestDecimalThatReadsBack) {
   EXPECT_EQ(format_option_value(int64_t{42}), "42");
   EXPECT_EQ(format_option_value(std::string("a b")), "'a b'");
 }
+
+namespace snip {
+namespace {
+
+std::string toml_error(const std::string& text) {
+  return test::error_of([&] {
+    Config c;
+    c.load_toml_string(text, "f.toml");
+  });
+}
+
+std::string dotted(size_t parts) {
+  std::string s = "a";
+  for (size_t i = 1; i < parts; ++i) s += ".a";
+  return s;
+}
+
+// Issue 17: a header [a.a. ... .a] of 31,287 parts crashed `snip train`
+// (SIGSEGV in toml++'s recursion); nesting is bounded before toml++ parses.
+TEST(ConfigRobustness, NestingIsBoundedBeforeTomlParses) {
+  const std::string bound = "f.toml:1: expected tables, dotted keys, arrays and inline tables nested at most 64 deep, got more";
+  EXPECT_EQ(toml_error("[" + dotted(31287) + "]\n"), bound);
+  EXPECT_EQ(toml_error(dotted(31287) + " = 1\n"), bound);
+  EXPECT_EQ(toml_error("x = " + std::string(65, '[') + std::string(65, ']') + "\n"), bound);
+  EXPECT_EQ(toml_error("x = {" + dotted(70) + " = 1}\n"), bound);
+  EXPECT_EQ(toml_error("[t]\n\nx = [{y = [{z = " + std::string(70, '[')).rfind("f.toml:3: expected tables", 0), 0u);
+  // Within the bound toml++ decides (here: not snip options), and dots or
+  // brackets inside strings and comments do not count.
+  EXPECT_EQ(toml_error("[" + dotted(64) + "]\n").find("nested at most"), std::string::npos);
+  EXPECT_EQ(toml_error("x = " + std::string(63, '[') + std::string(63, ']') + "\n").find("nested at most"),
+            std::string::npos);
+  Config c;
+  c.load_toml_string("[data] # [" + dotted(100) + "]\ndir = \"" + dotted(100) + "[[[[\"\n[precision]\npins = '''\n" +
+                         dotted(100) + "=fp8'''\n",
+                     "f.toml");
+  EXPECT_EQ(c.get_string("data.dir"), dotted(100) + "[[[[");
+}
+
+// Issue 17: lr = 1e308 passed the range (0, inf) and ended in an internal
+// error inside LibTorch; 1e309 was a TOML syntax error naming no option.
+TEST(ConfigRobustness, NumbersBeyondAnOptionsRangeAreRefusedByName) {
+  Config c;
+  c.load_toml_string("[train]\nlr = 1e308\n", "f.toml");
+  EXPECT_EQ(test::error_of([&] { c.validate(); }), "config: train.lr: expected a finite number in (0, 1000], got 1e+308");
+  c.load_toml_string("[train]\ngrad_clip = 1e308\n", "f.toml");
+  EXPECT_EQ(test::error_of([&] { RunConfig::from(c); }),
+            "config: train.grad_clip: expected a finite number in [0, 1e+30], got 1e+308");
+  EXPECT_EQ(toml_error("[train]\n\nlr = 1e309\n"),
+            "f.toml:3: train.lr: expected a finite number in (0, 1000], got 1e309 (beyond a double's range)");
+  EXPECT_EQ(toml_error("[train]\nmax_steps = 99999999999999999999 # many\n"),
+            "f.toml:2: train.max_steps: expected an integer >= 1, got 99999999999999999999 (beyond 64 bits)");
+  Config s;
+  EXPECT_EQ(test::error_of([&] { s.set_override("train.lr=-1e309"); }),
+            "--set train.lr=-1e309: train.lr: expected a finite number in (0, 1000], got -1e309 (beyond a double's range)");
+  EXPECT_EQ(test::error_of([&] { s.set_override("train.seed=99999999999999999999"); }),
+            "--set train.seed=99999999999999999999: train.seed: expected an integer >= 0, got 99999999999999999999 "
+            "(beyond 64 bits)");
+  EXPECT_EQ(test::error_of([&] { s.set_override("train.lr=1e309x"); }),
+            "--set train.lr=1e309x: train.lr: expected a number, got '1e309x'");
+  s.set_override("train.eps=1e-310");  // subnormal: a double holds it
+  EXPECT_GT(s.get_float("train.eps"), 0.0);
+  s.set_override("train.lr=1000");
+  EXPECT_EQ(test::error_of([&] { s.validate(); }), "(no error)");
+}
+
+}  // namespace
+}  // namespace snip

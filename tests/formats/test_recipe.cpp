@@ -228,6 +228,25 @@ TEST(Recipe, NewFormatPlugsInByRegistering) {
   }
 }
 
+// Found reviewing fuzz_recipe's parser (issue 17): get<int>() wrapped an integer
+// past 32 bits, so 2^32 + 5 history entries became 5 silently.
+TEST(Recipe, IntegersPast32BitsAreRefusedNotWrapped) {
+  const auto with = [](const std::string& v) {
+    return nlohmann::json::parse(R"({"name": "d", "operands": {"all": {"element": "e4m3", "rule": "delayed",
+        "scale_format": "fp32", "block": "tensor", "amax_history_len": )" + v + "}}}");
+  };
+  EXPECT_EQ(recipe_from_json(with("16"), "r.json")[Operand::kFpropX].amax_history_len, 16);
+  for (const std::string v : {"4294967301", "18446744073709551615", "-4294967291"}) {
+    std::string msg;
+    try {
+      recipe_from_json(with(v), "r.json");
+    } catch (const UserError& e) {
+      msg = e.what();
+    }
+    EXPECT_EQ(msg, "r.json.operands.fprop.x.amax_history_len: expected an integer of 32 bits, got " + v);
+  }
+}
+
 }  // namespace
 }  // namespace snip::quant
 

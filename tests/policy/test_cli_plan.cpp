@@ -255,6 +255,20 @@ TEST(CliPlan, UserErrors) {
   EXPECT_NE(run({"--costs", costs, "--budget", "0.5", "--per-gemm"})
                 .error.find("per-GEMM planning expected a \"gemms\" entry"),
             std::string::npos);
+  // Issue 17: an empty number was read as 0 (`--budget ''` planned for a
+  // share of 0), and an option no layer offers was silently dropped.
+  for (const char* o : {"--budget", "--cost-budget", "--time-limit", "--stages", "--seed", "--steps"}) {
+    std::string what;
+    try {
+      run({"--costs", costs, o, ""});
+    } catch (const CLI::ParseError& e) {
+      what = e.what();
+    }
+    EXPECT_EQ(what, std::string(o) + ": expected a number, got ''") << o;
+  }
+  EXPECT_EQ(run({"--costs", costs, "--budget", "0.5", "--options", "fp4,zz"}).error,
+            "--options: expected options the cost table " + costs + " gives a Q for (fp4, fp8), got 'zz'");
+  EXPECT_EQ(run({"--costs", costs, "--budget", "0.5", "--options", "fp4,fp8"}).error, "");
   // An infeasible budget writes nothing.
   const CliResult r =
       run({"--costs", costs, "--budget", "0.9", "--pin", "*.up_proj=fp8", "--out", out});
@@ -327,6 +341,16 @@ TEST(CliPlan, ShowPrintsASavedPlan) {
                 "/run (plans were made at steps 3, 7; before the first, the warmup precision ran)");
   EXPECT_EQ(run({"show", d.path + "/nothing"}).error,
             "snip plan show: run folder " + d.path + "/nothing does not exist");
+  // A saved plan is user input too: the strict parser's checks (issue 17).
+  const std::string p9 = d.path + "/run/plans/step-9.json";
+  std::ofstream(p9) << R"({"phase": "plan", "items": [], "items": []})";
+  EXPECT_EQ(run({"show", d.path + "/run"}).error, p9 + ": (top level): expected each key once, got \"items\" twice");
+  // "step": 1e300 was cast to int64 (undefined behaviour; fuzz_plan_file).
+  std::ofstream(p9) << R"({"phase": "plan", "step": 1e300, "items": [], "fp4_share": 0})";
+  EXPECT_EQ(run({"show", d.path + "/run", "--step", "9"}).error,
+            "plan JSON: step: expected an integer >= 0, got number");
+  std::ofstream(p9) << std::string(100000, '[') << std::string(100000, ']');
+  EXPECT_NE(run({"show", d.path + "/run", "--step", "9"}).error.find("expected at most 128 nested arrays/objects"), std::string::npos);
 }
 
 // `--stats FILE`: the options the stats step measured are the default

@@ -192,6 +192,39 @@ TEST(CostTable, LoadFromFile) {
   EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;  // one line
 }
 
+// Measured defects (issue 17): 65,968 nested arrays as "layers", or nested
+// objects as a layer's "name", crashed `snip plan` (SIGSEGV: the error
+// message printed the value recursively); 1e309 escaped as nlohmann's
+// out_of_range (an internal error). Now one UserError naming file and path.
+TEST(CostTable, DeepNestingAndOverflowingNumbersAreUserErrors) {
+  TempDir dir;
+  const std::string deep = dir.path + "/deep.json";
+  std::ofstream(deep) << R"({"layers": )" << std::string(65968, '[') << std::string(65968, ']') << "}";
+  std::string msg = error_of([&] { load_cost_table(deep); });
+  EXPECT_EQ(msg.rfind(deep + ": layers[0][0][0]", 0), 0u) << msg.substr(0, 200);
+  EXPECT_NE(msg.find("expected at most 128 nested arrays/objects, got more"), std::string::npos);
+
+  const std::string name = dir.path + "/name.json";
+  {
+    std::ofstream f(name);
+    f << R"({"layers": [{"name": )";
+    for (int i = 0; i < 65968; ++i) f << R"({"a": )";
+    f << "1" << std::string(65968, '}') << R"(, "flops": 1, "q": {"fp4": 0}}]})";
+  }
+  msg = error_of([&] { load_cost_table(name); });
+  EXPECT_EQ(msg.rfind(name + ": layers[0].name.a.a.a", 0), 0u) << msg.substr(0, 200);
+
+  // A shallow bad name is shown as a short excerpt.
+  EXPECT_EQ(parse_error(R"({"layers": [{"name": )" + std::string(24, '[') + "1" + std::string(24, ']') +
+                        R"(, "flops": 1, "q": {"fp4": 0}}]})"),
+            "costs.json: layers[0].name: expected a non-empty string, got " + std::string(24, '[') + "1" + std::string(12, ']') + "...");
+
+  const std::string big = dir.path + "/big.json";
+  std::ofstream(big) << R"({"layers": [{"name": "a", "flops": 1e309, "q": {"fp4": 0}}]})";
+  EXPECT_EQ(error_of([&] { load_cost_table(big); }),
+            big + ": layers[0].flops: expected a number a double can hold (|x| <= 1.8e308), got 1e309");
+}
+
 // nlohmann::json keeps the last of duplicate keys; a cost table must not
 // silently drop the first "flops" (or a whole "layers" array).
 TEST(CostTable, DuplicateKeysAreErrorsNamingFilePathAndKey) {

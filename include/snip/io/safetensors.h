@@ -120,7 +120,8 @@ SafeTensors read_safetensors(const std::string& path);
 /// Throws UserError "<what_for_errors>: <problem>" when: the file is shorter
 /// than 8 bytes; the header length exceeds the file or kMaxHeaderBytes; the
 /// header does not start with '{', is not valid UTF-8 JSON or not an object;
-/// a key appears twice; "__metadata__" is not an object of strings; a tensor
+/// a key appears twice, arrays/objects nest deeper than
+/// io::kMaxJsonDepth or a number overflows a double (io::parse_json); "__metadata__" is not an object of strings; a tensor
 /// entry is not an object, lacks dtype/shape/data_offsets or has extra keys;
 /// the dtype is unknown; a dim is negative or not an integer; data_offsets is
 /// not [begin, end] with begin <= end; numel * bits is not a multiple of 8;
