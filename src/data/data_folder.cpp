@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "snip/io/atomic_file.h"
+#include "snip/io/json.h"
 #include "snip/util/error.h"
 
 namespace snip::data {
@@ -35,8 +36,8 @@ DataFolderInfo verify_data_folder(const std::string& folder, const std::string& 
   if (!fs::is_regular_file(mp))
     fail(what, ": ", mp, ": missing (a data folder is what `snip data prepare` writes: meta.json, tokenizer.model, "
          "train.bin, val.bin)");
-  const json meta = json::parse(io::read_file(mp), nullptr, /*allow_exceptions=*/false);
-  if (meta.is_discarded() || !meta.is_object()) fail(what, ": ", mp, ": not a JSON object (corrupt)");
+  const json meta = io::parse_json(io::read_file(mp), what + ": " + mp);
+  if (!meta.is_object()) fail(what, ": ", mp, ": not a JSON object (corrupt)");
   auto bad = [&](const std::string& field, const std::string& problem) {
     fail(what, ": ", mp, ": ", field, ": ", problem, " (prepare the folder again with `snip data prepare --force`)");
   };

@@ -15,6 +15,7 @@
 #include <set>
 
 #include "snip/io/atomic_file.h"
+#include "snip/io/json.h"
 #include "snip/util/error.h"
 
 namespace snip {
@@ -68,13 +69,7 @@ uint32_t file_crc32(const std::string& path) { return crc32_of(io::read_file(pat
 
 LlamaConfig checkpoint_model_config(const std::string& dir) {
   const std::string cp = (fs::path(dir) / "config.json").string();
-  json j;
-  try {
-    j = json::parse(io::read_file(cp));
-  } catch (const json::parse_error& e) {
-    fail(cp, ": invalid JSON (", e.what(), ")");
-  }
-  return LlamaConfig::from_hf_json(j, cp);
+  return LlamaConfig::from_hf_json(io::parse_json(io::read_file(cp), cp), cp);
 }
 
 void write_checkpoint_manifest(const std::string& dir) {
@@ -93,7 +88,7 @@ json verify_checkpoint(const std::string& dir) {
   // snip before it have none; their trainer_state.json is read unchecked).
   const std::string mp = (fs::path(dir) / kManifest).string();
   if (fs::exists(mp)) {
-    const json man = json::parse(io::read_file(mp), nullptr, /*allow_exceptions=*/false);
+    const json man = io::parse_json(io::read_file(mp), "checkpoint " + mp);
     if (!man.is_object() || !man.contains("files") || !man["files"].is_object())
       fail("checkpoint ", mp, ": corrupt (expected a JSON object with a 'files' object)");
     if (man.value("format", json()) != "snip-checkpoint" || man.value("version", json()) != 1)
@@ -120,12 +115,7 @@ json verify_checkpoint(const std::string& dir) {
       spdlog::warn("checkpoint {} has no {} (written by an older snip): trainer_state.json is not covered by a "
                    "checksum", dir, kManifest);
   }
-  json st;
-  try {
-    st = json::parse(io::read_file(sp));
-  } catch (const json::parse_error& e) {
-    fail("checkpoint ", sp, ": corrupt JSON at byte ", e.byte);
-  }
+  const json st = io::parse_json(io::read_file(sp), "checkpoint " + sp);
   auto unsigned_at = [&](const json& j, const char* key, const char* where) -> uint64_t {
     if (!j.is_object() || !j.contains(key) || !j[key].is_number_unsigned())
       fail("checkpoint ", sp, ": ", where, key, ": expected a non-negative integer");

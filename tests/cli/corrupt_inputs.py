@@ -10,7 +10,6 @@ a silent acceptance or a run past its time limit).
 
 usage: corrupt_inputs.py SNIP_BINARY PREPARED_DATA_DIR
 """
-import hashlib
 import json
 import math
 import os
@@ -22,75 +21,13 @@ import tempfile
 import zipfile
 import zlib
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from clitest import Checks, micro_toml  # noqa: E402
+
 snip, data = sys.argv[1], sys.argv[2]
 tmp = tempfile.mkdtemp(prefix="snip-corrupt-")
-failures = []
-passed = 0
-
-
-def micro_toml(path, data_dir, extra=""):
-    """The micro model of tests/cli/micro_toml.sh."""
-    with open(path, "w") as f:
-        f.write(f"""[model]
-hidden_size = 32
-intermediate_size = 64
-num_hidden_layers = 1
-num_attention_heads = 2
-num_key_value_heads = 1
-max_position_embeddings = 32
-[data]
-dir = "{data_dir}"
-[train]
-batch_size = 2
-seq_len = 16
-threads = 1
-{extra}
-""")
-
-
-def run(args, timeout=60):
-    try:
-        p = subprocess.run([snip] + args, capture_output=True, text=True, timeout=timeout)
-        return p.returncode, p.stdout, p.stderr
-    except subprocess.TimeoutExpired:
-        return "timeout", "", ""
-
-
-def snapshot(folder):
-    """Every file under folder -> SHA-256 of its bytes (but the lock file,
-    which holds the pid of the last process that took it)."""
-    out = {}
-    for root, _, files in os.walk(folder):
-        for n in files:
-            if n == ".lock":
-                continue
-            p = os.path.join(root, n)
-            with open(p, "rb") as f:
-                out[os.path.relpath(p, folder)] = hashlib.sha256(f.read()).hexdigest()
-    return out
-
-
-def record(ok, name, detail=""):
-    global passed
-    if ok:
-        passed += 1
-    else:
-        failures.append(name)
-        print(f"FAIL {name}: {detail}", file=sys.stderr)
-
-
-def expect_error(name, args, needle, untouched=None, absent=None):
-    """Exit 2, exactly one stderr line 'snip: error: ...' holding needle;
-    `untouched` (a folder) is byte-identical afterwards; `absent` does not exist."""
-    before = snapshot(untouched) if untouched else None
-    rc, out, err = run(args)
-    lines = err.splitlines()
-    ok = rc == 2 and len(lines) == 1 and lines[0].startswith("snip: error: ") and needle in lines[0]
-    record(ok, name, f"rc={rc} want 2, stderr={err!r}, want one line with {needle!r}")
-    if untouched:
-        record(snapshot(untouched) == before, name + " (run folder unchanged)", "files changed")
-    if absent:
-        record(not os.path.exists(absent), name + " (nothing left behind)", absent + " exists")
+T = Checks(snip)
+run, record, expect_error = T.run, T.check, T.expect_error
 
 
 def crc(path):
@@ -207,8 +144,8 @@ expect_error("metrics.jsonl loss a string", resume(r), "metrics.jsonl: line 2: l
 r, ck = fresh()
 open(os.path.join(ck, "config.json"), "w").write("{")
 reseal(ck)
-expect_error("config.json '{' at resume", resume(r), "config.json: invalid JSON", untouched=r)
-expect_error("config.json '{' at eval", ["eval", "--run-dir", r], "config.json: invalid JSON", untouched=r)
+expect_error("config.json '{' at resume", resume(r), "config.json: expected valid JSON", untouched=r)
+expect_error("config.json '{' at eval", ["eval", "--run-dir", r], "config.json: expected valid JSON", untouched=r)
 
 # A model too large for any machine in a checkpoint config (hidden_size 2^40
 # was an internal error; num_hidden_layers 2^40 ran for a long time).
@@ -386,10 +323,12 @@ data_case("meta token count", lambda d: edit_meta(d, lambda m: m["tokens"].updat
           "tokens but")
 data_case("meta path escapes", lambda d: edit_meta(d, lambda m: m["tokenizer"].update(path="../x")),
           "tokenizer.path: expected a file name inside the folder")
-data_case("meta not JSON", lambda d: open(os.path.join(d, "meta.json"), "w").write("{"), "meta.json: not a JSON object")
+data_case("meta not JSON", lambda d: open(os.path.join(d, "meta.json"), "w").write("{"), "meta.json: expected valid JSON")
+data_case("meta a list", lambda d: open(os.path.join(d, "meta.json"), "w").write("[]"), "meta.json: not a JSON object")
+data_case("meta number past a double", lambda d: open(os.path.join(d, "meta.json"), "w").write('{"vocab_size": 1e309}'),
+          "expected a number a double can hold")
 data_case("reserved header byte", lambda d: poke(os.path.join(d, "train.bin"), 40, 7),
           "reserved header byte 40 is 7, expected 0")
 
 shutil.rmtree(tmp, ignore_errors=True)
-print(f"{passed} passed, {len(failures)} failed")
-sys.exit(1 if failures else 0)
+T.finish()

@@ -18,41 +18,13 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from clitest import Checks, micro_toml  # noqa: E402
+
 snip, data = sys.argv[1], sys.argv[2]
 tmp = tempfile.mkdtemp(prefix="snip-stop-")
-failures = []
-passed = 0
-
-
-def check(ok, name, detail=""):
-    global passed
-    if ok:
-        passed += 1
-    else:
-        failures.append(name)
-        print(f"FAIL {name}: {detail}", file=sys.stderr)
-
-
-def micro_toml(path, extra):
-    """The micro model of tests/cli/micro_toml.sh, T = 32."""
-    with open(path, "w") as f:
-        f.write(f"""[model]
-hidden_size = 32
-intermediate_size = 64
-num_hidden_layers = 1
-num_attention_heads = 2
-num_key_value_heads = 1
-max_position_embeddings = 32
-[data]
-dir = "{data}"
-[train]
-batch_size = 2
-seq_len = 32
-threads = 1
-sample_tokens = 0
-log_interval = 1
-{extra}
-""")
+T = Checks(snip)
+check = T.check
 
 
 def metrics(run):
@@ -78,7 +50,8 @@ def wait_for_steps(run, n, proc, limit=120):
 
 
 cfg = os.path.join(tmp, "m.toml")
-micro_toml(cfg, "max_steps = 400\ncheckpoint_interval = 1000\neval_interval = 1000\neval_batches = 1")
+micro_toml(cfg, data, "max_steps = 400\ncheckpoint_interval = 1000\neval_interval = 1000\neval_batches = 1\n"
+           "sample_tokens = 0\nlog_interval = 1", seq_len=32)
 
 # The uninterrupted reference: 40 steps.
 ref = os.path.join(tmp, "ref")
@@ -138,5 +111,4 @@ for minutes, want in [("0.002", lambda n: n >= 3), ("0", lambda n: n == 1)]:
           f"rc={p.returncode} checkpoints at {steps}")
 
 shutil.rmtree(tmp, ignore_errors=True)
-print(f"{passed} passed, {len(failures)} failed")
-sys.exit(1 if failures else 0)
+T.finish()

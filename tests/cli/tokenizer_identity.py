@@ -16,35 +16,24 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from clitest import Checks, micro_toml  # noqa: E402
+
 snip, data = sys.argv[1], os.path.abspath(sys.argv[2])
 tmp = tempfile.mkdtemp(prefix="snip-tok-")
-failures = []
-passed = 0
-
-
-def check(ok, name, detail=""):
-    global passed
-    if ok:
-        passed += 1
-    else:
-        failures.append(name)
-        print(f"FAIL {name}: {detail}", file=sys.stderr)
+T = Checks(snip)
+check = T.check
 
 
 def run(*args):
-    p = subprocess.run([snip, *args], capture_output=True, text=True, timeout=300)
-    return p.returncode, p.stdout, p.stderr
+    return T.run(args, timeout=300)
 
 
 def refused(name, args, needle):
-    rc, out, err = run(*args)
-    lines = err.splitlines()
-    check(rc == 2 and len(lines) == 1 and lines[0].startswith("snip: error: ") and needle in lines[0], name,
-          f"rc={rc} stderr={err!r} want {needle!r}")
+    T.expect_error(name, args, needle)
 
 
 def sha(path):
@@ -53,22 +42,7 @@ def sha(path):
 
 
 cfg = os.path.join(tmp, "m.toml")
-with open(cfg, "w") as f:
-    f.write(f"""[model]
-hidden_size = 32
-intermediate_size = 64
-num_hidden_layers = 1
-num_attention_heads = 2
-num_key_value_heads = 1
-max_position_embeddings = 32
-[data]
-dir = "{data}"
-[train]
-batch_size = 2
-seq_len = 16
-threads = 1
-max_steps = 2
-""")
+micro_toml(cfg, data, "max_steps = 2")
 run_dir = os.path.join(tmp, "run")
 rc, out, err = run("train", "--config", cfg, "--run-dir", run_dir)
 check(rc == 0, "train", err[-400:])
@@ -132,5 +106,4 @@ refused("HF folder on another tokenizer's data", ["eval", "--checkpoint", hf, "-
 refused("HF folder without --data", ["eval", "--checkpoint", hf], "give the data to evaluate on with --data")
 
 shutil.rmtree(tmp, ignore_errors=True)
-print(f"{passed} passed, {len(failures)} failed")
-sys.exit(1 if failures else 0)
+T.finish()

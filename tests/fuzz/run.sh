@@ -3,7 +3,8 @@
 #
 # usage: tests/fuzz/run.sh TARGET SECONDS [libFuzzer options ...]
 #   TARGET: safetensors, cost_table, plan_file, recipe, config_toml,
-#           config_set, shard, data_meta (tests/fuzz/targets.cmake)
+#           config_set, shard, data_meta, data_folder, checkpoint, hf_config
+#           (tests/fuzz/targets.cmake)
 # env:    SNIP_FUZZ_BUILD (default build/fuzz: scripts/setup.sh makes it)
 #
 # Starts from the committed seeds (tests/fuzz/corpus/TARGET, never written)
@@ -25,7 +26,8 @@ seeds="$here/corpus/$target"
 work="$build/corpus/$target" artifacts="$build/artifacts"
 dict=()
 case "$target" in
-  safetensors | cost_table | plan_file | recipe | data_meta) dict=(-dict="$here/json.dict") ;;
+  safetensors | cost_table | plan_file | recipe | data_meta | data_folder | checkpoint | hf_config)
+    dict=(-dict="$here/json.dict") ;;
   config_toml | config_set) dict=(-dict="$here/toml.dict") ;;
 esac
 mkdir -p "$work" "$artifacts"
