@@ -146,6 +146,12 @@ open(os.path.join(ck, "config.json"), "w").write("{")
 reseal(ck)
 expect_error("config.json '{' at resume", resume(r), "config.json: expected valid JSON", untouched=r)
 expect_error("config.json '{' at eval", ["eval", "--run-dir", r], "config.json: expected valid JSON", untouched=r)
+# Found by fuzz_checkpoint: a number past a double in config.json was an internal error.
+r, ck = fresh()
+open(os.path.join(ck, "config.json"), "w").write('{"hidden_size": 31e309}')
+reseal(ck)
+expect_error("config.json 31e309 at eval", ["eval", "--run-dir", r], "expected a number a double can hold",
+             untouched=r)
 
 # A model too large for any machine in a checkpoint config (hidden_size 2^40
 # was an internal error; num_hidden_layers 2^40 ran for a long time).
