@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 
+from clitest import micro_toml
 from cpu_flags import cpu_flags
 
 snip, data = sys.argv[1], sys.argv[2]
@@ -105,25 +106,7 @@ if flags and "avx512f" not in flags:
 
 with tempfile.TemporaryDirectory() as tmp:
     def config(path, data_dir, extra=""):
-        with open(path, "w") as f:
-            f.write(f"""[model]
-hidden_size = 32
-intermediate_size = 64
-num_hidden_layers = 1
-num_attention_heads = 2
-num_key_value_heads = 1
-max_position_embeddings = 32
-[data]
-dir = "{data_dir}"
-[train]
-batch_size = 2
-seq_len = 16
-max_steps = 2
-eval_interval = 2
-eval_batches = 1
-threads = 1
-{extra}
-""")
+        micro_toml(path, data_dir, "max_steps = 2\neval_interval = 2\neval_batches = 1\n" + extra)
         return path
 
     # 4. A config whose data is there: exit 0; whose data is missing: non-zero,
