@@ -7,6 +7,11 @@
 //   snip plan --costs FILE --sweep [--steps N]
 //   snip plan --costs FILE --budget B --heuristic min-rel-err
 //   snip plan show runs/NAME [--step N] [--json]   (a plan `snip train` saved)
+//   snip plan --config MODEL.toml [--tokens-per-step N] [--budget B] [--pin ...]
+//             [--stats FILE | --init-from HF_DIR --data DIR [--stats-batch N]]
+//             (a model from its shapes: FLOPs per layer type and the budget's
+//             feasibility; with Q from a stats file carried over by role and
+//             depth, or measured by one stats step, a plan; docs/planner.md)
 //
 // Prints a table (item, option, FLOPs share, Q per option) and a summary
 // (achieved FP4 share, Σ Q, its lower bound and gap, cost, solver status,
@@ -25,6 +30,9 @@
 #include <vector>
 
 #include "commands.h"
+#include "snip/config/config.h"
+#include "snip/config/llama_config.h"
+#include "snip/policy/model_plan.h"
 #include "snip/policy/plan_file.h"
 #include "snip/policy/cost_table.h"
 #include "snip/policy/planner.h"
@@ -62,7 +70,20 @@ struct PlanArgs {
   double core_time_limit = 3;
   std::string method = "auto";
   int verbose = 0;
+  // --config MODEL.toml: plan a model from its shapes (run_model_plan).
+  std::string config;
+  std::vector<std::string> sets;  // --set section.key=value on the config
+  int64_t tokens_per_step = 0;    // 0: batch_size x seq_len x grad_accum
+  std::string init_from, data;    // --init-from HF_DIR --data DIR: measure Q
+  int64_t stats_batch = 1;
+  bool allow_other_tokenizer = false;
+  bool low_given = false;
 };
+
+PlanMeasure& plan_measure() {
+  static PlanMeasure m;
+  return m;
+}
 
 std::string fmt(const char* f, double v) {
   char buf[64];
@@ -72,9 +93,14 @@ std::string fmt(const char* f, double v) {
 
 // Column order: the low option, then known costs ascending, then names.
 std::vector<std::string> option_columns(const PlanProblem& p, const PlanOptions& o) {
+  // Only the options the plan chose among (--options, or a stats file's
+  // measured ones): not the bf16 reference's column of zeros.
   std::set<std::string> all;
   for (const PlanItem& it : p.items)
-    for (const auto& kv : it.q) all.insert(kv.first);
+    for (const auto& kv : it.q)
+      if (o.allowed_options.empty() ||
+          std::find(o.allowed_options.begin(), o.allowed_options.end(), kv.first) != o.allowed_options.end())
+        all.insert(kv.first);
   std::vector<std::string> cols(all.begin(), all.end());
   auto cost = [&](const std::string& s) {
     auto it = o.budget.cost_per_flop.find(s);
@@ -163,32 +189,32 @@ void print_sweep(std::ostream& os, const std::vector<ParetoPoint>& pts) {
   }
 }
 
-void run_plan(const PlanArgs& a) {
-  // --- input: a cost table, or a saved stats step --------------------------
-  // A stats file (runs/NAME/stats/step-N.json, core/stats.h to_json) is a cost
-  // table at its top level; its "details.options" are the candidates the run
-  // measured, which are the default --options (not the bf16 reference, whose
-  // Q = 0 would otherwise take every layer the budget leaves free).
-  if (a.costs.empty() == a.stats.empty())
-    fail("snip plan: expected exactly one of --costs FILE or --stats FILE, got ",
-         a.costs.empty() ? "neither" : "both");
-  const std::string source = a.costs.empty() ? a.stats : a.costs;
-  const CostTable table = load_cost_table(source);
+// The options a stats file measured (its "details.options"), empty when it
+// says none: the default --options of a plan from it (not the bf16
+// reference, whose Q = 0 would otherwise take every layer the budget leaves
+// free).
+std::vector<std::string> stats_options(const std::string& path) {
+  std::vector<std::string> out;
+  std::ifstream in(path);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object() && j.contains("details") && j["details"].is_object() &&
+      j["details"].contains("options") && j["details"]["options"].is_array())
+    for (const auto& v : j["details"]["options"])
+      if (v.is_string()) out.push_back(v.get<std::string>());
+  return out;
+}
+
+// Plans `table` (read from `source`) with the options of `a`; `default_options`
+// are the candidates when --options is not given (empty: every option).
+void plan_table(const PlanArgs& a, const CostTable& table, const std::string& source,
+                const std::vector<std::string>& default_options) {
   PlanProblem problem =
       make_problem(table, a.per_gemm ? Granularity::gemm : Granularity::layer);
 
   // --- options -----------------------------------------------------------
   PlanOptions o;
   o.low_option = a.low;
-  o.allowed_options = a.allowed;
-  if (!a.stats.empty() && o.allowed_options.empty()) {
-    std::ifstream in(a.stats);
-    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (j.is_object() && j.contains("details") && j["details"].is_object() &&
-        j["details"].contains("options") && j["details"]["options"].is_array())
-      for (const auto& v : j["details"]["options"])
-        if (v.is_string()) o.allowed_options.push_back(v.get<std::string>());
-  }
+  o.allowed_options = a.allowed.empty() ? default_options : a.allowed;
   // An option no item offers is a typo (--options fp4,fp8x): refuse it
   // rather than plan without it.
   for (const std::string& opt : o.allowed_options) {
@@ -300,7 +326,208 @@ void run_plan(const PlanArgs& a) {
   if (!a.out.empty()) io::save_json_atomic(out, a.out);
 }
 
+// `snip plan --config MODEL.toml`: the model's FLOPs from its shapes; with Q
+// (--stats FILE carried over by role and depth, or --init-from HF_DIR --data
+// DIR measured) a plan, without it the budget's feasibility under the pins.
+void run_model_plan(const PlanArgs& given) {
+  PlanArgs a = given;
+  if (!a.costs.empty())
+    fail("snip plan: expected one of --costs FILE or --config MODEL.toml, got both (a cost table has its own "
+         "FLOPs; plan a model with --config and --stats FILE or --init-from HF_DIR --data DIR)");
+  if (!a.stats.empty() && !a.init_from.empty())
+    fail("snip plan: expected one of --stats FILE or --init-from HF_DIR (where Q comes from), got both");
+  if (a.init_from.empty() != a.data.empty())
+    fail(a.init_from.empty() ? "--data: needs --init-from HF_DIR (the checkpoint to measure Q on)"
+                             : "--init-from: needs --data DIR (the prepared text to measure Q on)");
+  if (a.tokens_per_step < 0)
+    fail("--tokens-per-step: expected a positive number of tokens per training step, got ", a.tokens_per_step);
+  if (a.stats_batch < 1) fail("--stats-batch: expected at least 1 sequence, got ", a.stats_batch);
+
+  Config cfg;
+  cfg.load_toml_file(a.config);
+  for (const std::string& s : a.sets) cfg.set_override(s);
+  cfg.validate();
+  if (!a.per_gemm) a.per_gemm = cfg.get_string("precision.granularity") == "gemm";
+  if (!a.low_given) a.low = cfg.get_string("precision.low_option");
+  std::vector<std::string> pins = split_list(cfg.get_string("precision.pins"));
+  pins.insert(pins.end(), a.pins.begin(), a.pins.end());
+  a.pins = pins;
+  std::string budget_from = "--budget";
+  if (!a.has_budget && !a.has_cost_budget && !a.do_sweep) {
+    a.has_budget = true;
+    a.budget = cfg.get_float("precision.budget");
+    budget_from = "precision.budget of " + a.config;
+  }
+
+  // --- Q: measured on the checkpoint, or a stats file ----------------------
+  CostTable source;
+  std::vector<std::string> default_options;
+  if (!a.init_from.empty()) {
+    if (!plan_measure())
+      fail("--init-from: this build of `snip plan` has no LibTorch to run a stats step; use the snip program");
+    PlanMeasureRequest r;
+    r.hf_dir = a.init_from;
+    r.data_dir = a.data;
+    r.batch = a.stats_batch;
+    r.per_gemm = a.per_gemm;
+    r.allow_other_tokenizer = a.allow_other_tokenizer;
+    source = plan_measure()(cfg, r);  // adopts the folder's shapes into cfg
+  } else if (!a.stats.empty()) {
+    source = load_cost_table(a.stats);
+    if (!cfg.values().count("precision.options")) default_options = stats_options(a.stats);
+  }
+  if (default_options.empty())
+    for (const std::string& o : split_list(cfg.get_string("precision.options")))
+      if (o != "bf16") default_options.push_back(o);
+
+  // --- the shapes -----------------------------------------------------------
+  const int64_t B = cfg.get_int("train.batch_size"), T = cfg.get_int("train.seq_len"),
+                acc = cfg.get_int("train.grad_accum");
+  const int64_t tokens = a.tokens_per_step > 0 ? a.tokens_per_step : B * T * acc;
+  const int64_t L = cfg.get_int("model.num_hidden_layers"), C = cfg.get_int("model.hidden_size"),
+                F = cfg.get_int("model.intermediate_size"), NH = cfg.get_int("model.num_attention_heads"),
+                NKV = cfg.get_int("model.num_key_value_heads"), V = cfg.get_int("model.vocab_size");
+  const std::vector<LinearLayerShape> shapes =
+      llama_linear_layers(int(L), C, F, int(NH), int(NKV), tokens);
+  const std::vector<RoleFlops> roles = role_flops(shapes);
+  double linear = 0;
+  for (const RoleFlops& r : roles) linear += r.flops;
+  // The model's training FLOPs (PaLM convention, LlamaConfig) when the
+  // vocabulary is known: the planned layers' part of them.
+  double model_flops = 0;
+  int64_t params = 0;
+  if (V > 0) {
+    const LlamaConfig m = LlamaConfig::from_run_config(cfg, V);
+    model_flops = m.train_flops_per_token(T) * double(tokens);
+    params = m.num_parameters();
+  }
+
+  nlohmann::json jm = {{"config", a.config},
+                       {"num_hidden_layers", L},
+                       {"hidden_size", C},
+                       {"intermediate_size", F},
+                       {"num_attention_heads", NH},
+                       {"num_key_value_heads", NKV},
+                       {"vocab_size", V > 0 ? nlohmann::json(V) : nlohmann::json(nullptr)},
+                       {"parameters", V > 0 ? nlohmann::json(params) : nlohmann::json(nullptr)}};
+  nlohmann::json jroles = nlohmann::json::array();
+  for (const RoleFlops& r : roles)
+    jroles.push_back({{"role", r.role},
+                      {"in_features", r.in_features},
+                      {"out_features", r.out_features},
+                      {"layers", r.count},
+                      {"flops", r.flops},
+                      {"share", r.share}});
+  if (!a.json) {
+    std::cout << "model:     " << a.config << ": " << L << " blocks, hidden " << C << ", MLP " << F << ", "
+              << NH << "/" << NKV << " query/KV heads";
+    if (V > 0) std::cout << ", vocabulary " << V << ", " << params << " parameters";
+    std::cout << "\n";
+    std::cout << "tokens:    " << tokens << " per step"
+              << (a.tokens_per_step > 0 ? std::string(" (--tokens-per-step)")
+                                        : " (batch_size " + std::to_string(B) + " x seq_len " + std::to_string(T) +
+                                              " x grad_accum " + std::to_string(acc) + ")")
+              << "\n";
+    std::cout << "FLOPs:     " << fmt("%.4g", linear) << " per step in the " << shapes.size()
+              << " planned linear layers (3 GEMMs each: fprop, dgrad, wgrad, 2*T*in*out FLOPs per GEMM)";
+    if (model_flops > 0)
+      std::cout << "; " << fmt("%.1f", 100.0 * linear / model_flops) << "% of the model's "
+                << fmt("%.4g", model_flops) << " training FLOPs (lm_head and attention products stay at train.gemm_dtype)";
+    std::cout << "\n\n";
+    size_t w = 4;
+    for (const RoleFlops& r : roles) w = std::max(w, r.role.size());
+    char line[256];
+    std::snprintf(line, sizeof line, "%-*s  %15s  %6s  %14s  %8s\n", int(w), "role", "out x in", "layers",
+                  "FLOPs/step", "share");
+    std::cout << line;
+    for (const RoleFlops& r : roles) {
+      const std::string shape = std::to_string(r.out_features) + " x " + std::to_string(r.in_features);
+      std::snprintf(line, sizeof line, "%-*s  %15s  %6d  %14.4g  %7.2f%%\n", int(w), r.role.c_str(), shape.c_str(),
+                    r.count, r.flops, 100.0 * r.share);
+      std::cout << line;
+    }
+    std::cout << "\n";
+  }
+
+  if (source.layers.empty()) {
+    // No Q: what the shapes and pins allow.
+    std::vector<std::string> opts = default_options;
+    for (const std::string& extra : {a.low, std::string("bf16")})
+      if (std::find(opts.begin(), opts.end(), extra) == opts.end()) opts.push_back(extra);
+    const PlanProblem problem =
+        make_problem(shape_cost_table(shapes, opts), a.per_gemm ? Granularity::gemm : Granularity::layer);
+    PlanOptions o;
+    o.low_option = a.low;
+    for (const std::string& s : a.pins) o.pins.push_back(parse_pin(s));
+    if (a.conservative)
+      for (const Pin& p : conservative_pins(int(L) - 1)) o.pins.push_back(p);
+    const double max_share = max_fp4_share(problem, o);
+    std::string up = a.low;
+    for (char& ch : up) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    const bool share_budget = a.has_budget && !a.has_cost_budget;
+    const bool feasible = !share_budget || a.budget <= max_share + kBudgetTolerance;
+    nlohmann::json j = {{"model", jm}, {"tokens_per_step", tokens}, {"linear_flops", linear},
+                        {"model_flops", model_flops > 0 ? nlohmann::json(model_flops) : nlohmann::json(nullptr)},
+                        {"roles", jroles}, {"low_option", a.low}, {"max_low_share", max_share},
+                        {"pins", a.pins}, {"per_gemm", a.per_gemm}};
+    if (share_budget) j["budget"] = a.budget, j["feasible"] = feasible;
+    if (a.json) std::cout << j.dump(2) << "\n";
+    else {
+      std::cout << "pins:      " << (o.pins.empty() ? std::string("none") : std::to_string(o.pins.size()))
+                << "; they allow an " << up << " FLOPs share of at most " << fmt("%.4f", max_share) << "\n";
+      if (share_budget)
+        std::cout << "budget:    " << up << " share >= " << fmt("%.4g", a.budget) << " (" << budget_from << "): "
+                  << (feasible ? "feasible" : "INFEASIBLE") << "\n";
+      std::cout << "Q:         not given, so no plan: add --stats RUN/stats/step-N.json (a stats step of a run of "
+                   "any size, carried over by role and depth) or --init-from HF_DIR --data DIR (one stats step "
+                   "on this model)\n";
+    }
+    if (!a.out.empty()) io::save_json_atomic(j, a.out);
+    if (!feasible) {
+      PlanOptions po = o;
+      po.budget = Budget::share(a.budget);
+      plan(problem, po);  // throws the planner's message: the pins that cap the share
+      fail("budget ", a.budget, " is infeasible: the pins allow at most ", fmt("%.4f", max_share));
+    }
+    return;
+  }
+
+  // --- Q carried over (or from the same model, measured) -------------------
+  const Transfer t = transfer_costs(source, shapes, a.low);
+  const std::string from = a.init_from.empty() ? a.stats : "one stats step on " + a.init_from + " (" + a.data + ")";
+  if (t.source_blocks == t.target_blocks)
+    std::cerr << "snip: note: Q from " << from << ", block for block (" << t.source_blocks
+              << " blocks); FLOPs from the model's shapes at " << tokens << " tokens per step\n";
+  else
+    std::cerr << "snip: note: Q from " << from << " (" << t.source_blocks << " blocks) carried over to "
+              << t.target_blocks << " blocks by role and relative depth: model.layers.i.ROLE takes model.layers.j.ROLE, "
+              << "j = round(i*" << (t.source_blocks - 1) << "/" << (t.target_blocks - 1)
+              << "); every Q scaled by " << fmt("%.4g", t.scale) << " so that its sum at " << a.low
+              << " is 1; FLOPs from the model's shapes at " << tokens << " tokens per step\n";
+  plan_table(a, t.table, from, default_options);
+}
+
+void run_plan(const PlanArgs& a) {
+  if (!a.config.empty()) return run_model_plan(a);
+  for (const auto& [flag, given] : {std::pair<const char*, bool>{"--init-from", !a.init_from.empty()},
+                                    {"--data", !a.data.empty()},
+                                    {"--tokens-per-step", a.tokens_per_step != 0},
+                                    {"--set", !a.sets.empty()}})
+    if (given) fail("snip plan: ", flag, " needs --config MODEL.toml (the model to plan)");
+  // --- input: a cost table, or a saved stats step --------------------------
+  // A stats file (runs/NAME/stats/step-N.json, core/stats.h to_json) is a cost
+  // table at its top level; its "details.options" are the candidates the run
+  // measured, which are the default --options.
+  if (a.costs.empty() == a.stats.empty())
+    fail("snip plan: expected exactly one of --costs FILE, --stats FILE or --config MODEL.toml, got ",
+         a.costs.empty() ? "none" : "both --costs and --stats");
+  const std::string source = a.costs.empty() ? a.stats : a.costs;
+  plan_table(a, load_cost_table(source), source, a.stats.empty() ? std::vector<std::string>{} : stats_options(a.stats));
+}
+
 }  // namespace
+
+void set_plan_measure(PlanMeasure measure) { plan_measure() = std::move(measure); }
 
 void add_plan_commands(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
@@ -342,9 +569,24 @@ void add_plan_commands(CLI::App& app) {
                   "mckp: time limit of CBC on the core, seconds (the plan keeps its stated gap)")
       ->capture_default_str();
   sub->add_flag("-v,--verbose", a->verbose, "Solver summary (-v) or full solver log (-vv) on stderr");
+  sub->add_option("--config", a->config,
+                  "Plan a model from its shapes (a run config, e.g. configs/tinyllama-1.1b.toml): FLOPs per layer "
+                  "type, the budget's feasibility under the pins; with --stats or --init-from, a plan");
+  sub->add_option("--set", a->sets, "With --config: override a config option, section.key=value (repeatable)");
+  sub->add_option("--tokens-per-step", a->tokens_per_step,
+                  "With --config: tokens per training step T (default batch_size x seq_len x grad_accum)");
+  sub->add_option("--init-from", a->init_from,
+                  "With --config: measure Q by one stats step on this Hugging Face folder (needs --data)");
+  sub->add_option("--data", a->data, "With --init-from: prepared data folder whose train.bin is measured on");
+  sub->add_option("--stats-batch", a->stats_batch,
+                  "With --init-from: sequences of train.seq_len tokens in the measured micro-batch")
+      ->capture_default_str();
+  sub->add_flag("--allow-other-tokenizer", a->allow_other_tokenizer,
+                "With --init-from: measure on data tokenized by another tokenizer than the folder's");
   refuse_empty_numbers(*sub);
   CLI::Option* budget_opt = sub->get_option("--budget");
   CLI::Option* cost_budget_opt = sub->get_option("--cost-budget");
+  CLI::Option* low_opt = sub->get_option("--low-option");
 
   // `snip plan show RUN [--step N]`: a plan that `snip train` saved.
   struct ShowArgs {
@@ -367,10 +609,11 @@ void add_plan_commands(CLI::App& app) {
       std::cout << path << "\n" << format_plan_table(j);
   });
 
-  sub->callback([a, budget_opt, cost_budget_opt, show] {
+  sub->callback([a, budget_opt, cost_budget_opt, low_opt, show] {
     if (show->parsed()) return;  // `snip plan show` ran instead
     a->has_budget = budget_opt->count() > 0;
     a->has_cost_budget = cost_budget_opt->count() > 0;
+    a->low_given = low_opt->count() > 0;
     run_plan(*a);
   });
 }

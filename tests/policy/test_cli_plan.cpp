@@ -247,7 +247,7 @@ TEST(CliPlan, UserErrors) {
   EXPECT_EQ(run({"--costs", costs, "--budget", "0.5", "--cost-budget", "2"}).error,
             "snip plan: expected one of --budget or --cost-budget, got both");
   EXPECT_EQ(run({"--budget", "0.5"}).error,
-            "snip plan: expected exactly one of --costs FILE or --stats FILE, got neither");
+            "snip plan: expected exactly one of --costs FILE, --stats FILE or --config MODEL.toml, got none");
   EXPECT_EQ(run({"--costs", costs, "--budget", "1.5"}).error,
             "budget: expected an FP4 FLOPs share in [0, 1], got 1.5");
   EXPECT_EQ(run({"--costs", costs, "--cost-budget", "2", "--cost", "fp8"}).error,
@@ -367,4 +367,125 @@ TEST(CliPlan, StatsFileDefaultsToTheMeasuredOptions) {
   r = run({"--stats", stats, "--budget", "0.5", "--options", "fp4,fp8,bf16", "--json"});  // explicit: bf16 allowed
   ASSERT_EQ(r.error, "");
   EXPECT_EQ(json::parse(r.out)["assignments"][L(1)], "bf16");
+}
+
+// `snip plan --config MODEL.toml` (issue 18, item 1): TinyLlama-1.1B's shapes
+// (configs/tinyllama-1.1b.toml's [model] and [train]); shares per role
+// 2/21 (q, o), 1/84 (k, v), 11/42 (gate, up, down), see test_model_plan.cpp.
+namespace {
+const char* kTinyLlama = R"([model]
+vocab_size = 32000
+hidden_size = 2048
+intermediate_size = 5632
+num_hidden_layers = 22
+num_attention_heads = 32
+num_key_value_heads = 4
+tie_word_embeddings = false
+[train]
+batch_size = 8
+seq_len = 2048
+)";
+}  // namespace
+
+TEST(CliPlan, ConfigAloneGivesFlopsSharesAndFeasibility) {
+  TempDir d;
+  const std::string cfg = d.file("tinyllama.toml", kTinyLlama);
+  CliResult r = run({"--config", cfg});
+  ASSERT_EQ(r.error, "");
+  EXPECT_NE(r.out.find("vocabulary 32000, 1100048384 parameters"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tokens:    16384 per step (batch_size 8 x seq_len 2048 x grad_accum 1)"), std::string::npos)
+      << r.out;
+  // 154 layers; per step 6·T·(22·44,040,192) = 9.5232e13·... FLOPs.
+  const double linear = 6.0 * 16384 * 22 * 44040192.0;
+  char want[64];
+  std::snprintf(want, sizeof want, "FLOPs:     %.4g per step in the 154 planned", linear);
+  EXPECT_NE(r.out.find(want), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("self_attn.q_proj      2048 x 2048      22"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  9.52%"), std::string::npos) << r.out;   // q_proj 2/21
+  EXPECT_NE(r.out.find("  26.19%"), std::string::npos) << r.out;  // gate 11/42
+  EXPECT_NE(r.out.find("budget:    FP4 share >= 0.75 (precision.budget of " + cfg + "): feasible"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("Q:         not given, so no plan"), std::string::npos) << r.out;
+
+  // JSON: the same numbers, and the cap of MLP pins: 1 - 3·11/42 = 3/14.
+  r = run({"--config", cfg, "--pin", "*.mlp.*=fp8", "--budget", "0.2", "--json"});
+  ASSERT_EQ(r.error, "");
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["tokens_per_step"], 16384);
+  EXPECT_DOUBLE_EQ(j["linear_flops"].get<double>(), linear);
+  EXPECT_NEAR(j["max_low_share"].get<double>(), 3.0 / 14, 1e-12);
+  EXPECT_EQ(j["feasible"], true);
+  EXPECT_EQ(j["roles"].size(), 7u);
+  EXPECT_NEAR(j["roles"][6]["share"].get<double>(), 11.0 / 42, 1e-15);
+  EXPECT_EQ(j["model"]["parameters"], 1100048384);  // TinyLlama-1.1B's published count
+
+  // Infeasible under the pins: the planner's one line, after the table.
+  r = run({"--config", cfg, "--pin", "*.mlp.*=fp8", "--budget", "0.5", "--tokens-per-step", "4096"});
+  EXPECT_NE(r.error.find("budget 0.5 is infeasible"), std::string::npos) << r.error;
+  EXPECT_NE(r.error.find("pin '*.mlp.*=fp8' (66 layers, 78.6% of FLOPs) caps the FP4 share at 0.214"),
+            std::string::npos)
+      << r.error;
+  EXPECT_NE(r.out.find("at most 0.2143"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tokens:    4096 per step (--tokens-per-step)"), std::string::npos) << r.out;
+
+  // Mistakes: one line each.
+  EXPECT_NE(run({"--config", cfg, "--costs", cfg}).error.find("expected one of --costs FILE or --config"),
+            std::string::npos);
+  EXPECT_EQ(run({"--config", cfg, "--data", d.path}).error,
+            "--data: needs --init-from HF_DIR (the checkpoint to measure Q on)");
+  EXPECT_EQ(run({"--config", cfg, "--init-from", d.path}).error,
+            "--init-from: needs --data DIR (the prepared text to measure Q on)");
+  EXPECT_EQ(run({"--config", cfg, "--init-from", d.path, "--data", d.path}).error,
+            "--init-from: this build of `snip plan` has no LibTorch to run a stats step; use the snip program");
+  EXPECT_EQ(run({"--costs", cfg, "--tokens-per-step", "5"}).error,
+            "snip plan: --tokens-per-step needs --config MODEL.toml (the model to plan)");
+  EXPECT_NE(run({"--config", cfg, "--set", "model.hidden_size=2047"}).error.find("hidden_size"), std::string::npos);
+  EXPECT_NE(run({"--config", d.path + "/none.toml"}).error.find("none.toml"), std::string::npos);
+}
+
+// Q from a stats file of a 2-block model carried over to 4 blocks: block i
+// takes block round(i/3), so blocks 0, 1 take block 0's Q and 2, 3 block 1's.
+// Block 0's down_proj is the only layer with a large FP4 Q, so at a budget
+// the other layers can meet, exactly model.layers.{0,1}.mlp.down_proj stay
+// at fp8.
+TEST(CliPlan, ConfigWithStatsCarriesQOverByDepth) {
+  TempDir d;
+  const std::string cfg = d.file("m.toml", R"([model]
+hidden_size = 64
+intermediate_size = 128
+num_hidden_layers = 4
+num_attention_heads = 4
+num_key_value_heads = 2
+[train]
+batch_size = 2
+seq_len = 16
+)");
+  json layers = json::array();
+  const char* roles[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                          "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+  for (int b = 0; b < 2; ++b)
+    for (const char* r : roles) {
+      const bool big = b == 0 && std::string(r) == "mlp.down_proj";
+      layers.push_back({{"name", "model.layers." + std::to_string(b) + "." + r},
+                        {"flops", 7},
+                        {"q", {{"fp4", big ? 1.0 : 0.01}, {"fp8", 0.001}, {"bf16", 0}}}});
+    }
+  const std::string stats =
+      d.file("step-10.json", json{{"layers", layers}, {"details", {{"options", {"fp4", "fp8"}}}}}.dump());
+  // Shares: per block 2·64² + 2·64·32 + 3·64·128 = 36,864 weights; down_proj
+  // 8,192 of them = 2/9, so 2 of 4 blocks' down_proj are 1/9 of the FLOPs.
+  const CliResult r = run({"--config", cfg, "--stats", stats, "--budget", "0.88", "--json"});
+  ASSERT_EQ(r.error, "");
+  const json p = json::parse(r.out);
+  for (int b = 0; b < 4; ++b)
+    for (const char* role : roles) {
+      const std::string n = "model.layers." + std::to_string(b) + "." + role;
+      const bool fp8 = b <= 1 && std::string(role) == "mlp.down_proj";
+      EXPECT_EQ(p["assignments"][n], fp8 ? "fp8" : "fp4") << n;
+    }
+  EXPECT_NEAR(p["fp4_share"].get<double>(), 8.0 / 9, 1e-12);
+  // The items carry the model's own FLOPs: 3·2·T·in·out, T = 2·16.
+  for (const json& it : p["items"])
+    if (it["name"] == "model.layers.3.mlp.down_proj") EXPECT_DOUBLE_EQ(it["flops"].get<double>(), 6.0 * 32 * 128 * 64);
 }

@@ -1,0 +1,116 @@
+// cmd_plan_measure.cpp: the stats step behind `snip plan --config MODEL.toml
+// --init-from HF_DIR --data DIR` (commands.h, PlanMeasure). LibTorch, so it
+// lives apart from cmd_plan.cpp, which test_policy compiles without LibTorch.
+//
+// What it measures is what `snip train` measures at a re-plan (METHOD.md
+// section 3; snip/method/stats.h): every quantizable layer of the model at
+// every option of precision.options, on one micro-batch of --stats-batch
+// sequences of train.seq_len tokens, the first of DIR/train.bin in the
+// loader's order for train.seed. The optimizer is a fresh AdamW (a
+// checkpoint folder has no optimizer state), so WD is the divergence of a
+// first AdamW update.
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+
+#include "commands.h"
+#include "snip/config/config.h"
+#include "snip/data/data_folder.h"
+#include "snip/data/loader.h"
+#include "snip/hw/platform.h"
+#include "snip/io/atomic_file.h"
+#include "snip/method/stats.h"
+#include "snip/model/hf.h"
+#include "snip/model/matmul.h"
+#include "snip/policy/cost_table.h"
+#include "snip/train/memory.h"
+#include "snip/train/optimizer.h"
+#include "snip/train/step.h"
+#include "snip/train/trainer.h"
+#include "snip/util/error.h"
+
+namespace fs = std::filesystem;
+
+namespace snip::cli {
+
+namespace {
+
+policy::CostTable measure(Config& cfg, const PlanMeasureRequest& r) {
+  const HfFolder f = read_hf_folder(r.hf_dir);
+  // Notes go to stderr: stdout is the plan (or its JSON).
+  for (const std::string& n : adopt_hf_config(f, cfg)) std::cerr << "snip: note: " << n << "\n";
+  cfg.validate();
+  const RunConfig rc = RunConfig::from(cfg);
+  const TrainConfig& tc = rc.train;
+  const std::string train_bin = (fs::path(r.data_dir) / "train.bin").string();
+  if (!fs::exists(train_bin)) fail("--data: ", train_bin, " does not exist");
+  const data::DataFolderInfo info = data::verify_data_folder(r.data_dir, "--data");
+  // The folder's tokenizer must be the data's, as for `snip eval`.
+  const fs::path tok = fs::path(r.hf_dir) / "tokenizer.model";
+  if (fs::is_regular_file(tok)) {
+    const std::string sha = data::sha256_hex(io::read_file(tok.string()));
+    if (sha != info.tokenizer_sha256) {
+      if (!r.allow_other_tokenizer)
+        fail("--data ", r.data_dir, " was tokenized with another tokenizer (SHA-256 ",
+             info.tokenizer_sha256.substr(0, 12), "...) than the model (", tok.string(), ": ", sha.substr(0, 12),
+             "...): Q would be measured on meaningless text; prepare the data with the model's tokenizer "
+             "(snip data prepare --tokenizer), or pass --allow-other-tokenizer");
+      std::cerr << "snip: warning: --allow-other-tokenizer: the data's tokenizer is not the model's\n";
+    }
+  } else {
+    std::cerr << "snip: warning: " << r.hf_dir << " has no tokenizer.model: the data's tokenizer cannot be checked\n";
+  }
+  if (int64_t(info.vocab_size) > f.config.vocab_size)
+    fail("--data ", r.data_dir, ": vocabulary ", info.vocab_size, " is larger than the model's ",
+         f.config.vocab_size, " (", r.hf_dir, "): its ids have no embedding");
+
+  const int64_t B = r.batch, T = tc.seq_len;
+  check_memory(training_memory(f.config, B, T), hw::available_memory_bytes(), "snip plan --init-from");
+  set_threads(tc.threads);
+  LlamaForCausalLM model = import_hf(r.hf_dir);
+  const at::ScalarType gemm = gemm_dtype_of(tc);
+  set_bf16_gemm_backend(parse_bf16_gemm_backend(tc.gemm_backend));
+  model->set_precision(LinearPrecision{nullptr, gemm});
+  model->set_non_linear_gemm_dtype(gemm);
+  auto opt = make_optimizer(model, tc);
+  set_lr(*opt, tc.lr);
+
+  data::TokenLoader loader(train_bin, int(B), int(T), uint64_t(tc.seed));
+  std::vector<int32_t> in, tg;
+  loader.next(in, tg);
+  const torch::Tensor ids = to_ids(in, B, T), targets = to_ids(tg, B, T);
+  model->set_step(uint64_t(tc.seed), 0);
+
+  StatsOptions so;
+  so.options.clear();
+  for (const std::string& o : rc.precision.options)
+    if (o != so.reference) so.options.push_back(o);
+  so.low_option = rc.precision.low_option;
+  so.alpha = rc.precision.alpha;
+  so.first_order = rc.precision.first_order;
+  so.curvature_probes = int(rc.precision.curvature_probes);
+  so.seed = uint64_t(tc.seed);
+  std::string names;
+  for (const std::string& o : so.options) names += (names.empty() ? "" : ",") + o;
+  std::cerr << "snip: stats step on " << r.hf_dir << " (" << model->linear_layers().size() << " layers, options "
+            << names << ") over " << B << " x " << T << " tokens of " << train_bin << "\n";
+  const auto t0 = std::chrono::steady_clock::now();
+  const StatsStep s = run_stats_step(
+      model->linear_layers(), [&] { return LlamaForCausalLMImpl::loss(model(ids), targets); }, *opt, so, 0);
+  char took[64];
+  std::snprintf(took, sizeof took, "%.1f", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  std::cerr << "snip: stats step done in " << took << " s\n";
+  policy::CostTable t = to_cost_table(s, r.per_gemm);
+  t.source = "the stats step on " + r.hf_dir;
+  return t;
+}
+
+}  // namespace
+
+void add_plan_measure() { set_plan_measure(measure); }
+
+}  // namespace snip::cli
