@@ -5,15 +5,21 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <iterator>
+#include <optional>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -72,9 +78,10 @@ void forward_signal(int sig) {
   if (g_child > 0) kill(pid_t(g_child), sig);
 }
 
-// Runs `snip ARGS...` (this executable) with stdout+stderr appended to `log`;
-// returns the exit status.
-int run_self(const std::vector<std::string>& args, const std::string& log) {
+// Runs `snip ARGS...` (this executable) with stdout+stderr appended to `log`
+// and returns its exit status. While it runs, `poll` is called every 0.25 s
+// (and once after it ended) to follow what it writes.
+int run_self(const std::vector<std::string>& args, const std::string& log, const std::function<void()>& poll) {
   const std::string self = fs::read_symlink("/proc/self/exe").string();
   std::vector<char*> argv{const_cast<char*>(self.c_str())};
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -97,7 +104,12 @@ int run_self(const std::vector<std::string>& args, const std::string& log) {
   sigaction(SIGTERM, &sa, &old_term);
   sigaction(SIGHUP, &sa, &old_hup);
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  for (;;) {
+    const pid_t w = waitpid(pid, &status, WNOHANG);
+    if (w == pid || (w < 0 && errno != EINTR)) break;
+    poll();
+    const timespec quarter{0, 250'000'000};
+    nanosleep(&quarter, nullptr);  // a forwarded signal cuts it short: fine
   }
   g_child = 0;
   sigaction(SIGINT, &old_int, nullptr);
@@ -108,10 +120,130 @@ int run_self(const std::vector<std::string>& args, const std::string& log) {
     signal(sig, SIG_DFL);
     raise(sig);
   }
+  poll();  // the lines written between the last poll and the child's end
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 }
 
+/// Seconds of a duration as `snip train`'s progress line prints it
+/// (trainer.cpp's fmt_duration: "4m05s", or "1h07m" from an hour on); NaN
+/// for "?" (no estimate yet) or any other text.
+double parse_duration(const std::string& s) {
+  long a = 0, b = 0;
+  int n = 0;
+  if (std::sscanf(s.c_str(), "%ldm%lds%n", &a, &b, &n) == 2 && size_t(n) == s.size()) return 60.0 * a + b;
+  if (std::sscanf(s.c_str(), "%ldh%ldm%n", &a, &b, &n) == 2 && size_t(n) == s.size()) return 3600.0 * a + 60.0 * b;
+  return std::nan("");
+}
+
+/// What one progress line of `snip train` says (trainer.cpp: "step N/M |
+/// loss L | lr ... | gnorm ... | ... tok/s | ETA 4m05s[ | val V]").
+struct TrainerProgress {
+  int64_t step = 0, total = 0;   ///< steps done, train.max_steps
+  double loss = std::nan("");    ///< this step's training loss (nats/token)
+  double eta_s = std::nan("");   ///< the trainer's estimate of the rest of the run (seconds; NaN if "?")
+};
+
+/// The progress in one line of an arm's log, or nullopt when the line is
+/// something else (a sample, a warning, the summary).
+std::optional<TrainerProgress> parse_progress_line(const std::string& line) {
+  TrainerProgress p;
+  long step = 0, total = 0;
+  if (std::sscanf(line.c_str(), "step %ld/%ld | loss %lf", &step, &total, &p.loss) != 3) return std::nullopt;
+  p.step = step;
+  p.total = total;
+  const auto at = line.find("| ETA ");
+  if (at != std::string::npos) {
+    const size_t b = at + 6, e = line.find(' ', b);
+    p.eta_s = parse_duration(line.substr(b, e == std::string::npos ? std::string::npos : e - b));
+  }
+  return p;
+}
+
+/// The lines a child appends to its log file, from a byte offset on (what
+/// the file held before this arm started is skipped).
+class LogFollower {
+ public:
+  LogFollower(std::string path, std::uintmax_t offset) : path_(std::move(path)), offset_(offset) {}
+  /// Calls on_line(line) for every complete line appended since the last call.
+  template <class F>
+  void poll(F&& on_line) {
+    std::ifstream in(path_, std::ios::binary);
+    if (!in) return;
+    in.seekg(std::streamoff(offset_));
+    std::string chunk((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    offset_ += chunk.size();
+    partial_ += chunk;
+    for (size_t nl; (nl = partial_.find('\n')) != std::string::npos;) {
+      std::string line = partial_.substr(0, nl);
+      partial_.erase(0, nl + 1);
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      on_line(line);
+    }
+  }
+
+ private:
+  std::string path_, partial_;
+  std::uintmax_t offset_;
+};
+
 std::string fmt_minutes(double s) { return fmt::format("{}m{:02d}s", int(s / 60), int(s) % 60); }
+
+/// The console's line for the arm being trained: "[2/3] snip-0.75: step
+/// 40/600 | loss 6.1234 | ETA arm 4m10s, experiment 12m30s", made from the
+/// progress lines of the arm's own trainer (its step, loss and ETA; nothing
+/// is recomputed here). The experiment's ETA adds to the arm's the arms
+/// still to train, each estimated at the mean wall time of the arms trained
+/// so far in this call, the current one counted at its elapsed time plus its
+/// ETA. On a terminal the line is rewritten in place at every progress line
+/// of the trainer (every train.log_interval steps and at evaluations);
+/// otherwise one plain line at most every `interval_s` seconds, and always
+/// the arm's last step.
+class ArmProgress {
+ public:
+  using clock = std::chrono::steady_clock;
+  ArmProgress(std::string prefix, bool tty, double interval_s, int64_t arms_after,
+              const std::vector<double>& earlier_arm_seconds)
+      : prefix_(std::move(prefix)), tty_(tty), interval_s_(interval_s), arms_after_(arms_after),
+        earlier_(earlier_arm_seconds), start_(clock::now()) {}
+
+  /// One line of the arm's log.
+  void on_line(const std::string& line) {
+    const auto p = parse_progress_line(line);
+    if (!p) return;
+    const double now = seconds_since(start_);
+    if (!tty_ && p->step != p->total && shown_ && now - last_shown_ < interval_s_) return;
+    double exp_eta = std::nan("");
+    if (std::isfinite(p->eta_s)) {
+      double sum = now + p->eta_s;
+      for (double s : earlier_) sum += s;
+      exp_eta = p->eta_s + double(arms_after_) * sum / double(earlier_.size() + 1);
+    }
+    auto eta = [](double s) { return std::isfinite(s) ? fmt_minutes(s + 0.5) : std::string("?"); };
+    const std::string text = fmt::format("{}: step {}/{} | loss {:.4f} | ETA arm {}, experiment {}", prefix_,
+                                         p->step, p->total, p->loss, eta(p->eta_s), eta(exp_eta));
+    if (tty_) std::cerr << "\r" << text << "\033[K" << std::flush;
+    else std::cerr << text << "\n" << std::flush;
+    shown_ = true;
+    last_shown_ = now;
+  }
+  /// Ends the rewritten line on a terminal.
+  void finish() {
+    if (tty_ && shown_) std::cerr << "\n";
+  }
+
+ private:
+  static double seconds_since(clock::time_point t) {
+    return std::chrono::duration<double>(clock::now() - t).count();
+  }
+  std::string prefix_;
+  bool tty_;
+  double interval_s_;
+  int64_t arms_after_;
+  const std::vector<double>& earlier_;
+  clock::time_point start_;
+  bool shown_ = false;
+  double last_shown_ = 0;
+};
 
 struct ArmResult {
   Arm arm;
@@ -145,6 +277,132 @@ ArmResult collect(const Arm& arm, const fs::path& dir) {
 
 std::string cell(double v, const char* f) { return std::isfinite(v) ? fmt::format(fmt::runtime(f), v) : "-"; }
 
+/// Throws UserError when the arm's policy is not one snip knows.
+void check_arm_policy(const Arm& arm) {
+  const std::string& p = arm.policy;
+  auto is_recipe = [&](const std::string& r) {
+    try {
+      return make_recipe_quantizer(r) != nullptr;
+    } catch (const UserError&) {
+      return false;
+    }
+  };
+  const bool known = p == "bf16" || p == "snip" || p == "min-rel-err" || p == "layer-type" ||
+                     p == "first-last-fp8" || p == "random" ||
+                     (p.rfind("uniform-", 0) == 0 && is_recipe(p.substr(8)));
+  if (!known)
+    fail("--arms: '", arm.name, "': expected bf16, uniform-<recipe>, snip, min-rel-err, layer-type, "
+         "first-last-fp8 or random, optionally followed by -<budget>");
+}
+
+/// The arms of a comma-separated list (blanks around names ignored), each
+/// checked; UserError for a bad or repeated name or an empty list.
+std::vector<Arm> parse_arm_list(const std::string& list) {
+  std::vector<Arm> arms;
+  std::stringstream ss(list);
+  std::set<std::string> seen;
+  for (std::string t; std::getline(ss, t, ',');) {
+    const auto b = t.find_first_not_of(" \t"), e = t.find_last_not_of(" \t");
+    if (b == std::string::npos) continue;
+    Arm arm = parse_arm(t.substr(b, e - b + 1));
+    if (!seen.insert(arm.name).second) fail("--arms: '", arm.name, "' given twice");
+    check_arm_policy(arm);
+    arms.push_back(arm);
+  }
+  if (arms.empty()) fail("--arms: expected at least one arm");
+  return arms;
+}
+
+/// --no-train without --arms: the arms trained in OUT (its subfolders named
+/// like an arm and holding a config.toml), those of the default list first
+/// and in its order (so bf16 is the reference when present), then the
+/// others by name. UserError when OUT does not exist or holds none.
+std::vector<Arm> arms_in(const fs::path& out) {
+  if (!fs::is_directory(out)) fail("--out: ", out.string(), " does not exist (nothing trained yet)");
+  std::set<std::string> found;
+  for (const auto& e : fs::directory_iterator(out))
+    if (e.is_directory() && fs::is_regular_file(e.path() / "config.toml")) found.insert(e.path().filename().string());
+  std::vector<Arm> arms;
+  auto take = [&](const std::string& name) {
+    if (!found.count(name)) return;
+    found.erase(name);
+    try {
+      Arm arm = parse_arm(name);
+      check_arm_policy(arm);
+      arms.push_back(arm);
+    } catch (const UserError&) {
+      // a folder that is not an arm (its name is no policy): not tabulated
+    }
+  };
+  std::stringstream ss(kDefaultArms);
+  for (std::string t; std::getline(ss, t, ',');) take(t);
+  for (const std::string& name : std::set<std::string>(found)) take(name);
+  if (arms.empty())
+    fail("--no-train: ", out.string(), " holds no trained arm (no ", (out / "<arm>" / "config.toml").string(),
+         "); train them first (snip experiment without --no-train)");
+  return arms;
+}
+
+/// Whether an option may differ between two arms of one experiment: what
+/// each arm sets (precision.policy, precision.budget), every precision
+/// option when one of them is the unquantized bf16 arm (nothing reads them
+/// there), and train.log_interval (only what is printed).
+bool arm_may_differ(const std::string& key, const Arm& x, const Arm& y) {
+  if (key == "train.log_interval" || key == "precision.policy" || key == "precision.budget") return true;
+  return key.rfind("precision.", 0) == 0 && (x.policy == "bf16" || y.policy == "bf16");
+}
+
+OptionValue option_value(const Config& c, const OptionSpec& o) {
+  switch (o.type) {
+    case OptionType::kBool: return c.get_bool(o.key);
+    case OptionType::kInt: return c.get_int(o.key);
+    case OptionType::kFloat: return c.get_float(o.key);
+    case OptionType::kString: return c.get_string(o.key);
+  }
+  return {};
+}
+
+/// --no-train: each arm's own resolved configuration, OUT/<arm>/config.toml
+/// (what `snip train` wrote for the arm and trained with), stands instead of
+/// --config and --set. UserError naming the arm folder when it or its
+/// config.toml is missing, when its precision.policy (or, for an arm named
+/// <policy>-<budget>, precision.budget) is not the arm's name's, or when it
+/// differs from the first arm (the reference) in an option no arm sets (the
+/// model, the data, the steps, the schedule: arm_may_differ()).
+void check_trained_arms(const std::vector<Arm>& arms, const fs::path& out) {
+  std::vector<Config> cfgs;
+  for (const Arm& arm : arms) {
+    const fs::path dir = out / arm.name, file = dir / "config.toml";
+    if (!fs::is_directory(dir))
+      fail("--no-train: experiment arm '", arm.name, "': ", dir.string(), " does not exist; train it (snip "
+           "experiment without --no-train) or leave it out of --arms");
+    if (!fs::is_regular_file(file))
+      fail("--no-train: experiment arm '", arm.name, "': ", dir.string(), " holds no config.toml (not a run of "
+           "snip train); delete it to retrain the arm, or leave it out of --arms");
+    Config c;
+    c.load_toml_file(file.string());  // UserError "<file>: ..."
+    const std::string policy = c.get_string("precision.policy");
+    if (policy != arm.policy)
+      fail("--no-train: experiment arm '", arm.name, "' in ", dir.string(), " was trained with precision.policy = ",
+           policy, ", not ", arm.policy, " (a folder of another arm?); delete it to retrain the arm");
+    if (std::isfinite(arm.budget) && c.get_float("precision.budget") != arm.budget)
+      fail("--no-train: experiment arm '", arm.name, "' in ", dir.string(), " was trained with precision.budget = ",
+           format_option_value(c.get_float("precision.budget")), ", not ", format_option_value(arm.budget),
+           "; delete it to retrain the arm");
+    cfgs.push_back(std::move(c));
+  }
+  for (size_t i = 1; i < arms.size(); ++i)
+    for (const OptionSpec& o : option_table()) {
+      if (arm_may_differ(o.key, arms[i], arms[0])) continue;
+      const OptionValue v = option_value(cfgs[i], o), ref = option_value(cfgs[0], o);
+      if (!(v == ref))
+        fail("--no-train: experiment arm '", arms[i].name, "' in ", (out / arms[i].name).string(),
+             " was trained with ", o.key, " = ", format_option_value(v), " but arm '", arms[0].name, "' in ",
+             (out / arms[0].name).string(), " with ", format_option_value(ref),
+             ": not one experiment; tabulate them apart (--arms, --out), or delete that arm's folder to retrain it");
+    }
+}
+
 }  // namespace
 
 void add_experiment_commands(CLI::App& app) {
@@ -152,64 +410,65 @@ void add_experiment_commands(CLI::App& app) {
     std::string config, out = "runs/experiment", arms = kDefaultArms;
     std::vector<std::string> sets;
     bool no_train = false;
+    double progress_s = 15;
   };
   auto a = std::make_shared<ExpArgs>();
   CLI::App* ex = app.add_subcommand(
       "experiment",
       "train one model under several precision policies (same seed and data order) and compare them: "
       "table of final validation loss, gap to BF16, FP4 share, time, tokens/s, and a validation-loss chart");
-  ex->add_option("--config,-c", a->config, "TOML run configuration shared by every arm (e.g. configs/experiment.toml)")
-      ->required();
+  ex->add_option("--config,-c", a->config,
+                 "TOML run configuration shared by every arm (e.g. configs/experiment.toml); required unless "
+                 "--no-train");
   ex->add_option("--out", a->out, "experiment folder: one run per arm in OUT/<arm>/, results in OUT/results.*")
       ->capture_default_str();
-  ex->add_option("--arms", a->arms,
-                 "comma-separated arms: <policy> or <policy>-<budget>, e.g. snip-0.75, uniform-fp4, bf16 "
-                 "(the first arm is the reference of the gap column)")
-      ->capture_default_str();
+  CLI::Option* arms_opt =
+      ex->add_option("--arms", a->arms,
+                     "comma-separated arms: <policy> or <policy>-<budget>, e.g. snip-0.75, uniform-fp4, bf16 "
+                     "(the first arm is the reference of the gap column; with --no-train the default is the "
+                     "arms found in OUT)")
+          ->capture_default_str();
   ex->add_option("--set", a->sets, "override one option of every arm: section.key=value (repeatable)");
-  ex->add_flag("--no-train", a->no_train, "only tabulate the arms already trained in OUT");
-  ex->callback([a] {
+  ex->add_flag("--no-train", a->no_train,
+               "only tabulate the arms already trained in OUT, each with its own OUT/<arm>/config.toml "
+               "(--config and --set are not needed)");
+  ex->add_option("--progress-interval", a->progress_s,
+                 "seconds between two progress lines of an arm when stderr is not a terminal (the arm's last "
+                 "step is always shown; on a terminal the line is rewritten at each of the trainer's)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e9));
+  ex->callback([a, arms_opt] {
+    const fs::path out(a->out);
+    std::vector<Arm> arms;
+    if (a->no_train) {
+      // Re-tabulate: each arm's own config.toml, no --config or --set needed.
+      arms = arms_opt->count() > 0 ? parse_arm_list(a->arms) : arms_in(out);
+      check_trained_arms(arms, out);
+      if (!a->config.empty() || !a->sets.empty())
+        spdlog::info("--no-train: each arm's own {} is used; --config and --set are not read",
+                     (out / "<arm>" / "config.toml").string());
+    } else {
+      if (a->config.empty())
+        fail("--config FILE is required (only --no-train, which reads each arm's ", (out / "<arm>").string(),
+             "/config.toml, goes without it)");
+      arms = parse_arm_list(a->arms);
+    }
     // Validate everything up front: the config, every arm's policy/budget.
     Config base;
-    base.load_toml_file(a->config);
-    for (const auto& s : a->sets) base.set_override(s);
-    base.validate();
-    std::vector<Arm> arms;
-    {
-      std::stringstream ss(a->arms);
-      std::set<std::string> seen;
-      for (std::string t; std::getline(ss, t, ',');) {
-        const auto b = t.find_first_not_of(" \t"), e = t.find_last_not_of(" \t");
-        if (b == std::string::npos) continue;
-        Arm arm = parse_arm(t.substr(b, e - b + 1));
-        if (!seen.insert(arm.name).second) fail("--arms: '", arm.name, "' given twice");
-        const std::string& p = arm.policy;
-        auto is_recipe = [&](const std::string& r) {
-          try {
-            return make_recipe_quantizer(r) != nullptr;
-          } catch (const UserError&) {
-            return false;
-          }
-        };
-        const bool known = p == "bf16" || p == "snip" || p == "min-rel-err" || p == "layer-type" ||
-                           p == "first-last-fp8" || p == "random" ||
-                           (p.rfind("uniform-", 0) == 0 && is_recipe(p.substr(8)));
-        if (!known)
-          fail("--arms: '", arm.name, "': expected bf16, uniform-<recipe>, snip, min-rel-err, layer-type, "
-               "first-last-fp8 or random, optionally followed by -<budget>");
-        arms.push_back(arm);
+    if (!a->no_train) {
+      base.load_toml_file(a->config);
+      for (const auto& s : a->sets) base.set_override(s);
+      base.validate();
+      for (const auto& st : a->sets) {
+        const std::string key = st.substr(0, st.find('='));
+        if (key == "precision.policy" || key == "precision.budget" || key == "precision.recipe")
+          fail("--set ", st, ": ", key, " is set by each arm (--arms policy-budget); remove it");
       }
     }
-    if (arms.empty()) fail("--arms: expected at least one arm");
-    for (const auto& st : a->sets) {
-      const std::string key = st.substr(0, st.find('='));
-      if (key == "precision.policy" || key == "precision.budget" || key == "precision.recipe")
-        fail("--set ", st, ": ", key, " is set by each arm (--arms policy-budget); remove it");
-    }
-    const fs::path out(a->out);
     // An arm already in OUT must have been trained with the configuration
     // asked for now; otherwise its numbers would silently answer another question.
     for (const Arm& arm : arms) {
+      if (a->no_train) break;  // check_trained_arms did it, from the arms' own files
       const fs::path saved = out / arm.name / "config.toml";
       if (!fs::exists(saved)) continue;
       Config want = base, have;
@@ -232,6 +491,8 @@ void add_experiment_commands(CLI::App& app) {
     }
     if (!a->no_train) io::ensure_writable_dir(a->out);
     const auto t0 = std::chrono::steady_clock::now();
+    const bool tty = isatty(STDERR_FILENO);
+    std::vector<double> arm_seconds;  // wall time of each arm trained afresh in this call (the ETA's estimate)
     for (size_t i = 0; i < arms.size() && !a->no_train; ++i) {
       const Arm& arm = arms[i];
       const fs::path dir = out / arm.name;
@@ -258,8 +519,16 @@ void add_experiment_commands(CLI::App& app) {
       }
       std::cerr << fmt::format("[{}/{}] {}: {} (log: {})\n", i + 1, arms.size(), arm.name,
                                resume ? "resuming" : "training", log);
+      int64_t arms_after = 0;  // still to train after this one
+      for (size_t j = i + 1; j < arms.size(); ++j) arms_after += !fs::exists(out / arms[j].name / "summary.json");
+      // The arm's progress, from the progress lines its trainer appends to the log.
+      LogFollower follow(log, fs::exists(log) ? fs::file_size(log) : 0);
+      ArmProgress progress(fmt::format("[{}/{}] {}", i + 1, arms.size(), arm.name), tty, a->progress_s, arms_after,
+                           arm_seconds);
       const auto ts = std::chrono::steady_clock::now();
-      const int rc = run_self(args, log);
+      const int rc = run_self(args, log, [&] { follow.poll([&](const std::string& l) { progress.on_line(l); }); });
+      progress.finish();
+      const double arm_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
       if (rc != 0) {
         std::string last;
         std::ifstream in(log);
@@ -267,10 +536,10 @@ void add_experiment_commands(CLI::App& app) {
           if (!line.empty()) last = line;
         fail("experiment arm '", arm.name, "' failed (exit ", rc, "): ", last, " (see ", log, ")");
       }
+      if (!resume) arm_seconds.push_back(arm_s);
       const ArmResult r = collect(arm, dir);
       std::cerr << fmt::format("[{}/{}] {}: val {:.4f} in {} (experiment so far {})\n", i + 1, arms.size(),
-                               arm.name, r.val, fmt_minutes(std::chrono::duration<double>(
-                                                   std::chrono::steady_clock::now() - ts).count()),
+                               arm.name, r.val, fmt_minutes(arm_s),
                                fmt_minutes(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
     }
 

@@ -432,6 +432,8 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       rec["val_ppl"] = std::exp(last_val);
     }
     metrics.append(rec);
+    // `snip experiment` reads this line back from each arm's log (cmd_experiment.cpp,
+    // parse_progress_line): keep "step N/M | loss L" first and "| ETA " + fmt_duration.
     if (!opts.quiet && (step % tc.log_interval == 0 || step == max_steps || eval_step)) {
       const double tps = double((step - start_step) * tokens_per_step) / elapsed();
       const double eta = double((max_steps - step) * tokens_per_step) / tps;
