@@ -45,7 +45,8 @@ using json = nlohmann::json;
 namespace {
 
 /// One arm of the experiment: "<policy>" or "<policy>-<budget>" (e.g.
-/// "snip-0.75", "uniform-fp4", "bf16").
+/// "snip-0.75", "uniform-fp4", "none"; an arm named "bf16", the unquantized
+/// policy's name until 2026-12-01, keeps its name and runs policy none).
 struct Arm {
   std::string name, policy;
   double budget = std::nan("");  // NaN = the config's
@@ -65,11 +66,12 @@ Arm parse_arm(const std::string& s) {
     }
   }
   if (a.policy.empty()) fail("--arms: empty arm name");
+  if (a.policy == "bf16") a.policy = "none";
   return a;
 }
 
 const char* kDefaultArms =
-    "bf16,uniform-fp8,uniform-fp4,snip-0.5,snip-0.75,min-rel-err-0.75,layer-type-0.75,first-last-fp8-0.75,"
+    "none,uniform-fp8,uniform-fp4,snip-0.5,snip-0.75,min-rel-err-0.75,layer-type-0.75,first-last-fp8-0.75,"
     "random-0.75";
 
 volatile sig_atomic_t g_child = 0, g_signal = 0;
@@ -251,7 +253,14 @@ struct ArmResult {
   double val = std::nan(""), gap_pct = std::nan(""), fp4_share = std::nan(""), seconds = std::nan(""),
          tokens_per_s = std::nan("");
   int64_t steps = 0;
+  std::string gemm_dtype;  // summary.json "gemm_dtype": bf16 or fp32 ("" if absent)
   report::RunCurves curves;
+  /// The policy as the table shows it: the unquantized policy with its GEMM
+  /// dtype ("none (bf16 GEMMs)"), since "none" alone does not say what the
+  /// baseline computed in.
+  std::string policy_label() const {
+    return arm.policy == "none" && !gemm_dtype.empty() ? "none (" + gemm_dtype + " GEMMs)" : arm.policy;
+  }
 };
 
 ArmResult collect(const Arm& arm, const fs::path& dir) {
@@ -263,6 +272,7 @@ ArmResult collect(const Arm& arm, const fs::path& dir) {
   r.done = true;
   r.val = s.value("final_val_loss", std::nan(""));
   r.steps = s.value("steps", int64_t{0});
+  r.gemm_dtype = s.contains("gemm_dtype") && s["gemm_dtype"].is_string() ? s["gemm_dtype"].get<std::string>() : "";
   r.curves = report::read_metrics((dir / "metrics.jsonl").string());
   double share = 0;
   for (double v : r.curves.fp4_share) share += v;
@@ -287,11 +297,11 @@ void check_arm_policy(const Arm& arm) {
       return false;
     }
   };
-  const bool known = p == "bf16" || p == "snip" || p == "min-rel-err" || p == "layer-type" ||
+  const bool known = p == "none" || p == "snip" || p == "min-rel-err" || p == "layer-type" ||
                      p == "first-last-fp8" || p == "random" ||
                      (p.rfind("uniform-", 0) == 0 && is_recipe(p.substr(8)));
   if (!known)
-    fail("--arms: '", arm.name, "': expected bf16, uniform-<recipe>, snip, min-rel-err, layer-type, "
+    fail("--arms: '", arm.name, "': expected none (or bf16, its old name), uniform-<recipe>, snip, min-rel-err, layer-type, "
          "first-last-fp8 or random, optionally followed by -<budget>");
 }
 
@@ -315,7 +325,8 @@ std::vector<Arm> parse_arm_list(const std::string& list) {
 
 /// --no-train without --arms: the arms trained in OUT (its subfolders named
 /// like an arm and holding a config.toml), those of the default list first
-/// and in its order (so bf16 is the reference when present), then the
+/// and in its order (so none is the reference when present; a "bf16" arm,
+/// its old name, right after it), then the
 /// others by name. UserError when OUT does not exist or holds none.
 std::vector<Arm> arms_in(const fs::path& out) {
   if (!fs::is_directory(out)) fail("--out: ", out.string(), " does not exist (nothing trained yet)");
@@ -334,7 +345,7 @@ std::vector<Arm> arms_in(const fs::path& out) {
       // a folder that is not an arm (its name is no policy): not tabulated
     }
   };
-  std::stringstream ss(kDefaultArms);
+  std::stringstream ss(std::string("none,bf16") + (kDefaultArms + 4));
   for (std::string t; std::getline(ss, t, ',');) take(t);
   for (const std::string& name : std::set<std::string>(found)) take(name);
   if (arms.empty())
@@ -345,11 +356,11 @@ std::vector<Arm> arms_in(const fs::path& out) {
 
 /// Whether an option may differ between two arms of one experiment: what
 /// each arm sets (precision.policy, precision.budget), every precision
-/// option when one of them is the unquantized bf16 arm (nothing reads them
+/// option when one of them is the unquantized arm, policy none (nothing reads them
 /// there), and train.log_interval (only what is printed).
 bool arm_may_differ(const std::string& key, const Arm& x, const Arm& y) {
   if (key == "train.log_interval" || key == "precision.policy" || key == "precision.budget") return true;
-  return key.rfind("precision.", 0) == 0 && (x.policy == "bf16" || y.policy == "bf16");
+  return key.rfind("precision.", 0) == 0 && (x.policy == "none" || y.policy == "none");
 }
 
 OptionValue option_value(const Config& c, const OptionSpec& o) {
@@ -416,7 +427,7 @@ void add_experiment_commands(CLI::App& app) {
   CLI::App* ex = app.add_subcommand(
       "experiment",
       "train one model under several precision policies (same seed and data order) and compare them: "
-      "table of final validation loss, gap to BF16, FP4 share, time, tokens/s, and a validation-loss chart");
+      "table of final validation loss, gap to the unquantized arm (policy none), FP4 share, time, tokens/s, and a validation-loss chart");
   ex->add_option("--config,-c", a->config,
                  "TOML run configuration shared by every arm (e.g. configs/experiment.toml); required unless "
                  "--no-train");
@@ -424,7 +435,7 @@ void add_experiment_commands(CLI::App& app) {
       ->capture_default_str();
   CLI::Option* arms_opt =
       ex->add_option("--arms", a->arms,
-                     "comma-separated arms: <policy> or <policy>-<budget>, e.g. snip-0.75, uniform-fp4, bf16 "
+                     "comma-separated arms: <policy> or <policy>-<budget>, e.g. snip-0.75, uniform-fp4, none "
                      "(the first arm is the reference of the gap column; with --no-train the default is the "
                      "arms found in OUT)")
           ->capture_default_str();
@@ -476,8 +487,8 @@ void add_experiment_commands(CLI::App& app) {
       if (std::isfinite(arm.budget)) want.set("precision.budget", arm.budget, "--arms");
       have.load_toml_file(saved.string());
       for (const auto& [key, v] : want.values()) {
-        // For a BF16 arm the other precision options change nothing.
-        if (arm.policy == "bf16" && key.rfind("precision.", 0) == 0 && key != "precision.policy" &&
+        // For the unquantized arm the other precision options change nothing.
+        if (arm.policy == "none" && key.rfind("precision.", 0) == 0 && key != "precision.policy" &&
             key != "precision.recipe")
           continue;
         if (key == "train.log_interval") continue;  // only what is printed
@@ -550,22 +561,24 @@ void add_experiment_commands(CLI::App& app) {
     for (auto& r : res)
       if (r.done && std::isfinite(ref) && ref != 0) r.gap_pct = 100.0 * (r.val - ref) / ref;
     std::ostringstream md;
-    md << "| arm | policy | budget | final val loss | gap to " << arms.front().name
+    md << "| arm | policy | budget | final val loss | gap to " << res.front().arm.name
+       << (res.front().arm.policy == "none" && !res.front().gemm_dtype.empty() ? " (" + res.front().gemm_dtype + " GEMMs)" : "")
        << " | FP4 FLOPs share | wall time | tokens/s |\n|---|---|---|---|---|---|---|---|\n";
     json jr = json::array();
     std::ostringstream csv;
-    csv << "arm,policy,budget,final_val_loss,gap_pct,fp4_share,seconds,tokens_per_s,steps\n";
+    csv << "arm,policy,gemm_dtype,budget,final_val_loss,gap_pct,fp4_share,seconds,tokens_per_s,steps\n";
     for (const auto& r : res) {
-      md << "| " << r.arm.name << " | " << r.arm.policy << " | " << cell(r.arm.budget, "{:.2f}") << " | "
+      md << "| " << r.arm.name << " | " << r.policy_label() << " | " << cell(r.arm.budget, "{:.2f}") << " | "
          << (r.done ? cell(r.val, "{:.4f}") : "not trained") << " | " << cell(r.gap_pct, "{:+.2f}%") << " | "
          << cell(r.fp4_share, "{:.3f}") << " | " << (std::isfinite(r.seconds) ? fmt_minutes(r.seconds) : "-")
          << " | " << cell(r.tokens_per_s, "{:.0f}") << " |\n";
       auto num = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
-      jr.push_back({{"arm", r.arm.name}, {"policy", r.arm.policy}, {"budget", num(r.arm.budget)},
+      jr.push_back({{"arm", r.arm.name}, {"policy", r.arm.policy}, {"gemm_dtype", r.gemm_dtype},
+                    {"budget", num(r.arm.budget)},
                     {"trained", r.done}, {"final_val_loss", num(r.val)}, {"gap_pct", num(r.gap_pct)},
                     {"fp4_share", num(r.fp4_share)}, {"seconds", num(r.seconds)},
                     {"tokens_per_s", num(r.tokens_per_s)}, {"steps", r.steps}});
-      csv << r.arm.name << "," << r.arm.policy << "," << cell(r.arm.budget, "{}") << "," << cell(r.val, "{}") << ","
+      csv << r.arm.name << "," << r.arm.policy << "," << r.gemm_dtype << "," << cell(r.arm.budget, "{}") << "," << cell(r.val, "{}") << ","
           << cell(r.gap_pct, "{}") << "," << cell(r.fp4_share, "{}") << "," << cell(r.seconds, "{}") << ","
           << cell(r.tokens_per_s, "{}") << "," << r.steps << "\n";
     }
@@ -674,7 +687,7 @@ void add_experiment_commands(CLI::App& app) {
     for (const auto& l : r.layers)
       std::cout << fmt::format("{:<44} {:>10.4g} {:>10.4g} {:>10.4g} {:>+12.5f}\n", l.name, l.q, l.ld, l.wd,
                                l.delta_val);
-    std::cout << fmt::format("\nbaseline (BF16) val {:.5f} after {} steps from step {}\n", r.base_val_loss, r.steps,
+    std::cout << fmt::format("\nbaseline (unquantized) val {:.5f} after {} steps from step {}\n", r.base_val_loss, r.steps,
                              r.step);
     std::cout << "predictor vs measured dval:      Pearson   Spearman\n";
     if (r.correlations.empty())  // --replot: the chosen predictor only

@@ -206,7 +206,8 @@ std::vector<std::string> stats_options(const std::string& path) {
 
 // Plans `table` (read from `source`) with the options of `a`; `default_options`
 // are the candidates when --options is not given (empty: every option).
-void plan_table(const PlanArgs& a, const CostTable& table, const std::string& source,
+// Returns what it printed as JSON (the plan file, or the sweep).
+nlohmann::json plan_table(const PlanArgs& a, const CostTable& table, const std::string& source,
                 const std::vector<std::string>& default_options) {
   PlanProblem problem =
       make_problem(table, a.per_gemm ? Granularity::gemm : Granularity::layer);
@@ -324,6 +325,7 @@ void plan_table(const PlanArgs& a, const CostTable& table, const std::string& so
       print_plan(std::cout, problem, o, r);
   }
   if (!a.out.empty()) io::save_json_atomic(out, a.out);
+  return out;
 }
 
 // `snip plan --config MODEL.toml`: the model's FLOPs from its shapes; with Q
@@ -504,7 +506,35 @@ void run_model_plan(const PlanArgs& given) {
               << "j = round(i*" << (t.source_blocks - 1) << "/" << (t.target_blocks - 1)
               << "); every Q scaled by " << fmt("%.4g", t.scale) << " so that its sum at " << a.low
               << " is 1; FLOPs from the model's shapes at " << tokens << " tokens per step\n";
-  plan_table(a, t.table, from, default_options);
+  const nlohmann::json plan = plan_table(a, t.table, from, default_options);
+  if (a.json || a.do_sweep || !plan.contains("assignments")) return;
+  // Per layer type, how many layers (or GEMMs) got each option: what a plan
+  // for 22 blocks says at a glance.
+  std::map<std::string, std::map<std::string, int>> by_role;
+  std::map<std::string, int> total;
+  for (const auto& [item, option] : plan["assignments"].items()) {
+    const std::string layer = item.substr(0, item.find(':'));
+    const std::string role = layer_role(layer).role + (item.size() > layer.size() ? item.substr(layer.size()) : "");
+    by_role[role][option.get<std::string>()] += 1;
+    total[role] += 1;
+  }
+  std::string head = "by type:   ";
+  size_t w = 0;
+  for (const auto& kv : total) w = std::max(w, kv.first.size());
+  for (const RoleFlops& r : roles)
+    for (const std::string& suffix : a.per_gemm ? std::vector<std::string>{":fprop", ":dgrad", ":wgrad"}
+                                                : std::vector<std::string>{""}) {
+      const std::string role = r.role + suffix;
+      if (!total.count(role)) continue;
+      std::cout << head << role << std::string(w + 2 - role.size(), ' ');
+      head = std::string(head.size(), ' ');
+      std::string sep;
+      for (const auto& [option, n] : by_role[role]) {
+        std::cout << sep << option << " " << n;
+        sep = ", ";
+      }
+      std::cout << " of " << total[role] << "\n";
+    }
 }
 
 void run_plan(const PlanArgs& a) {

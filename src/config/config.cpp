@@ -98,10 +98,10 @@ std::vector<OptionSpec> make_table() {
       // [precision]
       opt("precision.recipe", T::kString, std::string("none"), "",
           "shorthand for policy uniform-<recipe> on every step (no warmup, no final phase): a name from "
-          "`snip formats --recipes`, or none; only with precision.policy = bf16"),
+          "`snip formats --recipes`, or none; only with precision.policy = none"),
       // [precision]: the adaptive method (METHOD.md sections 3-6; docs/planner.md "In training").
-      opt("precision.policy", T::kString, std::string("bf16"), "",
-          "who chooses each layer's precision: bf16 (no quantization), uniform-<recipe> (any recipe, e.g. "
+      opt("precision.policy", T::kString, std::string("none"), "",
+          "who chooses each layer's precision: none (no quantization: every GEMM in train.gemm_dtype; bf16 is an old name for it), uniform-<recipe> (any recipe, e.g. "
           "uniform-fp8, uniform-mxfp4), snip (stats + ILP), min-rel-err, layer-type, first-last-fp8, random"),
       opt("precision.budget", T::kFloat, 0.75, "fraction",
           "FP4 FLOPs share every plan must reach (snip and the ordered heuristics)"),
@@ -465,6 +465,10 @@ void Config::set(const std::string& key, const OptionValue& v, const std::string
     if (*str == "bfloat16") val = std::string("bf16");
     if (*str == "float32") val = std::string("fp32");
   }
+  // The unquantized policy was called "bf16" until 2026-12-01, though its
+  // GEMMs run in train.gemm_dtype (FP32 too): the old name is read as "none".
+  if (const auto* str = std::get_if<std::string>(&v); str && key == "precision.policy" && *str == "bf16")
+    val = std::string("none");
   // An integer is accepted where a number is expected.
   if (s->type == T::kFloat && std::holds_alternative<int64_t>(v))
     val = static_cast<double>(std::get<int64_t>(v));
@@ -720,7 +724,7 @@ std::vector<std::string> split_list(const std::string& s) {
 
 const char* to_string(Policy p) {
   switch (p) {
-    case Policy::kBf16: return "bf16";
+    case Policy::kNone: return "none";
     case Policy::kUniform: return "uniform";
     case Policy::kSnip: return "snip";
     case Policy::kMinRelErr: return "min-rel-err";
@@ -798,11 +802,11 @@ RunConfig RunConfig::from(const Config& c) {
     p.uniform_option = policy.substr(8);
   } else {
     bool known = false;
-    for (Policy q : {Policy::kBf16, Policy::kSnip, Policy::kMinRelErr, Policy::kLayerType, Policy::kFirstLastFp8,
+    for (Policy q : {Policy::kNone, Policy::kSnip, Policy::kMinRelErr, Policy::kLayerType, Policy::kFirstLastFp8,
                      Policy::kRandom})
       if (policy == to_string(q)) p.policy = q, known = true;
     if (!known)
-      fail("config: precision.policy: expected bf16, uniform-<option> (e.g. uniform-fp8), snip, min-rel-err, "
+      fail("config: precision.policy: expected none (or its old name bf16), uniform-<option> (e.g. uniform-fp8), snip, min-rel-err, "
            "layer-type, first-last-fp8 or random, got '", policy, "'");
   }
   p.recipe = c.get_string("precision.recipe");

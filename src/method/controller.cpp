@@ -72,10 +72,10 @@ class PerGemmQuantizer : public OperandQuantizer {
 std::string resolve_precision_alias(Config& cfg) {
   const std::string recipe = cfg.get_string("precision.recipe");
   if (recipe.empty()) cfg.set("precision.recipe", std::string("none"), "precision.recipe");  // "" means none
-  if (recipe.empty() || recipe == "none" || cfg.get_string("precision.policy") != kReference) return "";
+  if (recipe.empty() || recipe == "none" || cfg.get_string("precision.policy") != "none") return "";
   const std::string what = "precision.recipe = '" + recipe + "'";
   cfg.set("precision.recipe", std::string("none"), what);
-  if (recipe == kReference) return what + " is read as precision.policy = 'bf16' (nothing quantized)";
+  if (recipe == kReference) return what + " is read as precision.policy = 'none' (nothing quantized)";
   make_recipe_quantizer(recipe);  // UserError "precision.recipe: unknown recipe ..."
   std::string note = what + " is read as precision.policy = 'uniform-" + recipe + "'";
   cfg.set("precision.policy", "uniform-" + recipe, what);
@@ -164,14 +164,14 @@ PrecisionController::PrecisionController(const RunConfig& rc, std::vector<QuantL
   if (low_.empty() || low_ == kReference)
     fail("config: precision.low_option: expected the name of a quantizing option (e.g. fp4, mxfp4), got '", low_, "'");
   const std::string& recipe = pc_.recipe;
-  SNIP_CHECK(pc_.policy != Policy::kBf16 || recipe == "none" || recipe.empty(),
+  SNIP_CHECK(pc_.policy != Policy::kNone || recipe == "none" || recipe.empty(),
              "precision.recipe = ", recipe, " reached the controller: call resolve_precision_alias() first");
-  if (pc_.policy != Policy::kBf16 && recipe != "none" && !recipe.empty())
+  if (pc_.policy != Policy::kNone && recipe != "none" && !recipe.empty())
     fail("config: precision.recipe = '", recipe, "' applies one recipe to every layer and cannot be combined "
          "with precision.policy = '", policy_, "'; set precision.recipe = \"none\" (or use policy uniform-",
          recipe, ")");
   SNIP_CHECK(!layers_.empty(), "no quantizable layers");
-  // Checked for every policy (bf16 too): the schedule, the options, the pins.
+  // Checked for every policy (none too): the schedule, the options, the pins.
   sched_ = PrecisionSchedule::from_config(rc);
   const std::vector<std::string>& options = pc_.options;
   if (options.empty()) fail("config: precision.options: expected a comma-separated list of options, got none");
@@ -227,7 +227,7 @@ PrecisionController::PrecisionController(const RunConfig& rc, std::vector<QuantL
       fail("config: precision.pins: ", e.what());
     }
   }
-  if (pc_.policy == Policy::kBf16) return;  // inactive: nothing is quantized
+  if (pc_.policy == Policy::kNone) return;  // inactive: nothing is quantized
   active_ = true;
   for (int64_t p : sched_.plan_steps()) plan_steps_.insert(p);
   // Everything the planner can check on the layer list alone (pins that match

@@ -176,7 +176,7 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
   auto t0 = clock::now();
   std::tie(res.base_val_loss, res.base_train_loss) = run_arm(nullptr);
   if (!o.quiet)
-    spdlog::info("baseline (BF16, {} steps from step {}): val {:.5f}, train {:.5f} ({:.1f} s per arm)", o.steps,
+    spdlog::info("baseline (unquantized, {} steps from step {}): val {:.5f}, train {:.5f} ({:.1f} s per arm)", o.steps,
                  step0, res.base_val_loss, res.base_train_loss,
                  std::chrono::duration<double>(clock::now() - t0).count());
   for (size_t i = 0; i < studied.size(); ++i) {

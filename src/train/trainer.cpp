@@ -270,7 +270,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   model->set_precision(LinearPrecision{nullptr, gemm});
   model->set_non_linear_gemm_dtype(gemm);
   auto optimizer = make_optimizer(model, tc);
-  // The adaptive precision controller (inactive for policy bf16). Validates
+  // The adaptive precision controller (inactive for policy none). Validates
   // the [precision] options against the layer list, pins and budget included.
   PrecisionController ctl(rc, model->linear_layers(), gemm);
 

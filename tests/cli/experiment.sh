@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The shortened comparison experiment: every default arm of `snip experiment`
-# (bf16, uniform-fp8, uniform-fp4, snip at 0.5 and 0.75, the four heuristics
+# (none, uniform-fp8, uniform-fp4, snip at 0.5 and 0.75, the four heuristics
 # at 0.75) trains a micro model for 16 steps on the Brown Corpus; the table,
 # JSON, CSV and chart must be complete, and a second call must reuse the
 # trained arms instead of training them again.
@@ -41,7 +41,7 @@ TOML
 import json, math, re, sys
 d = sys.argv[1]
 rows = json.load(open(d + "/results.json"))
-want = ["bf16", "uniform-fp8", "uniform-fp4", "snip-0.5", "snip-0.75", "min-rel-err-0.75",
+want = ["none", "uniform-fp8", "uniform-fp4", "snip-0.5", "snip-0.75", "min-rel-err-0.75",
         "layer-type-0.75", "first-last-fp8-0.75", "random-0.75"]
 assert [r["arm"] for r in rows] == want, [r["arm"] for r in rows]
 for r in rows:
@@ -55,11 +55,15 @@ for r in rows:
     share = sum(x["fp4_share"] for x in m) / len(m)
     assert abs(share - r["fp4_share"]) < 1e-12, (r["arm"], share, r["fp4_share"])
     assert s["policy"] == r["policy"], (s["policy"], r["policy"])
+    assert s["gemm_dtype"] == r["gemm_dtype"] == "bf16", (s["gemm_dtype"], r["gemm_dtype"])
+# The unquantized baseline is named for what it is: policy none, with its GEMM dtype.
+md = open(d + "/results.md").read()
+assert "| gap to none (bf16 GEMMs) |" in md and "| none | none (bf16 GEMMs) | - |" in md, md
 ref = rows[0]["final_val_loss"]
 for r in rows:
     assert abs(r["gap_pct"] - 100 * (r["final_val_loss"] - ref) / ref) < 1e-9, r
 by = {r["arm"]: r for r in rows}
-assert by["bf16"]["fp4_share"] == 0 and by["uniform-fp8"]["fp4_share"] == 0
+assert by["none"]["fp4_share"] == 0 and by["uniform-fp8"]["fp4_share"] == 0
 # uniform FP4 runs FP4 between warmup (2 steps) and the final 10% (2 steps): 12 of 16 steps
 assert abs(by["uniform-fp4"]["fp4_share"] - 12 / 16) < 1e-12, by["uniform-fp4"]["fp4_share"]
 for a in want[3:]:

@@ -41,7 +41,7 @@ warmup_steps = 2
 initial_interval = 4
 final_interval = 4""")
 out = os.path.join(tmp, "exp")
-arms = ["bf16", "snip-0.75"]
+arms = ["none", "snip-0.75"]
 rc, stdout, err = T.run(["experiment", "--config", cfg, "--out", out, "--arms", ",".join(arms),
                          "--set", f"train.max_steps={STEPS}", "--progress-interval", "0"], timeout=600)
 check(rc == 0, "experiment trains", f"rc={rc} {err[-600:]!r}")
@@ -83,7 +83,8 @@ rows = json.loads(results)
 check([r["arm"] for r in rows] == arms and all(r["steps"] == STEPS for r in rows), "results.json", results)
 
 # Not a terminal, default --progress-interval (15 s): the micro arm trains in
-# well under that, so only its last step is shown.
+# well under that, so only its last step is shown. The arm is named "bf16",
+# the unquantized policy's name until 2026-12-01: it still names policy none.
 out1 = os.path.join(tmp, "exp1")
 rc, _, err1 = T.run(["experiment", "--config", cfg, "--out", out1, "--arms", "bf16",
                      "--set", "train.max_steps=6"], timeout=300)
@@ -91,6 +92,9 @@ p1 = [line for line in err1.splitlines() if "bf16: step" in line]
 check(rc == 0 and len(p1) >= 1 and p1[-1].startswith("[1/1] bf16: step 6/6 | loss "),
       "default interval: the arm's last step is shown", f"rc={rc} {err1!r}")
 check(len(p1) < 3, "default interval: not every progress line of the trainer (6 steps in < 15 s)", str(p1))
+r1 = json.load(open(os.path.join(out1, "results.json"))) if os.path.exists(os.path.join(out1, "results.json")) else []
+check(len(r1) == 1 and r1[0]["arm"] == "bf16" and r1[0]["policy"] == "none" and r1[0]["gemm_dtype"] == "bf16",
+      "an arm named bf16 (the old name) runs policy none, BF16 GEMMs", str(r1))
 
 # --no-train: the arms' own config.toml, no --set (nor --config) needed.
 for name, args in [("--no-train without --config, --set, --arms", []),
@@ -104,7 +108,7 @@ for name, args in [("--no-train without --config, --set, --arms", []),
 check("| snip-0.75 | snip | 0.75 |" in stdout2, "--no-train prints the table", stdout2)
 
 # Refused, one line naming the arm folder, nothing written.
-T.expect_error("--no-train, an arm never trained", ["experiment", "--out", out, "--no-train", "--arms", "bf16,snip-0.5"],
+T.expect_error("--no-train, an arm never trained", ["experiment", "--out", out, "--no-train", "--arms", "none,snip-0.5"],
                os.path.join(out, "snip-0.5") + " does not exist", untouched=out)
 T.expect_error("--no-train, OUT missing", ["experiment", "--out", os.path.join(tmp, "none"), "--no-train"],
                os.path.join(tmp, "none") + " does not exist", absent=os.path.join(tmp, "none"))
@@ -118,17 +122,17 @@ text = open(conf).read()
 open(conf, "w").write(re.sub(r"(?m)^hidden_size = 32\b", "hidden_size = 64", text))
 T.expect_error("--no-train, an arm of another model", ["experiment", "--out", other, "--no-train"],
                "arm 'snip-0.75' in " + os.path.join(other, "snip-0.75") + " was trained with model.hidden_size = 64 "
-               "but arm 'bf16' in " + os.path.join(other, "bf16") + " with 32", untouched=other)
+               "but arm 'none' in " + os.path.join(other, "none") + " with 32", untouched=other)
 open(conf, "w").write(text)
 os.rename(os.path.join(other, "snip-0.75"), os.path.join(other, "snip-0.5"))
 T.expect_error("--no-train, a folder holding another arm's run", ["experiment", "--out", other, "--no-train"],
                "arm 'snip-0.5' in " + os.path.join(other, "snip-0.5") + " was trained with precision.budget = 0.75, "
                "not 0.5", untouched=other)
-os.rename(os.path.join(other, "bf16"), os.path.join(other, "uniform-fp8"))
+os.rename(os.path.join(other, "none"), os.path.join(other, "uniform-fp8"))
 T.expect_error("--no-train, another policy's folder",
                ["experiment", "--out", other, "--no-train", "--arms", "uniform-fp8"],
                "arm 'uniform-fp8' in " + os.path.join(other, "uniform-fp8") + " was trained with precision.policy = "
-               "bf16", untouched=other)
+               "none", untouched=other)
 
 shutil.rmtree(tmp)
 T.finish()

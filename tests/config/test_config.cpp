@@ -72,6 +72,26 @@ TEST(Config, DtypeNamesAreTheSameEverywhere) {
   EXPECT_EQ(c.get_string("data.dir"), "bfloat16");
 }
 
+// Issue 18, item 5: the unquantized policy is "none" (its GEMMs run in
+// train.gemm_dtype, FP32 too); "bf16", its name until 2026-12-01, reads as it.
+TEST(Config, UnquantizedPolicyIsNoneAndBf16IsItsOldName) {
+  Config c;
+  EXPECT_EQ(c.get_string("precision.policy"), "none");
+  EXPECT_EQ(RunConfig::from(c).precision.policy, Policy::kNone);
+  EXPECT_EQ(RunConfig::from(c).precision.policy_name(), "none");
+  c.load_toml_string("[precision]\npolicy = \"bf16\"\n", "old.toml");
+  EXPECT_EQ(c.get_string("precision.policy"), "none");
+  EXPECT_NE(c.to_toml().find("\npolicy = " + format_option_value(std::string("none")) + "  #"), std::string::npos);
+  c.set_override("precision.policy=snip");
+  c.set_override("precision.policy=bf16");
+  EXPECT_EQ(RunConfig::from(c).precision.policy_name(), "none");
+  // Only the policy: an option list keeps the bf16 recipe's name.
+  c.set_override("precision.options=fp4,bf16");
+  EXPECT_EQ(c.get_string("precision.options"), "fp4,bf16");
+  c.set_override("precision.policy=fp32");
+  EXPECT_NE(error_of([&] { RunConfig::from(c); }).find("expected none (or its old name bf16)"), std::string::npos);
+}
+
 TEST(Config, UnquotedStringSaysToQuoteIt) {
   Config c;
   const std::string e = error_of([&] { c.load_toml_string("[precision]\nrecipe = fp4\n", "q.toml"); });

@@ -321,7 +321,7 @@ TEST(Controller, BadPrecisionConfigFailsBeforeTheRunDirectory) {
   }
   {
     Config c = policy_config("snipp", 20, 2, 5);
-    EXPECT_NE(error_of(c).find("precision.policy: expected bf16"), std::string::npos);
+    EXPECT_NE(error_of(c).find("precision.policy: expected none (or its old name bf16)"), std::string::npos);
   }
   {
     Config c = policy_config("snip", 20, 2, 5);

@@ -148,10 +148,12 @@ struct TrainConfig {
 };
 
 /// Who chooses each layer's precision (precision.policy).
-enum class Policy { kBf16, kUniform, kSnip, kMinRelErr, kLayerType, kFirstLastFp8, kRandom };
+enum class Policy { kNone, kUniform, kSnip, kMinRelErr, kLayerType, kFirstLastFp8, kRandom };
 /// The first-order term of the loss divergence (precision.first_order; docs/method.md section 3).
 enum class FirstOrder { kDrop, kAbs, kSigned };
-/// "bf16", "uniform-<option>" needs the option: see PrecisionConfig::policy_name().
+/// "none" (no quantization: every GEMM in train.gemm_dtype; "bf16" is read as
+/// "none", its name until 2026-12-01), "uniform-<option>" needs the option:
+/// see PrecisionConfig::policy_name().
 const char* to_string(Policy p);
 const char* to_string(FirstOrder f);
 /// Throws UserError "<what>: expected drop, abs or signed, got 'x'".
@@ -159,7 +161,7 @@ FirstOrder parse_first_order(const std::string& s, const std::string& what);
 
 /// [precision] (method/controller.h says what each does).
 struct PrecisionConfig {
-  Policy policy = Policy::kBf16;
+  Policy policy = Policy::kNone;
   std::string uniform_option;  ///< the option of policy uniform-<option>, else ""
   std::string recipe;          ///< precision.recipe ("none" once resolve_precision_alias ran)
   double budget = 0;

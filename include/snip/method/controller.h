@@ -107,11 +107,11 @@ struct PrecisionEvent {
   nlohmann::json metrics = nlohmann::json::object();  ///< keys to merge into the metrics record
 };
 
-/// One way to quantize every layer: `precision.recipe = R` under policy bf16
+/// One way to quantize every layer: `precision.recipe = R` under policy none
 /// is an alias of `precision.policy = "uniform-R"` with no warmup and no final
 /// phase (precision.warmup_steps = 0, final_high_precision_fraction = 0,
 /// unless set explicitly), i.e. R on every layer at every step, as the recipe
-/// always ran; R = bf16 is policy bf16. Rewrites `cfg` (precision.recipe
+/// always ran; R = bf16 is policy none. Rewrites `cfg` (precision.recipe
 /// becomes "none") and returns the one-line notice to print, or "" when there
 /// is no alias. Throws UserError for an unknown recipe. Call before
 /// constructing a PrecisionController.
@@ -129,7 +129,7 @@ class PrecisionController {
   PrecisionController(const Config& cfg, std::vector<QuantLinear> layers, at::ScalarType gemm_dtype)
       : PrecisionController(RunConfig::from(cfg), std::move(layers), gemm_dtype) {}
 
-  /// False for policy bf16: begin_step() does nothing.
+  /// False for policy none: begin_step() does nothing.
   bool active() const { return active_; }
   /// The policy as configured ("snip", "uniform-fp8", ...).
   const std::string& policy() const { return policy_; }
