@@ -428,12 +428,14 @@ std::string loss_section(const RunData& r, const RunData* ref) {
   bool any_val = !c.val_step.empty() || (ref && !ref->curves.val_step.empty());
   if (any_val) {
     std::vector<Series> v;
-    v.push_back({"val loss", c.val_step, c.val_loss, "#0072B2", false, 1.0, 2.0});
-    if (ref) v.push_back({ref->name + " val loss", ref->curves.val_step, ref->curves.val_loss, "#D55E00", true, 1.0, 2.0});
+    // Markers on the evaluation points: a run evaluated once is a point, not an invisible zero-length line.
+    v.push_back({"val loss", c.val_step, c.val_loss, "#0072B2", false, 1.0, 2.0, true});
+    if (ref)
+      v.push_back({ref->name + " val loss", ref->curves.val_step, ref->curves.val_loss, "#D55E00", true, 1.0, 2.0, true});
     LineChartOptions vo = o;
     vo.id = "val-loss";
     vo.title = "Validation loss";
-    os << figure(svg_line_chart(v, vo), "Held-out loss at the evaluation steps.");
+    os << figure(svg_line_chart(v, vo), std::string("Held-out loss at the evaluation steps (one marker each") + (ref ? "; hollow: the reference run" : "") + ").");
   } else {
     os << empty_note("no validation loss recorded (train.eval_interval = 0 or no evaluation step yet)");
   }

@@ -214,6 +214,34 @@ TEST(Svg, LineChartBreaksAtNaNAndDrawsLonePoints) {
   EXPECT_NE(first_attr(one, "series", "d").find(" l0,0"), std::string::npos);
 }
 
+TEST(Svg, MarkersOnEveryPointAndOnLonePoints) {
+  LineChartOptions o;
+  o.y_min = 0;
+  o.y_max = 4;
+  // x 1..3 over [64, 740] (no title): 338 px per step; y 0..4 over [292, 34].
+  // (1, 1) -> (64, 227.5); (2, 2) -> (402, 163); (3, 4) -> (740, 34).
+  const std::string svg = svg_line_chart({Series{"val", {1, 2, 3}, {1, 2, 4}, "#0072B2", false, 1.0, 2.0, true}}, o);
+  EXPECT_EQ(count(svg, "class=\"marker\""), 3u);
+  EXPECT_NE(svg.find("data-x=\"2\" data-y=\"2\" cx=\"402.00\" cy=\"163.00\" r=\"3.50\" fill=\"#0072B2\""),
+            std::string::npos);
+  EXPECT_NE(svg.find("cx=\"740.00\" cy=\"34.00\""), std::string::npos);
+  // The legend shows the marker too (a circle outside the markers group).
+  EXPECT_EQ(count(svg, "<circle"), 4u);
+  // A dashed series of one point (a reference evaluated once): hollow marker,
+  // no matter whether it asked for markers; a series without markers gets none
+  // on points that have neighbours.
+  const std::string one = svg_line_chart({Series{"run", {1, 2, 3}, {1, 2, 3}}, Series{"ref", {2}, {3}, "#D55E00", true}}, o);
+  EXPECT_EQ(count(one, "class=\"marker\""), 1u);
+  EXPECT_EQ(first_attr(one, "marker", "data-series"), "ref");
+  EXPECT_EQ(first_attr(one, "marker", "cx"), "402.00");
+  EXPECT_EQ(first_attr(one, "marker", "cy"), "98.50");
+  EXPECT_EQ(first_attr(one, "marker", "fill"), "#FFFFFF");
+  EXPECT_EQ(first_attr(one, "marker", "stroke"), "#D55E00");
+  // A point between two NaNs is lone too.
+  const std::string mid = svg_line_chart({Series{"a", {1, 2, 3}, {kNaN, 2, kNaN}}}, o);
+  EXPECT_EQ(count(mid, "class=\"marker\""), 1u);
+}
+
 TEST(Svg, LineChartWithoutDataSaysSo) {
   const std::string svg = svg_line_chart({}, LineChartOptions{});
   EXPECT_NE(svg.find("no data"), std::string::npos);
