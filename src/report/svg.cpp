@@ -537,8 +537,12 @@ std::string svg_line_chart(const std::vector<Series>& series_in, const LineChart
     os << "/>";
   }
   os << "</g>";
-  if (!marks.str().empty())
-    os << "<g class=\"markers\" clip-path=\"url(#" << clip << ")\">" << marks.str() << "</g>";
+  if (!marks.str().empty()) {  // clipped one radius wider, so a point on the frame shows whole
+    const double m = 2 + kChartMarkerRadius + 1;
+    os << "<defs><clipPath id=\"" << clip << "-markers\"><rect x=\"" << f2(r.left - m) << "\" y=\"" << f2(r.top - m)
+       << "\" width=\"" << f2(r.right - r.left + 2 * m) << "\" height=\"" << f2(r.bottom - r.top + 2 * m)
+       << "\"/></clipPath></defs><g class=\"markers\" clip-path=\"url(#" << clip << "-markers)\">" << marks.str() << "</g>";
+  }
 
   // Legend rows between the title and the plot area (line_chart_plot_rect).
   os << "<g class=\"legend\" font-size=\"12\">";
