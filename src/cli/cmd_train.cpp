@@ -116,11 +116,14 @@ void add_train_commands(CLI::App& app) {
       std::raise(s.stopped_by_signal);
     }
     std::cout << fmt::format(
-        "\nsummary: {} steps, {} tokens in {:.1f} s ({:.0f} tokens/s){}\n"
+        "\nsummary: {} steps{}, {} tokens in {:.1f} s ({:.0f} tokens/s)\n"
         "         train loss {:.4f} (mean of the last 10 steps) | val loss {:.4f} (perplexity {:.1f}) | best val {:.4f}\n"
         "         run directory {}: {}\n",
-        s.steps, s.tokens, s.seconds, s.tokens_per_s,
-        s.invocation_steps == s.steps ? "" : fmt::format("; {} steps in this invocation", s.invocation_steps),
+        s.steps,
+        s.invocation_steps == s.steps
+            ? std::string()
+            : fmt::format(" ({} in this session, resumed at step {})", s.invocation_steps, s.steps - s.invocation_steps),
+        s.tokens, s.seconds, s.tokens_per_s,
         s.final_train_loss, s.final_val_loss, std::exp(s.final_val_loss), s.best_val_loss, s.run_dir,
         run_contents(s.run_dir));
   });

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -21,6 +22,7 @@
 #include "snip/config/config.h"
 #include "snip/io/atomic_file.h"
 #include "snip/io/json.h"
+#include "snip/report/compare.h"
 #include "snip/report/svg.h"
 #include "snip/util/error.h"
 #include "snip/util/statistics.h"
@@ -172,17 +174,6 @@ void require_dir(const std::string& dir) {
     fail("snip report: ", dir, " is not a run of `snip train` (no config.toml, no metrics.jsonl)");
 }
 
-std::string run_name(const std::string& dir) {
-  fs::path p = fs::path(dir).lexically_normal();
-  if (p.filename().empty()) p = p.parent_path();
-  std::string n = p.filename().string();
-  if (n.empty() || n == "." || n == "..") {
-    std::error_code ec;
-    n = fs::weakly_canonical(dir, ec).filename().string();
-  }
-  return n.empty() ? dir : n;
-}
-
 // Reads a plan file's decision into col; UserError naming the file when the
 // plan is malformed.
 void plan_decision(const json& pj, const std::string& path, DecisionCol& col) {
@@ -209,7 +200,7 @@ RunData load_run(const std::string& dir, bool full) {
   require_dir(dir);
   RunData r;
   r.dir = dir;
-  r.name = run_name(dir);
+  r.name = run_display_name(dir);
   const fs::path d(dir);
   std::error_code ec;
   if (fs::exists(d / "metrics.jsonl", ec)) {
@@ -290,6 +281,9 @@ td.opt { text-align: left; }
 dl.kv { display: grid; grid-template-columns: max-content auto; gap: 2px 14px; margin: 8px 0 12px; }
 dl.kv dt { color: #666; } dl.kv dd { margin: 0; font-variant-numeric: tabular-nums; }
 footer { color: #888; font-size: 12px; margin-top: 24px; }
+.warning { background: #FFF1E6; border-left: 4px solid #D55E00; padding: 8px 12px; margin: 8px 0 12px; }
+table.compare { margin: 4px 0 14px; }
+table.compare tr.bad td { color: #A0400B; font-weight: 600; }
 )CSS";
 
 std::string card(const std::string& k, const std::string& v, const std::string& d = "") {
@@ -327,7 +321,35 @@ double span_for(size_t n) { return std::clamp(double(n) / 60.0, 1.0, 100.0); }
 constexpr double kMinEmaSpan = 2.0;
 bool smooths(double span) { return span >= kMinEmaSpan; }
 
-std::string header_html(const RunData& r, const RunData* ref) {
+// The differences between the run and its reference (compare.h), one row
+// each, under a warning when they make the losses incomparable (--force).
+std::string comparison_html(const RunData& r, const RunData& ref, const std::vector<RunDifference>& diffs) {
+  std::ostringstream os;
+  if (incomparable(diffs)) {
+    std::string what;
+    for (const RunDifference& d : diffs)
+      if (d.incomparable) what += (what.empty() ? "" : ", ") + d.what;
+    os << "<div class=\"warning\" id=\"incomparable\"><b>The losses are not comparable</b>: " << esc(what)
+       << " differ between " << esc(r.name) << " and the reference " << esc(ref.name)
+       << " (losses per token of different tokenizers, or on different validation data). Overlaid because of "
+          "<code>--force</code>.</div>";
+  }
+  if (diffs.empty()) {
+    os << "<p class=\"note\" id=\"comparison\">Reference " << esc(ref.name)
+       << ": same tokenizer, validation data, model, steps and tokens per step, as far as both runs record them.</p>";
+    return os.str();
+  }
+  os << "<table class=\"compare\" id=\"comparison\" data-rows=\"" << diffs.size()
+     << "\"><thead><tr><th class=\"name\">differs</th><th class=\"name\">" << esc(r.name) << "</th><th class=\"name\">"
+     << esc(ref.name) << " (reference)</th></tr></thead><tbody>";
+  for (const RunDifference& d : diffs)
+    os << "<tr" << (d.incomparable ? " class=\"bad\"" : "") << "><td class=\"name\">" << esc(d.what)
+       << "</td><td class=\"name\">" << esc(d.run) << "</td><td class=\"name\">" << esc(d.reference) << "</td></tr>";
+  os << "</tbody></table>";
+  return os.str();
+}
+
+std::string header_html(const RunData& r, const RunData* ref, const std::vector<RunDifference>& diffs) {
   std::ostringstream os;
   os << "<header><h1>" << esc(r.name) << "</h1><p class=\"sub\">policy <b>" << esc(r.policy) << "</b>";
   const auto& c = r.config;
@@ -342,6 +364,7 @@ std::string header_html(const RunData& r, const RunData* ref) {
   if (!cfg("train.gemm_dtype").empty()) os << " · GEMMs " << esc(cfg("train.gemm_dtype"));
   if (ref) os << " · reference <b>" << esc(ref->name) << "</b> (" << esc(ref->policy) << ", dashed)";
   os << "</p>";
+  if (ref) os << comparison_html(r, *ref, diffs);
 
   const RunCurves& cv = r.curves;
   os << "<div class=\"cards\">";
@@ -359,12 +382,21 @@ std::string header_html(const RunData& r, const RunData* ref) {
     os << card("final val perplexity", fmt("%.1f", sum_num("final_val_ppl")));
     os << card("best val loss", fmt("%.4f", best_val));
     os << card("final train loss", fmt("%.4f", sum_num("final_train_loss")));
-    os << card("throughput", fmt("%.0f", sum_num("tokens_per_s")) + " tok/s");
-    // A resumed run: tokens_total and elapsed_s cover every invocation, tokens and seconds the last one.
+    // A resumed run: tokens_total and elapsed_s cover every session (as do
+    // steps, tokens, seconds and tokens_per_s since summary.json had them).
     const double tokens = std::isfinite(sum_num("tokens_total")) ? sum_num("tokens_total") : sum_num("tokens");
     const double seconds = std::isfinite(sum_num("elapsed_s")) ? sum_num("elapsed_s") : sum_num("seconds");
+    std::string resumed;  // "2 sessions: resumed at step 20" ("" for one session or when not recorded)
+    const json ra = r.summary->value("resumed_at", json());
+    if (ra.is_array() && !ra.empty()) {
+      std::string at;
+      for (const json& v : ra) at += (at.empty() ? "" : ", ") + v.dump();
+      resumed = std::to_string(ra.size() + 1) + " sessions: resumed at step" + (ra.size() > 1 ? "s " : " ") + at;
+    }
+    const double tps = seconds > 0 && std::isfinite(tokens / seconds) ? tokens / seconds : sum_num("tokens_per_s");
+    os << card("throughput", fmt("%.0f", tps) + " tok/s", resumed.empty() ? "" : "over every session");
     os << card("steps", fmt("%.0f", sum_num("steps")), si(tokens) + " tokens");
-    os << card("wall time", duration(seconds));
+    os << card("wall time", duration(seconds), resumed);
     if (std::isfinite(sum_num("parameters"))) os << card("parameters", si(sum_num("parameters")));
   } else {
     const double steps = cv.step.empty() ? kNaN : cv.step.back();
@@ -373,8 +405,16 @@ std::string header_html(const RunData& r, const RunData* ref) {
     os << card("last train loss", fmt("%.4f", last_finite(cv.loss)));
     os << card("last val loss", fmt("%.4f", last_finite(cv.val_loss)));
     os << card("best val loss", fmt("%.4f", best_val));
-    os << card("throughput", fmt("%.0f", last_finite(cv.tokens_per_s)) + " tok/s");
-    os << card("elapsed", duration(last_finite(cv.elapsed_s)));
+    // Tokens over wall time since the first step (elapsed_s continues across
+    // resumes); the last step's own rate when the tokens per step are unknown.
+    const double per_step = std::atof(cfg("train.batch_size").c_str()) * std::atof(cfg("train.seq_len").c_str()) *
+                            std::atof(cfg("train.grad_accum").c_str());
+    const double el = last_finite(cv.elapsed_s);
+    if (per_step > 0 && el > 0 && std::isfinite(steps))
+      os << card("throughput", fmt("%.0f", per_step * steps / el) + " tok/s", "since the first step");
+    else
+      os << card("throughput", fmt("%.0f", last_finite(cv.tokens_per_s)) + " tok/s", "the last step's");
+    os << card("elapsed", duration(el));
   }
   // Mean FP4 share over the logged steps (every step does the same FLOPs).
   double share_sum = 0;
@@ -428,12 +468,14 @@ std::string loss_section(const RunData& r, const RunData* ref) {
   bool any_val = !c.val_step.empty() || (ref && !ref->curves.val_step.empty());
   if (any_val) {
     std::vector<Series> v;
-    v.push_back({"val loss", c.val_step, c.val_loss, "#0072B2", false, 1.0, 2.0});
-    if (ref) v.push_back({ref->name + " val loss", ref->curves.val_step, ref->curves.val_loss, "#D55E00", true, 1.0, 2.0});
+    // Markers on the evaluation points: a run evaluated once is a point, not an invisible zero-length line.
+    v.push_back({"val loss", c.val_step, c.val_loss, "#0072B2", false, 1.0, 2.0, true});
+    if (ref)
+      v.push_back({ref->name + " val loss", ref->curves.val_step, ref->curves.val_loss, "#D55E00", true, 1.0, 2.0, true});
     LineChartOptions vo = o;
     vo.id = "val-loss";
     vo.title = "Validation loss";
-    os << figure(svg_line_chart(v, vo), "Held-out loss at the evaluation steps.");
+    os << figure(svg_line_chart(v, vo), std::string("Held-out loss at the evaluation steps (one marker each") + (ref ? "; hollow: the reference run" : "") + ").");
   } else {
     os << empty_note("no validation loss recorded (train.eval_interval = 0 or no evaluation step yet)");
   }
@@ -937,16 +979,34 @@ void sort_model_order(std::vector<std::string>& names) {
   std::stable_sort(names.begin(), names.end(), model_order_less);
 }
 
-std::string report_html(const std::string& run_dir, const std::string& reference_dir) {
+std::vector<RunDifference> check_reference(const std::string& run_dir, const std::string& reference_dir, bool force) {
+  const RunRecord a = read_run_record(run_dir), b = read_run_record(reference_dir);
+  std::vector<RunDifference> diffs = compare_runs(a, b);
+  if (incomparable(diffs) && !force) {
+    std::string what;
+    for (const RunDifference& d : diffs)
+      if (d.incomparable) what += (what.empty() ? "" : "; ") + d.line(a.name, b.name);
+    fail("snip report: ", run_dir, " and the reference ", reference_dir, " have incomparable losses (", what,
+         "): nats per token of another tokenizer or on other validation data; compare runs on the same data, or "
+         "pass --force to overlay them anyway");
+  }
+  return diffs;
+}
+
+std::string report_html(const std::string& run_dir, const std::string& reference_dir, bool force) {
   const RunData r = load_run(run_dir, true);
   std::optional<RunData> ref;
-  if (!reference_dir.empty()) ref = load_run(reference_dir, false);
+  std::vector<RunDifference> diffs;
+  if (!reference_dir.empty()) {
+    ref = load_run(reference_dir, false);
+    diffs = check_reference(run_dir, reference_dir, force);
+  }
   const RunData* refp = ref ? &*ref : nullptr;
   std::ostringstream os;
   os << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
      << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
      << "<title>snip report: " << esc(r.name) << "</title><style>" << kStyle << "</style></head>\n<body><main>\n";
-  os << header_html(r, refp) << "\n";
+  os << header_html(r, refp, diffs) << "\n";
   os << "<nav><a href=\"#loss\">Loss</a><a href=\"#precision\">Precision</a><a href=\"#plan\">Latest plan</a>"
      << "<a href=\"#stats\">Latest stats step</a></nav>\n";
   if (!r.has_metrics) os << "<p class=\"empty\">no metrics.jsonl in " << esc(run_dir) << " yet</p>";
@@ -961,8 +1021,9 @@ std::string report_html(const std::string& run_dir, const std::string& reference
   return os.str();
 }
 
-std::string write_report(const std::string& run_dir, const std::string& reference_dir, const std::string& out_path) {
-  const std::string html = report_html(run_dir, reference_dir);
+std::string write_report(const std::string& run_dir, const std::string& reference_dir, const std::string& out_path,
+                         bool force) {
+  const std::string html = report_html(run_dir, reference_dir, force);
   const std::string out = out_path.empty() ? (fs::path(run_dir) / "report.html").string() : out_path;
   io::write_file_atomic(out, html);
   return out;

@@ -495,26 +495,41 @@ std::string svg_line_chart(const std::vector<Series>& series_in, const LineChart
   os << "<defs><clipPath id=\"" << clip << "\"><rect x=\"" << f2(r.left - 2) << "\" y=\"" << f2(r.top - 2)
      << "\" width=\"" << f2(r.right - r.left + 4) << "\" height=\"" << f2(r.bottom - r.top + 4) << "\"/></clipPath></defs>";
   os << "<g class=\"series-group\" clip-path=\"url(#" << clip << ")\" fill=\"none\" stroke-linejoin=\"round\" stroke-linecap=\"round\">";
+  std::ostringstream marks;  // drawn over every line
+  auto marker = [&](const Series& s, size_t k) {
+    marks << "<circle class=\"marker\" data-series=\"" << xml_escape(s.name) << "\" data-x=\"" << g6(s.x[k])
+          << "\" data-y=\"" << g6(s.y[k]) << "\" cx=\"" << f2(ax.map(s.x[k])) << "\" cy=\"" << f2(ay.map(s.y[k]))
+          << "\" r=\"" << f2(kChartMarkerRadius) << "\" fill=\"" << (s.dashed ? "#FFFFFF" : s.color) << "\" stroke=\""
+          << s.color << "\" stroke-width=\"1.50\"/>";
+  };
   for (const Series& s : series) {
     std::string d;
     bool pen_down = false, lone = false;
-    std::string last_xy;
+    size_t lone_k = 0;
     for (size_t k = 0; k < s.x.size(); ++k) {
       if (!ax.plottable(s.x[k]) || !std::isfinite(s.y[k])) {
-        if (lone) d += " l0,0";  // a lone point: a zero-length segment, drawn as a dot by the round cap
+        if (lone) {
+          d += " l0,0";  // a lone point: a zero-length segment (a dot by the round cap), and a marker
+          if (!s.markers) marker(s, lone_k);
+        }
         pen_down = lone = false;
         continue;
       }
       const std::string xy = f2(ax.map(s.x[k])) + "," + f2(ay.map(s.y[k]));
+      if (s.markers) marker(s, k);
       if (!pen_down) {
         d += (d.empty() ? "M" : " M") + xy;
         pen_down = lone = true;
+        lone_k = k;
       } else {
         d += " L" + xy;
         lone = false;
       }
     }
-    if (lone) d += " l0,0";
+    if (lone) {
+      d += " l0,0";
+      if (!s.markers) marker(s, lone_k);
+    }
     os << "<path class=\"series\" data-series=\"" << xml_escape(s.name) << "\" d=\"" << d << "\" stroke=\"" << s.color
        << "\" stroke-width=\"" << f2(s.stroke_width) << "\"";
     if (s.opacity < 1.0) os << " stroke-opacity=\"" << f2(s.opacity) << "\"";
@@ -522,6 +537,12 @@ std::string svg_line_chart(const std::vector<Series>& series_in, const LineChart
     os << "/>";
   }
   os << "</g>";
+  if (!marks.str().empty()) {  // clipped one radius wider, so a point on the frame shows whole
+    const double m = 2 + kChartMarkerRadius + 1;
+    os << "<defs><clipPath id=\"" << clip << "-markers\"><rect x=\"" << f2(r.left - m) << "\" y=\"" << f2(r.top - m)
+       << "\" width=\"" << f2(r.right - r.left + 2 * m) << "\" height=\"" << f2(r.bottom - r.top + 2 * m)
+       << "\"/></clipPath></defs><g class=\"markers\" clip-path=\"url(#" << clip << "-markers)\">" << marks.str() << "</g>";
+  }
 
   // Legend rows between the title and the plot area (line_chart_plot_rect).
   os << "<g class=\"legend\" font-size=\"12\">";
@@ -536,6 +557,9 @@ std::string svg_line_chart(const std::vector<Series>& series_in, const LineChart
        << "\" stroke=\"" << s.color << "\" stroke-width=\"" << f2(std::max(2.0, s.stroke_width)) << "\""
        << (s.opacity < 1.0 ? " stroke-opacity=\"" + f2(std::max(0.35, s.opacity)) + "\"" : std::string())
        << (s.dashed ? " stroke-dasharray=\"6 4\"" : "") << "/>";
+    if (s.markers)
+      os << "<circle cx=\"" << f2(lx + 10) << "\" cy=\"" << f2(ly - 4) << "\" r=\"" << f2(kChartMarkerRadius)
+         << "\" fill=\"" << (s.dashed ? "#FFFFFF" : s.color) << "\" stroke=\"" << s.color << "\" stroke-width=\"1.50\"/>";
     os << "<text x=\"" << f2(lx + 26) << "\" y=\"" << f2(ly) << "\">" << xml_escape(s.name) << "</text>";
     lx += w;
   }

@@ -146,6 +146,22 @@ json verify_checkpoint(const std::string& dir) {
     if (!d.is_object() || !d.contains("tokenizer_sha256") || !d["tokenizer_sha256"].is_string() ||
         d["tokenizer_sha256"].get<std::string>().size() != 64 || (d.contains("dir") && !d["dir"].is_string()))
       fail("checkpoint ", sp, ": data: expected {\"dir\": path, \"tokenizer_sha256\": 64 hex digits}");
+    if (d.contains("val_sha256") && !(d["val_sha256"].is_string() && d["val_sha256"].get<std::string>().size() == 64 &&
+                                      d["val_sha256"].get<std::string>().find_first_not_of("0123456789abcdef") ==
+                                          std::string::npos))
+      fail("checkpoint ", sp, ": data.val_sha256: expected 64 lower-case hex digits (the SHA-256 of val.bin)");
+  }
+  // The steps at which earlier sessions resumed the run: ascending, none past this step.
+  if (st.contains("resumed_at")) {
+    const json& ra = st["resumed_at"];
+    uint64_t prev = 0;
+    bool ok = ra.is_array() && ra.size() <= 1000000;
+    for (size_t i = 0; ok && i < ra.size(); ++i) {
+      ok = ra[i].is_number_unsigned() && ra[i].get<uint64_t>() >= prev && ra[i].get<uint64_t>() <= step;
+      if (ok) prev = ra[i].get<uint64_t>();
+    }
+    if (!ok)
+      fail("checkpoint ", sp, ": resumed_at: expected an ascending list of steps in [0, ", step, "]");
   }
   if (st.contains("precision") && !st["precision"].is_object())
     fail("checkpoint ", sp, ": precision: expected an object");

@@ -228,6 +228,9 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   // token counts, the tokenizer's SHA-256): samples and exports decode the
   // ids with that tokenizer.
   const data::DataFolderInfo data_info = data::verify_data_folder(data_dir.string(), "data.dir");
+  // Which validation set the losses are on (checkpoints record it; `snip
+  // report --reference` compares it).
+  const std::string val_sha256 = data::sha256_hex(io::read_file(val_bin));
   const int64_t B = tc.batch_size, T = tc.seq_len, accum = tc.grad_accum, max_steps = tc.max_steps;
   const uint64_t seed = uint64_t(tc.seed);
   data::TokenLoader loader(train_bin, int(B), int(T), seed);
@@ -395,14 +398,21 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   // Wall time of the earlier invocations (a resumed run's elapsed_s continues).
   const double elapsed0 = resume_ckpt.empty() ? 0.0 : resume_state.value("elapsed_s", 0.0);
   const int64_t start_step = step;
+  // The steps at which sessions resumed this run (this one included).
+  std::vector<int64_t> resumed_at;
+  if (!resume_ckpt.empty()) {
+    if (resume_state.contains("resumed_at")) resumed_at = resume_state["resumed_at"].get<std::vector<int64_t>>();
+    resumed_at.push_back(step);
+  }
   auto checkpoint_state = [&] {
     auto ls = loader.state();
     json st = {{"step", step}, {"loader", {{"epoch", ls.epoch}, {"cursor", ls.cursor}}}, {"seed", seed},
                {"val_loss", std::isfinite(last_val) ? json(last_val) : json(nullptr)},
-               {"elapsed_s", elapsed0 + elapsed()},
+               {"elapsed_s", elapsed0 + elapsed()}, {"resumed_at", resumed_at},
                {"data", {{"dir", fs::absolute(data_dir).lexically_normal().string()},
                          {"tokenizer_sha256", data_info.tokenizer_sha256},
-                         {"vocab_size", data_info.vocab_size}}}};
+                         {"vocab_size", data_info.vocab_size},
+                         {"val_sha256", val_sha256}}}};
     if (ctl.active()) st["precision"] = ctl.state();
     return st;
   };
@@ -462,10 +472,10 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   sum.run_dir = opts.run_dir;
   sum.steps = step;
   sum.tokens = step * tokens_per_step;
-  sum.seconds = elapsed0 + elapsed();
+  sum.invocation_seconds = elapsed();
+  sum.seconds = elapsed0 + sum.invocation_seconds;
   sum.tokens_per_s = sum.seconds > 0 ? double(sum.tokens) / sum.seconds : 0;
   sum.invocation_steps = step - start_step;
-  sum.invocation_seconds = elapsed();
   double acc = 0;
   for (double l : recent) acc += l;
   sum.final_train_loss = recent.empty() ? 0 : acc / double(recent.size());
@@ -482,9 +492,9 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
             {"vocab_size", mcfg.vocab_size}, {"ln_vocab", std::log(double(mcfg.vocab_size))},
             {"parameters", mcfg.num_parameters()}, {"policy", ctl.policy()},
             {"gemm_dtype", tc.gemm_bf16 ? "bf16" : "fp32"}, {"elapsed_s", sum.seconds},
-            {"tokens_total", sum.tokens},
-            {"invocation", {{"steps", sum.invocation_steps}, {"tokens", sum.invocation_steps * tokens_per_step},
-                            {"seconds", sum.invocation_seconds}}}};
+            {"tokens_total", sum.tokens}, {"resumed_at", resumed_at},
+            {"invocation", {{"start_step", start_step}, {"steps", sum.invocation_steps},
+                            {"tokens", sum.invocation_steps * tokens_per_step}, {"seconds", sum.invocation_seconds}}}};
   io::write_file_atomic((run / "summary.json").string(), s.dump(2) + "\n");
   write_run_report(opts.run_dir);
   return sum;

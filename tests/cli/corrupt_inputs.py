@@ -121,6 +121,12 @@ for name, fn, needle in [
     ("data missing", lambda st: st.pop("data"), "missing the 'data' object"),
     ("seed changed", lambda st: st.update(seed=99), "has seed 99 but train.seed is 1234"),
     ("data vocab changed", lambda st: st["data"].update(vocab_size=513), "has data.vocab_size 513"),
+    ("val_sha256 short", lambda st: st["data"].update(val_sha256="abc"), "data.val_sha256: expected 64"),
+    ("val_sha256 upper case", lambda st: st["data"].update(val_sha256="A" * 64), "data.val_sha256: expected 64"),
+    ("resumed_at not a list", lambda st: st.update(resumed_at=3), "resumed_at: expected an ascending list"),
+    ("resumed_at past the step", lambda st: st.update(resumed_at=[5]), "resumed_at: expected an ascending list of steps in [0, 4]"),
+    ("resumed_at descending", lambda st: st.update(resumed_at=[3, 2]), "resumed_at: expected an ascending list"),
+    ("resumed_at negative", lambda st: st.update(resumed_at=[-1]), "resumed_at: expected an ascending list"),
 ]:
     r, ck = fresh()
     edit_state(ck, fn)

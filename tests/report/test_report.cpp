@@ -17,6 +17,9 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "snip/data/data_folder.h"
+#include "snip/data/shard.h"
+#include "snip/io/atomic_file.h"
 #include "snip/report/report.h"
 #include "snip/report/svg.h"
 #include "snip/util/error.h"
@@ -212,6 +215,34 @@ TEST(Svg, LineChartBreaksAtNaNAndDrawsLonePoints) {
   const std::string one = svg_line_chart({Series{"a", {5}, {2}}}, o);
   EXPECT_EQ(count(one, "class=\"series\""), 1u);
   EXPECT_NE(first_attr(one, "series", "d").find(" l0,0"), std::string::npos);
+}
+
+TEST(Svg, MarkersOnEveryPointAndOnLonePoints) {
+  LineChartOptions o;
+  o.y_min = 0;
+  o.y_max = 4;
+  // x 1..3 over [64, 740] (no title): 338 px per step; y 0..4 over [292, 34].
+  // (1, 1) -> (64, 227.5); (2, 2) -> (402, 163); (3, 4) -> (740, 34).
+  const std::string svg = svg_line_chart({Series{"val", {1, 2, 3}, {1, 2, 4}, "#0072B2", false, 1.0, 2.0, true}}, o);
+  EXPECT_EQ(count(svg, "class=\"marker\""), 3u);
+  EXPECT_NE(svg.find("data-x=\"2\" data-y=\"2\" cx=\"402.00\" cy=\"163.00\" r=\"3.50\" fill=\"#0072B2\""),
+            std::string::npos);
+  EXPECT_NE(svg.find("cx=\"740.00\" cy=\"34.00\""), std::string::npos);
+  // The legend shows the marker too (a circle outside the markers group).
+  EXPECT_EQ(count(svg, "<circle"), 4u);
+  // A dashed series of one point (a reference evaluated once): hollow marker,
+  // no matter whether it asked for markers; a series without markers gets none
+  // on points that have neighbours.
+  const std::string one = svg_line_chart({Series{"run", {1, 2, 3}, {1, 2, 3}}, Series{"ref", {2}, {3}, "#D55E00", true}}, o);
+  EXPECT_EQ(count(one, "class=\"marker\""), 1u);
+  EXPECT_EQ(first_attr(one, "marker", "data-series"), "ref");
+  EXPECT_EQ(first_attr(one, "marker", "cx"), "402.00");
+  EXPECT_EQ(first_attr(one, "marker", "cy"), "98.50");
+  EXPECT_EQ(first_attr(one, "marker", "fill"), "#FFFFFF");
+  EXPECT_EQ(first_attr(one, "marker", "stroke"), "#D55E00");
+  // A point between two NaNs is lone too.
+  const std::string mid = svg_line_chart({Series{"a", {1, 2, 3}, {kNaN, 2, kNaN}}}, o);
+  EXPECT_EQ(count(mid, "class=\"marker\""), 1u);
 }
 
 TEST(Svg, LineChartWithoutDataSaysSo) {
@@ -657,6 +688,202 @@ TEST(Report, Errors) {
   EXPECT_FALSE(fs::exists(t.path / "run/report.html"));
 }
 
+// ---- comparing with a reference (compare.h) ------------------------------------
+
+namespace {
+const std::string kShaA(64, 'a'), kShaB(64, 'b'), kShaV(64, 'c'), kShaW(64, 'd');
+
+// A checkpoint record of the data run `run` trained on (trainer_state.json "data").
+void write_data_record(const TempDir& t, const std::string& run, const std::string& tok, int vocab,
+                       const std::string& val, const std::string& dir = "/data/x") {
+  nlohmann::json st = {{"step", 6}, {"data", {{"dir", dir}, {"tokenizer_sha256", tok}, {"vocab_size", vocab}}}};
+  if (!val.empty()) st["data"]["val_sha256"] = val;
+  t.file(run + "/checkpoints/step-6/trainer_state.json", st.dump());
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+}  // namespace
+
+TEST(Compare, RecordsAndDifferences) {
+  TempDir t;
+  write_synthetic_run(t, "a");
+  write_synthetic_run(t, "b");
+  // No checkpoint, no data folder: nothing known about data; same config and steps: no difference.
+  RunRecord ra = read_run_record(t.str() + "/a");
+  EXPECT_EQ(ra.name, "a");
+  EXPECT_EQ(ra.tokenizer_sha256, "");
+  EXPECT_EQ(ra.vocab_size, -1);
+  EXPECT_EQ(ra.steps, 6);  // summary.json
+  EXPECT_EQ(ra.model, "C=256, 2 layers, ?/? heads, SwiGLU ?");  // what config.toml leaves out
+  EXPECT_TRUE(compare_runs(ra, read_run_record(t.str() + "/b")).empty());
+
+  // One side records its data, the other does not: stated as unknown, never incomparable.
+  write_data_record(t, "a", kShaA, 512, kShaV);
+  ra = read_run_record(t.str() + "/a");
+  EXPECT_EQ(ra.tokenizer_sha256, kShaA);
+  EXPECT_EQ(ra.vocab_size, 512);
+  EXPECT_EQ(ra.val_sha256, kShaV);
+  EXPECT_EQ(ra.data_dir, "/data/x");
+  auto d = compare_runs(ra, read_run_record(t.str() + "/b"));
+  ASSERT_EQ(d.size(), 4u);  // tokenizer, vocabulary, validation data, data folder
+  EXPECT_EQ(d[3].line("a", "b"), "data folder: /data/x (a) vs unknown (b)");
+  EXPECT_EQ(d[0].line("a", "b"), "tokenizer: SHA-256 aaaaaaaaaaaa... (a) vs unknown (b)");
+  EXPECT_EQ(d[1].line("a", "b"), "vocabulary: 512 (a) vs unknown (b)");
+  EXPECT_FALSE(incomparable(d));
+
+  // Same tokenizer and validation set in another folder; other model, steps, batch: stated, comparable.
+  write_data_record(t, "b", kShaA, 512, kShaV, "/data/y");
+  t.file("b/config.toml", "[model]\nhidden_size = 64\nnum_hidden_layers = 2\n[train]\nbatch_size = 4\nseq_len = 8\n"
+                          "grad_accum = 2\nmax_steps = 10\neval_batches = 0\n");
+  fs::remove(t.path / "b/summary.json");  // unfinished: steps from metrics.jsonl
+  d = compare_runs(ra, read_run_record(t.str() + "/b"));
+  EXPECT_FALSE(incomparable(d));
+  std::vector<std::string> what;
+  for (const auto& x : d) what.push_back(x.what);
+  EXPECT_EQ(what, (std::vector<std::string>{"data folder", "model", "steps", "tokens per step", "evaluation"}));
+  EXPECT_EQ(d[2].line("a", "b"), "steps: 6 (a) vs 6 of 10 (b)");
+  EXPECT_EQ(d[3].line("a", "b"), "tokens per step: unknown (a) vs 64 (4 x 8 x 2) (b)");
+  EXPECT_EQ(d[4].reference, "all of val.bin");
+
+  // Another tokenizer and vocabulary: incomparable; another validation set alone too.
+  write_data_record(t, "b", kShaB, 300, kShaV);
+  d = compare_runs(ra, read_run_record(t.str() + "/b"));
+  EXPECT_TRUE(incomparable(d));
+  EXPECT_TRUE(d[0].incomparable && d[0].what == "tokenizer");
+  EXPECT_TRUE(d[1].incomparable && d[1].what == "vocabulary");
+  write_data_record(t, "b", kShaA, 512, kShaW);
+  d = compare_runs(ra, read_run_record(t.str() + "/b"));
+  ASSERT_FALSE(d.empty());
+  EXPECT_EQ(d[0].what, "validation data");
+  EXPECT_TRUE(d[0].incomparable);
+}
+
+TEST(Compare, DataFolderFallbackForOlderCheckpoints) {
+  // A run without the record (no checkpoint, or one written before snip
+  // recorded val_sha256): the data folder of config.toml, as it is now, when
+  // it still holds the tokenizer the checkpoint recorded.
+  TempDir t;
+  const std::string data = t.str() + "/data";
+  fs::create_directories(data);
+  for (auto [name, n] : {std::pair<const char*, int>{"train.bin", 16}, {"val.bin", 8}}) {
+    snip::data::ShardWriter w(data + "/" + name, 512);
+    for (int i = 0; i < n; ++i) w.append({i * 31 % 512});
+    w.commit();
+  }
+  const std::string tok_sha = snip::data::sha256_hex("a tokenizer");
+  t.file("data/tokenizer.model", "a tokenizer");
+  t.file("data/meta.json", nlohmann::json{{"format", "snip-data"}, {"version", 2}, {"vocab_size", 512},
+                                          {"shards", {{"train", {{"path", "train.bin"}, {"dtype", "uint16"}}},
+                                                      {"val", {{"path", "val.bin"}, {"dtype", "uint16"}}}}},
+                                          {"tokens", {{"train", 16}, {"val", 8}}},
+                                          {"tokenizer", {{"path", "tokenizer.model"}, {"sha256", tok_sha}}},
+                                          {"bos_id", 1}, {"eos_id", 2}}.dump());
+  const std::string val_sha = snip::data::sha256_hex(snip::io::read_file(data + "/val.bin"));
+  write_synthetic_run(t, "a");
+  EXPECT_EQ(read_run_record(t.str() + "/a").val_sha256, "");  // config.toml names no data folder: unknown
+  t.file("a/config.toml", "[data]\ndir = '" + data + "'\n");
+  RunRecord r = read_run_record(t.str() + "/a");
+  EXPECT_EQ(r.tokenizer_sha256, tok_sha);
+  EXPECT_EQ(r.vocab_size, 512);
+  EXPECT_EQ(r.val_sha256, val_sha);
+  EXPECT_EQ(r.data_source, "data folder " + data + " (now)");
+  // An older checkpoint: tokenizer recorded, validation set not; the folder still holds that tokenizer.
+  nlohmann::json st = {{"step", 6}, {"data", {{"dir", data}, {"tokenizer_sha256", tok_sha}}}};
+  t.file("a/checkpoints/step-6/trainer_state.json", st.dump());
+  r = read_run_record(t.str() + "/a");
+  EXPECT_EQ(r.val_sha256, val_sha);
+  EXPECT_EQ(r.data_source, "checkpoint " + t.str() + "/a/checkpoints/step-6, and data folder " + data + " (now)");
+  // The folder now holds another tokenizer: it tells nothing about the run.
+  st["data"]["tokenizer_sha256"] = kShaA;
+  t.file("a/checkpoints/step-6/trainer_state.json", st.dump());
+  r = read_run_record(t.str() + "/a");
+  EXPECT_EQ(r.tokenizer_sha256, kShaA);
+  EXPECT_EQ(r.vocab_size, -1);
+  EXPECT_EQ(r.val_sha256, "");
+  // An unparsable trainer_state.json is named.
+  t.file("a/checkpoints/step-6/trainer_state.json", "{ torn");
+  try {
+    read_run_record(t.str() + "/a");
+    FAIL() << "expected UserError";
+  } catch (const snip::UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("a/checkpoints/step-6/trainer_state.json"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Report, IncomparableReferenceIsRefusedUnlessForced) {
+  TempDir t;
+  write_synthetic_run(t, "run");
+  write_synthetic_run(t, "ref");
+  write_data_record(t, "run", kShaA, 512, kShaV);
+  write_data_record(t, "ref", kShaB, 300, kShaW, "/data/other");
+  const std::string run = t.str() + "/run", ref = t.str() + "/ref";
+  try {
+    write_report(run, ref);
+    FAIL() << "expected UserError";
+  } catch (const snip::UserError& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.rfind("snip report: " + run + " and the reference " + ref + " have incomparable losses (", 0), 0u) << m;
+    EXPECT_NE(m.find("tokenizer: SHA-256 aaaaaaaaaaaa... (run) vs SHA-256 bbbbbbbbbbbb... (ref)"), std::string::npos) << m;
+    EXPECT_NE(m.find("vocabulary: 512 (run) vs 300 (ref)"), std::string::npos) << m;
+    EXPECT_NE(m.find("validation data"), std::string::npos) << m;
+    EXPECT_NE(m.find("--force"), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos);
+  }
+  EXPECT_FALSE(fs::exists(t.path / "run/report.html"));
+  // --force: written, with the warning and every difference in the header.
+  const std::string out = write_report(run, ref, "", /*force=*/true);
+  const std::string html = read_text(out);
+  EXPECT_NE(html.find("<div class=\"warning\" id=\"incomparable\"><b>The losses are not comparable</b>: tokenizer, "
+                      "vocabulary, validation data differ between run and the reference ref"),
+            std::string::npos);
+  EXPECT_NE(html.find("<table class=\"compare\" id=\"comparison\" data-rows=\"4\">"), std::string::npos);
+  EXPECT_NE(html.find("<td class=\"name\">/data/other</td>"), std::string::npos);
+  // A comparable reference: no warning, and a line saying what agrees.
+  write_data_record(t, "ref", kShaA, 512, kShaV);
+  const std::string same = report_html(run, ref);
+  EXPECT_EQ(same.find("class=\"warning\""), std::string::npos);
+  EXPECT_NE(same.find("same tokenizer, validation data, model, steps and tokens per step"), std::string::npos);
+}
+
+TEST(Report, ReferenceEvaluatedOnceIsAMarker) {
+  TempDir t;
+  write_synthetic_run(t, "run");
+  t.file("ref/metrics.jsonl", metrics_line(1) + metrics_line(2, ",\"val_loss\":7.0,\"val_ppl\":1100"));
+  const std::string vl = chart(report_html(t.str() + "/run", t.str() + "/ref"), "val-loss");
+  EXPECT_NE(vl.find("data-series-count=\"2\""), std::string::npos);
+  // The run's two evaluations (steps 3, 6) filled; the reference's one (step 2) hollow.
+  EXPECT_EQ(count(vl, "class=\"marker\" data-series=\"val loss\""), 2u);
+  EXPECT_EQ(count(vl, "class=\"marker\" data-series=\"ref val loss\""), 1u);
+  EXPECT_NE(vl.find("data-series=\"ref val loss\" data-x=\"2\" data-y=\"7\""), std::string::npos);
+  const size_t at = vl.find("class=\"marker\" data-series=\"ref val loss\"");
+  EXPECT_NE(vl.substr(at, 200).find("fill=\"#FFFFFF\""), std::string::npos);
+}
+
+TEST(Report, ResumedRunCardsCoverEverySession) {
+  TempDir t;
+  write_synthetic_run(t, "run");
+  // 6 steps in 2 sessions (resumed at step 2): 12288 tokens in 12.5 s over both.
+  t.file("run/summary.json",
+         R"({"final_train_loss":6.0,"final_val_loss":6.9,"final_val_ppl":990.0,"policy":"snip","seconds":12.5,
+             "steps":6,"tokens":12288,"tokens_per_s":983.04,"elapsed_s":12.5,"tokens_total":12288,"resumed_at":[2],
+             "invocation":{"start_step":2,"steps":4,"tokens":8192,"seconds":4.0}})");
+  const std::string html = report_html(t.str() + "/run");
+  EXPECT_NE(html.find("<div class=\"k\">throughput</div><div class=\"v\">983 tok/s</div><div class=\"d\">over every session"),
+            std::string::npos);
+  EXPECT_NE(html.find("<div class=\"v\">12.5 s</div><div class=\"d\">2 sessions: resumed at step 2</div>"), std::string::npos);
+  // Unfinished: tokens per step from config.toml x steps logged / elapsed_s of the last step
+  // (metrics_line: elapsed_s = step): 4 x 8 x 2 x 6 / 6 = 64 tok/s.
+  fs::remove(t.path / "run/summary.json");
+  t.file("run/config.toml", "[train]\nbatch_size = 4\nseq_len = 8\ngrad_accum = 2\n");
+  EXPECT_NE(report_html(t.str() + "/run").find("<div class=\"v\">64 tok/s</div><div class=\"d\">since the first step"),
+            std::string::npos);
+}
+
 // ---- `snip report` ------------------------------------------------------------
 
 namespace {
@@ -699,4 +926,21 @@ TEST(CliReport, WritesAndPrintsThePath) {
   const CliResult d = run_cli({t.str() + "/run"});
   EXPECT_EQ(d.out, t.str() + "/run/report.html\n");
   EXPECT_EQ(run_cli({t.str() + "/nope"}).error, "snip report: " + t.str() + "/nope does not exist");
+}
+
+TEST(CliReport, IncomparableReferenceNeedsForce) {
+  TempDir t;
+  write_synthetic_run(t, "run");
+  write_synthetic_run(t, "ref");
+  write_data_record(t, "run", kShaA, 512, kShaV);
+  write_data_record(t, "ref", kShaB, 300, kShaV);
+  const std::string run = t.str() + "/run", ref = t.str() + "/ref";
+  const CliResult r = run_cli({run, "--reference", ref});
+  EXPECT_NE(r.error.find("have incomparable losses"), std::string::npos) << r.error;
+  EXPECT_EQ(r.out, "");
+  EXPECT_FALSE(fs::exists(t.path / "run/report.html"));
+  const CliResult f = run_cli({run, "--reference", ref, "--force"});
+  EXPECT_EQ(f.error, "");
+  EXPECT_EQ(f.out, run + "/report.html\n");
+  EXPECT_EQ(run_cli({run, "--force"}).error, "snip report: --force only applies with --reference OTHER");
 }

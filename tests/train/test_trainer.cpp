@@ -11,6 +11,8 @@
 #include <fstream>
 
 #include "snip/config/config.h"
+#include "snip/data/data_folder.h"
+#include "snip/train/checkpoint_files.h"
 #include "snip/train/trainer.h"
 #include "snip/io/atomic_file.h"
 #include "snip/io/dir_lock.h"
@@ -105,7 +107,23 @@ TEST(Trainer, ResumeIsExact) {
   EXPECT_EQ(sum.steps, 16);
   EXPECT_EQ(sum.tokens, 16 * 8 * 64 * 2);  // steps x B x T x grad_accum
   EXPECT_EQ(sum.invocation_steps, 8);      // from the step-8 checkpoint
-  EXPECT_GE(sum.seconds, sum.invocation_seconds);
+  // Whole-run seconds: the step-8 checkpoint's elapsed_s (the first session up
+  // to it) plus this session's, exactly.
+  const double elapsed8 = verify_checkpoint(r.run_dir + "/checkpoints/step-8").at("elapsed_s").get<double>();
+  EXPECT_GT(elapsed8, 0);
+  EXPECT_EQ(sum.seconds, elapsed8 + sum.invocation_seconds);
+  const auto summary = nlohmann::json::parse(io::read_file(r.run_dir + "/summary.json"));
+  EXPECT_EQ(summary["steps"], 16);
+  EXPECT_EQ(summary["resumed_at"], nlohmann::json::array({8}));
+  EXPECT_EQ(summary["invocation"]["start_step"], 8);
+  EXPECT_EQ(summary["invocation"]["steps"], 8);
+  EXPECT_EQ(summary["seconds"].get<double>(), sum.seconds);
+  const auto state16 = verify_checkpoint(r.run_dir + "/checkpoints/step-16");
+  EXPECT_EQ(state16["resumed_at"], nlohmann::json::array({8}));
+  // The validation set the losses are on: SHA-256 of val.bin.
+  EXPECT_EQ(state16["data"]["val_sha256"],
+            data::sha256_hex(io::read_file(state16["data"]["dir"].get<std::string>() + "/val.bin")));
+  EXPECT_EQ(verify_checkpoint(o.run_dir + "/checkpoints/step-16")["resumed_at"], nlohmann::json::array());
   EXPECT_EQ(sum.best_val_loss, std::min(straight[7]["val_loss"].get<double>(), straight[15]["val_loss"].get<double>()));
   ASSERT_EQ(resumed.size(), straight.size());
   for (size_t i = 0; i < straight.size(); ++i) {

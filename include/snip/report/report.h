@@ -5,11 +5,17 @@
 //
 //   header      run name, policy, model shape (RUN/config.toml), and when
 //               RUN/summary.json exists the end-of-run numbers (final and
-//               best validation loss, perplexity, tokens/s, steps, wall time)
+//               best validation loss, perplexity, tokens/s, steps, wall time:
+//               over the whole run, every session of a resumed one); with a
+//               reference, how the two runs differ (compare.h: data,
+//               tokenizer, model, steps, tokens per step), under a warning
+//               when forced past incomparable losses
 //   loss        training loss (raw, faint, and EMA-smoothed with span
 //               steps/60; below span 2, i.e. under 120 steps, the raw loss
 //               alone, with no EMA label) and validation loss over steps; a
-//               reference run (optional) overlaid dashed
+//               reference run (optional) overlaid dashed; a marker on every
+//               validation point (hollow for the reference), so that a run
+//               evaluated once shows
 //   precision   FP4 FLOPs share over steps; the precision map (items ×
 //               decision steps, colour = option); the quantization-error heat
 //               map (layers × decision steps, relative error of the fprop
@@ -36,6 +42,8 @@
 //   RUN/summary.json         optional (an unfinished run has none)
 //   RUN/config.toml          optional; only [model] shape,
 //                            [precision] policy and options are used
+//   with a reference, both runs' records (compare.h: the newest
+//   checkpoint's trainer_state.json, the data folder, config.toml)
 //
 // Decision steps: a decision "at step s" is made at the boundary before step
 // s runs (plans/step-s.json; the metrics record of step s+1 carries it as
@@ -55,6 +63,8 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include "snip/report/compare.h"
 
 namespace snip::report {
 
@@ -108,20 +118,29 @@ void sort_model_order(std::vector<std::string>& names);
 
 // pearson() and spearman() are snip/util/statistics.h.
 
+/// The differences between the runs `run_dir` and `reference_dir`
+/// (read_run_record, compare_runs). Throws UserError "snip report: RUN and
+/// the reference OTHER have incomparable losses (...): ..." naming every
+/// difference that makes them so (tokenizer, vocabulary, validation data)
+/// unless `force`; "snip report: DIR does not exist" for a missing folder.
+std::vector<RunDifference> check_reference(const std::string& run_dir, const std::string& reference_dir, bool force);
+
 /// The report of `run_dir` as one HTML document (see the header comment),
 /// with `reference_dir` ("" = none) overlaid on the loss charts (of the
-/// reference only metrics.jsonl, summary.json and config.toml are read). Throws
-/// UserError "snip report: DIR does not exist" for a missing run or
-/// reference directory, and a UserError naming the file for an unparsable
-/// plan, stats or summary JSON file. A missing metrics.jsonl is not an error
-/// (the charts say "no data").
-std::string report_html(const std::string& run_dir, const std::string& reference_dir = "");
+/// reference only metrics.jsonl, summary.json, config.toml and the record
+/// read_run_record reads are used). Throws UserError "snip report: DIR does
+/// not exist" for a missing run or reference directory, check_reference's
+/// UserError for a reference with incomparable losses unless `force` (then
+/// the header carries a warning naming the differences), and a UserError
+/// naming the file for an unparsable plan, stats or summary JSON file. A
+/// missing metrics.jsonl is not an error (the charts say "no data").
+std::string report_html(const std::string& run_dir, const std::string& reference_dir = "", bool force = false);
 
-/// Writes report_html(run_dir, reference_dir) atomically (io::write_file_atomic)
-/// to out_path, default RUN/report.html, and returns the path written.
-/// Errors as report_html, plus UserError "cannot write file ..." from the
-/// write.
+/// Writes report_html(run_dir, reference_dir, force) atomically
+/// (io::write_file_atomic) to out_path, default RUN/report.html, and returns
+/// the path written. Errors as report_html (nothing is written then), plus
+/// UserError "cannot write file ..." from the write.
 std::string write_report(const std::string& run_dir, const std::string& reference_dir = "",
-                         const std::string& out_path = "");
+                         const std::string& out_path = "", bool force = false);
 
 }  // namespace snip::report

@@ -13,7 +13,10 @@
 //
 // Machine-readable attributes (the tests and the browser test read these):
 //   line chart  <svg class="chart line-chart" data-chart=ID data-series-count=N>
-//               one <path class="series" data-series=NAME d="M..."> per series
+//               one <path class="series" data-series=NAME d="M..."> per series;
+//               one <circle class="marker" data-series=NAME data-x=X data-y=Y>
+//               per point of a series with markers, and per lone point (a
+//               point with no finite neighbour) of any series
 //   heat map    <svg class="chart heatmap" data-chart=ID data-rows=R data-cols=C
 //               data-kind="categorical"|"continuous">
 //               one <rect class="cell" data-row=i data-col=j data-value=V> per
@@ -62,12 +65,16 @@ struct Series {
   bool dashed = false;       ///< dashed stroke (e.g. the reference run)
   double opacity = 1.0;      ///< stroke opacity in (0,1]; e.g. 0.25 for a faint raw curve
   double stroke_width = 1.8; ///< px
+  /// A circle (radius kChartMarkerRadius) on every point, e.g. evaluation
+  /// steps: filled for a solid series, hollow (white fill) for a dashed one.
+  /// Lone points get one whether or not this is set.
+  bool markers = false;
 
   Series() = default;
   Series(std::string name_, std::vector<double> x_, std::vector<double> y_, std::string color_ = "",
-         bool dashed_ = false, double opacity_ = 1.0, double stroke_width_ = 1.8)
+         bool dashed_ = false, double opacity_ = 1.0, double stroke_width_ = 1.8, bool markers_ = false)
       : name(std::move(name_)), x(std::move(x_)), y(std::move(y_)), color(std::move(color_)), dashed(dashed_),
-        opacity(opacity_), stroke_width(stroke_width_) {}
+        opacity(opacity_), stroke_width(stroke_width_), markers(markers_) {}
 };
 
 /// Options of svg_line_chart. NaN in a range field means "from the data".
@@ -91,6 +98,7 @@ inline constexpr double kChartMarginBottom = 48;  ///< x tick labels and the x l
 inline constexpr double kChartPadTop = 10;
 inline constexpr double kChartTitleHeight = 22;   ///< added when the title is not empty
 inline constexpr double kChartLegendRowHeight = 18;
+inline constexpr double kChartMarkerRadius = 3.5;  ///< point markers (Series::markers, lone points)
 
 /// The plot area of a chart, px: data x range [x_min, x_max] maps to
 /// [left, right], y range [y_min, y_max] to [bottom, top].
@@ -114,8 +122,11 @@ PlotRect line_chart_plot_rect(const std::vector<Series>& series, const LineChart
 /// labels, a legend, and one <path class="series"> per series (clipped to the
 /// plot area). The x range is [min x, max x] of all series (or x_min/x_max);
 /// the automatic y range is the data range widened to the nearest ticks.
-/// Non-finite y values break the line; a lone point is drawn as a dot. A
-/// series longer than o.max_points is downsampled. No series, or no finite
+/// Non-finite y values break the line; a lone point (no finite neighbour,
+/// e.g. a series of one point) gets a marker circle, so it stays visible
+/// whatever the stroke (a zero-length dashed path may draw nothing), and so
+/// does every point of a series with Series::markers (its legend entry shows
+/// the marker too). A series longer than o.max_points is downsampled. No series, or no finite
 /// point at all, gives a chart with the text "no data".
 std::string svg_line_chart(const std::vector<Series>& series, const LineChartOptions& o);
 

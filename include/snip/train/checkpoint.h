@@ -7,9 +7,13 @@
 //     optimizer.pt                 AdamW state (LibTorch archive: m, v, step)
 //     trainer_state.json           "step": N, "loader": {epoch, cursor},
 //                                  "seed", "val_loss", "elapsed_s" (seconds
-//                                  since the run's first step), "data":
-//                                  {"dir", "tokenizer_sha256", "vocab_size"}
-//                                  (what the ids mean), "precision"
+//                                  since the run's first step, summed over
+//                                  its sessions), "resumed_at" (the steps at
+//                                  which sessions resumed the run, ascending;
+//                                  absent before snip recorded it), "data":
+//                                  {"dir", "tokenizer_sha256", "vocab_size",
+//                                  "val_sha256"} (what the ids mean, and the
+//                                  validation set the losses are on), "precision"
 //                                  (the controller's state: phase, plan,
 //                                  smoothed statistics, and "quantizers":
 //                                  delayed scaling's amax histories and

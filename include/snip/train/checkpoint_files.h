@@ -46,7 +46,10 @@ void write_checkpoint_manifest(const std::string& dir);
 /// loader.epoch and loader.cursor non-negative integers, seed a non-negative
 /// integer, elapsed_s (when present) finite and >= 0 seconds, val_loss a
 /// number or null, precision an object, data (when present) an object with
-/// "tokenizer_sha256" (64 hex digits) and "dir". Throws UserError naming the file and
+/// "tokenizer_sha256" (64 hex digits), "dir" and, when present, "val_sha256"
+/// (64 lower-case hex digits), resumed_at (when present) an ascending list
+/// of steps in [0, step]. Older checkpoints lack val_sha256 and resumed_at:
+/// unknown, not an error. Throws UserError naming the file and
 /// what is wrong (missing, corrupt JSON, checksum mismatch, bad field).
 nlohmann::json verify_checkpoint(const std::string& dir);
 

@@ -26,8 +26,10 @@
 //   RUN/summary.json           the end-of-run summary, over the whole run
 //                              (every invocation of a resumed one): steps,
 //                              tokens, seconds, tokens_per_s, final/best val
-//                              loss; "invocation": {steps, tokens, seconds} of
-//                              the last invocation alone
+//                              loss, "resumed_at" (the steps at which sessions
+//                              resumed it; [] for one session); "invocation":
+//                              {start_step, steps, tokens, seconds} of the
+//                              last invocation alone
 //   RUN/.lock                  held (flock) by the trainer writing the run
 //   RUN/report.html            the run report (report/report.h), rewritten at
 //                              every checkpoint and at the end
