@@ -164,6 +164,7 @@ struct RunData {
   std::string stats_path;
   std::map<int64_t, DecisionCol> decisions;
   std::string policy;
+  std::string policy_label;  // policy, and for "none" its GEMM dtype: "none (fp32 GEMMs)"
 };
 
 void require_dir(const std::string& dir) {
@@ -242,6 +243,20 @@ RunData load_run(const std::string& dir, bool full) {
     r.policy = r.config["precision.policy"];
   else
     r.policy = "unknown";
+  // The unquantized policy's name until 2026-12-01 (runs written before).
+  if (r.policy == "bf16") r.policy = "none";
+  // The label says what the unquantized policy computed in: "none (bf16 GEMMs)".
+  r.policy_label = r.policy;
+  if (r.policy == "none") {
+    std::string g;
+    if (r.summary && r.summary->contains("gemm_dtype") && (*r.summary)["gemm_dtype"].is_string())
+      g = (*r.summary)["gemm_dtype"].get<std::string>();
+    else if (r.config.count("train.gemm_dtype"))
+      g = r.config["train.gemm_dtype"];
+    if (g == "bfloat16") g = "bf16";
+    if (g == "float32") g = "fp32";
+    if (!g.empty()) r.policy_label = "none (" + g + " GEMMs)";
+  }
   return r;
 }
 
@@ -351,7 +366,7 @@ std::string comparison_html(const RunData& r, const RunData& ref, const std::vec
 
 std::string header_html(const RunData& r, const RunData* ref, const std::vector<RunDifference>& diffs) {
   std::ostringstream os;
-  os << "<header><h1>" << esc(r.name) << "</h1><p class=\"sub\">policy <b>" << esc(r.policy) << "</b>";
+  os << "<header><h1>" << esc(r.name) << "</h1><p class=\"sub\">policy <b>" << esc(r.policy_label) << "</b>";
   const auto& c = r.config;
   auto cfg = [&](const char* k) { auto it = c.find(k); return it == c.end() ? std::string() : it->second; };
   if (!cfg("model.hidden_size").empty()) {
@@ -362,7 +377,7 @@ std::string header_html(const RunData& r, const RunData* ref, const std::vector<
   }
   if (!cfg("precision.budget").empty() && r.policy == "snip") os << " · budget " << esc(cfg("precision.budget"));
   if (!cfg("train.gemm_dtype").empty()) os << " · GEMMs " << esc(cfg("train.gemm_dtype"));
-  if (ref) os << " · reference <b>" << esc(ref->name) << "</b> (" << esc(ref->policy) << ", dashed)";
+  if (ref) os << " · reference <b>" << esc(ref->name) << "</b> (" << esc(ref->policy_label) << ", dashed)";
   os << "</p>";
   if (ref) os << comparison_html(r, *ref, diffs);
 
@@ -487,8 +502,8 @@ std::string precision_section(const RunData& r, const RunData* ref) {
   std::ostringstream os;
   os << "<section id=\"precision\"><h2>Precision</h2>";
   if (r.decisions.empty()) {
-    os << empty_note("no precision decisions (policy " + r.policy + ")");
-    // A fixed recipe (policy bf16 with precision.recipe) still logs its share.
+    os << empty_note("no precision decisions (policy " + r.policy_label + ")");
+    // A fixed recipe (policy none with precision.recipe) still logs its share.
     const double share = last_finite(r.curves.fp4_share);
     if (std::isfinite(share) && share > 0) os << "<p class=\"note\">FP4 share " << fmt("%.1f%%", 100 * share) << " (fixed recipe)</p>";
     os << "</section>";
@@ -548,7 +563,7 @@ std::string precision_section(const RunData& r, const RunData* ref) {
 
   // Quantization error heat map.
   if (layer_set.empty()) {
-    os << empty_note("no quantization error measurements: policy " + r.policy + " takes no stats steps");
+    os << empty_note("no quantization error measurements: policy " + r.policy_label + " takes no stats steps");
   } else {
     std::vector<std::string> layers(layer_set.begin(), layer_set.end());
     sort_model_order(layers);
@@ -663,7 +678,7 @@ std::string plan_section(const RunData& r) {
   std::ostringstream os;
   os << "<section id=\"plan\"><h2>Latest plan</h2>";
   if (r.plans.empty()) {
-    os << empty_note(r.decisions.empty() ? "no precision decisions (policy " + r.policy + ")"
+    os << empty_note(r.decisions.empty() ? "no precision decisions (policy " + r.policy_label + ")"
                                          : "no plans/step-N.json files in the run directory");
     os << "</section>";
     return os.str();
@@ -795,7 +810,7 @@ std::string stats_section(const RunData& r) {
   std::ostringstream os;
   os << "<section id=\"stats\"><h2>Latest stats step</h2>";
   if (!r.stats) {
-    os << empty_note("no stats steps (policy " + r.policy + (r.policy == "snip" || r.policy == "min-rel-err" ? "; none yet" : " takes none") + ")");
+    os << empty_note("no stats steps (policy " + r.policy_label + (r.policy == "snip" || r.policy == "min-rel-err" ? "; none yet" : " takes none") + ")");
     os << "</section>";
     return os.str();
   }

@@ -498,9 +498,18 @@ TEST(Report, Bf16RunHasNoPrecisionCharts) {
   t.file("b/metrics.jsonl", metrics_line(1));  // one step, no evaluation
   t.file("b/config.toml", "[precision]\npolicy = 'bf16'  # no quantization\n");
   const std::string html = report_html(t.str() + "/b");
-  EXPECT_NE(html.find("no precision decisions (policy bf16)"), std::string::npos);
+  // "bf16" is the unquantized policy's old name: the report calls it none.
+  EXPECT_NE(html.find("no precision decisions (policy none)"), std::string::npos);
   EXPECT_EQ(chart(html, "precision-map"), "");
   EXPECT_EQ(chart(html, "error-map"), "");
+  // With its GEMM dtype, wherever the policy is named (issue 18, item 5: an
+  // FP32 baseline was labelled bf16).
+  t.file("c/metrics.jsonl", metrics_line(1));
+  t.file("c/config.toml", "[train]\ngemm_dtype = 'fp32'\n[precision]\npolicy = 'none'\n");
+  const std::string c = report_html(t.str() + "/c");
+  EXPECT_NE(c.find("policy <b>none (fp32 GEMMs)</b>"), std::string::npos);
+  EXPECT_NE(c.find("no precision decisions (policy none (fp32 GEMMs))"), std::string::npos);
+  EXPECT_EQ(c.find("bf16"), std::string::npos);
   EXPECT_NE(html.find("no validation loss recorded"), std::string::npos);
   EXPECT_NE(html.find("unfinished"), std::string::npos);
   // One step: the raw loss alone (no EMA), a single dot.
