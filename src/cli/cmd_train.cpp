@@ -14,7 +14,9 @@
 #include "snip/data/data_folder.h"
 #include "snip/io/atomic_file.h"
 #include "snip/data/token_client.h"
+#include "snip/hw/platform.h"
 #include "snip/model/hf.h"
+#include "snip/train/memory.h"
 #include "snip/train/trainer.h"
 #include "snip/util/error.h"
 
@@ -190,6 +192,11 @@ void add_train_commands(CLI::App& app) {
              "(snip data prepare --tokenizer), or pass --allow-other-tokenizer");
       spdlog::warn("--allow-other-tokenizer: the data's tokenizer is not the model's");
     }
+    // A Hugging Face folder's weights, before any is allocated: the memory
+    // they need (a checkpoint folder is checked inside load_checkpoint_model).
+    if (hf)
+      check_memory(inference_memory(read_hf_folder(ckpt).config, 0, 0), hw::available_memory_bytes(),
+                   "snip eval --checkpoint " + ckpt);
     LlamaForCausalLM model = hf ? import_hf(ckpt) : load_checkpoint_model(ckpt);
     const int64_t T = ea->seq > 0            ? ea->seq
                       : !ea->run_dir.empty() ? cfg.get_int("train.seq_len")

@@ -178,6 +178,16 @@ json.dump(c, open(os.path.join(ck, "config.json"), "w"))
 reseal(ck)
 expect_error("checkpoint model past memory at eval", ["eval", "--run-dir", r], "GiB of memory are available",
              untouched=r)
+# The same shape in a Hugging Face folder: refused before its weights are read.
+hf_big = os.path.join(tmp, "hf-big")
+rc, out, err = run(["export", "--run-dir", pristine, "--out", hf_big])
+record(rc == 0, "export for the HF memory check", err[-300:])
+c = json.load(open(os.path.join(hf_big, "config.json")))
+c["num_hidden_layers"] = 2**20
+c["intermediate_size"] = 2**16
+json.dump(c, open(os.path.join(hf_big, "config.json"), "w"))
+expect_error("Hugging Face model past memory at eval", ["eval", "--checkpoint", hf_big, "--data", data],
+             "snip eval --checkpoint " + hf_big + ": the model and batch need at least", untouched=hf_big)
 
 # optimizer.pt: NaN moments in a well-formed archive are refused; random byte
 # flips (checksums recomputed) either are refused or resume to finite losses.
