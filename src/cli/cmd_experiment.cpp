@@ -19,6 +19,7 @@
 #include <iostream>
 #include <iterator>
 #include <optional>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -311,12 +312,22 @@ std::vector<Arm> parse_arm_list(const std::string& list) {
   std::vector<Arm> arms;
   std::stringstream ss(list);
   std::set<std::string> seen;
+  std::map<std::pair<std::string, std::string>, std::string> runs;  // (policy, budget) -> arm
   for (std::string t; std::getline(ss, t, ',');) {
     const auto b = t.find_first_not_of(" \t"), e = t.find_last_not_of(" \t");
     if (b == std::string::npos) continue;
     Arm arm = parse_arm(t.substr(b, e - b + 1));
     if (!seen.insert(arm.name).second) fail("--arms: '", arm.name, "' given twice");
     check_arm_policy(arm);
+    // A budget the policy does not read would label a run with a number it never used.
+    if (std::isfinite(arm.budget) && (arm.policy == "none" || arm.policy.rfind("uniform-", 0) == 0))
+      fail("--arms: '", arm.name, "': policy ", arm.policy, " takes no budget (it plans nothing); write '",
+           arm.policy, "'");
+    const auto key = std::make_pair(arm.policy, std::isfinite(arm.budget) ? fmt::format("{}", arm.budget) : "");
+    if (runs.count(key))
+      fail("--arms: '", arm.name, "' and '", runs[key], "' are the same run (policy ", arm.policy,
+           arm.policy == "none" ? "; bf16 is its old name" : "", "); keep one");
+    runs[key] = arm.name;
     arms.push_back(arm);
   }
   if (arms.empty()) fail("--arms: expected at least one arm");

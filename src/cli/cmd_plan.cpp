@@ -21,6 +21,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -78,6 +79,7 @@ struct PlanArgs {
   int64_t stats_batch = 1;
   bool allow_other_tokenizer = false;
   bool low_given = false;
+  bool tokens_given = false, stats_batch_given = false;
 };
 
 PlanMeasure& plan_measure() {
@@ -341,10 +343,28 @@ void run_model_plan(const PlanArgs& given) {
   if (a.init_from.empty() != a.data.empty())
     fail(a.init_from.empty() ? "--data: needs --init-from HF_DIR (the checkpoint to measure Q on)"
                              : "--init-from: needs --data DIR (the prepared text to measure Q on)");
-  if (a.tokens_per_step < 0)
-    fail("--tokens-per-step: expected a positive number of tokens per training step, got ", a.tokens_per_step);
-  if (a.stats_batch < 1) fail("--stats-batch: expected at least 1 sequence, got ", a.stats_batch);
+  // 2^50 tokens per step is far past any run (Llama 3 trained on 2^53
+  // tokens in all); larger values are typos, and CLI11 saturates overflow.
+  if (a.tokens_given && (a.tokens_per_step < 1 || a.tokens_per_step > (int64_t{1} << 50)))
+    fail("--tokens-per-step: expected a number of tokens per training step in [1, 2^50], got ", a.tokens_per_step);
+  if (a.stats_batch < 1 || a.stats_batch > 4096)
+    fail("--stats-batch: expected 1 to 4096 sequences, got ", a.stats_batch);
+  if (a.init_from.empty() && (a.stats_batch_given || a.allow_other_tokenizer))
+    fail(a.stats_batch_given ? "--stats-batch" : "--allow-other-tokenizer",
+         ": needs --init-from HF_DIR --data DIR (it is about the measured stats step)");
+  if (a.has_budget && !(a.budget >= 0 && a.budget <= 1))
+    fail("budget: expected an FP4 FLOPs share in [0, 1], got ", a.budget);
+  if (!a.out.empty()) {
+    // --out must not overwrite what the plan is made from.
+    std::error_code ec;
+    for (const std::string& in : {a.stats, a.config})
+      if (!in.empty() && std::filesystem::exists(a.out) && std::filesystem::equivalent(a.out, in, ec))
+        fail("--out ", a.out, ": is the input ", in, "; write the plan to another file");
+  }
 
+  if (a.stats.empty() && a.init_from.empty() && (a.do_sweep || a.heuristic != "ilp"))
+    fail(a.do_sweep ? "--sweep" : "--heuristic " + a.heuristic,
+         ": needs Q, per layer and option: add --stats RUN/stats/step-N.json or --init-from HF_DIR --data DIR");
   Config cfg;
   cfg.load_toml_file(a.config);
   for (const std::string& s : a.sets) cfg.set_override(s);
@@ -378,14 +398,14 @@ void run_model_plan(const PlanArgs& given) {
     source = load_cost_table(a.stats);
     if (!cfg.values().count("precision.options")) default_options = stats_options(a.stats);
   }
-  if (default_options.empty())
-    for (const std::string& o : split_list(cfg.get_string("precision.options")))
-      if (o != "bf16") default_options.push_back(o);
+  // The config's options, bf16 included when it lists it (as snip train
+  // plans); a stats file's measured options when the config does not say.
+  if (default_options.empty()) default_options = split_list(cfg.get_string("precision.options"));
 
   // --- the shapes -----------------------------------------------------------
   const int64_t B = cfg.get_int("train.batch_size"), T = cfg.get_int("train.seq_len"),
                 acc = cfg.get_int("train.grad_accum");
-  const int64_t tokens = a.tokens_per_step > 0 ? a.tokens_per_step : B * T * acc;
+  const int64_t tokens = a.tokens_given ? a.tokens_per_step : B * T * acc;
   const int64_t L = cfg.get_int("model.num_hidden_layers"), C = cfg.get_int("model.hidden_size"),
                 F = cfg.get_int("model.intermediate_size"), NH = cfg.get_int("model.num_attention_heads"),
                 NKV = cfg.get_int("model.num_key_value_heads"), V = cfg.get_int("model.vocab_size");
@@ -424,9 +444,10 @@ void run_model_plan(const PlanArgs& given) {
     std::cout << "model:     " << a.config << ": " << L << " blocks, hidden " << C << ", MLP " << F << ", "
               << NH << "/" << NKV << " query/KV heads";
     if (V > 0) std::cout << ", vocabulary " << V << ", " << params << " parameters";
+    else std::cout << ", vocabulary from the tokenizer (model.vocab_size = 0: parameters and lm_head not counted)";
     std::cout << "\n";
     std::cout << "tokens:    " << tokens << " per step"
-              << (a.tokens_per_step > 0 ? std::string(" (--tokens-per-step)")
+              << (a.tokens_given ? std::string(" (--tokens-per-step)")
                                         : " (batch_size " + std::to_string(B) + " x seq_len " + std::to_string(T) +
                                               " x grad_accum " + std::to_string(acc) + ")")
               << "\n";
@@ -484,28 +505,38 @@ void run_model_plan(const PlanArgs& given) {
                    "any size, carried over by role and depth) or --init-from HF_DIR --data DIR (one stats step "
                    "on this model)\n";
     }
-    if (!a.out.empty()) io::save_json_atomic(j, a.out);
-    if (!feasible) {
+    if (!feasible) {  // nothing written (--out): planning failed
       PlanOptions po = o;
       po.budget = Budget::share(a.budget);
       plan(problem, po);  // throws the planner's message: the pins that cap the share
       fail("budget ", a.budget, " is infeasible: the pins allow at most ", fmt("%.4f", max_share));
     }
+    if (!a.out.empty()) io::save_json_atomic(j, a.out);
     return;
   }
 
   // --- Q carried over (or from the same model, measured) -------------------
   const Transfer t = transfer_costs(source, shapes, a.low);
   const std::string from = a.init_from.empty() ? a.stats : "one stats step on " + a.init_from + " (" + a.data + ")";
+  auto blocks = [](int n) { return std::to_string(n) + (n == 1 ? " block" : " blocks"); };
+  const std::string scaled =
+      t.scale != 1 ? "every Q scaled by " + fmt("%.4g", t.scale) + " so that its sum at " + a.low + " is 1"
+                   : "Q kept as it is (its sum at " + a.low + " is " + fmt("%.6g", t.low_sum) + ")";
   if (t.source_blocks == t.target_blocks)
-    std::cerr << "snip: note: Q from " << from << ", block for block (" << t.source_blocks
-              << " blocks); FLOPs from the model's shapes at " << tokens << " tokens per step\n";
+    std::cerr << "snip: note: Q from " << from << ", block for block (" << blocks(t.source_blocks) << "); " << scaled
+              << "; FLOPs from the model's shapes at " << tokens << " tokens per step\n";
   else
-    std::cerr << "snip: note: Q from " << from << " (" << t.source_blocks << " blocks) carried over to "
-              << t.target_blocks << " blocks by role and relative depth: model.layers.i.ROLE takes model.layers.j.ROLE, "
-              << "j = round(i*" << (t.source_blocks - 1) << "/" << (t.target_blocks - 1)
-              << "); every Q scaled by " << fmt("%.4g", t.scale) << " so that its sum at " << a.low
-              << " is 1; FLOPs from the model's shapes at " << tokens << " tokens per step\n";
+    std::cerr << "snip: note: Q from " << from << " (" << blocks(t.source_blocks) << ") carried over to "
+              << blocks(t.target_blocks) << " by role and relative depth: "
+              << (t.target_blocks == 1 ? std::string("the model's one block takes block 0")
+                                       : "model.layers.i.ROLE takes model.layers.j.ROLE, j = round(i*" +
+                                             std::to_string(t.source_blocks - 1) + "/" +
+                                             std::to_string(t.target_blocks - 1) + ")")
+              << "; " << scaled << "; FLOPs from the model's shapes at " << tokens << " tokens per step\n";
+  if (!(t.low_sum > 0) || !std::isfinite(t.low_sum))
+    std::cerr << "snip: warning: " << from << ": the sum of Q at " << a.low << " is " << fmt("%.6g", t.low_sum)
+              << ": every layer looks " << (t.low_sum > 0 ? "infinitely harmful" : "harmless")
+              << " at " << a.low << ", so the plan says nothing about which layers are sensitive\n";
   const nlohmann::json plan = plan_table(a, t.table, from, default_options);
   if (a.json || a.do_sweep || !plan.contains("assignments")) return;
   // Per layer type, how many layers (or GEMMs) got each option: what a plan
@@ -541,7 +572,9 @@ void run_plan(const PlanArgs& a) {
   if (!a.config.empty()) return run_model_plan(a);
   for (const auto& [flag, given] : {std::pair<const char*, bool>{"--init-from", !a.init_from.empty()},
                                     {"--data", !a.data.empty()},
-                                    {"--tokens-per-step", a.tokens_per_step != 0},
+                                    {"--tokens-per-step", a.tokens_given},
+                                    {"--stats-batch", a.stats_batch_given},
+                                    {"--allow-other-tokenizer", a.allow_other_tokenizer},
                                     {"--set", !a.sets.empty()}})
     if (given) fail("snip plan: ", flag, " needs --config MODEL.toml (the model to plan)");
   // --- input: a cost table, or a saved stats step --------------------------
@@ -617,6 +650,8 @@ void add_plan_commands(CLI::App& app) {
   CLI::Option* budget_opt = sub->get_option("--budget");
   CLI::Option* cost_budget_opt = sub->get_option("--cost-budget");
   CLI::Option* low_opt = sub->get_option("--low-option");
+  CLI::Option* tokens_opt = sub->get_option("--tokens-per-step");
+  CLI::Option* stats_batch_opt = sub->get_option("--stats-batch");
 
   // `snip plan show RUN [--step N]`: a plan that `snip train` saved.
   struct ShowArgs {
@@ -639,11 +674,13 @@ void add_plan_commands(CLI::App& app) {
       std::cout << path << "\n" << format_plan_table(j);
   });
 
-  sub->callback([a, budget_opt, cost_budget_opt, low_opt, show] {
+  sub->callback([a, budget_opt, cost_budget_opt, low_opt, tokens_opt, stats_batch_opt, show] {
     if (show->parsed()) return;  // `snip plan show` ran instead
     a->has_budget = budget_opt->count() > 0;
     a->has_cost_budget = cost_budget_opt->count() > 0;
     a->low_given = low_opt->count() > 0;
+    a->tokens_given = tokens_opt->count() > 0;
+    a->stats_batch_given = stats_batch_opt->count() > 0;
     run_plan(*a);
   });
 }

@@ -450,7 +450,11 @@ void PrecisionController::decide(int64_t s, Phase phase,
       std::fprintf(stderr, "\n%s", format_plan_table(pj).c_str());
     else  // every layer at one option: one line instead of the table
       std::fprintf(stderr, "\nprecision at step %ld: %s phase, every layer %s (FP4 share %.4f)\n", long(s),
-                   to_string(phase), every_layer.c_str(), r.fp4_share);
+                   to_string(phase),
+                   every_layer == kReference ? (gemm_dtype_ == at::kFloat ? "unquantized (fp32 GEMMs)"
+                                                                         : "unquantized (bf16 GEMMs)")
+                                             : every_layer.c_str(),
+                   r.fp4_share);
   }
 
   ev.decided = true;

@@ -148,6 +148,7 @@ Transfer transfer_costs(const CostTable& source, const std::vector<LinearLayerSh
       if (q != c.q.end()) sum += q->second;
     }
   }
+  t.low_sum = sum;
   if (sum > 0 && std::isfinite(sum)) {
     t.scale = 1.0 / sum;
     for (LayerCost& c : t.table.layers) {

@@ -101,10 +101,17 @@ RunRecord read_run_record(const std::string& run_dir) {
   r.data_dir = cfg_str("data.dir");
 
   // Steps: the summary of a finished run, else what the metrics log reached.
+  // The model's vocabulary V as the summary records it (the tokenizer's when
+  // model.vocab_size was 0): a data folder whose tokenizer does not fit it
+  // was re-prepared since and tells nothing about this run.
+  int64_t model_vocab = -1;
   if (fs::is_regular_file(d / "summary.json", ec)) {
     const json s = read_json((d / "summary.json").string(), "summary");
     if (s.is_object() && s.contains("steps") && s["steps"].is_number_integer()) r.steps = s["steps"].get<int64_t>();
+    if (s.is_object() && s.contains("vocab_size") && s["vocab_size"].is_number_integer())
+      model_vocab = s["vocab_size"].get<int64_t>();
   }
+  const int64_t set_vocab = int_of(cfg, "model.vocab_size");
   if (r.steps < 0 && fs::is_regular_file(d / "metrics.jsonl", ec)) {
     const RunCurves c = read_metrics((d / "metrics.jsonl").string());
     if (!c.step.empty()) r.steps = int64_t(c.step.back());
@@ -133,7 +140,12 @@ RunRecord read_run_record(const std::string& run_dir) {
     } catch (const UserError&) {
       // A folder that no longer checks out tells nothing: unknown.
     }
-    if (info && (r.tokenizer_sha256.empty() || r.tokenizer_sha256 == info->tokenizer_sha256)) {
+    // Without a recorded tokenizer, the folder must fit the model: V equal to
+    // the tokenizer's (model.vocab_size = 0) or at least it (set explicitly).
+    const bool fits = !r.tokenizer_sha256.empty() || model_vocab < 0 ||
+                      (set_vocab > 0 ? int64_t(info ? info->vocab_size : 0) <= model_vocab
+                                     : int64_t(info ? info->vocab_size : 0) == model_vocab);
+    if (info && fits && (r.tokenizer_sha256.empty() || r.tokenizer_sha256 == info->tokenizer_sha256)) {
       const bool from_folder = r.tokenizer_sha256.empty() || r.val_sha256.empty();
       if (r.tokenizer_sha256.empty()) r.tokenizer_sha256 = info->tokenizer_sha256;
       if (r.vocab_size < 0) r.vocab_size = info->vocab_size;
@@ -146,6 +158,9 @@ RunRecord read_run_record(const std::string& run_dir) {
         r.data_source += (r.data_source.empty() ? "" : ", and ") + std::string("data folder ") + r.data_dir + " (now)";
     }
   }
+  // No checkpoint or folder said it: the model's V is the tokenizer's when
+  // model.vocab_size was left 0.
+  if (r.vocab_size < 0 && model_vocab > 0 && set_vocab <= 0) r.vocab_size = model_vocab;
   return r;
 }
 

@@ -165,6 +165,7 @@ struct RunData {
   std::map<int64_t, DecisionCol> decisions;
   std::string policy;
   std::string policy_label;  // policy, and for "none" its GEMM dtype: "none (fp32 GEMMs)"
+  std::string gemm_dtype;    // train.gemm_dtype: "bf16", "fp32" or "" (unknown)
 };
 
 void require_dir(const std::string& dir) {
@@ -247,16 +248,15 @@ RunData load_run(const std::string& dir, bool full) {
   if (r.policy == "bf16") r.policy = "none";
   // The label says what the unquantized policy computed in: "none (bf16 GEMMs)".
   r.policy_label = r.policy;
-  if (r.policy == "none") {
-    std::string g;
-    if (r.summary && r.summary->contains("gemm_dtype") && (*r.summary)["gemm_dtype"].is_string())
-      g = (*r.summary)["gemm_dtype"].get<std::string>();
-    else if (r.config.count("train.gemm_dtype"))
-      g = r.config["train.gemm_dtype"];
-    if (g == "bfloat16") g = "bf16";
-    if (g == "float32") g = "fp32";
-    if (!g.empty()) r.policy_label = "none (" + g + " GEMMs)";
-  }
+  std::string g;
+  if (r.summary && r.summary->contains("gemm_dtype") && (*r.summary)["gemm_dtype"].is_string())
+    g = (*r.summary)["gemm_dtype"].get<std::string>();
+  else if (r.config.count("train.gemm_dtype"))
+    g = r.config["train.gemm_dtype"];
+  if (g == "bfloat16") g = "bf16";
+  if (g == "float32") g = "fp32";
+  r.gemm_dtype = g;
+  if (r.policy == "none" && !g.empty()) r.policy_label = "none (" + g + " GEMMs)";
   return r;
 }
 
@@ -545,7 +545,9 @@ std::string precision_section(const RunData& r, const RunData* ref) {
   for (const auto& [step, col] : r.decisions) {
     for (size_t i = 0; i < items.size(); ++i) {
       auto it = col.precision.find(items[i]);
-      if (it != col.precision.end()) cells[i][j] = it->second;
+      // The unquantized option is the recipe "bf16" in plans; with
+      // train.gemm_dtype = fp32 its GEMMs ran in FP32: say so.
+      if (it != col.precision.end()) cells[i][j] = it->second == "bf16" && r.gemm_dtype == "fp32" ? "fp32" : it->second;
     }
     ++j;
   }
@@ -586,7 +588,8 @@ std::string precision_section(const RunData& r, const RunData* ref) {
     os << "<div class=\"scroll\">"
        << figure(svg_heatmap(labels, cols, v, eo),
                  "Measured at each stats step (empty: no stats at that decision, e.g. warmup and final phases). "
-                 "A layer left in bf16 has error 0 (lowest colour).")
+                 "A layer left unquantized (" + std::string(r.gemm_dtype == "fp32" ? "fp32" : "bf16") +
+                     " GEMMs) has error 0 (lowest colour).")
        << "</div>";
   }
   os << "</section>";
@@ -995,6 +998,10 @@ void sort_model_order(std::vector<std::string>& names) {
 }
 
 std::vector<RunDifference> check_reference(const std::string& run_dir, const std::string& reference_dir, bool force) {
+  // Both must be runs before anything is compared (a folder that is not one
+  // is one error line, not a list of "unknown" notes first).
+  require_dir(run_dir);
+  require_dir(reference_dir);
   const RunRecord a = read_run_record(run_dir), b = read_run_record(reference_dir);
   std::vector<RunDifference> diffs = compare_runs(a, b);
   if (incomparable(diffs) && !force) {
@@ -1017,6 +1024,7 @@ std::string report_html(const std::string& run_dir, const std::string& reference
     diffs = check_reference(run_dir, reference_dir, force);
   }
   const RunData* refp = ref ? &*ref : nullptr;
+  const bool diffs_incomparable = incomparable(diffs);
   std::ostringstream os;
   os << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
      << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
@@ -1032,7 +1040,9 @@ std::string report_html(const std::string& run_dir, const std::string& reference
   os << plan_section(r) << "\n";
   os << stats_section(r) << "\n";
   os << "<footer>snip report of " << esc(run_dir) << (refp ? " (reference " + esc(reference_dir) + ")" : std::string())
-     << ". Regenerate with <code>snip report " << esc(run_dir) << "</code>.</footer>\n</main></body></html>\n";
+     << ". Regenerate with <code>snip report " << esc(run_dir)
+     << (refp ? " --reference " + esc(reference_dir) + (diffs_incomparable ? " --force" : "") : std::string())
+     << "</code>.</footer>\n</main></body></html>\n";
   return os.str();
 }
 

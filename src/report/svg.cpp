@@ -259,7 +259,7 @@ std::string hex(unsigned rgb) {
 }
 
 // Category order of a legend: fp4, fp8, bf16 first, then sorted.
-int category_rank(const std::string& c) { return c == "fp4" ? 0 : c == "fp8" ? 1 : c == "bf16" ? 2 : 3; }
+int category_rank(const std::string& c) { return c == "fp4" ? 0 : c == "fp8" ? 1 : c == "bf16" || c == "fp32" ? 2 : 3; }
 
 // The shared part of both heat maps: layout, labels, cells. color(i, j) and
 // value(i, j) give a cell's fill and data-value ("" = empty).
@@ -360,7 +360,7 @@ std::string series_color(std::size_t i) {
 std::string option_color(const std::string& option) {
   if (option == "fp4") return "#D55E00";
   if (option == "fp8") return "#0072B2";
-  if (option == "bf16") return "#BBBBBB";
+  if (option == "bf16" || option == "fp32") return "#BBBBBB";  // unquantized
   static const char* const kRest[6] = {"#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#F0E442", "#000000"};
   uint32_t h = 2166136261u;  // FNV-1a: stable across runs and platforms
   for (unsigned char c : option) h = (h ^ c) * 16777619u;

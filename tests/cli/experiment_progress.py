@@ -112,6 +112,11 @@ T.expect_error("--no-train, an arm never trained", ["experiment", "--out", out, 
                os.path.join(out, "snip-0.5") + " does not exist", untouched=out)
 T.expect_error("--no-train, OUT missing", ["experiment", "--out", os.path.join(tmp, "none"), "--no-train"],
                os.path.join(tmp, "none") + " does not exist", absent=os.path.join(tmp, "none"))
+T.expect_error("two names of one run", ["experiment", "--config", cfg, "--out", os.path.join(tmp, "y"), "--arms",
+               "none,bf16"], "'bf16' and 'none' are the same run (policy none; bf16 is its old name)",
+               absent=os.path.join(tmp, "y"))
+T.expect_error("a budget on the unquantized arm", ["experiment", "--config", cfg, "--out", os.path.join(tmp, "y"),
+               "--arms", "none-0.5"], "'none-0.5': policy none takes no budget", absent=os.path.join(tmp, "y"))
 T.expect_error("no --config without --no-train", ["experiment", "--out", os.path.join(tmp, "x")],
                "--config FILE is required", absent=os.path.join(tmp, "x"))
 other = os.path.join(tmp, "other")

@@ -62,7 +62,7 @@ via, err = plan_json("--config", cfg, "--stats", stats, "--budget", "0.5")
 check(alone.get("assignments") and alone.get("assignments") == via.get("assignments"),
       "--config --stats on the same model plans as --stats alone", f"{alone.get('assignments')} vs {via.get('assignments')}")
 check(abs(alone.get("fp4_share", -1) - via.get("fp4_share", -2)) < 1e-12, "same FP4 share")
-check("block for block (1 blocks)" in err, "the note says block for block", err)
+check("block for block (1 block)" in err, "the note says block for block", err)
 tokens = 2 * 16  # micro_toml: batch_size 2 x seq_len 16, grad_accum 1
 shapes = {"self_attn.q_proj": (32, 32), "self_attn.k_proj": (32, 16), "self_attn.v_proj": (32, 16),
           "self_attn.o_proj": (32, 32), "mlp.gate_proj": (32, 64), "mlp.up_proj": (32, 64),

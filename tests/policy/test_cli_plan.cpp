@@ -441,6 +441,21 @@ TEST(CliPlan, ConfigAloneGivesFlopsSharesAndFeasibility) {
   EXPECT_EQ(run({"--costs", cfg, "--tokens-per-step", "5"}).error,
             "snip plan: --tokens-per-step needs --config MODEL.toml (the model to plan)");
   EXPECT_NE(run({"--config", cfg, "--set", "model.hidden_size=2047"}).error.find("hidden_size"), std::string::npos);
+  // Found by review: values that were accepted silently or after the table.
+  EXPECT_EQ(run({"--config", cfg, "--tokens-per-step", "0"}).error,
+            "--tokens-per-step: expected a number of tokens per training step in [1, 2^50], got 0");
+  EXPECT_EQ(run({"--config", cfg, "--budget", "nan"}).error, "budget: expected an FP4 FLOPs share in [0, 1], got nan");
+  for (const char* b : {"1.5", "nan"}) EXPECT_EQ(run({"--config", cfg, "--budget", b}).out, "") << b;
+  EXPECT_EQ(run({"--config", cfg, "--stats-batch", "2"}).error,
+            "--stats-batch: needs --init-from HF_DIR --data DIR (it is about the measured stats step)");
+  EXPECT_EQ(run({"--config", cfg, "--sweep"}).error,
+            "--sweep: needs Q, per layer and option: add --stats RUN/stats/step-N.json or --init-from HF_DIR --data DIR");
+  EXPECT_EQ(run({"--config", cfg, "--heuristic", "layer-type"}).out, "");
+  // An infeasible budget writes no --out file.
+  const std::string out = d.path + "/infeasible.json";
+  EXPECT_NE(run({"--config", cfg, "--budget", "0.9", "--conservative", "--json", "--out", out}).error.find("infeasible"),
+            std::string::npos);
+  EXPECT_FALSE(std::ifstream(out).good());
   EXPECT_NE(run({"--config", d.path + "/none.toml"}).error.find("none.toml"), std::string::npos);
 }
 
@@ -485,6 +500,18 @@ seq_len = 16
       EXPECT_EQ(p["assignments"][n], fp8 ? "fp8" : "fp4") << n;
     }
   EXPECT_NEAR(p["fp4_share"].get<double>(), 8.0 / 9, 1e-12);
+  // --out onto the stats file it plans from is refused (it would destroy it).
+  EXPECT_EQ(run({"--config", cfg, "--stats", stats, "--budget", "0.88", "--out", stats}).error,
+            "--out " + stats + ": is the input " + stats + "; write the plan to another file");
+  // The config's own options are the candidates, bf16 included when listed
+  // (as snip train plans): Q(bf16) = 0 < Q(fp8), so the two down_proj take it.
+  const CliResult b = run({"--config", cfg, "--set", "precision.options=fp4,fp8,bf16", "--stats", stats, "--budget",
+                           "0.88", "--json"});
+  ASSERT_EQ(b.error, "");
+  const json pb = json::parse(b.out);
+  EXPECT_EQ(pb["options"], json::array({"bf16", "fp4", "fp8"}));  // sorted by name
+  EXPECT_EQ(pb["assignments"]["model.layers.0.mlp.down_proj"], "bf16");
+  EXPECT_EQ(pb["assignments"]["model.layers.1.mlp.down_proj"], "bf16");
   // The items carry the model's own FLOPs: 3·2·T·in·out, T = 2·16.
   for (const json& it : p["items"])
     if (it["name"] == "model.layers.3.mlp.down_proj") EXPECT_DOUBLE_EQ(it["flops"].get<double>(), 6.0 * 32 * 128 * 64);

@@ -431,6 +431,22 @@ TEST(Report, ReadMetricsToleratesTornLineAndResumedTail) {
 
 // ---- the report ----------------------------------------------------------------
 
+// Issue 18, item 5: with train.gemm_dtype = fp32 the unquantized option (the
+// recipe "bf16" in plans) ran FP32 GEMMs; the precision map says fp32, in
+// the unquantized grey, and the error map's caption says so too.
+TEST(Report, UnquantizedCellsOfAnFp32RunSayFp32) {
+  TempDir t;
+  write_synthetic_run(t, "run", /*torn_tail=*/false);
+  t.file("run/config.toml", "[train]\ngemm_dtype = 'fp32'\n[precision]\npolicy = 'snip'\n");
+  const std::string html = report_html(t.str() + "/run");
+  const std::string pm = chart(html, "precision-map");
+  EXPECT_NE(pm.find("data-row=\"2\" data-col=\"0\" data-value=\"fp32\""), std::string::npos);
+  EXPECT_EQ(pm.find("data-value=\"bf16\""), std::string::npos);
+  EXPECT_NE(pm.find("legend-item\" data-value=\"fp32\""), std::string::npos);
+  EXPECT_EQ(option_color("fp32"), option_color("bf16"));
+  EXPECT_NE(html.find("A layer left unquantized (fp32 GEMMs) has error 0"), std::string::npos);
+}
+
 TEST(Report, SyntheticRunHasEveryChart) {
   TempDir t;
   write_synthetic_run(t, "run", /*torn_tail=*/true);

@@ -59,6 +59,7 @@ struct Transfer {
   int source_blocks = 0;          // Ls
   int target_blocks = 0;          // Lt
   double scale = 1;               // factor applied to every Q (see below)
+  double low_sum = 0;             // Σ_target Q(low_option) before scaling
 };
 
 /// Carries Q (and rel_err) over from `source` (a cost table whose layers

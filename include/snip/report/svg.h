@@ -48,7 +48,7 @@ std::string xml_escape(std::string_view s);
 std::string series_color(std::size_t i);
 
 /// Fixed colour of a precision option, the same in every chart and table:
-/// "fp4" vermillion #D55E00, "fp8" blue #0072B2, "bf16" light grey #BBBBBB;
+/// "fp4" vermillion #D55E00, "fp8" blue #0072B2, "bf16" and "fp32" (unquantized) light grey #BBBBBB;
 /// any other option a colour from the rest of the Okabe-Ito palette chosen by
 /// a stable hash of its name. "#RRGGBB".
 std::string option_color(const std::string& option);
