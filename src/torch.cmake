@@ -11,6 +11,7 @@ file(GLOB SNIP_TORCH_SOURCES CONFIGURE_DEPENDS
   ${CMAKE_CURRENT_LIST_DIR}/model/*.cpp
   ${CMAKE_CURRENT_LIST_DIR}/quant/quantizers.cpp
   ${CMAKE_CURRENT_LIST_DIR}/method/*.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/dist/*.cpp
   ${CMAKE_CURRENT_LIST_DIR}/train/*.cpp)
 add_library(snip_torch STATIC ${SNIP_TORCH_SOURCES})
 target_include_directories(snip_torch PUBLIC ${PROJECT_SOURCE_DIR}/include)

@@ -69,6 +69,7 @@ struct TrainSummary {
   /// 0 when the run reached train.max_steps (or TrainOptions::stop_after).
   int stopped_by_signal = 0;
   std::string checkpoint;         ///< the newest checkpoint this invocation wrote ("" if none)
+  int rank = 0;                   ///< this process's rank (dist/world.h); only rank 0 writes in RUN
 };
 
 /// Options of one `snip train` invocation beyond the config.
