@@ -520,6 +520,9 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       const std::vector<uint8_t> bytes(plan.begin(), plan.end());
       const torch::Tensor digest = dist::param_checksums(
           {torch::from_blob(const_cast<uint8_t*>(bytes.data()), {int64_t(bytes.size())}, torch::kUInt8)});
+      if (!opts.quiet)
+        spdlog::info("dist: rank {} plan before step {}: digest {:016x}", world.rank, step,
+                     uint64_t(digest[0].item<int64_t>()));
       const auto all = comm->allgather(digest);
       for (int k = 1; k < R; ++k)
         if (all[size_t(k)].item<int64_t>() != all[0].item<int64_t>())
