@@ -63,8 +63,8 @@ torch::Tensor param_checksums(const std::vector<torch::Tensor>& params) {
     const torch::Tensor c = params[k].detach().to(torch::kCPU).contiguous();
     const auto* p = static_cast<const unsigned char*>(c.data_ptr());
     const size_t n = size_t(c.numel()) * c.element_size();
-    uint64_t h = 1469598103934665603ull;  // FNV-1a 64 offset basis
-    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;  // FNV prime
+    uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64 offset basis (14695981039346656037)
+    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;  // FNV-1a 64 prime (1099511628211)
     std::memcpy(&o[k], &h, sizeof h);
   }
   return out;
