@@ -267,7 +267,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   std::unique_ptr<dist::Communicator> comm;
   if (world.size > 1) {
     comm = dist::connect(world, dopt);
-    if (!quiet || (world.rank == 0 && !opts.quiet))
+    if (!quiet)
       spdlog::info("dist: {} ranks ({}, {} per machine) over {}, rendezvous {}:{}", world.size, world.source,
                    world.local_size, comm->backend(), world.master_addr, world.master_port);
   }

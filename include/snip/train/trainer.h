@@ -37,6 +37,9 @@
 // step in seconds, continued across resumes.
 // Every file is written atomically; a checkpoint directory appears only
 // complete (written as step-N.tmp, then renamed).
+// Several ranks (torchrun or Slurm, dist/world.h, docs/distributed.md): a
+// step spans every rank's micro-batches (train/step.h), and rank 0 alone
+// writes RUN and prints; the other ranks read a checkpoint on --resume.
 #pragma once
 
 #include <cstdint>
