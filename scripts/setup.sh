@@ -18,7 +18,8 @@ packages=(
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libcpp-httplib-dev
   zlib1g-dev libssl-dev                   # checkpoint CRC32, SHA-256 of data inputs
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3-torch                           # the float64 reference model of the golden test
+  python3-torch                           # the float64 reference model of the golden test; torchrun
+  libgloo-dev                             # Gloo headers for LibTorch's c10d ProcessGroupGloo (src/dist)
   chromium                                # headless browser of the report test (tests/report/report_browser.sh)
   clang libclang-rt-14-dev libomp-14-dev  # the fuzz build: clang 14, libFuzzer + sanitizer runtimes, OpenMP for clang
   ${SNIP_EXTRA_PACKAGES:-}

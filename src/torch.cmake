@@ -6,11 +6,14 @@
 #               recipe registry is snip_recipes, src/quant/CMakeLists.txt)
 #   src/method  the stats step, the precision controller, the correlation study
 #   src/train   the training step, the loop, checkpoints, optimizer
-# Layering (an arrow only points down): train -> method -> quant -> model.
+#   src/dist    several ranks: the world, c10d Gloo (process_group.cpp only),
+#               the bucketed gradient all-reduce, weight checksums
+# Layering (an arrow only points down): train -> dist, method -> quant -> model.
 file(GLOB SNIP_TORCH_SOURCES CONFIGURE_DEPENDS
   ${CMAKE_CURRENT_LIST_DIR}/model/*.cpp
   ${CMAKE_CURRENT_LIST_DIR}/quant/quantizers.cpp
   ${CMAKE_CURRENT_LIST_DIR}/method/*.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/dist/*.cpp
   ${CMAKE_CURRENT_LIST_DIR}/train/*.cpp)
 add_library(snip_torch STATIC ${SNIP_TORCH_SOURCES})
 target_include_directories(snip_torch PUBLIC ${PROJECT_SOURCE_DIR}/include)

@@ -3,7 +3,8 @@
 file(GLOB SNIP_TORCH_TESTS CONFIGURE_DEPENDS
   ${CMAKE_CURRENT_LIST_DIR}/model/*.cpp
   ${CMAKE_CURRENT_LIST_DIR}/method/*.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/train/*.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/train/*.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/dist/*.cpp)
 add_executable(test_torch ${SNIP_TORCH_TESTS})
 target_link_libraries(test_torch PRIVATE snip_torch GTest::gtest_main)
 target_include_directories(test_torch PRIVATE ${CMAKE_CURRENT_LIST_DIR}/common)

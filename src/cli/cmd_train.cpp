@@ -109,7 +109,8 @@ void add_train_commands(CLI::App& app) {
       // go on, then end by the same signal (exit status 128 + signal number,
       // 130 / 143, and a calling shell loop or Slurm sees the signal).
       std::cout.flush();
-      std::fprintf(stderr,
+      if (s.rank == 0)
+        std::fprintf(stderr,
                    "snip: stopped by %s at step %lld: checkpoint %s; continue with: snip train --run-dir %s --resume\n",
                    s.stopped_by_signal == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(s.steps),
                    s.checkpoint.c_str(), s.run_dir.c_str());
@@ -117,6 +118,7 @@ void add_train_commands(CLI::App& app) {
       std::signal(s.stopped_by_signal, SIG_DFL);
       std::raise(s.stopped_by_signal);
     }
+    if (s.rank != 0) return;  // rank 0 prints the summary (docs/distributed.md)
     std::cout << fmt::format(
         "\nsummary: {} steps{}, {} tokens in {:.1f} s ({:.0f} tokens/s)\n"
         "         train loss {:.4f} (mean of the last 10 steps) | val loss {:.4f} (perplexity {:.1f}) | best val {:.4f}\n"

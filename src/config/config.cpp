@@ -95,6 +95,14 @@ std::vector<OptionSpec> make_table() {
       opt("train.sample_tokens", T::kInt, int64_t{32}, "tokens",
           "at each evaluation, print a sample of this many tokens after train.sample_prompt; 0 = none"),
       opt("train.sample_prompt", T::kString, std::string("The"), "", "prompt of the samples printed at evaluations"),
+      // [dist]: several processes (docs/distributed.md); world from torchrun or Slurm.
+      opt("dist.backend", T::kString, std::string("auto"), "",
+          "c10d backend: auto (nccl when LibTorch has it and the model is on a GPU, else gloo), gloo or nccl"),
+      opt("dist.timeout_s", T::kFloat, 300.0, "seconds",
+          "how long a rank waits for the others (rendezvous, every collective) before it stops with an error"),
+      opt("dist.check_interval", T::kInt, int64_t{100}, "steps",
+          "compare a checksum of every parameter across ranks every N steps (and at every checkpoint); 0 = "
+          "only at checkpoints"),
       // [precision]
       opt("precision.recipe", T::kString, std::string("none"), "",
           "shorthand for policy uniform-<recipe> on every step (no warmup, no final phase): a name from "
@@ -187,6 +195,8 @@ std::vector<OptionSpec> make_table() {
       {"train.log_interval", positive},
       {"train.threads", {0, 1024}},
       {"train.sample_tokens", {0, 4096}},
+      {"dist.timeout_s", {1, 1e6}},
+      {"dist.check_interval", non_negative},
       {"precision.budget", fraction},
       {"precision.warmup_steps", {-1, inf}},
       {"precision.warmup_fraction", fraction},
@@ -201,6 +211,7 @@ std::vector<OptionSpec> make_table() {
   };
   const std::vector<std::pair<const char*, std::vector<std::string>>> words = {
       {"train.gemm_dtype", {"bf16", "fp32"}},
+      {"dist.backend", {"auto", "gloo", "nccl"}},
       {"train.gemm_backend", {"auto", "native", "emulated"}},
       {"precision.granularity", {"layer", "gemm"}},
       {"precision.first_order", {"abs", "signed", "drop"}},

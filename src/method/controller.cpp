@@ -386,6 +386,7 @@ void PrecisionController::decide(int64_t s, Phase phase,
     so.seed = stats_seed_;
     so.first_order = pc_.first_order;
     so.curvature_probes = int(pc_.curvature_probes);
+    so.all_reduce_sum = all_reduce_;
     fresh = run_stats_step(layers_, loss_fn, opt, so, s);
     smooth(smoothed_, fresh, pc_.smoothing);
     smoothed_.step = s;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "snip/dist/data_parallel.h"
 #include "snip/train/optimizer.h"
 #include "snip/util/error.h"
 
@@ -19,21 +20,30 @@ StepResult train_step(StepContext& c, int64_t step, double lr) {
   c.optimizer.zero_grad();
   StepResult r;
   double loss_sum = 0;
-  std::vector<int32_t> in, tg;
+  const int R = c.comm ? c.comm->size() : 1, me = c.comm ? c.comm->rank() : 0;
+  std::vector<int32_t> in, tg, other_in, other_tg;
   for (int64_t m = 0; m < c.grad_accum; ++m) {
-    c.loader.next(in, tg);
+    for (int k = 0; k < R; ++k)  // micro-batch m·R + k of the step is rank k's
+      if (k == me) c.loader.next(in, tg);
+      else c.loader.next(other_in, other_tg);
     const torch::Tensor ids = to_ids(in, c.B, c.T), targets = to_ids(tg, c.B, c.T);
     if (m == 0 && c.controller && c.controller->active())  // step boundary: stats step / re-plan
       r.precision = c.controller->begin_step(
           step, [&] { return LlamaForCausalLMImpl::loss(c.model(ids), targets); }, c.optimizer);
     torch::Tensor loss = LlamaForCausalLMImpl::loss(c.model(ids), targets);
-    (loss / double(c.grad_accum)).backward();
+    (loss / double(c.grad_accum * R)).backward();
     loss_sum += loss.item<double>();
   }
-  r.loss = loss_sum / double(c.grad_accum);
+  std::vector<torch::Tensor> params = c.model->parameters();
+  if (c.comm) {
+    dist::allreduce_gradients(*c.comm, params);
+    std::vector<torch::Tensor> l{torch::full({1}, loss_sum, torch::kDouble)};
+    c.comm->allreduce_sum(l);
+    loss_sum = l[0].item<double>();
+  }
+  r.loss = loss_sum / double(c.grad_accum * R);
   if (!std::isfinite(r.loss))
     fail("training diverged: loss is ", r.loss, " at step ", step + 1, " (lower train.lr or raise precision)");
-  std::vector<torch::Tensor> params = c.model->parameters();
   r.grad_norm = torch::nn::utils::clip_grad_norm_(
       params, c.grad_clip > 0 ? c.grad_clip : std::numeric_limits<double>::infinity());
   c.optimizer.step();

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <csignal>
 #include <cmath>
 #include <deque>
@@ -18,6 +19,8 @@
 #include "snip/data/data_folder.h"
 #include "snip/data/loader.h"
 #include "snip/data/token_client.h"
+#include "snip/dist/data_parallel.h"
+#include "snip/dist/world.h"
 #include "snip/hw/platform.h"
 #include "snip/io/atomic_file.h"
 #include "snip/io/dir_lock.h"
@@ -67,8 +70,14 @@ void set_threads(int64_t threads) {
 
 at::ScalarType gemm_dtype_of(const TrainConfig& t) { return t.gemm_bf16 ? at::kBFloat16 : at::kFloat; }
 
-double evaluate(LlamaForCausalLM& model, const std::string& val_path, int64_t B, int64_t T, int64_t batches,
-                EvalCoverage* coverage) {
+namespace {
+
+// Validation micro-batch losses (loss x tokens, one per batch in shard order;
+// 0 for the batches of other ranks: batch i is rank i mod R's). evaluate()
+// sums them in order, so R ranks that add their vectors (x + 0 = x exactly)
+// and then sum get the one-process value bit for bit.
+std::vector<double> eval_batch_losses(LlamaForCausalLM& model, const std::string& val_path, int64_t B, int64_t T,
+                                      int64_t batches, EvalCoverage* coverage, int rank, int world) {
   torch::NoGradGuard ng;
   QuantStateFreeze freeze;  // evaluation does not feed amax histories
   data::TokenLoader val(val_path, int(B), int(T), 0);
@@ -78,10 +87,15 @@ double evaluate(LlamaForCausalLM& model, const std::string& val_path, int64_t B,
   const uint64_t W = val.num_windows();
   uint64_t n = batches > 0 ? std::min<uint64_t>(W, uint64_t(batches) * B) : W;
   std::vector<int32_t> in, tg, bin, btg;
-  double sum = 0;
+  std::vector<double> losses;
   uint64_t tokens = 0;
   for (uint64_t i = 0; i < n; i += B) {
     const uint64_t b = std::min<uint64_t>(B, n - i);
+    tokens += b * T;
+    if (int64_t(losses.size()) % world != rank) {
+      losses.push_back(0.0);
+      continue;
+    }
     bin.clear(), btg.clear();
     for (uint64_t k = 0; k < b; ++k) {
       val.window(i + k, in, tg);
@@ -89,8 +103,7 @@ double evaluate(LlamaForCausalLM& model, const std::string& val_path, int64_t B,
       btg.insert(btg.end(), tg.begin(), tg.end());
     }
     torch::Tensor logits = model(to_ids(bin, b, T));
-    sum += LlamaForCausalLMImpl::loss(logits, to_ids(btg, b, T)).item<double>() * double(b * T);
-    tokens += b * T;
+    losses.push_back(LlamaForCausalLMImpl::loss(logits, to_ids(btg, b, T)).item<double>() * double(b * T));
   }
   if (coverage) {
     coverage->windows = n;
@@ -99,7 +112,34 @@ double evaluate(LlamaForCausalLM& model, const std::string& val_path, int64_t B,
     coverage->batches_total = (W + uint64_t(B) - 1) / uint64_t(B);
     coverage->tokens = tokens;
   }
-  return sum / double(tokens);
+  losses.push_back(double(tokens));  // the last entry: the token count
+  return losses;
+}
+
+double sum_eval_losses(const std::vector<double>& losses) {
+  double sum = 0;
+  for (size_t i = 0; i + 1 < losses.size(); ++i) sum += losses[i];
+  return sum / losses.back();
+}
+
+// Validation loss over R ranks: each evaluates every R-th batch (see
+// eval_batch_losses); the per-batch vector is summed over the ranks.
+double evaluate_dist(LlamaForCausalLM& model, const std::string& val_path, int64_t B, int64_t T, int64_t batches,
+                     dist::Communicator* comm) {
+  if (!comm) return evaluate(model, val_path, B, T, batches);
+  std::vector<double> l = eval_batch_losses(model, val_path, B, T, batches, nullptr, comm->rank(), comm->size());
+  l.back() = comm->rank() == 0 ? l.back() : 0.0;  // the token count once
+  std::vector<torch::Tensor> t{torch::tensor(l, torch::kDouble)};
+  comm->allreduce_sum(t);
+  const double* p = t[0].data_ptr<double>();
+  return sum_eval_losses(std::vector<double>(p, p + t[0].numel()));
+}
+
+}  // namespace
+
+double evaluate(LlamaForCausalLM& model, const std::string& val_path, int64_t B, int64_t T, int64_t batches,
+                EvalCoverage* coverage) {
+  return sum_eval_losses(eval_batch_losses(model, val_path, B, T, batches, coverage, 0, 1));
 }
 
 namespace {
@@ -154,9 +194,13 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   Config cfg = cfg_in;
   if (opts.run_dir.empty()) fail("--run-dir: expected a directory name, got an empty string");
   const fs::path run(opts.run_dir);
+  // Several processes (dist/world.h): rank 0 alone writes in RUN.
+  const dist::World world = dist::World::from_env();
+  const bool writer = world.rank == 0;
+  const bool quiet = opts.quiet || !writer;
   // One writer per run folder: a second trainer stops here, naming the first.
   std::unique_ptr<io::DirLock> lock;
-  if (fs::is_directory(run)) lock = std::make_unique<io::DirLock>(opts.run_dir, "run directory");
+  if (writer && fs::is_directory(run)) lock = std::make_unique<io::DirLock>(opts.run_dir, "run directory");
   // ---- validate everything before touching the run directory
   std::string resume_ckpt;
   if (opts.resume) {
@@ -219,6 +263,15 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
                    cfg.get_int("train.threads"), opts.run_dir, saved.get_int("train.threads"));
   }
   const TrainConfig& tc = rc.train;
+  const dist::DistOptions dopt = dist::DistOptions::from(cfg);
+  std::unique_ptr<dist::Communicator> comm;
+  if (world.size > 1) {
+    comm = dist::connect(world, dopt);
+    if (!quiet)
+      spdlog::info("dist: {} ranks ({}, {} per machine) over {}, rendezvous {}:{}", world.size, world.source,
+                   world.local_size, comm->backend(), world.master_addr, world.master_port);
+  }
+  const int R = world.size;
   const fs::path data_dir(rc.data.dir);
   const std::string train_bin = (data_dir / "train.bin").string(), val_bin = (data_dir / "val.bin").string();
   for (const auto& p : {train_bin, val_bin})
@@ -253,7 +306,10 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   if (cfg_vocab > 0 && cfg_vocab < shard_vocab)
     fail("model.vocab_size ", cfg_vocab, " is smaller than the tokenizer's vocabulary ", shard_vocab, " (",
          train_bin, "); set it to 0 to use the tokenizer's");
-  set_threads(tc.threads);
+  // Threads per rank: train.threads, or the cores shared by this machine's ranks.
+  set_threads(tc.threads > 0 || world.local_size <= 1
+                  ? tc.threads
+                  : std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency()) / world.local_size));
 
   torch::manual_seed(seed);
   LlamaConfig mcfg = LlamaConfig::from_run_config(rc.model, shard_vocab);
@@ -315,19 +371,42 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
            ": nothing to do (raise train.max_steps to train further)");
     if (ctl.active() && resume_state.contains("precision"))
       ctl.restore(resume_state["precision"], (fs::path(resume_ckpt) / "trainer_state.json").string());
-    loader.restore(checkpoint_loader_state(resume_state, B, accum, loader.windows_per_epoch(),
+    const int64_t saved_world = resume_state.value("world_size", int64_t{1});
+    if (saved_world != R)
+      fail("--resume: ", resume_ckpt, " was written by a run of ", saved_world, " rank", saved_world == 1 ? "" : "s",
+           ", this one has ", R, ": resuming on another number of ranks is not built yet (docs/distributed.md)");
+    // Every rank's loader walks the whole step (step.h): R x grad_accum micro-batches.
+    loader.restore(checkpoint_loader_state(resume_state, B, accum * R, loader.windows_per_epoch(),
                                            (fs::path(resume_ckpt) / "trainer_state.json").string()));
   }
+  // Every rank starts from the same weights (same seed, same file), or stops here.
+  std::vector<std::string> param_names;
+  std::vector<torch::Tensor> params;
+  for (const auto& np : model->named_parameters()) {
+    param_names.push_back(np.key());
+    params.push_back(np.value());
+  }
+  if (comm) dist::check_same_weights(*comm, param_names, params, resume_ckpt.empty() ? "initialisation" : "resume");
+  if (comm && ctl.active())
+    ctl.set_all_reduce([c = comm.get()](torch::Tensor& t) {
+      std::vector<torch::Tensor> v{t};
+      c->allreduce_sum(v);
+    });
 
-  // ---- the run directory: only now is anything written
-  io::ensure_writable_dir(opts.run_dir);
-  if (!lock) lock = std::make_unique<io::DirLock>(opts.run_dir, "run directory");
-  MetricsLog metrics((run / "metrics.jsonl").string(), opts.resume ? step : -1);  // checks what it reads back first
-  io::write_file_atomic((run / "config.toml").string(), cfg.to_toml());
+  // ---- the run directory: only now is anything written (by rank 0 alone;
+  // every rank has checked what it reads before rank 0 writes)
+  if (comm) comm->barrier();
+  std::optional<MetricsLog> metrics;
+  if (writer) {
+    io::ensure_writable_dir(opts.run_dir);
+    if (!lock) lock = std::make_unique<io::DirLock>(opts.run_dir, "run directory");
+    metrics.emplace((run / "metrics.jsonl").string(), opts.resume ? step : -1);  // checks what it reads back first
+    io::write_file_atomic((run / "config.toml").string(), cfg.to_toml());
+  }
   std::deque<double> recent;  // training losses of the last 10 steps (the summary's train loss)
   double best_val = std::numeric_limits<double>::infinity();
   double last_val = std::nan("");
-  for (const json& r : metrics.earlier()) {
+  for (const json& r : metrics ? metrics->earlier() : std::vector<json>{}) {
     recent.push_back(r.value("loss", 0.0));
     if (recent.size() > 10) recent.pop_front();
     if (r.contains("val_loss") && r["val_loss"].is_number()) {
@@ -335,12 +414,12 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       best_val = std::min(best_val, last_val);
     }
   }
-  ctl.set_output(opts.run_dir, !opts.quiet);
+  if (writer) ctl.set_output(opts.run_dir, !quiet);
 
-  const bool tty = !opts.quiet && isatty(STDERR_FILENO);
-  const int64_t tokens_per_step = B * T * accum;
+  const bool tty = !quiet && isatty(STDERR_FILENO);
+  const int64_t tokens_per_step = B * T * accum * R;
   const int64_t warmup = tc.warmup_steps;
-  if (!opts.quiet) {
+  if (!quiet) {
     if (!alias.empty()) spdlog::info("{}", alias);
     for (const std::string& n : init_notes) spdlog::info("--init-from: {}", n);
     if (warmup > max_steps)
@@ -369,7 +448,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   std::vector<int32_t> sample_prompt;
   SampleOptions sample_opts;
   sample_opts.max_new_tokens = tc.sample_tokens;
-  if (!opts.quiet && sample_opts.max_new_tokens > 0 && !opts.snip_data.empty()) {
+  if (!quiet && sample_opts.max_new_tokens > 0 && !opts.snip_data.empty()) {
     try {
       sampler = std::make_unique<data::TokenizerClient>(opts.snip_data, (data_dir / "tokenizer.model").string());
       sample_prompt = sampler->encode(tc.sample_prompt, /*bos=*/true);
@@ -392,7 +471,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     }
   };
 
-  StepContext sc{model, *optimizer, loader, B, T, accum, tc.grad_clip, seed, &ctl};
+  StepContext sc{model, *optimizer, loader, B, T, accum, tc.grad_clip, seed, &ctl, comm.get()};
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   // Wall time of the earlier invocations (a resumed run's elapsed_s continues).
@@ -414,11 +493,18 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
                          {"vocab_size", data_info.vocab_size},
                          {"val_sha256", val_sha256}}}};
     if (ctl.active()) st["precision"] = ctl.state();
+    if (R > 1) st["world_size"] = R;  // resume checks it (absent = 1)
     return st;
   };
 
   StopOnSignal stop_signal;  // Ctrl-C / Slurm's SIGTERM: finish the step, checkpoint, stop
   int stopped_by = 0;
+  // Test-only fault (tests/cli/test_dist.py): SNIP_TEST_PERTURB_RANK=r adds
+  // 1e-3 to the first element of the last parameter on rank r after step
+  // SNIP_TEST_PERTURB_STEP (default 1), to prove the weight checksum catches it.
+  const int perturb_rank = std::getenv("SNIP_TEST_PERTURB_RANK") ? std::atoi(std::getenv("SNIP_TEST_PERTURB_RANK")) : -1;
+  const int64_t perturb_step =
+      std::getenv("SNIP_TEST_PERTURB_STEP") ? std::atoll(std::getenv("SNIP_TEST_PERTURB_STEP")) : 1;
   std::string last_checkpoint;
   double last_checkpoint_s = elapsed();
   while (step < max_steps) {
@@ -427,6 +513,26 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     const double lr = lr_at(step, max_steps, warmup, tc.lr, tc.min_lr_ratio);
     const StepResult r = train_step(sc, step, lr);
     ++step;
+    if (comm && r.precision.decided) {
+      // Every rank solved the same reduced statistics: the plans must be one.
+      std::string plan;
+      for (const auto& [item, option] : ctl.assignments()) plan += item + "=" + option + ";";
+      const std::vector<uint8_t> bytes(plan.begin(), plan.end());
+      const torch::Tensor digest = dist::param_checksums(
+          {torch::from_blob(const_cast<uint8_t*>(bytes.data()), {int64_t(bytes.size())}, torch::kUInt8)});
+      if (!opts.quiet)
+        spdlog::info("dist: rank {} plan before step {}: digest {:016x}", world.rank, step,
+                     uint64_t(digest[0].item<int64_t>()));
+      const auto all = comm->allgather(digest);
+      for (int k = 1; k < R; ++k)
+        if (all[size_t(k)].item<int64_t>() != all[0].item<int64_t>())
+          fail("dist: the precision plan decided before step ", step, " differs between rank 0 and rank ", k,
+               " (the planner is not deterministic here?)");
+    }
+    if (comm && world.rank == perturb_rank && step == perturb_step) {
+      torch::NoGradGuard ng;
+      params.back().view(-1)[0].add_(1e-3);
+    }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     recent.push_back(r.loss);
     if (recent.size() > 10) recent.pop_front();
@@ -436,15 +542,15 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     for (auto& [k, v] : r.precision.metrics.items()) rec[k] = v;
     const bool eval_step = step % tc.eval_interval == 0 || step == max_steps;
     if (eval_step) {
-      last_val = evaluate(model, val_bin, B, T, tc.eval_batches);
+      last_val = evaluate_dist(model, val_bin, B, T, tc.eval_batches, comm.get());
       best_val = std::min(best_val, last_val);
       rec["val_loss"] = last_val;
       rec["val_ppl"] = std::exp(last_val);
     }
-    metrics.append(rec);
+    if (metrics) metrics->append(rec);
     // `snip experiment` reads this line back from each arm's log (cmd_experiment.cpp,
     // parse_progress_line): keep "step N/M | loss L" first and "| ETA " + fmt_duration.
-    if (!opts.quiet && (step % tc.log_interval == 0 || step == max_steps || eval_step)) {
+    if (!quiet && (step % tc.log_interval == 0 || step == max_steps || eval_step)) {
       const double tps = double((step - start_step) * tokens_per_step) / elapsed();
       const double eta = double((max_steps - step) * tokens_per_step) / tps;
       std::string line = fmt::format("step {:>6}/{} | loss {:.4f} | lr {:.2e} | gnorm {:.2f} | {:.0f} tok/s | ETA {}",
@@ -456,13 +562,30 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       if (eval_step && sampler) print_sample();
     }
     stopped_by = stop_signal.received();
-    const bool by_time = tc.checkpoint_minutes > 0 && elapsed() - last_checkpoint_s >= 60.0 * tc.checkpoint_minutes;
-    if ((tc.checkpoint_interval > 0 && step % tc.checkpoint_interval == 0) || step == max_steps || by_time ||
-        stopped_by) {
-      last_checkpoint =
-          save_checkpoint(opts.run_dir, step, model, *optimizer, checkpoint_state(), tc.keep_checkpoints);
+    bool by_time = tc.checkpoint_minutes > 0 && elapsed() - last_checkpoint_s >= 60.0 * tc.checkpoint_minutes;
+    if (comm) {
+      // The ranks agree on stopping (any rank's signal stops all after this
+      // step) and on a time-based checkpoint (rank 0's clock decides).
+      const auto flags = comm->allgather(torch::tensor({int64_t(stopped_by), int64_t(by_time)}, torch::kLong));
+      int64_t any_stop = 0;
+      for (const auto& f : flags) any_stop = std::max(any_stop, f[0].item<int64_t>());
+      if (!stopped_by && any_stop) stopped_by = int(any_stop);
+      by_time = flags[0][1].item<int64_t>() != 0;
+    }
+    const bool ckpt = (tc.checkpoint_interval > 0 && step % tc.checkpoint_interval == 0) || step == max_steps ||
+                      by_time || stopped_by;
+    if (comm && (ckpt || (dopt.check_interval > 0 && step % dopt.check_interval == 0)))
+      dist::check_same_weights(*comm, param_names, params, str_cat("step ", step));
+    if (ckpt) {
+      if (writer) {
+        last_checkpoint =
+            save_checkpoint(opts.run_dir, step, model, *optimizer, checkpoint_state(), tc.keep_checkpoints);
+        if (step != max_steps) write_run_report(opts.run_dir);
+      } else {
+        last_checkpoint = (run / "checkpoints" / ("step-" + std::to_string(step))).string();
+      }
       last_checkpoint_s = elapsed();
-      if (step != max_steps) write_run_report(opts.run_dir);
+      if (comm) comm->barrier();  // the checkpoint exists before any rank goes on (or stops)
     }
     if (stopped_by) break;
   }
@@ -483,7 +606,8 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   sum.best_val_loss = std::isfinite(best_val) ? best_val : last_val;
   sum.checkpoint = last_checkpoint;
   sum.stopped_by_signal = step < max_steps ? stopped_by : 0;
-  if (sum.stopped_by_signal) return sum;  // not the end of the run: no summary.json
+  sum.rank = world.rank;
+  if (sum.stopped_by_signal || !writer) return sum;  // not the end of the run, or not rank 0: no summary.json
   auto num = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
   json s = {{"steps", sum.steps}, {"tokens", sum.tokens}, {"seconds", sum.seconds},
             {"tokens_per_s", sum.tokens_per_s}, {"final_train_loss", sum.final_train_loss},

@@ -138,6 +138,10 @@ class PrecisionController {
   /// Where plans/ and stats/ go ("" = nowhere, e.g. tests), and whether the
   /// plan table is printed (stderr) at every decision.
   void set_output(const std::string& run_dir, bool verbose);
+  /// Data-parallel ranks: sums the stats step's float64 buffer over the ranks
+  /// (StatsOptions::all_reduce_sum), so every rank derives bit-identical
+  /// statistics and, solving the same problem, the same plan. Empty = one rank.
+  void set_all_reduce(std::function<void(torch::Tensor&)> f) { all_reduce_ = std::move(f); }
 
   /// Call at the boundary before step `s` runs, after the LR is set and before
   /// its first forward. `loss_fn` evaluates the step's first micro-batch
@@ -164,6 +168,7 @@ class PrecisionController {
   void restore(const nlohmann::json& st, const std::string& what);
 
  private:
+  std::function<void(torch::Tensor&)> all_reduce_;
   void apply(const std::map<std::string, std::string>& assign);
   /// Plan item names: layer names, or "<layer>:fprop|dgrad|wgrad" per GEMM.
   std::vector<std::string> item_names() const;

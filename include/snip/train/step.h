@@ -13,11 +13,24 @@
 //   3. per micro-batch: next batch from the loader; on the first one, the
 //      precision controller's step-boundary hook (a stats step and a re-plan
 //      when due, method/controller.h); forward, loss, backward of
-//      loss / grad_accum (gradients accumulate);
+//      loss / (grad_accum·R) (gradients accumulate);
+//   3b. R > 1 data-parallel ranks (`comm`): gradients summed over the ranks
+//      in buckets (dist/data_parallel.h), the loss sum too (float64);
 //   4. the mean loss must be finite (else UserError "training diverged");
 //   5. global gradient L2 norm computed and clipped to grad_clip
 //      (torch::nn::utils::clip_grad_norm_);
 //   6. optimizer update (AdamW, train/optimizer.h).
+//
+// Data parallel (R ranks, `comm` set): the step's R·grad_accum micro-batches
+// are the ones a one-process run with grad_accum·R reads, in the same loader
+// order; micro-batch j = m·R + r of the step is rank r's m-th (every rank's
+// loader walks the whole sequence and keeps its own, so the loader position
+// is the same on every rank and equals the one-process run's). With R = 2
+// and grad_accum = 1 the step is bit for bit the one-process step with
+// grad_accum = 2: each rank's gradient is 0 + g_r/2, the one-process
+// accumulation is (0 + g_0/2) + g_1/2, and the all-reduce of two ranks adds
+// the two once (IEEE addition commutes). docs/distributed.md says when else
+// it is exact.
 #pragma once
 
 #include <torch/torch.h>
@@ -26,6 +39,7 @@
 #include <vector>
 
 #include "snip/data/loader.h"
+#include "snip/dist/world.h"
 #include "snip/method/controller.h"
 #include "snip/model/llama.h"
 
@@ -44,12 +58,13 @@ struct StepContext {
   double grad_clip = 0;            ///< max global gradient L2 norm; 0 = no clipping
   uint64_t seed = 0;               ///< run seed (stochastic-rounding keys)
   PrecisionController* controller = nullptr;  ///< adaptive precision; nullptr or inactive = none
+  dist::Communicator* comm = nullptr;  ///< data-parallel ranks; nullptr = one process
 };
 
 /// What one step produced.
 struct StepResult {
-  double loss = 0;       ///< mean training loss over the micro-batches, nats/token
-  double grad_norm = 0;  ///< global gradient L2 norm before clipping
+  double loss = 0;       ///< mean training loss over the micro-batches (of every rank), nats/token
+  double grad_norm = 0;  ///< global gradient L2 norm before clipping (of the reduced gradient)
   PrecisionEvent precision;  ///< the controller's decision at this step's boundary (if any)
 };
 

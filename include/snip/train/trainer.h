@@ -37,6 +37,9 @@
 // step in seconds, continued across resumes.
 // Every file is written atomically; a checkpoint directory appears only
 // complete (written as step-N.tmp, then renamed).
+// Several ranks (torchrun or Slurm, dist/world.h, docs/distributed.md): a
+// step spans every rank's micro-batches (train/step.h), and rank 0 alone
+// writes RUN and prints; the other ranks read a checkpoint on --resume.
 #pragma once
 
 #include <cstdint>
@@ -69,6 +72,7 @@ struct TrainSummary {
   /// 0 when the run reached train.max_steps (or TrainOptions::stop_after).
   int stopped_by_signal = 0;
   std::string checkpoint;         ///< the newest checkpoint this invocation wrote ("" if none)
+  int rank = 0;                   ///< this process's rank (dist/world.h); only rank 0 writes in RUN
 };
 
 /// Options of one `snip train` invocation beyond the config.

@@ -1,0 +1,96 @@
+// snip/dist/world.h: several training processes (ranks) over LibTorch's c10d
+// engine (docs/distributed.md).
+//
+// Dimensions: R = world size (ranks), P = parameters of the model (tensors).
+//
+// Where the world comes from (World::from_env), first match wins:
+//   torchrun   RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+//              MASTER_PORT; TORCHELASTIC_USE_AGENT_STORE=True means torchrun's
+//              agent already hosts the TCPStore at MASTER_ADDR:MASTER_PORT
+//              (every rank connects as a client), else rank 0 hosts it.
+//   Slurm      SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, the local task count
+//              from SLURM_NTASKS_PER_NODE or SLURM_TASKS_PER_NODE, the master
+//              = the first host of SLURM_JOB_NODELIST (parse_nodelist), port
+//              MASTER_PORT or 29500 (MASTER_ADDR, when set, wins).
+//   otherwise  one process: rank 0 of 1, no process group.
+//
+// The communicator (Communicator, connect()) is the only way the trainer
+// talks to other ranks; every line that names a c10d Gloo/NCCL/ProcessGroup
+// type is in src/dist/process_group.cpp, so LibTorch 1.13 vs 2.x differences
+// stay there.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "snip/config/config.h"
+
+namespace snip::dist {
+
+/// This process's place among the training processes.
+struct World {
+  int rank = 0;              ///< in [0, size)
+  int size = 1;              ///< R, number of ranks
+  int local_rank = 0;        ///< rank on this machine, in [0, local_size)
+  int local_size = 1;        ///< ranks on this machine (threads default to cores / local_size)
+  std::string master_addr;   ///< host of the TCPStore ("" for one process)
+  int master_port = 0;       ///< its TCP port
+  bool agent_store = false;  ///< torchrun's agent hosts the store: every rank is a client
+  std::string source = "single";  ///< "torchrun", "slurm" or "single"
+
+  /// From the environment (header comment). Throws UserError naming the
+  /// variable for a malformed or inconsistent value (e.g. RANK >= WORLD_SIZE).
+  static World from_env();
+};
+
+/// "node[01-04,07],gpu3" -> {"node01", "node02", "node03", "node04",
+/// "node07", "gpu3"}: Slurm's compact host list (ranges keep their zero
+/// padding). Throws UserError naming `what` for unbalanced brackets or a bad range.
+std::vector<std::string> parse_nodelist(const std::string& list, const std::string& what = "SLURM_JOB_NODELIST");
+
+/// The [dist] options, read once from the configuration.
+struct DistOptions {
+  std::string backend = "auto";  ///< dist.backend: auto, gloo or nccl
+  double timeout_s = 300;        ///< dist.timeout_s: rendezvous and collectives, seconds
+  int64_t check_interval = 100;  ///< dist.check_interval: steps between weight checksums (0 = checkpoints only)
+  static DistOptions from(const Config& cfg);
+};
+
+/// Collectives over the ranks of one World. All calls are collective: every
+/// rank makes the same calls in the same order with tensors of the same
+/// shape and dtype (CPU tensors for gloo). A peer that does not answer
+/// within dist.timeout_s makes the call throw UserError.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// "gloo" or "nccl".
+  virtual std::string backend() const = 0;
+  /// Sums each tensor in place over the ranks (one all-reduce per tensor,
+  /// all started before the first is waited for). Contiguous tensors.
+  virtual void allreduce_sum(std::vector<torch::Tensor>& tensors) = 0;
+  /// Copies `t` of rank `root` into `t` on every rank.
+  virtual void broadcast(torch::Tensor& t, int root) = 0;
+  /// Blocks until every rank arrived.
+  virtual void barrier() = 0;
+  /// Every rank's `t` (small, contiguous, same shape on every rank), in rank order: [R] tensors.
+  virtual std::vector<torch::Tensor> allgather(const torch::Tensor& t) = 0;
+};
+
+/// Connects this rank (world.size > 1) to the others: the TCPStore (hosted
+/// by rank 0 unless world.agent_store), a handshake in which every rank
+/// reports its world size, then the process group of `opt.backend`.
+/// Throws UserError with one line for: a port in use, an unreachable master
+/// (after dist.timeout_s), ranks that disagree on the world size, nccl
+/// without NCCL in this LibTorch build.
+std::unique_ptr<Communicator> connect(const World& world, const DistOptions& opt);
+
+/// True when this LibTorch build has the NCCL process group.
+bool nccl_available();
+
+}  // namespace snip::dist

@@ -1,0 +1,184 @@
+// The only file that names c10d's stores and process groups (dist/world.h):
+// TCPStore + PrefixStore for the rendezvous, ProcessGroupGloo for the
+// collectives. LibTorch 1.13 and 2.x differ here (2.x: ProcessGroupGloo
+// derives from Backend, errors are c10::DistError); keep such differences in
+// this file.
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+
+#include "snip/dist/world.h"
+#include "snip/util/error.h"
+
+namespace snip::dist {
+
+namespace {
+
+using std::chrono::milliseconds;
+
+// The first line of an exception's message (c10::Error carries a backtrace).
+std::string first_line(const std::exception& e) {
+  std::string s;
+  if (auto* ce = dynamic_cast<const c10::Error*>(&e)) s = ce->what_without_backtrace();
+  else s = e.what();
+  const size_t nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+std::string env_or(const char* name, const std::string& dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : dflt;
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::ProcessGroupGloo> pg,
+                   int rank, int size, double timeout_s)
+      : store_(std::move(store)), pg_(std::move(pg)), rank_(rank), size_(size), timeout_s_(timeout_s) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "gloo"; }
+
+  void allreduce_sum(std::vector<torch::Tensor>& tensors) override {
+    guard("all-reduce", [&] {
+      std::vector<c10::intrusive_ptr<c10d::Work>> works;
+      works.reserve(tensors.size());
+      for (auto& t : tensors) {
+        std::vector<at::Tensor> one{t};
+        works.push_back(pg_->allreduce(one, c10d::AllreduceOptions{}));  // ReduceOp::SUM
+      }
+      for (auto& w : works) w->wait();
+    });
+  }
+
+  void broadcast(torch::Tensor& t, int root) override {
+    guard("broadcast", [&] {
+      std::vector<at::Tensor> one{t};
+      c10d::BroadcastOptions o;
+      o.rootRank = root;
+      pg_->broadcast(one, o)->wait();
+    });
+  }
+
+  void barrier() override {
+    guard("barrier", [&] { pg_->barrier()->wait(); });
+  }
+
+  std::vector<torch::Tensor> allgather(const torch::Tensor& t) override {
+    std::vector<std::vector<at::Tensor>> out(1);
+    for (int r = 0; r < size_; ++r) out[0].push_back(torch::empty_like(t));
+    guard("all-gather", [&] {
+      std::vector<at::Tensor> in{t.contiguous()};
+      pg_->allgather(out, in)->wait();
+    });
+    return out[0];
+  }
+
+ private:
+  template <typename F>
+  void guard(const char* what, F&& f) {
+    try {
+      f();
+    } catch (const UserError&) {
+      throw;
+    } catch (const std::exception& e) {
+      fail("dist: ", what, " failed on rank ", rank_, " of ", size_, " (a rank stopped, or did not answer within "
+           "dist.timeout_s = ", timeout_s_, " s): ", first_line(e));
+    }
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+  int rank_, size_;
+  double timeout_s_;
+};
+
+}  // namespace
+
+bool nccl_available() {
+#ifdef USE_C10D_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<Communicator> connect(const World& w, const DistOptions& opt) {
+  SNIP_CHECK(w.size > 1, "connect() needs a world of more than one rank");
+  if (opt.backend == "nccl") {
+    if (!nccl_available())
+      fail("dist.backend = nccl: this LibTorch build has no NCCL process group (USE_C10D_NCCL is not defined); "
+           "use dist.backend = gloo, or build snip against a CUDA LibTorch");
+    fail("dist.backend = nccl: not built yet (the trainer keeps its tensors on the CPU); use dist.backend = gloo");
+  }
+  const milliseconds timeout(int64_t(opt.timeout_s * 1000.0));
+  const std::string where = str_cat(w.master_addr, ":", w.master_port);
+  c10::intrusive_ptr<c10d::Store> tcp;
+  const bool server = w.rank == 0 && !w.agent_store;
+  try {
+    c10d::TCPStoreOptions so;
+    so.port = uint16_t(w.master_port);
+    so.isServer = server;
+    so.waitWorkers = false;  // the handshake below waits, with a message that names the missing rank
+    so.timeout = timeout;
+    tcp = c10::make_intrusive<c10d::TCPStore>(w.master_addr, so);
+  } catch (const std::exception& e) {
+    if (server)
+      fail("dist: rank 0 cannot host the rendezvous store on port ", w.master_port, " (MASTER_PORT; in use by "
+           "another program?): ", first_line(e));
+    fail("dist: rank ", w.rank, " cannot reach the rendezvous store at ", where, " within dist.timeout_s = ",
+         opt.timeout_s, " s (MASTER_ADDR/MASTER_PORT wrong, or rank 0 not started?): ", first_line(e));
+  }
+  // Keys of this launch only: torchrun's agent store lives across restarts.
+  const std::string prefix = "snip/" + env_or("TORCHELASTIC_RESTART_COUNT", "0");
+  auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, tcp);
+  // Handshake: every rank states its world size; all must agree.
+  try {
+    const std::string mine = std::to_string(w.size);
+    store->set("world/" + std::to_string(w.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  } catch (const std::exception& e) {
+    fail("dist: rank ", w.rank, " cannot write to the rendezvous store at ", where, ": ", first_line(e));
+  }
+  for (int r = 0; r < w.size; ++r) {
+    const std::string key = "world/" + std::to_string(r);
+    try {
+      store->wait({key}, timeout);
+    } catch (const std::exception& e) {
+      fail("dist: rank ", r, " did not join within dist.timeout_s = ", opt.timeout_s, " s (", w.size,
+           " ranks expected at ", where, "; was it started, with the same WORLD_SIZE?)");
+    }
+    const std::vector<uint8_t> v = store->get(key);
+    const std::string theirs(v.begin(), v.end());
+    if (theirs != std::to_string(w.size))
+      fail("dist: world-size mismatch: rank ", r, " was started with a world of ", theirs, " ranks, rank ", w.rank,
+           " with ", w.size, " (WORLD_SIZE/SLURM_NTASKS must be the same on every rank)");
+  }
+  try {
+    auto po = c10d::ProcessGroupGloo::Options::create(timeout);
+    const std::string ifname = env_or("GLOO_SOCKET_IFNAME", "");
+    if (!ifname.empty()) po->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    else if (is_loopback(w.master_addr))
+      po->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    else po->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    po->threads = 2;
+    auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(
+        c10::make_intrusive<c10d::PrefixStore>("gloo", store), w.rank, w.size, po);
+    return std::make_unique<GlooCommunicator>(tcp, pg, w.rank, w.size, opt.timeout_s);
+  } catch (const UserError&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail("dist: rank ", w.rank, " cannot set up the gloo process group with ", w.size, " ranks at ", where, ": ",
+         first_line(e));
+  }
+}
+
+}  // namespace snip::dist
