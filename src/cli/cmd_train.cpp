@@ -65,7 +65,22 @@ struct TrainArgs {
   std::string config, run_dir, init_from;
   std::vector<std::string> sets;
   bool resume = false, allow_other_tokenizer = false;
+  int nproc_per_node = 1;
 };
+
+// argv[1..] without --nproc-per-node N / --nproc-per-node=N: what each rank runs.
+std::vector<std::string> rank_args(const std::vector<std::string>& argv) {
+  std::vector<std::string> out;
+  for (size_t i = 1; i < argv.size(); ++i) {
+    if (argv[i] == "--nproc-per-node") {
+      ++i;
+      continue;
+    }
+    if (argv[i].rfind("--nproc-per-node=", 0) == 0) continue;
+    out.push_back(argv[i]);
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -82,8 +97,17 @@ void add_train_commands(CLI::App& app) {
                   "trained with");
   train->add_option("--init-from", args->init_from, "initialise weights from a Hugging Face folder "
                                                     "(config.json + model.safetensors)");
+  train->add_option("--nproc-per-node", args->nproc_per_node,
+                    "start this many data-parallel ranks on this machine (c10d/Gloo on 127.0.0.1), as "
+                    "torchrun --nproc_per_node would; docs/distributed.md")
+      ->capture_default_str();
   train->footer(config_options_help());
   train->callback([args] {
+    if (args->nproc_per_node != 1) {
+      const int status = launch_local_ranks(args->nproc_per_node, rank_args(program_args()));
+      std::cout.flush();
+      std::exit(status);
+    }
     Config cfg;
     std::string run_dir = args->run_dir;
     if (args->resume && args->config.empty()) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace snip {
 class Config;
@@ -35,6 +36,20 @@ inline void refuse_empty_numbers(CLI::App& app) {
 }
 
 void add_train_commands(CLI::App& app);    // train, eval       (cmd_train.cpp)
+
+/// The command line as main() received it (launch.cpp; main() sets it).
+void set_program_args(int argc, char** argv);
+const std::vector<std::string>& program_args();
+/// `snip train --nproc-per-node N` (launch.cpp): starts N ranks of this
+/// program with `args` (argv[1..] without --nproc-per-node) and torchrun's
+/// variables for a world on 127.0.0.1 at a free port, forwards
+/// SIGINT/SIGTERM/SIGHUP to every rank, and returns the status of the first
+/// rank that failed (0 when all succeeded; after a forwarded signal it ends
+/// by that signal instead). When a rank fails, the others get SIGTERM, then
+/// SIGKILL after 10 s. Throws UserError for N outside [2, 256], when this
+/// process is already a rank (RANK/WORLD_SIZE/LOCAL_RANK set), or when no
+/// rank can be started.
+int launch_local_ranks(int n, const std::vector<std::string>& args);
 void add_data_commands(CLI::App& app);     // data prepare      (cmd_data.cpp)
 void add_token_commands(CLI::App* data);   // data encode/decode (cmd_tokens.cpp, snip-data only)
 void add_sample_commands(CLI::App& app);   // sample            (cmd_sample.cpp)

@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   snip::tune_runtime_or_reexec(argv);  // before anything runs a GEMM
+  snip::cli::set_program_args(argc, argv);
   CLI::App app{"snip: train Llama-family models with adaptive layer-wise FP4/FP8 mixed precision", "snip"};
   snip::cli::configure_app(app);
   app.set_version_flag("--version", "snip 0.1.0");
