@@ -358,7 +358,7 @@ void run_model_plan(const PlanArgs& given) {
     // --out must not overwrite what the plan is made from.
     std::error_code ec;
     for (const std::string& in : {a.stats, a.config})
-      if (!in.empty() && std::filesystem::exists(a.out) && std::filesystem::equivalent(a.out, in, ec))
+      if (!in.empty() && std::filesystem::exists(a.out, ec) && std::filesystem::equivalent(a.out, in, ec))
         fail("--out ", a.out, ": is the input ", in, "; write the plan to another file");
   }
 
