@@ -103,6 +103,13 @@ std::vector<OptionSpec> make_table() {
       opt("dist.check_interval", T::kInt, int64_t{100}, "steps",
           "compare a checksum of every parameter across ranks every N steps (and at every checkpoint); 0 = "
           "only at checkpoints"),
+      opt("dist.grad_comm", T::kString, std::string("fp32"), "",
+          "gradient communication: fp32 (the plain FP32 all-reduce), or a recipe from `snip formats --recipes` "
+          "(bf16, fp8, fp4, mxfp4, nvfp4, ...): each rank sends its gradient quantized with the recipe's "
+          "fprop.w spec, scales shared by all ranks; exact-numerics path, FP32 on the wire (docs/distributed.md)"),
+      opt("dist.error_feedback", T::kBool, true, "",
+          "with dist.grad_comm other than fp32: keep each rank's quantization residual and add it to the next "
+          "step's gradient (Karimireddy et al. 2019, error feedback)"),
       // [precision]
       opt("precision.recipe", T::kString, std::string("none"), "",
           "shorthand for policy uniform-<recipe> on every step (no warmup, no final phase): a name from "

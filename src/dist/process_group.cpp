@@ -60,6 +60,20 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  void allreduce_max(std::vector<torch::Tensor>& tensors) override {
+    guard("all-reduce (max)", [&] {
+      std::vector<c10::intrusive_ptr<c10d::Work>> works;
+      works.reserve(tensors.size());
+      c10d::AllreduceOptions o;
+      o.reduceOp = c10d::ReduceOp::MAX;
+      for (auto& t : tensors) {
+        std::vector<at::Tensor> one{t};
+        works.push_back(pg_->allreduce(one, o));
+      }
+      for (auto& w : works) w->wait();
+    });
+  }
+
   void broadcast(torch::Tensor& t, int root) override {
     guard("broadcast", [&] {
       std::vector<at::Tensor> one{t};

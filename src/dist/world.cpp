@@ -133,6 +133,8 @@ DistOptions DistOptions::from(const Config& cfg) {
   o.backend = cfg.get_string("dist.backend");
   o.timeout_s = cfg.get_float("dist.timeout_s");
   o.check_interval = cfg.get_int("dist.check_interval");
+  o.grad_comm = cfg.get_string("dist.grad_comm");
+  o.error_feedback = cfg.get_bool("dist.error_feedback");
   return o;
 }
 

@@ -19,7 +19,8 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCausalLM& model,
-                            torch::optim::Optimizer& opt, const json& state, int64_t keep) {
+                            torch::optim::Optimizer& opt, const json& state, int64_t keep,
+                            const std::map<std::string, std::string>& extra_files) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
   fs::create_directories(root);
   const fs::path final_dir = root / ("step-" + std::to_string(step));
@@ -39,9 +40,11 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCa
       io::write_file_atomic((tmp / "optimizer.pt").string(), bytes.str());
     }
     io::write_file_atomic((tmp / "config.json").string(), model->cfg.to_hf_json().dump(2) + "\n");
+    for (const auto& [name, bytes] : extra_files) io::write_file_atomic((tmp / name).string(), bytes);
     json st = state;
     for (const char* f : {"model.safetensors", "optimizer.pt", "config.json"})
       st["crc32"][f] = file_crc32((tmp / f).string());
+    for (const auto& [name, bytes] : extra_files) st["crc32"][name] = file_crc32((tmp / name).string());
     io::write_file_atomic((tmp / "trainer_state.json").string(), st.dump(2) + "\n");
     write_checkpoint_manifest(tmp.string());
     io::fsync_dir(tmp.string());

@@ -36,7 +36,8 @@ StepResult train_step(StepContext& c, int64_t step, double lr) {
   }
   std::vector<torch::Tensor> params = c.model->parameters();
   if (c.comm) {
-    dist::allreduce_gradients(*c.comm, params);
+    if (c.grad_comm) r.grad_comm_bytes = dist::allreduce_gradients_quantized(*c.comm, params, *c.grad_comm, c.seed, step);
+    else dist::allreduce_gradients(*c.comm, params);
     std::vector<torch::Tensor> l{torch::full({1}, loss_sum, torch::kDouble)};
     c.comm->allreduce_sum(l);
     loss_sum = l[0].item<double>();

@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
+#include <map>
 #include <cstdlib>
 #include <csignal>
 #include <cmath>
@@ -24,6 +26,7 @@
 #include "snip/hw/platform.h"
 #include "snip/io/atomic_file.h"
 #include "snip/io/dir_lock.h"
+#include "snip/io/safetensors.h"
 #include "snip/method/controller.h"
 #include "snip/model/hf.h"
 #include "snip/model/matmul.h"
@@ -43,6 +46,81 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
+
+// grad_residuals.safetensors (dist.grad_comm with error feedback): one F32
+// tensor "rank<r>" [N] per rank, N = elements of the distinct parameters,
+// their residuals concatenated in model order; metadata grad_comm and
+// world_size. Gathered to every rank with one all-gather (collective); the
+// caller on rank 0 writes the bytes. Why a gather and not a file per rank:
+// the checkpoint folder is written by rank 0 as a temporary folder and one
+// rename (checkpoint.h); one writer keeps that atomicity and the CRC check
+// without a second protocol between ranks for a shared folder. The cost is R
+// x N x 4 bytes once per checkpoint.
+std::string grad_residuals_file(dist::Communicator& comm, const dist::GradComm& gc, const std::string& format) {
+  std::vector<torch::Tensor> flat;
+  for (const torch::Tensor& e : gc.residuals) flat.push_back(e.reshape({-1}));
+  const torch::Tensor mine = flat.empty() ? torch::zeros({0}, torch::kFloat) : torch::cat(flat);
+  const std::vector<torch::Tensor> all = comm.allgather(mine);
+  io::SafeTensors st;
+  st.metadata["grad_comm"] = format;
+  st.metadata["world_size"] = std::to_string(all.size());
+  for (size_t r = 0; r < all.size(); ++r) {
+    io::TensorRecord t;
+    t.name = "rank" + std::to_string(r);
+    t.dtype = io::DType::F32;
+    t.shape = {all[r].numel()};
+    t.data.resize(size_t(all[r].numel()) * 4);
+    if (!t.data.empty()) std::memcpy(t.data.data(), all[r].data_ptr<float>(), t.data.size());
+    st.tensors.push_back(std::move(t));
+  }
+  return io::serialize_safetensors(st);
+}
+
+// This rank's residuals from checkpoint `dir` (grad_residuals_file), shaped
+// like the distinct parameters of `params`. Zeros with a warning when the
+// checkpoint has none (written with fp32 communication or without error
+// feedback), another grad_comm, or another world size.
+std::vector<torch::Tensor> load_grad_residuals(const std::string& dir, const json& state,
+                                               const std::vector<torch::Tensor>& params, int rank, int R,
+                                               const std::string& format) {
+  const std::vector<torch::Tensor> distinct = dist::distinct_params(params);
+  std::vector<torch::Tensor> out;
+  for (const torch::Tensor& p : distinct) out.push_back(torch::zeros_like(p, torch::kFloat));
+  const fs::path f = fs::path(dir) / "grad_residuals.safetensors";
+  if (!fs::exists(f)) {
+    if (rank == 0)
+      spdlog::warn("--resume: {} holds no error-feedback residuals (written with dist.grad_comm = fp32 or "
+                   "dist.error_feedback = false): they start from zero", dir);
+    return out;
+  }
+  const json crc = state.value("crc32", json::object()).value("grad_residuals.safetensors", json());
+  if (!crc.is_number_unsigned() || crc.get<uint64_t>() != file_crc32(f.string()))
+    fail("--resume: ", f.string(), ": CRC-32 does not match trainer_state.json (corrupt)");
+  const io::SafeTensors st = io::read_safetensors(f.string());
+  const auto meta = [&](const char* k) { return st.metadata.count(k) ? st.metadata.at(k) : std::string(); };
+  if (meta("world_size") != std::to_string(R)) {
+    if (rank == 0)
+      spdlog::warn("--resume: {} holds error-feedback residuals of {} ranks, this run has {}: they start from zero",
+                   f.string(), meta("world_size"), R);
+    return out;
+  }
+  if (meta("grad_comm") != format && rank == 0)
+    spdlog::warn("--resume: the error-feedback residuals in {} were kept under dist.grad_comm = {}, this run uses "
+                 "{}: they are carried over as they are", f.string(), meta("grad_comm"), format);
+  const io::TensorRecord* t = st.find("rank" + std::to_string(rank));
+  int64_t n = 0;
+  for (const torch::Tensor& e : out) n += e.numel();
+  if (!t || t->dtype != io::DType::F32 || t->shape != std::vector<int64_t>{n})
+    fail("--resume: ", f.string(), ": expected an F32 tensor rank", rank, " of ", n, " elements (corrupt, or "
+         "another model)");
+  int64_t off = 0;
+  for (torch::Tensor& e : out) {
+    std::memcpy(e.data_ptr<float>(), t->data.data() + off * 4, size_t(e.numel()) * 4);
+    off += e.numel();
+  }
+  return out;
+}
+
 
 std::string fmt_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
@@ -272,6 +350,12 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
                    world.local_size, comm->backend(), world.master_addr, world.master_port);
   }
   const int R = world.size;
+  // dist.grad_comm (validated here at any world size; used with several ranks).
+  dist::GradComm gcomm{dist::GradCompressor(dopt.grad_comm, dopt.error_feedback), {}};
+  if (R == 1 && !gcomm.compressor.is_fp32() && !quiet)
+    spdlog::warn("dist.grad_comm = {} has no effect in one process (no gradient is communicated)", dopt.grad_comm);
+  // Residuals of error feedback travel in checkpoints (grad_residuals.safetensors).
+  const bool keeps_residuals = R > 1 && !gcomm.compressor.is_fp32() && gcomm.compressor.error_feedback();
   const fs::path data_dir(rc.data.dir);
   const std::string train_bin = (data_dir / "train.bin").string(), val_bin = (data_dir / "val.bin").string();
   for (const auto& p : {train_bin, val_bin})
@@ -387,6 +471,8 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     params.push_back(np.value());
   }
   if (comm) dist::check_same_weights(*comm, param_names, params, resume_ckpt.empty() ? "initialisation" : "resume");
+  if (keeps_residuals && !resume_ckpt.empty())
+    gcomm.residuals = load_grad_residuals(resume_ckpt, resume_state, params, world.rank, R, dopt.grad_comm);
   if (comm && ctl.active())
     ctl.set_all_reduce([c = comm.get()](torch::Tensor& t) {
       std::vector<torch::Tensor> v{t};
@@ -471,7 +557,8 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     }
   };
 
-  StepContext sc{model, *optimizer, loader, B, T, accum, tc.grad_clip, seed, &ctl, comm.get()};
+  StepContext sc{model, *optimizer, loader, B, T, accum, tc.grad_clip, seed, &ctl, comm.get(),
+                 comm ? &gcomm : nullptr};
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   // Wall time of the earlier invocations (a resumed run's elapsed_s continues).
@@ -539,6 +626,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     json rec = {{"step", step}, {"loss", r.loss}, {"lr", lr}, {"grad_norm", r.grad_norm},
                 {"tokens_per_s", double(tokens_per_step) / dt}, {"elapsed_s", elapsed0 + elapsed()},
                 {"fp4_share", ctl.fp4_share()}};
+    if (r.grad_comm_bytes >= 0) rec["grad_comm_bytes"] = r.grad_comm_bytes;
     for (auto& [k, v] : r.precision.metrics.items()) rec[k] = v;
     const bool eval_step = step % tc.eval_interval == 0 || step == max_steps;
     if (eval_step) {
@@ -577,9 +665,14 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     if (comm && (ckpt || (dopt.check_interval > 0 && step % dopt.check_interval == 0)))
       dist::check_same_weights(*comm, param_names, params, str_cat("step ", step));
     if (ckpt) {
+      std::map<std::string, std::string> extra;
+      if (keeps_residuals) {  // every rank's residuals to rank 0, which writes them with the checkpoint
+        const std::string bytes = grad_residuals_file(*comm, gcomm, dopt.grad_comm);
+        if (writer) extra["grad_residuals.safetensors"] = bytes;
+      }
       if (writer) {
-        last_checkpoint =
-            save_checkpoint(opts.run_dir, step, model, *optimizer, checkpoint_state(), tc.keep_checkpoints);
+        last_checkpoint = save_checkpoint(opts.run_dir, step, model, *optimizer, checkpoint_state(),
+                                          tc.keep_checkpoints, extra);
         if (step != max_steps) write_run_report(opts.run_dir);
       } else {
         last_checkpoint = (run / "checkpoints" / ("step-" + std::to_string(step))).string();

@@ -20,6 +20,14 @@ the micro model:
              dist.backend = nccl without NCCL: one `snip: error:` line, exit 2
   torchrun   torchrun --nproc_per_node=2 --tee 1 --redirects 2 --no_python:
              the same weights as the hand-launched 2-rank run
+  gradcomm   dist.grad_comm = fp8 and fp4 (error feedback on) on 2 ranks:
+             finite losses, grad_comm_bytes = the hand-computed bytes of the
+             micro model's parameters in that format, identical weights on
+             both ranks (the run's own checksum at steps 4 and 8 passed),
+             the residuals in the checkpoint, a resume from step 4 that ends
+             byte for byte where the uninterrupted run ends, and one without
+             the residual file (zeros, a warning) that does not; fp4 without
+             error feedback differs from fp4 with it
 
 Every process binds 127.0.0.1 only (GLOO_SOCKET_IFNAME=lo; the TCPStore's
 listening socket is LibTorch's and listens on every address), takes a free
@@ -44,7 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from clitest import Checks, micro_toml  # noqa: E402
 
 snip, data = sys.argv[1], sys.argv[2]
-cases = sys.argv[3:] or ["exact", "snip", "checksum", "stop", "errors", "torchrun"]
+cases = sys.argv[3:] or ["exact", "snip", "checksum", "stop", "errors", "torchrun", "gradcomm"]
 tmp = tempfile.mkdtemp(prefix="snip-dist-")
 T = Checks(snip)
 check = T.check
@@ -271,6 +279,74 @@ try:
             with open(os.path.join(run, "checkpoints", "step-8", "model.safetensors"), "rb") as fa, \
                  open(os.path.join(two_rank_run, "checkpoints", "step-8", "model.safetensors"), "rb") as fb:
                 check(fa.read() == fb.read(), f"torchrun --tee {tee}: the same weights as the hand-launched 2-rank run")
+    if "gradcomm" in cases:
+        # The micro model (clitest.micro_toml): C = 32, I = 64, one layer, 2 heads of 16, 1 KV head, tied
+        # embeddings, V from the data. Every parameter as the [rows, K] matrix that is quantized
+        # (data_parallel.h grad_matrix): 1-D norms as [1, 32].
+        with open(os.path.join(data, "meta.json")) as f:
+            meta = json.load(f)
+        V = meta.get("vocab_size")
+        shapes = [(V, 32), (1, 32), (32, 32), (16, 32), (16, 32), (32, 32), (1, 32), (64, 32), (64, 32),
+                  (32, 64), (1, 32)]
+        ceil = lambda a, b: -(-a // b)
+        want = {
+            # fp8: fprop.w = E4M3 in 128x128 blocks, one FP32 (power-of-two) scale per block.
+            "fp8": sum(r * c + 4 * ceil(r, 128) * ceil(c, 128) for r, c in shapes),
+            # fp4: E2M1 (2 per byte) in 1x16 blocks, one E4M3 byte per block, one FP32 tensor scale.
+            "fp4": sum(r * c // 2 + r * c // 16 + 4 for r, c in shapes),
+        }
+        finals = {}
+        for fmt, ef in (("fp8", "true"), ("fp4", "true"), ("fp4", "false")):
+            run = os.path.join(tmp, f"gc-{fmt}-{ef}")
+            sets = ["--set", f"dist.grad_comm={fmt}", "--set", f"dist.error_feedback={ef}"]
+            res = launch(2, train + ["--run-dir", run] + sets, timeout=120)
+            name = f"gradcomm {fmt} ef={ef}"
+            check(all(r[0] == 0 for r in res), f"{name}: 2 ranks finish (weights checked equal at 4 and 8)",
+                  [r[2][-500:] for r in res])
+            m = metrics(run)
+            check(len(m) == 8 and all(r["loss"] == r["loss"] and abs(r["loss"]) < 1e30 for r in m),
+                  f"{name}: 8 finite losses", str([r.get("loss") for r in m]))
+            check(all(r.get("grad_comm_bytes") == want[fmt] for r in m),
+                  f"{name}: grad_comm_bytes = {want[fmt]} every step", str([r.get("grad_comm_bytes") for r in m]))
+            ck8 = os.path.join(run, "checkpoints", "step-8")
+            with open(os.path.join(ck8, "model.safetensors"), "rb") as f:
+                finals[(fmt, ef)] = f.read()
+            check(os.path.exists(os.path.join(ck8, "grad_residuals.safetensors")) == (ef == "true"),
+                  f"{name}: residuals in the checkpoint exactly with error feedback")
+            if ef == "false":
+                continue
+            # Resume from step 4 (step-8 removed): ends byte for byte where the uninterrupted run ended.
+            again = run + "-resumed"
+            shutil.copytree(run, again)
+            shutil.rmtree(os.path.join(again, "checkpoints", "step-8"))
+            for extra in ("summary.json",):
+                if os.path.exists(os.path.join(again, extra)):
+                    os.remove(os.path.join(again, extra))
+            with open(os.path.join(again, "checkpoints", "last_good.json"), "w") as f:
+                f.write('{"step": 4}\n')
+            res = launch(2, train + ["--run-dir", again, "--resume"] + sets, timeout=120)
+            check(all(r[0] == 0 for r in res), f"{name}: resume from step 4 on 2 ranks", [r[2][-500:] for r in res])
+            with open(os.path.join(again, "checkpoints", "step-8", "model.safetensors"), "rb") as f:
+                check(f.read() == finals[(fmt, ef)], f"{name}: resumed run ends with the same weights, byte for byte")
+            # The residuals matter: the same resume with them dropped (they restart at zero) ends elsewhere.
+            dropped = run + "-dropped"
+            shutil.copytree(run, dropped)
+            shutil.rmtree(os.path.join(dropped, "checkpoints", "step-8"))
+            if os.path.exists(os.path.join(dropped, "summary.json")):
+                os.remove(os.path.join(dropped, "summary.json"))
+            os.remove(os.path.join(dropped, "checkpoints", "step-4", "grad_residuals.safetensors"))
+            with open(os.path.join(dropped, "checkpoints", "last_good.json"), "w") as f:
+                f.write('{"step": 4}\n')
+            res = launch(2, train + ["--run-dir", dropped, "--resume"] + sets, timeout=120)
+            check(all(r[0] == 0 for r in res) and "no error-feedback residuals" in res[0][1] + res[0][2],
+                  f"{name}: resume without the residual file warns and runs", [r[2][-500:] for r in res])
+            with open(os.path.join(dropped, "checkpoints", "step-8", "model.safetensors"), "rb") as f:
+                check(f.read() != finals[(fmt, ef)], f"{name}: without the residuals the weights differ at step 8")
+            keys = ["step", "loss", "grad_norm", "val_loss", "grad_comm_bytes"]
+            check([{k: r.get(k) for k in keys} for r in metrics(again)] == [{k: r.get(k) for k in keys} for r in m],
+                  f"{name}: resumed metrics equal the uninterrupted run's")
+        check(finals[("fp4", "true")] != finals[("fp4", "false")], "gradcomm: fp4 with and without error feedback differ")
+
 finally:
     for p in procs:
         kill(p)

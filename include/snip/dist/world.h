@@ -57,6 +57,8 @@ struct DistOptions {
   std::string backend = "auto";  ///< dist.backend: auto, gloo or nccl
   double timeout_s = 300;        ///< dist.timeout_s: rendezvous and collectives, seconds
   int64_t check_interval = 100;  ///< dist.check_interval: steps between weight checksums (0 = checkpoints only)
+  std::string grad_comm = "fp32";  ///< dist.grad_comm: fp32 or a recipe name (data_parallel.h GradCompressor)
+  bool error_feedback = true;      ///< dist.error_feedback: keep and re-send the quantization residual
   static DistOptions from(const Config& cfg);
 };
 
@@ -74,6 +76,9 @@ class Communicator {
   /// Sums each tensor in place over the ranks (one all-reduce per tensor,
   /// all started before the first is waited for). Contiguous tensors.
   virtual void allreduce_sum(std::vector<torch::Tensor>& tensors) = 0;
+  /// Element-wise maximum of each tensor in place over the ranks (the shared
+  /// amax of quantized gradient communication). Contiguous tensors.
+  virtual void allreduce_max(std::vector<torch::Tensor>& tensors) = 0;
   /// Copies `t` of rank `root` into `t` on every rank.
   virtual void broadcast(torch::Tensor& t, int root) = 0;
   /// Blocks until every rank arrived.

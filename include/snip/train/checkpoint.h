@@ -40,6 +40,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -55,9 +56,12 @@ namespace snip {
 /// oldest complete checkpoints beyond the newest `keep` (0 = keep all; the
 /// last-good one is never deleted). Returns the folder's path. Throws
 /// UserError when a write fails (disk full, unwritable); nothing partial is
-/// left then.
+/// left then. `extra_files` (file name -> bytes) are written into the same
+/// folder before trainer_state.json, inside the same atomic rename, with their
+/// CRC-32 in its "crc32" (e.g. grad_residuals.safetensors, dist.grad_comm).
 std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCausalLM& model,
-                            torch::optim::Optimizer& opt, const nlohmann::json& state, int64_t keep);
+                            torch::optim::Optimizer& opt, const nlohmann::json& state, int64_t keep,
+                            const std::map<std::string, std::string>& extra_files = {});
 
 /// Loads the weights of a verified checkpoint into `model`, after checking
 /// that its config.json describes the same model shape. Throws UserError

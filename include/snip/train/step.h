@@ -43,6 +43,10 @@
 #include "snip/method/controller.h"
 #include "snip/model/llama.h"
 
+namespace snip::dist {
+struct GradComm;  // snip/dist/data_parallel.h
+}
+
 namespace snip {
 
 /// Token ids [B*T] (int32, row-major) -> [B, T] int64 tensor (a copy).
@@ -59,6 +63,7 @@ struct StepContext {
   uint64_t seed = 0;               ///< run seed (stochastic-rounding keys)
   PrecisionController* controller = nullptr;  ///< adaptive precision; nullptr or inactive = none
   dist::Communicator* comm = nullptr;  ///< data-parallel ranks; nullptr = one process
+  dist::GradComm* grad_comm = nullptr;  ///< quantized gradient communication (with comm); nullptr = FP32
 };
 
 /// What one step produced.
@@ -66,6 +71,7 @@ struct StepResult {
   double loss = 0;       ///< mean training loss over the micro-batches (of every rank), nats/token
   double grad_norm = 0;  ///< global gradient L2 norm before clipping (of the reduced gradient)
   PrecisionEvent precision;  ///< the controller's decision at this step's boundary (if any)
+  int64_t grad_comm_bytes = -1;  ///< bytes the gradient format would send per rank (dist.grad_comm); -1 = one process
 };
 
 /// Runs optimizer step `step` (0-based: the number of steps completed before
