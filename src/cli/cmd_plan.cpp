@@ -408,7 +408,23 @@ void run_model_plan(const PlanArgs& given) {
   const int64_t tokens = a.tokens_given ? a.tokens_per_step : B * T * acc;
   const int64_t L = cfg.get_int("model.num_hidden_layers"), C = cfg.get_int("model.hidden_size"),
                 F = cfg.get_int("model.intermediate_size"), NH = cfg.get_int("model.num_attention_heads"),
-                NKV = cfg.get_int("model.num_key_value_heads"), V = cfg.get_int("model.vocab_size");
+                NKV = cfg.get_int("model.num_key_value_heads");
+  // model.vocab_size 0 means the tokenizer's: data.dir's meta.json says it
+  // when that folder is prepared (else the vocabulary stays unknown).
+  int64_t V = cfg.get_int("model.vocab_size");
+  std::string vocab_from;
+  if (V == 0) {
+    const std::string meta = (std::filesystem::path(cfg.get_string("data.dir")) / "meta.json").string();
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(meta, ec)) {
+      const nlohmann::json m = io::read_json_file(meta, "data folder meta.json");
+      if (m.is_object() && m.contains("vocab_size") && m["vocab_size"].is_number_integer() &&
+          m["vocab_size"].get<int64_t>() > 0 && m["vocab_size"].get<int64_t>() <= (int64_t{1} << 31) - 1) {
+        V = m["vocab_size"].get<int64_t>();
+        vocab_from = " (the tokenizer's: " + meta + ")";
+      }
+    }
+  }
   const std::vector<LinearLayerShape> shapes =
       llama_linear_layers(int(L), C, F, int(NH), int(NKV), tokens);
   const std::vector<RoleFlops> roles = role_flops(shapes);
@@ -443,7 +459,7 @@ void run_model_plan(const PlanArgs& given) {
   if (!a.json) {
     std::cout << "model:     " << a.config << ": " << L << " blocks, hidden " << C << ", MLP " << F << ", "
               << NH << "/" << NKV << " query/KV heads";
-    if (V > 0) std::cout << ", vocabulary " << V << ", " << params << " parameters";
+    if (V > 0) std::cout << ", vocabulary " << V << vocab_from << ", " << params << " parameters";
     else std::cout << ", vocabulary from the tokenizer (model.vocab_size = 0: parameters and lm_head not counted)";
     std::cout << "\n";
     std::cout << "tokens:    " << tokens << " per step"

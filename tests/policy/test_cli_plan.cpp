@@ -441,6 +441,15 @@ TEST(CliPlan, ConfigAloneGivesFlopsSharesAndFeasibility) {
   EXPECT_EQ(run({"--costs", cfg, "--tokens-per-step", "5"}).error,
             "snip plan: --tokens-per-step needs --config MODEL.toml (the model to plan)");
   EXPECT_NE(run({"--config", cfg, "--set", "model.hidden_size=2047"}).error.find("hidden_size"), std::string::npos);
+  // model.vocab_size = 0 (the tokenizer's): data.dir's meta.json gives it, so
+  // the parameters are TinyLlama's published count again.
+  ASSERT_EQ(std::system(("mkdir -p '" + d.path + "/data'").c_str()), 0);
+  d.file("data/meta.json", R"({"vocab_size": 32000})");
+  r = run({"--config", cfg, "--set", "model.vocab_size=0", "--set", "data.dir=" + d.path + "/data", "--json"});
+  ASSERT_EQ(r.error, "");
+  EXPECT_EQ(json::parse(r.out)["model"]["parameters"], 1100048384);
+  r = run({"--config", cfg, "--set", "model.vocab_size=0", "--set", "data.dir=" + d.path + "/none"});
+  EXPECT_NE(r.out.find("vocabulary from the tokenizer (model.vocab_size = 0"), std::string::npos) << r.out;
   // Found by review: values that were accepted silently or after the table.
   EXPECT_EQ(run({"--config", cfg, "--tokens-per-step", "0"}).error,
             "--tokens-per-step: expected a number of tokens per training step in [1, 2^50], got 0");
