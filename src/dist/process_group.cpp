@@ -164,13 +164,21 @@ std::unique_ptr<Communicator> connect(const World& w, const DistOptions& opt) {
   }
   for (int r = 0; r < w.size; ++r) {
     const std::string key = "world/" + std::to_string(r);
+    std::vector<uint8_t> v;
     try {
       store->wait({key}, timeout);
     } catch (const std::exception& e) {
       fail("dist: rank ", r, " did not join within dist.timeout_s = ", opt.timeout_s, " s (", w.size,
            " ranks expected at ", where, "; was it started, with the same WORLD_SIZE?)");
     }
-    const std::vector<uint8_t> v = store->get(key);
+    try {
+      v = store->get(key);
+    } catch (const std::exception& e) {
+      // Rank 0 hosts the store: it stopped (e.g. it found a world-size
+      // mismatch first) between our wait and our read.
+      fail("dist: rank ", w.rank, " lost the rendezvous store at ", where, " while reading rank ", r,
+           "'s world size (rank 0 stopped: see its error): ", first_line(e));
+    }
     const std::string theirs(v.begin(), v.end());
     if (theirs != std::to_string(w.size))
       fail("dist: world-size mismatch: rank ", r, " was started with a world of ", theirs, " ranks, rank ", w.rank,
