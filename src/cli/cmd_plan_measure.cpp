@@ -18,6 +18,7 @@
 
 
 #include "commands.h"
+#include "tokenizer_check.h"
 #include "snip/config/config.h"
 #include "snip/data/data_folder.h"
 #include "snip/data/loader.h"
@@ -53,14 +54,9 @@ policy::CostTable measure(Config& cfg, const PlanMeasureRequest& r) {
   const fs::path tok = fs::path(r.hf_dir) / "tokenizer.model";
   if (fs::is_regular_file(tok)) {
     const std::string sha = data::sha256_hex(io::read_file(tok.string()));
-    if (sha != info.tokenizer_sha256) {
-      if (!r.allow_other_tokenizer)
-        fail("--data ", r.data_dir, " was tokenized with another tokenizer (SHA-256 ",
-             info.tokenizer_sha256.substr(0, 12), "...) than the model (", tok.string(), ": ", sha.substr(0, 12),
-             "...): Q would be measured on meaningless text; prepare the data with the model's tokenizer "
-             "(snip data prepare --tokenizer), or pass --allow-other-tokenizer");
+    if (other_tokenizer(r.data_dir, info.tokenizer_sha256, tok.string(), sha, r.allow_other_tokenizer,
+                        "Q would be measured on meaningless text; prepare the data"))
       std::cerr << "snip: warning: --allow-other-tokenizer: the data's tokenizer is not the model's\n";
-    }
   } else {
     std::cerr << "snip: warning: " << r.hf_dir << " has no tokenizer.model: the data's tokenizer cannot be checked\n";
   }

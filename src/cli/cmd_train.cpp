@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "commands.h"
+#include "tokenizer_check.h"
 #include "snip/config/config.h"
 #include "snip/data/data_folder.h"
 #include "snip/io/atomic_file.h"
@@ -210,14 +211,9 @@ void add_train_commands(CLI::App& app) {
     if (model_tok.empty())
       spdlog::warn("{} does not say which tokenizer the model was trained with: the data's tokenizer cannot be "
                    "checked", ckpt);
-    else if (model_tok != info.tokenizer_sha256) {
-      if (!ea->allow_other_tokenizer)
-        fail("--data ", data, " was tokenized with another tokenizer (SHA-256 ", info.tokenizer_sha256.substr(0, 12),
-             "...) than the model (", model_tok_from, ": ", model_tok.substr(0, 12),
-             "...): the loss would be meaningless; evaluate on data prepared with the model's tokenizer "
-             "(snip data prepare --tokenizer), or pass --allow-other-tokenizer");
+    else if (other_tokenizer(data, info.tokenizer_sha256, model_tok_from, model_tok, ea->allow_other_tokenizer,
+                             "the loss would be meaningless; evaluate on data prepared"))
       spdlog::warn("--allow-other-tokenizer: the data's tokenizer is not the model's");
-    }
     // A Hugging Face folder's weights, before any is allocated: the memory
     // they need (a checkpoint folder is checked inside load_checkpoint_model).
     if (hf)
