@@ -93,6 +93,12 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
+// "fp4" -> "FP4": an option's name as the summaries print it.
+std::string upper(std::string s) {
+  for (char& ch : s) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  return s;
+}
+
 // Column order: the low option, then known costs ascending, then names.
 std::vector<std::string> option_columns(const PlanProblem& p, const PlanOptions& o) {
   // Only the options the plan chose among (--options, or a stats file's
@@ -144,9 +150,7 @@ void print_plan(std::ostream& os, const PlanProblem& p, const PlanOptions& o,
     }
     os << "\n";
   }
-  const std::string low = r.low_option;
-  std::string up = low;
-  for (char& ch : up) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  const std::string up = upper(r.low_option);
   os << "\n";
   if (r.budget.kind == Budget::Kind::fp4_share)
     os << "budget:    " << up << " FLOPs share >= " << fmt("%.4g", r.budget.value)
@@ -176,8 +180,7 @@ void print_plan(std::ostream& os, const PlanProblem& p, const PlanOptions& o,
 }
 
 void print_sweep(std::ostream& os, const std::vector<ParetoPoint>& pts) {
-  std::string up = pts.empty() ? "FP4" : pts[0].plan.low_option;
-  for (char& ch : up) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  const std::string up = pts.empty() ? "FP4" : upper(pts[0].plan.low_option);
   os << "Pareto front: quality loss (sum Q) vs " << up << " FLOPs share\n";
   char line[160];
   std::snprintf(line, sizeof line, "%8s  %10s  %14s  %10s  %9s  %-10s %8s\n", "budget",
@@ -501,8 +504,7 @@ void run_model_plan(const PlanArgs& given) {
     if (a.conservative)
       for (const Pin& p : conservative_pins(int(L) - 1)) o.pins.push_back(p);
     const double max_share = max_fp4_share(problem, o);
-    std::string up = a.low;
-    for (char& ch : up) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    const std::string up = upper(a.low);
     const bool share_budget = a.has_budget && !a.has_cost_budget;
     const bool feasible = !share_budget || a.budget <= max_share + kBudgetTolerance;
     nlohmann::json j = {{"model", jm}, {"tokens_per_step", tokens}, {"linear_flops", linear},
