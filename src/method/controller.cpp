@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <regex>
 #include <sstream>
@@ -21,6 +22,7 @@
 #include "snip/policy/cost_table.h"
 #include "snip/quant/recipe.h"
 #include "snip/io/json.h"
+#include "snip/train/checkpoint_files.h"
 #include "snip/util/error.h"
 
 namespace snip {
@@ -363,6 +365,8 @@ void PrecisionController::decide(int64_t s, Phase phase,
                                  const std::function<torch::Tensor()>& loss_fn, torch::optim::AdamW& opt,
                                  PrecisionEvent& ev) {
   using clock = std::chrono::steady_clock;
+  const bool root = !comm_ || comm_->rank() == 0;
+  std::string plan_error;
   policy::PlanResult r;
   policy::PlanProblem prob;
   StatsStep fresh;
@@ -386,7 +390,13 @@ void PrecisionController::decide(int64_t s, Phase phase,
     so.seed = stats_seed_;
     so.first_order = pc_.first_order;
     so.curvature_probes = int(pc_.curvature_probes);
-    so.all_reduce_sum = all_reduce_;
+    if (comm_) {
+      so.all_reduce_sum = [c = comm_](torch::Tensor& t) {
+        std::vector<torch::Tensor> v{t};
+        c->allreduce_sum(v);
+      };
+      so.all_gather = [c = comm_](const torch::Tensor& t) { return c->allgather(t); };
+    }
     fresh = run_stats_step(layers_, loss_fn, opt, so, s);
     smooth(smoothed_, fresh, pc_.smoothing);
     smoothed_.step = s;
@@ -402,11 +412,13 @@ void PrecisionController::decide(int64_t s, Phase phase,
     }
     prob = to_plan_problem(smoothed_, gran_);
     const policy::PlanOptions o = plan_options(true);
-    try {
-      r = pc_.policy == Policy::kSnip ? policy::plan(prob, o)
-                                      : policy::run_heuristic(policy_, prob, o, uint64_t(pc_.seed));
-    } catch (const UserError& e) {
-      fail("precision plan at step ", s, ": ", e.what());
+    if (root) {  // several ranks: rank 0 alone solves; agree() hands its plan (or error) to the others
+      try {
+        r = pc_.policy == Policy::kSnip ? policy::plan(prob, o)
+                                        : policy::run_heuristic(policy_, prob, o, uint64_t(pc_.seed));
+      } catch (const UserError& e) {
+        plan_error = e.what();
+      }
     }
   } else {
     prob = shape_only_problem();
@@ -414,48 +426,53 @@ void PrecisionController::decide(int64_t s, Phase phase,
     if (pc_.policy == Policy::kUniform) o.allowed_options.clear();
     r = policy::run_heuristic(policy_, prob, o, uint64_t(pc_.seed));
   }
-  for (const std::string& w : r.warnings) spdlog::warn("precision plan at step {}: {}", s, w);
-  const bool changed = r.assignments() != assign_ || phase != phase_;
-  apply(r.assignments());
+  const std::map<std::string, std::string> assign = agree(s, root ? r.assignments() : decltype(assign_){}, plan_error);
+  if (root)
+    for (const std::string& w : r.warnings) spdlog::warn("precision plan at step {}: {}", s, w);
+  const bool changed = assign != assign_ || phase != phase_;
+  apply(assign);
   phase_ = phase;
   decided_at_ = s;
 
-  json pj = policy::plan_to_json(r);
-  pj["step"] = s;
-  pj["policy"] = policy_;
-  pj["phase"] = to_string(phase);
-  json rel_chosen = json::object();
-  if (have_stats) {
-    json qt = json::object(), rel = json::object();
-    for (const auto& it : prob.items) qt[it.name] = it.q;
+  json rel_chosen = json::object(), rel = json::object();
+  if (have_stats)
     for (const LayerStats& ls : fresh.layers) {
       json m = json::object();
       for (const auto& [name, os] : ls.options) m[name] = os.rel_err[Gemm::kFprop];
       m[kReference] = 0.0;
-      rel[ls.name] = m;
       const std::string chosen = layer_options(assign_, ls.name)[Gemm::kFprop];
       if (m.contains(chosen)) rel_chosen[ls.name] = m[chosen];
+      rel[ls.name] = std::move(m);
     }
-    pj["q_table"] = std::move(qt);
-    pj["rel_err_fprop"] = std::move(rel);
-    pj["stats_seconds"] = stats_s;
-  }
-  if (!run_dir_.empty()) {
-    fs::create_directories(fs::path(run_dir_) / "plans");
-    io::save_json_atomic(pj, (fs::path(run_dir_) / "plans" / ("step-" + std::to_string(s) + ".json")).string());
-  }
-  if (verbose_) {
-    if (!changed)  // a re-plan that changes nothing: one line, not the table again
-      std::fprintf(stderr, "precision at step %ld: plan unchanged (FP4 share %.4f)\n", long(s), r.fp4_share);
-    else if (phase == Phase::kPlan)
-      std::fprintf(stderr, "\n%s", format_plan_table(pj).c_str());
-    else  // every layer at one option: one line instead of the table
-      std::fprintf(stderr, "\nprecision at step %ld: %s phase, every layer %s (FP4 share %.4f)\n", long(s),
-                   to_string(phase),
-                   every_layer == kReference ? (gemm_dtype_ == at::kFloat ? "unquantized (fp32 GEMMs)"
-                                                                         : "unquantized (bf16 GEMMs)")
-                                             : every_layer.c_str(),
-                   r.fp4_share);
+  if (root) {  // with several ranks the plan is rank 0's: it alone saves and prints it
+    json pj = policy::plan_to_json(r);
+    pj["step"] = s;
+    pj["policy"] = policy_;
+    pj["phase"] = to_string(phase);
+    if (have_stats) {
+      json qt = json::object();
+      for (const auto& it : prob.items) qt[it.name] = it.q;
+      pj["q_table"] = std::move(qt);
+      pj["rel_err_fprop"] = std::move(rel);
+      pj["stats_seconds"] = stats_s;
+    }
+    if (!run_dir_.empty()) {
+      fs::create_directories(fs::path(run_dir_) / "plans");
+      io::save_json_atomic(pj, (fs::path(run_dir_) / "plans" / ("step-" + std::to_string(s) + ".json")).string());
+    }
+    if (verbose_) {
+      if (!changed)  // a re-plan that changes nothing: one line, not the table again
+        std::fprintf(stderr, "precision at step %ld: plan unchanged (FP4 share %.4f)\n", long(s), r.fp4_share);
+      else if (phase == Phase::kPlan)
+        std::fprintf(stderr, "\n%s", format_plan_table(pj).c_str());
+      else  // every layer at one option: one line instead of the table
+        std::fprintf(stderr, "\nprecision at step %ld: %s phase, every layer %s (FP4 share %.4f)\n", long(s),
+                     to_string(phase),
+                     every_layer == kReference ? (gemm_dtype_ == at::kFloat ? "unquantized (fp32 GEMMs)"
+                                                                           : "unquantized (bf16 GEMMs)")
+                                               : every_layer.c_str(),
+                     r.fp4_share);
+    }
   }
 
   ev.decided = true;
@@ -465,6 +482,37 @@ void PrecisionController::decide(int64_t s, Phase phase,
   ev.metrics["plan_step"] = s;
   ev.metrics["phase"] = to_string(phase);
   if (have_stats) ev.metrics["rel_err_fprop"] = std::move(rel_chosen);
+}
+
+std::map<std::string, std::string> PrecisionController::agree(int64_t s,
+                                                              const std::map<std::string, std::string>& assign,
+                                                              const std::string& error) {
+  if (!comm_ || comm_->size() == 1) {
+    if (!error.empty()) fail("precision plan at step ", s, ": ", error);
+    return assign;
+  }
+  // Rank 0's payload {"assign": {...}} or {"error": "..."}; then its length
+  // and CRC-32 (one int64 broadcast), then the bytes (one uint8 broadcast).
+  const bool root = comm_->rank() == 0;
+  std::string bytes;
+  if (root) bytes = (error.empty() ? json{{"assign", assign}} : json{{"error", error}}).dump();
+  torch::Tensor head = torch::tensor({int64_t(bytes.size()), int64_t(crc32_of(bytes))}, torch::kLong);
+  comm_->broadcast(head, 0);
+  const int64_t n = head[0].item<int64_t>();
+  const uint32_t crc = uint32_t(head[1].item<int64_t>());
+  SNIP_CHECK(n > 0 && n < (int64_t{1} << 31), "plan broadcast: rank 0 announced ", n, " bytes");
+  torch::Tensor buf = torch::zeros({n}, torch::kUInt8);
+  if (root) std::memcpy(buf.data_ptr<uint8_t>(), bytes.data(), size_t(n));
+  comm_->broadcast(buf, 0);
+  if (!root) bytes.assign(reinterpret_cast<const char*>(buf.data_ptr<uint8_t>()), size_t(n));
+  if (crc32_of(bytes) != crc)
+    fail("dist: the precision plan decided before step ", s, " reached rank ", comm_->rank(),
+         " damaged (CRC-32 ", crc32_of(bytes), ", rank 0 sent ", crc, ")");
+  const json j = io::parse_json(bytes, "the plan broadcast by rank 0");
+  if (j.contains("error")) fail("precision plan at step ", s, ": ", j.at("error").get<std::string>());
+  std::map<std::string, std::string> got = j.at("assign").get<std::map<std::string, std::string>>();
+  if (root) SNIP_CHECK(got == assign, "plan broadcast: rank 0's plan changed in its own JSON round trip");
+  return got;
 }
 
 json PrecisionController::state() const {

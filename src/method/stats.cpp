@@ -375,6 +375,31 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
   torch::autograd::grad({loss0}, weights, {}, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
   loss0 = Tensor();
   for (auto& l : layers) l->probe = nullptr;
+  if (o.all_gather) {
+    // Several ranks: every rank must have measured every layer before the
+    // one reduction below (a rank that stopped alone would leave the others
+    // waiting in it until dist.timeout_s). [L + 1] int64: 1 per measured
+    // layer, then 1 when this rank's hooks raised an error.
+    Tensor mine = torch::zeros({int64_t(L) + 1}, torch::kLong);
+    for (size_t l = 0; l < L; ++l) mine[int64_t(l)] = int64_t(work[l].processed);
+    mine[int64_t(L)] = int64_t(bool(hook_error));
+    const std::vector<Tensor> all = o.all_gather(mine);
+    SNIP_CHECK(!all.empty(), "all_gather returned no tensors");
+    for (size_t k = 0; k < all.size(); ++k) {
+      const Tensor t = all[k].to(torch::kCPU).contiguous();
+      SNIP_CHECK(t.numel() == int64_t(L) + 1 && t.scalar_type() == torch::kLong,
+                 "all_gather changed the mask's shape or dtype");
+      if (t[int64_t(L)].item<int64_t>() != 0) {
+        if (hook_error) std::rethrow_exception(hook_error);
+        fail("stats step at step ", step, ": rank ", k, " failed while measuring (its own error is in its log)");
+      }
+      for (size_t l = 0; l < L; ++l)
+        if (t[int64_t(l)].item<int64_t>() == 0)
+          fail("stats step at step ", step, ": rank ", k, " did not measure ", what(l),
+               " (no input/gradient reached it in loss_fn's forward and backward there); every rank must "
+               "measure every layer");
+    }
+  }
   if (hook_error) std::rethrow_exception(hook_error);
   for (size_t l = 0; l < L; ++l) {
     if (!work[l].processed)

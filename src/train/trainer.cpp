@@ -473,11 +473,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   if (comm) dist::check_same_weights(*comm, param_names, params, resume_ckpt.empty() ? "initialisation" : "resume");
   if (keeps_residuals && !resume_ckpt.empty())
     gcomm.residuals = load_grad_residuals(resume_ckpt, resume_state, params, world.rank, R, dopt.grad_comm);
-  if (comm && ctl.active())
-    ctl.set_all_reduce([c = comm.get()](torch::Tensor& t) {
-      std::vector<torch::Tensor> v{t};
-      c->allreduce_sum(v);
-    });
+  if (comm && ctl.active()) ctl.set_comm(comm.get());  // stats summed, plans solved by rank 0 and broadcast
 
   // ---- the run directory: only now is anything written (by rank 0 alone;
   // every rank has checked what it reads before rank 0 writes)
@@ -601,7 +597,8 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     const StepResult r = train_step(sc, step, lr);
     ++step;
     if (comm && r.precision.decided) {
-      // Every rank solved the same reduced statistics: the plans must be one.
+      // Every rank applied rank 0's plan (PrecisionController::set_comm): the
+      // assignments in force must be one.
       std::string plan;
       for (const auto& [item, option] : ctl.assignments()) plan += item + "=" + option + ";";
       const std::vector<uint8_t> bytes(plan.begin(), plan.end());

@@ -489,6 +489,53 @@ TEST(StatsAllReduce, TwoIdenticalRanksGiveTheSameNumbers) {
     }
 }
 
+// Every rank must measure every layer before the reduction: a second rank
+// (simulated by the gather) that missed layer net.1 stops this rank too,
+// naming that rank and layer, before the all-reduce is called.
+TEST(StatsAllReduce, ARankThatMissedALayerStopsEveryRankNamingIt) {
+  torch::manual_seed(19);
+  TwoLayer net;
+  torch::optim::AdamW opt({net.l0->weight, net.l1->weight}, torch::optim::AdamWOptions(1e-3));
+  warm_up(opt, [&] { return net.loss(); }, 2);
+  StatsOptions o;
+  int reduces = 0;
+  std::vector<Tensor> sent;
+  o.all_reduce_sum = [&](Tensor& t) { ++reduces, t.mul_(2.0); };
+  o.all_gather = [&](const Tensor& t) {
+    sent.push_back(t.clone());
+    Tensor other = t.clone();
+    other[1] = 0;  // rank 1: layer index 1 not measured
+    return std::vector<Tensor>{t.clone(), other};
+  };
+  try {
+    run_stats_step(net.layers(), [&] { return net.loss(); }, opt, o, kStep);
+    ADD_FAILURE() << "expected a UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 did not measure layer 'net.1' (index 1)"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(reduces, 0);
+  ASSERT_EQ(sent.size(), 1u);  // this rank's flags: both layers measured, no hook error
+  EXPECT_TRUE(torch::equal(sent[0], torch::tensor({1, 1, 0}, torch::kLong)));
+  // A rank whose hooks failed: the others stop naming it.
+  o.all_gather = [&](const Tensor& t) {
+    Tensor other = t.clone();
+    other[2] = 1;
+    return std::vector<Tensor>{t.clone(), other};
+  };
+  try {
+    run_stats_step(net.layers(), [&] { return net.loss(); }, opt, o, kStep);
+    ADD_FAILURE() << "expected a UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 failed while measuring"), std::string::npos) << e.what();
+  }
+  // Every rank complete: the step goes on to the one reduction.
+  o.all_gather = [&](const Tensor& t) { return std::vector<Tensor>{t.clone(), t.clone()}; };
+  const StatsStep two = run_stats_step(net.layers(), [&] { return net.loss(); }, opt, o, kStep);
+  EXPECT_EQ(reduces, 1);
+  EXPECT_EQ(two.ranks, 2);
+}
+
 TEST(StatsLlama, RunsOnATinyModelWithTheRightUpstreamSets) {
   torch::manual_seed(18);
   LlamaConfig c;

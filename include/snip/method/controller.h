@@ -51,7 +51,8 @@
 //
 // Applying a plan sets each layer's precision to {quantizer of the option,
 // train.gemm_dtype}; one quantizer per option, shared by the layers; "bf16" =
-// no quantizer. Same inputs give the same plan, so every rank agrees.
+// no quantizer. With several data-parallel ranks, rank 0 decides and every
+// rank applies rank 0's assignment (set_comm).
 #pragma once
 
 #include <torch/torch.h>
@@ -68,6 +69,7 @@
 #include <nlohmann/json.hpp>
 
 #include "snip/config/config.h"
+#include "snip/dist/world.h"
 #include "snip/model/linear.h"
 #include "snip/method/stats.h"
 #include "snip/policy/planner.h"
@@ -138,10 +140,21 @@ class PrecisionController {
   /// Where plans/ and stats/ go ("" = nowhere, e.g. tests), and whether the
   /// plan table is printed (stderr) at every decision.
   void set_output(const std::string& run_dir, bool verbose);
-  /// Data-parallel ranks: sums the stats step's float64 buffer over the ranks
-  /// (StatsOptions::all_reduce_sum), so every rank derives bit-identical
-  /// statistics and, solving the same problem, the same plan. Empty = one rank.
-  void set_all_reduce(std::function<void(torch::Tensor&)> f) { all_reduce_ = std::move(f); }
+  /// Data-parallel ranks (docs/distributed.md "Precision plans on every
+  /// rank"); nullptr (the default) = one process. With `comm`:
+  ///  - the stats step first checks that every rank measured every layer
+  ///    (StatsOptions::all_gather), then sums its float64 buffer over the
+  ///    ranks (StatsOptions::all_reduce_sum), so every rank holds
+  ///    bit-identical statistics (and saves them in its smoothed state);
+  ///  - at every decision (warmup, plan, final) rank 0 alone runs the planner
+  ///    (the ILP under policy snip) and broadcasts the assignment as JSON
+  ///    bytes with their CRC-32; every rank checks the CRC of what it
+  ///    received before applying it. A planner error on rank 0 (an
+  ///    infeasible re-plan) reaches every rank the same way, so every rank
+  ///    stops with the same UserError "precision plan at step s: ...".
+  /// Every rank must call begin_step at the same steps (the schedule is the
+  /// same on every rank). `comm` must outlive the controller.
+  void set_comm(dist::Communicator* comm) { comm_ = comm; }
 
   /// Call at the boundary before step `s` runs, after the LR is set and before
   /// its first forward. `loss_fn` evaluates the step's first micro-batch
@@ -168,7 +181,11 @@ class PrecisionController {
   void restore(const nlohmann::json& st, const std::string& what);
 
  private:
-  std::function<void(torch::Tensor&)> all_reduce_;
+  dist::Communicator* comm_ = nullptr;
+  /// Several ranks: rank 0's `assign` (or its planner error `error`, "" =
+  /// none) on every rank, checked by CRC-32 (set_comm). One rank: `assign`.
+  std::map<std::string, std::string> agree(int64_t s, const std::map<std::string, std::string>& assign,
+                                           const std::string& error);
   void apply(const std::map<std::string, std::string>& assign);
   /// Plan item names: layer names, or "<layer>:fprop|dgrad|wgrad" per GEMM.
   std::vector<std::string> item_names() const;

@@ -186,6 +186,14 @@ struct StatsOptions {
   /// Optional: sums the float64 tensor in place across data-parallel ranks
   /// (called exactly once per run_stats_step(); see the header comment).
   std::function<void(torch::Tensor&)> all_reduce_sum;
+  /// Optional, with all_reduce_sum: gathers a small int64 tensor from every
+  /// rank, returning [R] tensors in rank order (dist::Communicator::allgather).
+  /// Called once, after the clean pass: each rank sends [L + 1] flags (1 per
+  /// layer it measured, then 1 if its hooks raised an error), so that a rank
+  /// that missed a layer stops every rank with UserError "stats step at step
+  /// s: rank k did not measure layer 'name' (index i) ..." instead of leaving
+  /// the others waiting in the reduction.
+  std::function<std::vector<torch::Tensor>(const torch::Tensor&)> all_gather;
 };
 
 /// One layer at one option.
