@@ -8,8 +8,11 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "snip/dist/world.h"
 #include "snip/util/error.h"
@@ -38,11 +41,79 @@ bool is_loopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
 
+// Which ranks are gone when a collective fails. Every rank adds 1 to its
+// counter "beat/<rank>" in the rendezvous store every kBeat (a thread with a
+// store client of its own); after a failure, the counters are read twice,
+// kSilent apart: a rank whose counter did not move has stopped (killed,
+// crashed) or is frozen (SIGSTOP, a hung machine). A store that cannot be
+// read means rank 0, which hosts it, is gone (or the agent's, under torchrun).
+class Heartbeat {
+ public:
+  static constexpr milliseconds kBeat{250}, kSilent{1500};
+
+  Heartbeat(const std::string& host, int port, const std::string& prefix, int rank, int size)
+      : rank_(rank), size_(size) {
+    c10d::TCPStoreOptions so;
+    so.port = uint16_t(port);
+    so.isServer = false;
+    so.waitWorkers = false;
+    so.timeout = milliseconds(3000);
+    store_ = c10::make_intrusive<c10d::PrefixStore>(prefix, c10::make_intrusive<c10d::TCPStore>(host, so));
+    store_->add(key(rank_), 1);
+    thread_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!cv_.wait_for(lock, kBeat, [this] { return stop_; })) {
+        try {
+          store_->add(key(rank_), 1);
+        } catch (const std::exception&) {  // the store is gone: a failing collective will say so
+        }
+      }
+    });
+  }
+  ~Heartbeat() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  // "rank 1 stopped or hangs (...)" / "rank 0, which hosts the rendezvous
+  // store, stopped (...)" / "" when every rank is alive. Takes kSilent.
+  std::string silent_ranks() {
+    std::vector<int64_t> before(size_t(size_), 0);
+    try {
+      for (int r = 0; r < size_; ++r) before[size_t(r)] = store_->add(key(r), 0);
+      std::this_thread::sleep_for(kSilent);
+      std::string out;
+      for (int r = 0; r < size_; ++r)
+        if (r != rank_ && store_->add(key(r), 0) == before[size_t(r)])
+          out += str_cat(out.empty() ? "rank " : ", rank ", r);
+      return out.empty() ? out : out + " stopped or hangs (no heartbeat for " + std::to_string(kSilent.count()) +
+                                     " ms; its own error, if any, is in its output)";
+    } catch (const std::exception&) {
+      return "the rendezvous store is gone: rank 0, which hosts it, stopped (its own error, if any, is in its "
+             "output)";
+    }
+  }
+
+ private:
+  static std::string key(int r) { return "beat/" + std::to_string(r); }
+  c10::intrusive_ptr<c10d::Store> store_;
+  int rank_, size_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::ProcessGroupGloo> pg,
-                   int rank, int size, double timeout_s)
-      : store_(std::move(store)), pg_(std::move(pg)), rank_(rank), size_(size), timeout_s_(timeout_s) {}
+                   int rank, int size, double timeout_s, std::unique_ptr<Heartbeat> hb)
+      : store_(std::move(store)), pg_(std::move(pg)), rank_(rank), size_(size), timeout_s_(timeout_s),
+        hb_(std::move(hb)) {}
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -105,6 +176,9 @@ class GlooCommunicator final : public Communicator {
     } catch (const UserError&) {
       throw;
     } catch (const std::exception& e) {
+      const std::string who = hb_ ? hb_->silent_ranks() : "";
+      if (!who.empty())
+        fail("dist: ", what, " failed on rank ", rank_, " of ", size_, ": ", who, " [", first_line(e), "]");
       fail("dist: ", what, " failed on rank ", rank_, " of ", size_, " (a rank stopped, or did not answer within "
            "dist.timeout_s = ", timeout_s_, " s): ", first_line(e));
     }
@@ -114,6 +188,7 @@ class GlooCommunicator final : public Communicator {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
   int rank_, size_;
   double timeout_s_;
+  std::unique_ptr<Heartbeat> hb_;
 };
 
 }  // namespace
@@ -194,7 +269,8 @@ std::unique_ptr<Communicator> connect(const World& w, const DistOptions& opt) {
     po->threads = 2;
     auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(
         c10::make_intrusive<c10d::PrefixStore>("gloo", store), w.rank, w.size, po);
-    return std::make_unique<GlooCommunicator>(tcp, pg, w.rank, w.size, opt.timeout_s);
+    auto hb = std::make_unique<Heartbeat>(w.master_addr, w.master_port, prefix, w.rank, w.size);
+    return std::make_unique<GlooCommunicator>(tcp, pg, w.rank, w.size, opt.timeout_s, std::move(hb));
   } catch (const UserError&) {
     throw;
   } catch (const std::exception& e) {

@@ -18,6 +18,8 @@ the micro model:
              with one line naming the tensor and rank 1
   stop       SIGTERM to rank 1 alone: both ranks stop after the same step, one
              checkpoint, both end by the signal
+  killed     rank 1 SIGKILLed, then (another run) frozen by SIGSTOP: rank 0
+             stops with one line naming rank 1 (heartbeats), in bounded time
   errors     a port in use, an unreachable master, a world-size mismatch,
              dist.backend = nccl without NCCL: one `snip: error:` line, exit 2
   torchrun   torchrun --nproc_per_node=2 --tee 1 --redirects 2 --no_python:
@@ -57,7 +59,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from clitest import Checks, micro_toml  # noqa: E402
 
 snip, data = sys.argv[1], sys.argv[2]
-cases = sys.argv[3:] or ["exact", "snip", "checksum", "stop", "errors", "torchrun", "gradcomm", "four"]
+cases = sys.argv[3:] or ["exact", "snip", "checksum", "stop", "errors", "torchrun", "gradcomm", "four", "killed"]
 tmp = tempfile.mkdtemp(prefix="snip-dist-")
 T = Checks(snip)
 check = T.check
@@ -264,6 +266,34 @@ try:
         n = len(metrics(run))
         check(ck == [f"step-{n}"], "stop: one checkpoint, at the last recorded step", f"{ck}, {n} steps")
         check("snip: stopped by SIGTERM at step" in res[0][2], "stop: rank 0 says where it stopped", res[0][2][-300:])
+
+    if "killed" in cases:
+        # A rank killed (SIGKILL: no goodbye) or frozen (SIGSTOP) mid-run: the
+        # other stops with one line naming it (its heartbeat in the store
+        # stopped), within dist.timeout_s plus the 1.5 s heartbeat check.
+        for how, sig, timeout_s in (("killed", signal.SIGKILL, 30), ("frozen", signal.SIGSTOP, 6)):
+            run = os.path.join(tmp, how)
+            port = free_port()
+            long = train + ["--run-dir", run, "--set", "train.max_steps=100000", "--set",
+                            "train.eval_interval=100000", "--set", "train.checkpoint_interval=0", "--set",
+                            "train.checkpoint_minutes=0", "--set", f"dist.timeout_s={timeout_s}"]
+            ps = [start([snip] + long, rank_env(r, 2, port)) for r in range(2)]
+            t0 = time.time()
+            while time.time() - t0 < 60 and not (os.path.exists(os.path.join(run, "metrics.jsonl"))
+                                                 and len(metrics(run)) >= 3):
+                time.sleep(0.05)
+            os.killpg(ps[1].pid, sig)
+            t1 = time.time()
+            res = finish(ps[0], timeout_s + 30)
+            waited = time.time() - t1
+            kill(ps[1])
+            one_error(f"{how}: rank 0 stops naming rank 1", res, "rank 1 stopped or hangs")
+            limit = 15 if sig == signal.SIGKILL else timeout_s + 10
+            check(waited < limit, f"{how}: rank 0 stopped within {limit} s", f"{waited:.1f} s")
+            print(f"{how}: rank 0 stopped {waited:.1f} s after rank 1 was {how}: {res[2].strip().splitlines()[-1]}")
+            ckdir = os.path.join(run, "checkpoints")
+            check(not os.path.isdir(ckdir) or not any(n.endswith(".tmp") for n in os.listdir(ckdir)),
+                  f"{how}: no half-written checkpoint")
 
     if "errors" in cases:
         base = train + ["--set", "dist.timeout_s=4"]
