@@ -387,7 +387,9 @@ void PrecisionController::decide(int64_t s, Phase phase,
     so.first_order = pc_.first_order;
     so.curvature_probes = int(pc_.curvature_probes);
     so.all_reduce_sum = all_reduce_;
-    fresh = run_stats_step(layers_, loss_fn, opt, so, s);
+    std::unique_ptr<torch::optim::AdamW> gathered;  // ZeRO: every layer's state from its owner
+    if (stats_optimizer_) gathered = stats_optimizer_();
+    fresh = run_stats_step(layers_, loss_fn, gathered ? *gathered : opt, so, s);
     smooth(smoothed_, fresh, pc_.smoothing);
     smoothed_.step = s;
     have_stats = true;

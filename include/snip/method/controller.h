@@ -142,6 +142,13 @@ class PrecisionController {
   /// (StatsOptions::all_reduce_sum), so every rank derives bit-identical
   /// statistics and, solving the same problem, the same plan. Empty = one rank.
   void set_all_reduce(std::function<void(torch::Tensor&)> f) { all_reduce_ = std::move(f); }
+  /// ZeRO (dist/zero.h): the stats step reads every layer's AdamW m and v,
+  /// which only their owner holds; when set, a stats step calls `f`
+  /// (collective on every rank) for an AdamW holding every parameter's state
+  /// and the current lr, and reads that instead of begin_step's `opt`.
+  void set_stats_optimizer(std::function<std::unique_ptr<torch::optim::AdamW>()> f) {
+    stats_optimizer_ = std::move(f);
+  }
 
   /// Call at the boundary before step `s` runs, after the LR is set and before
   /// its first forward. `loss_fn` evaluates the step's first micro-batch
@@ -169,6 +176,7 @@ class PrecisionController {
 
  private:
   std::function<void(torch::Tensor&)> all_reduce_;
+  std::function<std::unique_ptr<torch::optim::AdamW>()> stats_optimizer_;
   void apply(const std::map<std::string, std::string>& assign);
   /// Plan item names: layer names, or "<layer>:fprop|dgrad|wgrad" per GEMM.
   std::vector<std::string> item_names() const;
