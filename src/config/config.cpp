@@ -76,6 +76,9 @@ std::vector<OptionSpec> make_table() {
       opt("train.beta2", T::kFloat, 0.95, "", "AdamW beta2"),
       opt("train.eps", T::kFloat, 1e-8, "", "AdamW epsilon"),
       opt("train.grad_clip", T::kFloat, 1.0, "", "max global gradient L2 norm; 0 = off"),
+      opt("train.zero_stage", T::kInt, int64_t{0}, "",
+          "several ranks: 0 = plain data parallel, 1 = AdamW state sharded over the ranks (ZeRO-1), "
+          "2 = also the reduced gradients (ZeRO-2); docs/distributed.md"),
       opt("train.gemm_dtype", T::kString, std::string("bf16"), "",
           "dtype the linear-layer GEMMs run in: bf16 (FP32 accumulate) or fp32"),
       opt("train.gemm_backend", T::kString, std::string("auto"), "",
@@ -194,6 +197,7 @@ std::vector<OptionSpec> make_table() {
       {"train.beta2", {0, 1, false, true}},
       {"train.eps", adamw},
       {"train.grad_clip", {0, 1e30}},
+      {"train.zero_stage", {0, 2}},
       {"train.eval_interval", positive},
       {"train.eval_batches", non_negative},
       {"train.checkpoint_interval", non_negative},
@@ -802,6 +806,7 @@ RunConfig RunConfig::from(const Config& c) {
   t.beta2 = c.get_float("train.beta2");
   t.eps = c.get_float("train.eps");
   t.grad_clip = c.get_float("train.grad_clip");
+  t.zero_stage = c.get_int("train.zero_stage");
   t.gemm_bf16 = c.get_string("train.gemm_dtype") == "bf16";
   t.gemm_backend = c.get_string("train.gemm_backend");
   t.eval_interval = c.get_int("train.eval_interval");

@@ -154,6 +154,15 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  void reduce_sum(torch::Tensor& t, int root) override {
+    guard("reduce", [&] {
+      std::vector<at::Tensor> one{t};
+      c10d::ReduceOptions o;  // ReduceOp::SUM
+      o.rootRank = root;
+      pg_->reduce(one, o)->wait();
+    });
+  }
+
   void barrier() override {
     guard("barrier", [&] { pg_->barrier()->wait(); });
   }

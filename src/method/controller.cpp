@@ -397,7 +397,9 @@ void PrecisionController::decide(int64_t s, Phase phase,
       };
       so.all_gather = [c = comm_](const torch::Tensor& t) { return c->allgather(t); };
     }
-    fresh = run_stats_step(layers_, loss_fn, opt, so, s);
+    std::unique_ptr<torch::optim::AdamW> gathered;  // ZeRO: every layer's state from its owner
+    if (stats_optimizer_) gathered = stats_optimizer_();
+    fresh = run_stats_step(layers_, loss_fn, gathered ? *gathered : opt, so, s);
     smooth(smoothed_, fresh, pc_.smoothing);
     smoothed_.step = s;
     have_stats = true;

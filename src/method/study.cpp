@@ -92,10 +92,8 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
   set_bf16_gemm_backend(parse_bf16_gemm_backend(tc.gemm_backend));
   model->set_precision(LinearPrecision{nullptr, gemm});
   model->set_non_linear_gemm_dtype(gemm);
-  const std::string opt_path = (fs::path(ckpt) / "optimizer.pt").string();
-  const std::string opt_bytes = io::read_file(opt_path);
   auto opt = make_optimizer(model, tc);
-  load_optimizer_state(*opt, opt_bytes, opt_path, step0);
+  load_checkpoint_optimizer(ckpt, st, *opt, model, tc, step0);  // optimizer.pt or ZeRO shards
   std::vector<torch::Tensor> weights0;
   {
     torch::NoGradGuard ng;
@@ -106,7 +104,7 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
     auto params = model->parameters();
     for (size_t i = 0; i < params.size(); ++i) params[i].copy_(weights0[i]);
     opt = make_optimizer(model, tc);
-    load_optimizer_state(*opt, opt_bytes, opt_path, step0);
+    load_checkpoint_optimizer(ckpt, st, *opt, model, tc, step0);
     loader.restore(loader0);
     model->set_precision(LinearPrecision{nullptr, gemm});
   };

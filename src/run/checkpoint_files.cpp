@@ -25,9 +25,6 @@ using json = nlohmann::json;
 
 namespace {
 
-// The files trainer_state.json's "crc32" covers; manifest.json covers these
-// and trainer_state.json.
-const char* kFiles[] = {"model.safetensors", "optimizer.pt", "config.json"};
 const char* kManifest = "manifest.json";
 
 }  // namespace
@@ -72,9 +69,29 @@ LlamaConfig checkpoint_model_config(const std::string& dir) {
   return LlamaConfig::from_hf_json(io::parse_json(io::read_file(cp), cp), cp);
 }
 
-void write_checkpoint_manifest(const std::string& dir) {
+std::vector<std::string> checkpoint_optimizer_files(const std::string& dir) {
+  const fs::path ip = fs::path(dir) / "optimizer_index.json";
+  if (!fs::exists(ip)) return {"optimizer.pt"};
+  const json idx = io::parse_json(io::read_file(ip.string()), "checkpoint " + ip.string());
+  const json files = idx.is_object() && idx.contains("files") ? idx["files"] : json();
+  if (!files.is_array() || files.empty() || files.size() > 1000000)
+    fail("checkpoint ", ip.string(), ": files: expected a list of optimizer-rank<r>.safetensors (corrupt)");
+  std::vector<std::string> out{"optimizer_index.json"};
+  for (size_t r = 0; r < files.size(); ++r) {
+    const std::string want = "optimizer-rank" + std::to_string(r) + ".safetensors";
+    if (files[r] != want)
+      fail("checkpoint ", ip.string(), ": files[", r, "]: expected \"", want, "\" (corrupt)");
+    out.push_back(want);
+  }
+  return out;
+}
+
+void write_checkpoint_manifest(const std::string& dir, const std::vector<std::string>& optimizer_files) {
   json manifest = {{"format", "snip-checkpoint"}, {"version", 1}, {"files", json::object()}};
-  for (const char* f : {"model.safetensors", "optimizer.pt", "config.json", "trainer_state.json"}) {
+  std::vector<std::string> files{"model.safetensors", "config.json", "trainer_state.json"};
+  const std::vector<std::string> opt = optimizer_files.empty() ? checkpoint_optimizer_files(dir) : optimizer_files;
+  files.insert(files.begin() + 1, opt.begin(), opt.end());
+  for (const std::string& f : files) {
     const std::string bytes = io::read_file((fs::path(dir) / f).string());
     manifest["files"][f] = {{"bytes", bytes.size()}, {"crc32", crc32_of(bytes)}};
   }
@@ -94,11 +111,14 @@ json verify_checkpoint(const std::string& dir) {
     if (man.value("format", json()) != "snip-checkpoint" || man.value("version", json()) != 1)
       fail("checkpoint ", mp, ": expected \"format\": \"snip-checkpoint\", \"version\": 1 (written by another "
            "snip version, or corrupt)");
+    std::vector<std::string> files{"model.safetensors", "config.json", "trainer_state.json"};
+    for (const std::string& f : checkpoint_optimizer_files(dir)) files.push_back(f);
+    const std::set<std::string> known(files.begin(), files.end());
     for (auto& [name, e] : man["files"].items())
-      if (name != "model.safetensors" && name != "optimizer.pt" && name != "config.json" &&
-          name != "trainer_state.json")
+      if (!known.count(name))
         fail("checkpoint ", mp, ": files: unexpected entry \"", name.substr(0, 64), "\" (corrupt manifest)");
-    for (const char* f : {"model.safetensors", "optimizer.pt", "config.json", "trainer_state.json"}) {
+    for (const std::string& fname : files) {
+      const char* f = fname.c_str();
       const std::string p = (fs::path(dir) / f).string();
       if (!fs::is_regular_file(p)) fail("checkpoint ", dir, ": missing file ", f);
       const json& e = man["files"].contains(f) ? man["files"][f] : json();
@@ -165,7 +185,10 @@ json verify_checkpoint(const std::string& dir) {
   }
   if (st.contains("precision") && !st["precision"].is_object())
     fail("checkpoint ", sp, ": precision: expected an object");
-  for (const char* f : kFiles) {
+  std::vector<std::string> covered{"model.safetensors", "config.json"};
+  for (const std::string& f : checkpoint_optimizer_files(dir)) covered.push_back(f);
+  for (const std::string& fname : covered) {
+    const char* f = fname.c_str();
     const std::string p = (fs::path(dir) / f).string();
     if (!fs::is_regular_file(p)) fail("checkpoint ", dir, ": missing file ", f);
     if (!st["crc32"].contains(f) || !st["crc32"][f].is_number_unsigned() ||
@@ -182,7 +205,16 @@ data::LoaderState checkpoint_loader_state(const json& state, int64_t batch, int6
   const uint64_t step = state.at("step").get<uint64_t>();
   using u128 = unsigned __int128;
   const u128 at = u128(epoch) * windows_per_epoch + cursor;
-  const u128 want = u128(step) * uint64_t(batch) * uint64_t(grad_accum);
+  uint64_t base_step = 0, base_windows = 0;
+  if (state.contains("loader_base")) {
+    const json& b = state["loader_base"];
+    if (!b.is_object() || !b.contains("step") || !b["step"].is_number_unsigned() || !b.contains("windows") ||
+        !b["windows"].is_number_unsigned() || b["step"].get<uint64_t>() > step)
+      fail("checkpoint ", what, ": loader_base: expected {\"step\": <= step, \"windows\": >= 0} (corrupt)");
+    base_step = b["step"].get<uint64_t>();
+    base_windows = b["windows"].get<uint64_t>();
+  }
+  const u128 want = u128(base_windows) + u128(step - base_step) * uint64_t(batch) * uint64_t(grad_accum);
   if (cursor >= windows_per_epoch || at != want)
     fail("checkpoint ", what, ": loader position (epoch ", epoch, ", cursor ", cursor, ") is not where step ", step,
          " leaves it (", uint64_t(want / windows_per_epoch), ", ", uint64_t(want % windows_per_epoch), ") with ",

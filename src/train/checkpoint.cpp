@@ -6,11 +6,15 @@
 #include <utility>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
+#include "snip/dist/zero.h"
 #include "snip/hw/platform.h"
 #include "snip/io/atomic_file.h"
 #include "snip/io/safetensors.h"
 #include "snip/model/hf.h"
 #include "snip/train/memory.h"
+#include "snip/train/optimizer.h"
 #include "snip/util/error.h"
 
 namespace snip {
@@ -20,16 +24,64 @@ using json = nlohmann::json;
 
 std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCausalLM& model,
                             torch::optim::Optimizer& opt, const json& state, int64_t keep,
-                            const std::map<std::string, std::string>& extra_files) {
+                            const std::map<std::string, std::string>& extra_files, const OptimizerShards* shards) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
-  fs::create_directories(root);
   const fs::path final_dir = root / ("step-" + std::to_string(step));
   const fs::path tmp = root / ("step-" + std::to_string(step) + ".tmp");
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
+  dist::Communicator* comm = shards ? shards->comm : nullptr;
+  const int me = comm ? comm->rank() : 0;
+  auto remove_tmp = [&] {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+  };
+  // ZeRO: every rank writes its optimizer shard into step-N.tmp, which rank 0
+  // made first; then the ranks agree that every shard is there (all-gather of
+  // one flag each) before rank 0 writes the rest and renames. A rank that
+  // fails or stops before that leaves a .tmp folder, never a step-N.
+  auto agree = [&](bool ok, const char* what) {
+    const auto flags = comm->allgather(torch::tensor({int64_t(ok)}, torch::kLong));
+    for (size_t r = 0; r < flags.size(); ++r)
+      if (flags[r].item<int64_t>() == 0) {
+        if (me == 0) remove_tmp();
+        fail("checkpoint ", final_dir.string(), ": rank ", r, " could not ", what);
+      }
+  };
+  if (me == 0) {
+    try {
+      fs::create_directories(root);
+      fs::remove_all(tmp);
+      fs::create_directories(tmp);
+    } catch (const std::exception& e) {
+      if (!comm) throw;
+      spdlog::error("checkpoint {}: {}", tmp.string(), e.what());
+      agree(false, "create the temporary folder");
+    }
+  }
+  if (comm) {
+    agree(true, "create the temporary folder");
+    std::string err;
+    try {
+      io::write_file_atomic((tmp / dist::optimizer_shard_name(me)).string(), shards->shard_bytes);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    if (!err.empty()) spdlog::error("rank {}: {}", me, err);
+    try {
+      agree(err.empty(), "write its optimizer shard");
+    } catch (const UserError& e) {
+      if (!err.empty()) fail(err);  // this rank's own cause, not the summary
+      throw;
+    }
+    if (me != 0) return final_dir.string();
+  }
+  std::vector<std::string> opt_files;
   try {
     io::write_safetensors((tmp / "model.safetensors").string(), model_to_safetensors(model));
-    {
+    if (shards) {
+      io::write_file_atomic((tmp / "optimizer_index.json").string(), shards->index_json);
+      opt_files.push_back("optimizer_index.json");
+      for (int r = 0; r < comm->size(); ++r) opt_files.push_back(dist::optimizer_shard_name(r));
+    } else {
       // Serialised in memory, then written like every other file, so that a
       // full disk is a UserError (LibTorch's own file writer aborts the
       // process when a write fails inside its destructor).
@@ -38,21 +90,22 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCa
       std::ostringstream bytes;
       a.save_to(bytes);
       io::write_file_atomic((tmp / "optimizer.pt").string(), bytes.str());
+      opt_files.push_back("optimizer.pt");
     }
     io::write_file_atomic((tmp / "config.json").string(), model->cfg.to_hf_json().dump(2) + "\n");
     for (const auto& [name, bytes] : extra_files) io::write_file_atomic((tmp / name).string(), bytes);
     json st = state;
-    for (const char* f : {"model.safetensors", "optimizer.pt", "config.json"})
-      st["crc32"][f] = file_crc32((tmp / f).string());
+    std::vector<std::string> covered{"model.safetensors", "config.json"};
+    covered.insert(covered.end(), opt_files.begin(), opt_files.end());
+    for (const std::string& f : covered) st["crc32"][f] = file_crc32((tmp / f).string());
     for (const auto& [name, bytes] : extra_files) st["crc32"][name] = file_crc32((tmp / name).string());
     io::write_file_atomic((tmp / "trainer_state.json").string(), st.dump(2) + "\n");
-    write_checkpoint_manifest(tmp.string());
+    write_checkpoint_manifest(tmp.string(), opt_files);
     io::fsync_dir(tmp.string());
     fs::remove_all(final_dir);
     io::rename_atomic(tmp.string(), final_dir.string());
   } catch (...) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
+    remove_tmp();
     throw;
   }
   io::write_file_atomic((root / "last_good.json").string(), json{{"step", step}}.dump() + "\n");
@@ -63,10 +116,6 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCa
   }
   return final_dir.string();
 }
-
-
-
-
 
 void load_checkpoint_weights(const std::string& dir, LlamaForCausalLM& model) {
   const std::string cp = (fs::path(dir) / "config.json").string();
@@ -127,6 +176,29 @@ void load_optimizer_state(torch::optim::Optimizer& opt, const std::string& bytes
       if ((s->exp_avg_sq() < 0).any().item<bool>()) fail(where, "exp_avg_sq holds negative values (corrupt)");
     }
   }
+}
+
+void load_checkpoint_optimizer(const std::string& dir, const json& state, torch::optim::AdamW& opt,
+                               LlamaForCausalLM& model, const TrainConfig& tc, int64_t step,
+                               const dist::ZeroPartition* part) {
+  const std::vector<std::string> files = checkpoint_optimizer_files(dir);
+  if (files.front() == "optimizer.pt") {
+    const std::string op = (fs::path(dir) / "optimizer.pt").string();
+    if (!part) return load_optimizer_state(opt, io::read_file(op), op, step);
+    // Re-shard: the whole archive into a full AdamW, then this rank's share by parameter.
+    auto full = make_optimizer(model, tc);
+    load_optimizer_state(*full, io::read_file(op), op, step);
+    dist::copy_adam_state(*full, opt, *part);
+    return;
+  }
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> params;
+  for (const auto& np : model->named_parameters()) {
+    names.push_back(np.key());
+    params.push_back(np.value());
+  }
+  const dist::ZeroPartition all = part ? *part : dist::zero_partition(names, params, 1);
+  dist::load_optimizer_shards(dir, state.value("crc32", json::object()), opt, all, step);
 }
 
 LlamaForCausalLM load_checkpoint_model(const std::string& dir) {

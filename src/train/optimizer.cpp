@@ -15,8 +15,12 @@ double lr_at(int64_t step, int64_t total, int64_t warmup, double lr, double min_
 }
 
 std::unique_ptr<torch::optim::AdamW> make_optimizer(LlamaForCausalLM& model, const TrainConfig& t) {
+  return make_optimizer(model->parameters(), t);
+}
+
+std::unique_ptr<torch::optim::AdamW> make_optimizer(const std::vector<torch::Tensor>& params, const TrainConfig& t) {
   std::vector<torch::Tensor> decay, no_decay;
-  for (auto& p : model->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  for (auto& p : params) (p.dim() >= 2 ? decay : no_decay).push_back(p);
   auto opts = [&](double wd) {
     auto o = std::make_unique<torch::optim::AdamWOptions>(t.lr);
     o->betas({t.beta1, t.beta2});

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "snip/dist/data_parallel.h"
+#include "snip/dist/zero.h"
 #include "snip/train/optimizer.h"
 #include "snip/util/error.h"
 
@@ -17,7 +18,12 @@ torch::Tensor to_ids(const std::vector<int32_t>& ids, int64_t B, int64_t T) {
 StepResult train_step(StepContext& c, int64_t step, double lr) {
   set_lr(c.optimizer, lr);
   c.model->set_step(c.seed, step);
-  c.optimizer.zero_grad();
+  if (c.zero) {  // the optimizer holds this rank's parameters only: zero every gradient as zero_grad() does
+    for (auto& p : c.model->parameters())
+      if (p.grad().defined()) p.mutable_grad().detach_().zero_();
+  } else {
+    c.optimizer.zero_grad();
+  }
   StepResult r;
   double loss_sum = 0;
   const int R = c.comm ? c.comm->size() : 1, me = c.comm ? c.comm->rank() : 0;
@@ -36,7 +42,8 @@ StepResult train_step(StepContext& c, int64_t step, double lr) {
   }
   std::vector<torch::Tensor> params = c.model->parameters();
   if (c.comm) {
-    if (c.grad_comm) r.grad_comm_bytes = dist::allreduce_gradients_quantized(*c.comm, params, *c.grad_comm, c.seed, step);
+    if (c.zero && c.zero_stage == 2) dist::reduce_gradients_to_owners(*c.comm, *c.zero);
+    else if (c.grad_comm) r.grad_comm_bytes = dist::allreduce_gradients_quantized(*c.comm, params, *c.grad_comm, c.seed, step);
     else dist::allreduce_gradients(*c.comm, params);
     std::vector<torch::Tensor> l{torch::full({1}, loss_sum, torch::kDouble)};
     c.comm->allreduce_sum(l);
@@ -45,9 +52,11 @@ StepResult train_step(StepContext& c, int64_t step, double lr) {
   r.loss = loss_sum / double(c.grad_accum * R);
   if (!std::isfinite(r.loss))
     fail("training diverged: loss is ", r.loss, " at step ", step + 1, " (lower train.lr or raise precision)");
-  r.grad_norm = torch::nn::utils::clip_grad_norm_(
-      params, c.grad_clip > 0 ? c.grad_clip : std::numeric_limits<double>::infinity());
+  const double clip = c.grad_clip > 0 ? c.grad_clip : std::numeric_limits<double>::infinity();
+  r.grad_norm = c.zero ? dist::zero_clip_grad_norm(c.comm, *c.zero, clip)
+                       : torch::nn::utils::clip_grad_norm_(params, clip);
   c.optimizer.step();
+  if (c.zero && c.comm) dist::broadcast_from_owners(*c.comm, *c.zero);  // every rank gets the owners' update
   return r;
 }
 

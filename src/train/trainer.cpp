@@ -23,6 +23,7 @@
 #include "snip/data/token_client.h"
 #include "snip/dist/data_parallel.h"
 #include "snip/dist/world.h"
+#include "snip/dist/zero.h"
 #include "snip/hw/platform.h"
 #include "snip/io/atomic_file.h"
 #include "snip/io/dir_lock.h"
@@ -356,6 +357,13 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     spdlog::warn("dist.grad_comm = {} has no effect in one process (no gradient is communicated)", dopt.grad_comm);
   // Residuals of error feedback travel in checkpoints (grad_residuals.safetensors).
   const bool keeps_residuals = R > 1 && !gcomm.compressor.is_fp32() && gcomm.compressor.error_feedback();
+  // train.zero_stage (dist/zero.h): with several ranks only.
+  const int zero_stage = R > 1 ? int(tc.zero_stage) : 0;
+  if (R == 1 && tc.zero_stage > 0 && !quiet)
+    spdlog::warn("train.zero_stage = {} has no effect in one process (nothing to shard)", tc.zero_stage);
+  if (zero_stage == 2 && !gcomm.compressor.is_fp32())
+    fail("dist.grad_comm = ", dopt.grad_comm, " with train.zero_stage = 2 is not built (stage 2 reduces each "
+         "gradient to its owner in FP32); use train.zero_stage = 1 or dist.grad_comm = fp32");
   const fs::path data_dir(rc.data.dir);
   const std::string train_bin = (data_dir / "train.bin").string(), val_bin = (data_dir / "val.bin").string();
   for (const auto& p : {train_bin, val_bin})
@@ -413,12 +421,22 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   model->set_precision(LinearPrecision{nullptr, gemm});
   model->set_non_linear_gemm_dtype(gemm);
   auto optimizer = make_optimizer(model, tc);
+  // ZeRO: this rank's AdamW holds the parameters it owns, nothing else.
+  std::optional<dist::ZeroPartition> zpart;
+  if (zero_stage > 0) {
+    std::vector<std::string> names;
+    std::vector<torch::Tensor> ps;
+    for (const auto& np : model->named_parameters()) names.push_back(np.key()), ps.push_back(np.value());
+    zpart = dist::zero_partition(names, ps, R);
+    optimizer = make_optimizer(zpart->owned(world.rank), tc);
+  }
   // The adaptive precision controller (inactive for policy none). Validates
   // the [precision] options against the layer list, pins and budget included.
   PrecisionController ctl(rc, model->linear_layers(), gemm);
 
   int64_t step = 0;
   json resume_state;
+  json loader_base;  // where the run last changed its number of ranks (checkpoint_loader_state); null = never
   if (!resume_ckpt.empty()) {
     resume_state = verify_checkpoint(resume_ckpt);
     try {
@@ -426,7 +444,6 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     } catch (const UserError& e) {
       fail("--resume: ", e.what());
     }
-    const std::string op = (fs::path(resume_ckpt) / "optimizer.pt").string();
     step = resume_state.at("step").get<int64_t>();
     if (resume_state.at("seed").get<uint64_t>() != seed)
       fail("--resume: ", resume_ckpt, "/trainer_state.json has seed ", resume_state.at("seed").get<uint64_t>(),
@@ -448,7 +465,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       spdlog::warn("--allow-other-tokenizer: continuing on data tokenized by another tokenizer than {} was "
                    "trained on", resume_ckpt);
     }
-    load_optimizer_state(*optimizer, io::read_file(op), op, step);
+    load_checkpoint_optimizer(resume_ckpt, resume_state, *optimizer, model, tc, step, zpart ? &*zpart : nullptr);
     // A run killed between its last checkpoint and its summary is finished, not refused.
     if (step > max_steps || (step == max_steps && fs::exists(run / "summary.json")))
       fail("--resume: the checkpoint is at step ", step, " and train.max_steps is ", max_steps,
@@ -456,12 +473,23 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     if (ctl.active() && resume_state.contains("precision"))
       ctl.restore(resume_state["precision"], (fs::path(resume_ckpt) / "trainer_state.json").string());
     const int64_t saved_world = resume_state.value("world_size", int64_t{1});
-    if (saved_world != R)
-      fail("--resume: ", resume_ckpt, " was written by a run of ", saved_world, " rank", saved_world == 1 ? "" : "s",
-           ", this one has ", R, ": resuming on another number of ranks is not built yet (docs/distributed.md)");
-    // Every rank's loader walks the whole step (step.h): R x grad_accum micro-batches.
-    loader.restore(checkpoint_loader_state(resume_state, B, accum * R, loader.windows_per_epoch(),
-                                           (fs::path(resume_ckpt) / "trainer_state.json").string()));
+    // Every rank's loader walks the whole step (step.h): R x grad_accum
+    // micro-batches, R of the run that wrote the checkpoint.
+    const data::LoaderState ls = checkpoint_loader_state(resume_state, B, accum * saved_world,
+                                                         loader.windows_per_epoch(),
+                                                         (fs::path(resume_ckpt) / "trainer_state.json").string());
+    loader.restore(ls);
+    if (resume_state.contains("loader_base")) loader_base = resume_state["loader_base"];
+    if (saved_world != R) {
+      // Another number of ranks (docs/distributed.md "Resuming on another
+      // number of ranks"): the weights and the AdamW state by parameter name
+      // are the saved ones; from here a step reads R x grad_accum windows.
+      loader_base = {{"step", step}, {"windows", ls.epoch * loader.windows_per_epoch() + ls.cursor}};
+      if (!quiet)
+        spdlog::warn("--resume: {} was written by {} rank{}, this run has {}: the optimizer state is re-sharded by "
+                     "parameter name; a step now reads {} tokens instead of {}", resume_ckpt, saved_world,
+                     saved_world == 1 ? "" : "s", R, B * T * accum * R, B * T * accum * saved_world);
+    }
   }
   // Every rank starts from the same weights (same seed, same file), or stops here.
   std::vector<std::string> param_names;
@@ -474,6 +502,15 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   if (keeps_residuals && !resume_ckpt.empty())
     gcomm.residuals = load_grad_residuals(resume_ckpt, resume_state, params, world.rank, R, dopt.grad_comm);
   if (comm && ctl.active()) ctl.set_comm(comm.get());  // stats summed, plans solved by rank 0 and broadcast
+  if (zpart && ctl.active())  // the stats step reads every layer's m and v: each owner broadcasts them
+    ctl.set_stats_optimizer([&] {
+      const double lr = optimizer->param_groups()[0].options().get_lr();
+      return dist::gather_adam_state(*comm, *zpart, *optimizer, [&] {
+        auto full = make_optimizer(model, tc);
+        set_lr(*full, lr);
+        return full;
+      });
+    });
 
   // ---- the run directory: only now is anything written (by rank 0 alone;
   // every rank has checked what it reads before rank 0 writes)
@@ -554,7 +591,8 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   };
 
   StepContext sc{model, *optimizer, loader, B, T, accum, tc.grad_clip, seed, &ctl, comm.get(),
-                 comm ? &gcomm : nullptr};
+                 comm ? &gcomm : nullptr, zpart ? &*zpart : nullptr, zero_stage};
+  json memory_per_rank;  // bytes each rank holds after this invocation's first step (dist::rank_memory)
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   // Wall time of the earlier invocations (a resumed run's elapsed_s continues).
@@ -577,6 +615,8 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
                          {"val_sha256", val_sha256}}}};
     if (ctl.active()) st["precision"] = ctl.state();
     if (R > 1) st["world_size"] = R;  // resume checks it (absent = 1)
+    if (zero_stage > 0) st["zero_stage"] = zero_stage;
+    if (!loader_base.is_null()) st["loader_base"] = loader_base;
     return st;
   };
 
@@ -596,6 +636,21 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     const double lr = lr_at(step, max_steps, warmup, tc.lr, tc.min_lr_ratio);
     const StepResult r = train_step(sc, step, lr);
     ++step;
+    if (step == start_step + 1) {
+      // Measured from the tensors held (parameters, allocated .grad, AdamW m and v).
+      const dist::RankMemory m = dist::rank_memory(params, *optimizer);
+      torch::Tensor mine = torch::tensor({m.params, m.grads, m.optimizer}, torch::kLong);
+      const std::vector<torch::Tensor> all = comm ? comm->allgather(mine) : std::vector<torch::Tensor>{mine};
+      memory_per_rank = json::array();
+      for (size_t k = 0; k < all.size(); ++k) {
+        const int64_t* v = all[k].data_ptr<int64_t>();
+        memory_per_rank.push_back({{"rank", k}, {"params_bytes", v[0]}, {"grads_bytes", v[1]},
+                                   {"optimizer_bytes", v[2]}});
+        if (!quiet && comm)
+          spdlog::info("memory rank {} (train.zero_stage {}): parameters {} B, gradients {} B, AdamW state {} B",
+                       k, zero_stage, v[0], v[1], v[2]);
+      }
+    }
     if (comm && r.precision.decided) {
       // Every rank applied rank 0's plan (PrecisionController::set_comm): the
       // assignments in force must be one.
@@ -667,7 +722,13 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
         const std::string bytes = grad_residuals_file(*comm, gcomm, dopt.grad_comm);
         if (writer) extra["grad_residuals.safetensors"] = bytes;
       }
-      if (writer) {
+      if (zpart) {  // every rank writes its optimizer shard (checkpoint.h)
+        const OptimizerShards sh{comm.get(), dist::optimizer_shard_bytes(*optimizer, *zpart, world.rank),
+                                 writer ? dist::optimizer_index(*zpart, zero_stage).dump(2) + "\n" : ""};
+        last_checkpoint = save_checkpoint(opts.run_dir, step, model, *optimizer, checkpoint_state(),
+                                          tc.keep_checkpoints, extra, &sh);
+        if (writer && step != max_steps) write_run_report(opts.run_dir);
+      } else if (writer) {
         last_checkpoint = save_checkpoint(opts.run_dir, step, model, *optimizer, checkpoint_state(),
                                           tc.keep_checkpoints, extra);
         if (step != max_steps) write_run_report(opts.run_dir);
@@ -706,7 +767,8 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
             {"vocab_size", mcfg.vocab_size}, {"ln_vocab", std::log(double(mcfg.vocab_size))},
             {"parameters", mcfg.num_parameters()}, {"policy", ctl.policy()},
             {"gemm_dtype", tc.gemm_bf16 ? "bf16" : "fp32"}, {"elapsed_s", sum.seconds},
-            {"tokens_total", sum.tokens}, {"resumed_at", resumed_at},
+            {"tokens_total", sum.tokens}, {"resumed_at", resumed_at}, {"world_size", R},
+            {"zero_stage", zero_stage}, {"memory_per_rank", memory_per_rank},
             {"invocation", {{"start_step", start_step}, {"steps", sum.invocation_steps},
                             {"tokens", sum.invocation_steps * tokens_per_step}, {"seconds", sum.invocation_seconds}}}};
   io::write_file_atomic((run / "summary.json").string(), s.dump(2) + "\n");

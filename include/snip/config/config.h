@@ -143,6 +143,7 @@ struct TrainConfig {
   std::string gemm_backend = "auto";  ///< train.gemm_backend: "auto", "native" or "emulated" (model/matmul.h)
   int64_t eval_interval = 0, eval_batches = 0, checkpoint_interval = 0, keep_checkpoints = 0;
   int64_t log_interval = 0, threads = 0, sample_tokens = 0;
+  int64_t zero_stage = 0;  ///< train.zero_stage: 0 plain data parallel, 1 ZeRO-1, 2 ZeRO-2 (dist/zero.h)
   double checkpoint_minutes = 0;  ///< train.checkpoint_minutes: also checkpoint after this wall time, minutes (0 = off)
   std::string sample_prompt;
 };

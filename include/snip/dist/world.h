@@ -81,6 +81,9 @@ class Communicator {
   virtual void allreduce_max(std::vector<torch::Tensor>& tensors) = 0;
   /// Copies `t` of rank `root` into `t` on every rank.
   virtual void broadcast(torch::Tensor& t, int root) = 0;
+  /// Sums `t` (contiguous) over the ranks into `t` of rank `root` (c10d
+  /// reduce; the other ranks' `t` is left unspecified). ZeRO stage 2.
+  virtual void reduce_sum(torch::Tensor& t, int root) = 0;
   /// Blocks until every rank arrived.
   virtual void barrier() = 0;
   /// Every rank's `t` (small, contiguous, same shape on every rank), in rank order: [R] tensors.

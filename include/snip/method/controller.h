@@ -155,6 +155,13 @@ class PrecisionController {
   /// Every rank must call begin_step at the same steps (the schedule is the
   /// same on every rank). `comm` must outlive the controller.
   void set_comm(dist::Communicator* comm) { comm_ = comm; }
+  /// ZeRO (dist/zero.h): the stats step reads every layer's AdamW m and v,
+  /// which only their owner holds; when set, a stats step calls `f`
+  /// (collective on every rank) for an AdamW holding every parameter's state
+  /// and the current lr, and reads that instead of begin_step's `opt`.
+  void set_stats_optimizer(std::function<std::unique_ptr<torch::optim::AdamW>()> f) {
+    stats_optimizer_ = std::move(f);
+  }
 
   /// Call at the boundary before step `s` runs, after the LR is set and before
   /// its first forward. `loss_fn` evaluates the step's first micro-batch
@@ -182,6 +189,7 @@ class PrecisionController {
 
  private:
   dist::Communicator* comm_ = nullptr;
+  std::function<std::unique_ptr<torch::optim::AdamW>()> stats_optimizer_;  // set_stats_optimizer
   /// Several ranks: rank 0's `assign` (or its planner error `error`, "" =
   /// none) on every rank, checked by CRC-32 (set_comm). One rank: `assign`.
   std::map<std::string, std::string> agree(int64_t s, const std::map<std::string, std::string>& assign,

@@ -5,6 +5,12 @@
 //     model.safetensors            every parameter, Hugging Face names, F32
 //     config.json                  the model shape (Hugging Face LlamaConfig)
 //     optimizer.pt                 AdamW state (LibTorch archive: m, v, step)
+//                                  -- or, under ZeRO (train.zero_stage >= 1):
+//     optimizer_index.json         parameter name -> owner rank, shape,
+//                                  offset (dist::optimizer_index)
+//     optimizer-rank<r>.safetensors rank r's AdamW state by parameter name
+//                                  (dist::optimizer_shard_bytes); either
+//                                  layout resumes at any world size and stage
 //     trainer_state.json           "step": N, "loader": {epoch, cursor},
 //                                  "seed", "val_loss", "elapsed_s" (seconds
 //                                  since the run's first step, summed over
@@ -45,8 +51,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "snip/config/config.h"
+#include "snip/dist/world.h"
 #include "snip/model/llama.h"
 #include "snip/train/checkpoint_files.h"  // verify_checkpoint, latest_checkpoint, ...
+
+namespace snip::dist {
+struct ZeroPartition;  // snip/dist/zero.h
+}
 
 namespace snip {
 
@@ -59,9 +71,26 @@ namespace snip {
 /// left then. `extra_files` (file name -> bytes) are written into the same
 /// folder before trainer_state.json, inside the same atomic rename, with their
 /// CRC-32 in its "crc32" (e.g. grad_residuals.safetensors, dist.grad_comm).
+///
+/// ZeRO (`shards` set): every rank calls it. Each writes its
+/// optimizer-rank<r>.safetensors into step-N.tmp (which rank 0 creates
+/// first); the ranks then agree (one all-gather of a flag) that every shard
+/// was written, and rank 0 alone writes the rest (`opt` unused; `model`,
+/// `state`, `extra_files` only read on rank 0), with optimizer_index.json
+/// instead of optimizer.pt, every shard's CRC-32 in trainer_state.json and
+/// manifest.json, and renames. A rank that fails to write its shard makes
+/// every rank throw UserError and rank 0 remove the .tmp folder. The ranks
+/// share the run folder (one machine, or a shared file system). Other ranks
+/// return the path without waiting for the rename (the caller's barrier).
+struct OptimizerShards {
+  dist::Communicator* comm = nullptr;  ///< the ranks
+  std::string shard_bytes;             ///< this rank's optimizer-rank<r>.safetensors (dist::optimizer_shard_bytes)
+  std::string index_json;              ///< optimizer_index.json (rank 0; dist::optimizer_index)
+};
 std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCausalLM& model,
                             torch::optim::Optimizer& opt, const nlohmann::json& state, int64_t keep,
-                            const std::map<std::string, std::string>& extra_files = {});
+                            const std::map<std::string, std::string>& extra_files = {},
+                            const OptimizerShards* shards = nullptr);
 
 /// Loads the weights of a verified checkpoint into `model`, after checking
 /// that its config.json describes the same model shape. Throws UserError
@@ -78,6 +107,18 @@ void load_checkpoint_weights(const std::string& dir, LlamaForCausalLM& model);
 /// cannot be read or does not pass these checks ("... (corrupt)").
 void load_optimizer_state(torch::optim::Optimizer& opt, const std::string& bytes, const std::string& what,
                           int64_t step);
+
+/// The AdamW state of the verified checkpoint `dir` (trainer_state.json
+/// `state`, at optimizer step `step`) into `opt`, whichever layout it holds
+/// and whichever world size wrote it: optimizer.pt (load_optimizer_state;
+/// under ZeRO, `part` set, loaded whole into a transient full AdamW made by
+/// make_optimizer(model, tc) and this rank's share copied by parameter) or
+/// optimizer_index.json + shards (dist::load_optimizer_shards, by name).
+/// `opt` holds `part`'s parameters of this rank, or every parameter (`part`
+/// null). Throws UserError naming the file that is missing or corrupt.
+void load_checkpoint_optimizer(const std::string& dir, const nlohmann::json& state, torch::optim::AdamW& opt,
+                               LlamaForCausalLM& model, const TrainConfig& tc, int64_t step,
+                               const dist::ZeroPartition* part = nullptr);
 
 /// A verified checkpoint's model, built from its config.json (for
 /// `snip eval`, `snip export`, `snip sample`). Throws UserError if the folder

@@ -32,11 +32,20 @@ std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::str
 /// Throws UserError naming the file for invalid JSON or a bad field.
 LlamaConfig checkpoint_model_config(const std::string& dir);
 
-/// Writes `dir`/manifest.json (atomically) from the bytes of the four files
-/// now in the checkpoint folder `dir` (save_checkpoint's last file; tests
-/// that edit a checkpoint on purpose reseal it with this). Throws UserError
-/// when a file cannot be read or the manifest written.
-void write_checkpoint_manifest(const std::string& dir);
+/// Writes `dir`/manifest.json (atomically) from the bytes of the files now
+/// in the checkpoint folder `dir`: model.safetensors, config.json,
+/// trainer_state.json and the optimizer's files (save_checkpoint's last file;
+/// tests that edit a checkpoint on purpose reseal it with this). The
+/// optimizer's files: `optimizer_files` when given, else those
+/// checkpoint_optimizer_files finds. Throws UserError when a file cannot be
+/// read or the manifest written.
+void write_checkpoint_manifest(const std::string& dir, const std::vector<std::string>& optimizer_files = {});
+
+/// The optimizer's files of the checkpoint folder `dir`: {"optimizer.pt"},
+/// or, when `dir` holds optimizer_index.json (ZeRO, dist/zero.h), it and the
+/// shards its "files" names. Throws UserError naming the index when it is
+/// not JSON or its "files" is not a list of optimizer-rank<r>.safetensors.
+std::vector<std::string> checkpoint_optimizer_files(const std::string& dir);
 
 /// trainer_state.json of the checkpoint folder `dir`, after checking that the
 /// size and CRC-32 of every file (trainer_state.json included) match
@@ -56,7 +65,10 @@ nlohmann::json verify_checkpoint(const std::string& dir);
 /// The loader position of a verified trainer_state.json `state`, checked
 /// against its step: a run that draws `batch` x `grad_accum` windows per step
 /// from an epoch of `windows_per_epoch` windows (TokenLoader, world 1) is at
-/// epoch·W + cursor = step·batch·grad_accum with cursor < W. Throws
+/// epoch·W + cursor = base_windows + (step - base_step)·batch·grad_accum with
+/// cursor < W, where "loader_base": {"step", "windows"} is where the run last
+/// changed its number of ranks (absent: 0, 0); `grad_accum` is the
+/// micro-batches per step of every rank together since then. Throws
 /// UserError naming `what` (the file) when it is not: a corrupt file, or a
 /// data folder that changed since the checkpoint.
 data::LoaderState checkpoint_loader_state(const nlohmann::json& state, int64_t batch, int64_t grad_accum,

@@ -21,6 +21,9 @@ namespace snip {
 /// train.weight_decay, the rest without; lr train.lr, betas (train.beta1,
 /// train.beta2), eps train.eps.
 std::unique_ptr<torch::optim::AdamW> make_optimizer(LlamaForCausalLM& model, const TrainConfig& t);
+/// The same over `params` only (model order), e.g. the parameters one rank
+/// owns under ZeRO (dist/zero.h); a group may be empty.
+std::unique_ptr<torch::optim::AdamW> make_optimizer(const std::vector<torch::Tensor>& params, const TrainConfig& t);
 
 /// Sets every parameter group's learning rate (a fraction per step, unitless).
 void set_lr(torch::optim::Optimizer& opt, double lr);

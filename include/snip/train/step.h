@@ -20,6 +20,11 @@
 //   5. global gradient L2 norm computed and clipped to grad_clip
 //      (torch::nn::utils::clip_grad_norm_);
 //   6. optimizer update (AdamW, train/optimizer.h).
+//   ZeRO (`zero` set, dist/zero.h): 2. zeroes every gradient of the model
+//   (the optimizer holds only this rank's share); 3b. stage 2 sums each
+//   gradient to its owner only; 5. the norm from the owners' per-parameter
+//   norms, the same bits as clip_grad_norm_; 6. each owner updates its
+//   parameters, then every parameter is broadcast from its owner.
 //
 // Data parallel (R ranks, `comm` set): the step's R·grad_accum micro-batches
 // are the ones a one-process run with grad_accum·R reads, in the same loader
@@ -44,7 +49,8 @@
 #include "snip/model/llama.h"
 
 namespace snip::dist {
-struct GradComm;  // snip/dist/data_parallel.h
+struct GradComm;       // snip/dist/data_parallel.h
+struct ZeroPartition;  // snip/dist/zero.h
 }
 
 namespace snip {
@@ -64,6 +70,10 @@ struct StepContext {
   PrecisionController* controller = nullptr;  ///< adaptive precision; nullptr or inactive = none
   dist::Communicator* comm = nullptr;  ///< data-parallel ranks; nullptr = one process
   dist::GradComm* grad_comm = nullptr;  ///< quantized gradient communication (with comm); nullptr = FP32
+  /// ZeRO (train.zero_stage >= 1, dist/zero.h): who owns which parameter;
+  /// `optimizer` then holds this rank's parameters only. nullptr = stage 0.
+  const dist::ZeroPartition* zero = nullptr;
+  int zero_stage = 0;  ///< 1 or 2 with `zero`: 2 reduces each gradient to its owner only
 };
 
 /// What one step produced.

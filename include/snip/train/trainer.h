@@ -19,7 +19,9 @@
 //   RUN/plans/step-N.json      precision decisions, RUN/stats/step-N.json stats
 //                              steps (precision.policy != bf16; controller.h)
 //   RUN/checkpoints/step-N/    model.safetensors (HF names, F32), config.json,
-//                              optimizer.pt (LibTorch archive of AdamW state),
+//                              optimizer.pt (LibTorch archive of AdamW state;
+//                              under ZeRO optimizer_index.json and one
+//                              optimizer-rank<r>.safetensors per rank),
 //                              trainer_state.json (step, loader position,
 //                              RNG state, file checksums, and "precision": the
 //                              controller's plan, smoothed stats and phase)
