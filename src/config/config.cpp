@@ -106,7 +106,7 @@ std::vector<OptionSpec> make_table() {
       opt("dist.grad_comm", T::kString, std::string("fp32"), "",
           "gradient communication: fp32 (the plain FP32 all-reduce), or a recipe from `snip formats --recipes` "
           "(bf16, fp8, fp4, mxfp4, nvfp4, ...): each rank sends its gradient quantized with the recipe's "
-          "fprop.w spec, scales shared by all ranks; exact-numerics path, FP32 on the wire (docs/distributed.md)"),
+          "fprop.w spec, scales shared by all ranks; how it travels: dist.grad_comm_path (docs/distributed.md)"),
       opt("dist.error_feedback", T::kBool, true, "",
           "with dist.grad_comm other than fp32: keep each rank's quantization residual and add it to the next "
           "step's gradient (Karimireddy et al. 2019, error feedback)"),
