@@ -109,10 +109,17 @@ std::vector<OptionSpec> make_table() {
       opt("dist.grad_comm", T::kString, std::string("fp32"), "",
           "gradient communication: fp32 (the plain FP32 all-reduce), or a recipe from `snip formats --recipes` "
           "(bf16, fp8, fp4, mxfp4, nvfp4, ...): each rank sends its gradient quantized with the recipe's "
-          "fprop.w spec, scales shared by all ranks; exact-numerics path, FP32 on the wire (docs/distributed.md)"),
+          "fprop.w spec, scales shared by all ranks; how it travels: dist.grad_comm_path (docs/distributed.md)"),
       opt("dist.error_feedback", T::kBool, true, "",
           "with dist.grad_comm other than fp32: keep each rank's quantization residual and add it to the next "
           "step's gradient (Karimireddy et al. 2019, error feedback)"),
+      opt("dist.grad_comm_path", T::kString, std::string("allreduce"), "",
+          "how quantized gradients travel: allreduce (decoded to FP32 and summed by the FP32 all-reduce: exact "
+          "numerics, 4 bytes per element on the wire) or allgather (packed codes and scales all-gathered, decoded "
+          "and summed in rank order on every rank: the format's bytes on the wire)"),
+      opt("dist.overlap", T::kBool, true, "",
+          "start each FP32 gradient bucket's all-reduce from autograd hooks as soon as its gradients are final "
+          "(overlapping backward); false = every bucket after backward (same numbers)"),
       // [precision]
       opt("precision.recipe", T::kString, std::string("none"), "",
           "shorthand for policy uniform-<recipe> on every step (no warmup, no final phase): a name from "
@@ -223,6 +230,7 @@ std::vector<OptionSpec> make_table() {
   const std::vector<std::pair<const char*, std::vector<std::string>>> words = {
       {"train.gemm_dtype", {"bf16", "fp32"}},
       {"dist.backend", {"auto", "gloo", "nccl"}},
+      {"dist.grad_comm_path", {"allreduce", "allgather"}},
       {"train.gemm_backend", {"auto", "native", "emulated"}},
       {"precision.granularity", {"layer", "gemm"}},
       {"precision.first_order", {"abs", "signed", "drop"}},

@@ -131,6 +131,17 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  std::unique_ptr<Pending> allreduce_sum_async(std::vector<torch::Tensor>& tensors) override {
+    auto p = std::make_unique<GlooPending>(this);
+    guard("all-reduce", [&] {
+      for (auto& t : tensors) {
+        std::vector<at::Tensor> one{t};
+        p->works.push_back(pg_->allreduce(one, c10d::AllreduceOptions{}));  // ReduceOp::SUM
+      }
+    });
+    return p;
+  }
+
   void allreduce_max(std::vector<torch::Tensor>& tensors) override {
     guard("all-reduce (max)", [&] {
       std::vector<c10::intrusive_ptr<c10d::Work>> works;
@@ -178,8 +189,22 @@ class GlooCommunicator final : public Communicator {
   }
 
  private:
+  struct GlooPending final : Pending {
+    explicit GlooPending(GlooCommunicator* c) : comm(c) {}
+    void wait() override {
+      comm->guard("all-reduce", [&] {
+        for (auto& w : works) w->wait();
+      });
+      works.clear();
+    }
+    GlooCommunicator* comm;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  };
+
+  // Runs one collective (its time counts in blocked_s_); a c10d error becomes one UserError line.
   template <typename F>
   void guard(const char* what, F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
     try {
       f();
     } catch (const UserError&) {
@@ -191,6 +216,7 @@ class GlooCommunicator final : public Communicator {
       fail("dist: ", what, " failed on rank ", rank_, " of ", size_, " (a rank stopped, or did not answer within "
            "dist.timeout_s = ", timeout_s_, " s): ", first_line(e));
     }
+    blocked_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
   c10::intrusive_ptr<c10d::Store> store_;
@@ -201,6 +227,14 @@ class GlooCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+std::unique_ptr<Pending> Communicator::allreduce_sum_async(std::vector<torch::Tensor>& tensors) {
+  struct Done final : Pending {
+    void wait() override {}
+  };
+  allreduce_sum(tensors);
+  return std::make_unique<Done>();
+}
 
 bool nccl_available() {
 #ifdef USE_C10D_NCCL

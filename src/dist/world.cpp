@@ -135,6 +135,8 @@ DistOptions DistOptions::from(const Config& cfg) {
   o.check_interval = cfg.get_int("dist.check_interval");
   o.grad_comm = cfg.get_string("dist.grad_comm");
   o.error_feedback = cfg.get_bool("dist.error_feedback");
+  o.allgather = cfg.get_string("dist.grad_comm_path") == "allgather";
+  o.overlap = cfg.get_bool("dist.overlap");
   return o;
 }
 

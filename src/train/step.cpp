@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "snip/dist/data_parallel.h"
 #include "snip/dist/zero.h"
@@ -28,6 +29,16 @@ StepResult train_step(StepContext& c, int64_t step, double lr) {
   double loss_sum = 0;
   const int R = c.comm ? c.comm->size() : 1, me = c.comm ? c.comm->rank() : 0;
   std::vector<int32_t> in, tg, other_in, other_tg;
+  const std::vector<torch::Tensor> params = c.model->parameters();
+  // FP32 buckets all-reduced from autograd hooks during the last backward
+  // (dist.overlap; dist/data_parallel.h GradSync). The quantized paths need
+  // the shared amax of the whole gradient first: they run after backward.
+  // ZeRO-2 reduces each gradient to its owner after backward (not overlapped).
+  const bool overlap = c.comm && c.overlap && !(c.zero && c.zero_stage == 2) &&
+                       (!c.grad_comm || (c.grad_comm->compressor.is_fp32() && !c.grad_comm->allgather));
+  std::optional<dist::GradSync> sync;
+  if (overlap) sync.emplace(*c.comm, params);
+  double blocked0 = 0;  // Communicator::blocked_s() before the last backward
   for (int64_t m = 0; m < c.grad_accum; ++m) {
     for (int k = 0; k < R; ++k)  // micro-batch m·R + k of the step is rank k's
       if (k == me) c.loader.next(in, tg);
@@ -37,14 +48,26 @@ StepResult train_step(StepContext& c, int64_t step, double lr) {
       r.precision = c.controller->begin_step(
           step, [&] { return LlamaForCausalLMImpl::loss(c.model(ids), targets); }, c.optimizer);
     torch::Tensor loss = LlamaForCausalLMImpl::loss(c.model(ids), targets);
+    if (m == c.grad_accum - 1) {
+      if (c.comm) blocked0 = c.comm->blocked_s();
+      if (sync) sync->arm();
+    }
     (loss / double(c.grad_accum * R)).backward();
     loss_sum += loss.item<double>();
   }
-  std::vector<torch::Tensor> params = c.model->parameters();
   if (c.comm) {
-    if (c.zero && c.zero_stage == 2) dist::reduce_gradients_to_owners(*c.comm, *c.zero);
-    else if (c.grad_comm) r.grad_comm_bytes = dist::allreduce_gradients_quantized(*c.comm, params, *c.grad_comm, c.seed, step);
-    else dist::allreduce_gradients(*c.comm, params);
+    if (c.zero && c.zero_stage == 2) {
+      dist::reduce_gradients_to_owners(*c.comm, *c.zero);
+    } else if (sync) {
+      sync->finish();
+      if (c.grad_comm) r.grad_comm_bytes = r.grad_comm_sent_bytes = dist::fp32_bytes(params);
+    } else if (c.grad_comm) {
+      r.grad_comm_bytes = dist::allreduce_gradients_quantized(*c.comm, params, *c.grad_comm, c.seed, step);
+      r.grad_comm_sent_bytes = c.grad_comm->sent_bytes;
+    } else {
+      dist::allreduce_gradients(*c.comm, params);
+    }
+    r.comm_s = c.comm->blocked_s() - blocked0;
     std::vector<torch::Tensor> l{torch::full({1}, loss_sum, torch::kDouble)};
     c.comm->allreduce_sum(l);
     loss_sum = l[0].item<double>();

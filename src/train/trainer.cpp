@@ -592,6 +592,8 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
 
   StepContext sc{model, *optimizer, loader, B, T, accum, tc.grad_clip, seed, &ctl, comm.get(),
                  comm ? &gcomm : nullptr, zpart ? &*zpart : nullptr, zero_stage};
+  sc.overlap = dopt.overlap;
+  gcomm.allgather = dopt.allgather;
   json memory_per_rank;  // bytes each rank holds after this invocation's first step (dist::rank_memory)
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
@@ -678,7 +680,10 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     json rec = {{"step", step}, {"loss", r.loss}, {"lr", lr}, {"grad_norm", r.grad_norm},
                 {"tokens_per_s", double(tokens_per_step) / dt}, {"elapsed_s", elapsed0 + elapsed()},
                 {"fp4_share", ctl.fp4_share()}};
+    rec["step_s"] = dt;
     if (r.grad_comm_bytes >= 0) rec["grad_comm_bytes"] = r.grad_comm_bytes;
+    if (r.grad_comm_sent_bytes >= 0) rec["grad_comm_sent_bytes"] = r.grad_comm_sent_bytes;
+    if (r.comm_s >= 0) rec["comm_s"] = r.comm_s;
     for (auto& [k, v] : r.precision.metrics.items()) rec[k] = v;
     const bool eval_step = step % tc.eval_interval == 0 || step == max_steps;
     if (eval_step) {

@@ -35,6 +35,14 @@ the micro model:
   four       4 ranks vs 1 rank with grad_accum 4: the stated tolerance
              (metrics within 1e-4 relative, weights within 2·lr·steps), the
              4 ranks' weights identical at every step
+  allgather  dist.grad_comm_path = allgather with fp4: the bytes sent are the
+             format's (+ the amax all-reduce), weights checked equal on both
+             ranks at every step, byte for byte the exact-numerics path's
+             weights (2 ranks: q_0 + q_1 either way), resume from step 4 bit
+             for bit; fp32 over the all-gather equals the all-reduce; a bad
+             path refused
+  (exact also runs dist.overlap = false: the same bits as the overlapped
+  default; step_s and comm_s recorded)
 
 Every process binds 127.0.0.1 only (GLOO_SOCKET_IFNAME=lo; the TCPStore's
 listening socket is LibTorch's and listens on every address), takes a free
@@ -59,7 +67,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from clitest import Checks, micro_toml  # noqa: E402
 
 snip, data = sys.argv[1], sys.argv[2]
-cases = sys.argv[3:] or ["exact", "snip", "checksum", "stop", "errors", "torchrun", "gradcomm", "four", "killed"]
+cases = sys.argv[3:] or ["exact", "snip", "checksum", "stop", "errors", "torchrun", "gradcomm", "four", "killed",
+                         "allgather"]
 tmp = tempfile.mkdtemp(prefix="snip-dist-")
 T = Checks(snip)
 check = T.check
@@ -198,6 +207,18 @@ try:
         check(files(one) == files(two_rank_run), "exact: the same files in both run folders",
               str(files(one) ^ files(two_rank_run)))
         check("summary:" in res[0][1] and "summary:" not in res[1][1], "exact: rank 0 alone prints the summary")
+        # dist.overlap = false (every bucket after backward) gives the same bits as the default (overlapped).
+        after = os.path.join(tmp, "after-backward")
+        res = launch(2, train + ["--run-dir", after, "--set", "dist.overlap=false"])
+        check(all(r[0] == 0 for r in res), "exact: 2 ranks, dist.overlap = false", [r[2][-500:] for r in res])
+        with open(os.path.join(after, "checkpoints", "step-8", "model.safetensors"), "rb") as fa, \
+             open(os.path.join(two_rank_run, "checkpoints", "step-8", "model.safetensors"), "rb") as fb:
+            check(fa.read() == fb.read(), "exact: overlapped and after-backward all-reduce give the same weights")
+        m3 = metrics(after)
+        check([{k: r.get(k) for k in keys} for r in m3] == [{k: r.get(k) for k in keys} for r in m2],
+              "exact: overlapped and after-backward metrics equal bit for bit")
+        check(all(r.get("comm_s", -1) >= 0 and r.get("step_s", 0) > 0 for r in m2 + m3),
+              "exact: step_s and comm_s recorded", str(m2[0]))
         # Resume on another world size: tests/cli/test_zero.py (case reshard).
 
     if "snip" in cases:
@@ -440,6 +461,71 @@ try:
             lr = tomllib.load(f)["train"]["lr"]
         print(f"four: largest weight difference after 8 steps: {diff:.3g}")
         check(wa.keys() == wb.keys() and diff <= 2 * lr * 8, "four: weights within 2·lr·steps", f"{diff}")
+    if "allgather" in cases:
+        # dist.grad_comm_path = allgather: packed codes and scales all-gathered, decoded and summed in rank
+        # order. With 2 ranks the sum q_0 + q_1 is the all-reduce's: the run equals the exact-numerics
+        # path's byte for byte, while the bytes sent are the format's (+ the [P] FP32 amax all-reduce).
+        with open(os.path.join(data, "meta.json")) as f:
+            V = json.load(f).get("vocab_size")
+        shapes = [(V, 32), (1, 32), (32, 32), (16, 32), (16, 32), (32, 32), (1, 32), (64, 32), (64, 32),
+                  (32, 64), (1, 32)]
+        fp4 = sum(r * c // 2 + r * c // 16 + 4 for r, c in shapes)  # E2M1 codes, E4M3 per 1x16, FP32 tensor scale
+        P = len(shapes)
+        runs = {}
+        for path in ("allreduce", "allgather"):
+            run = os.path.join(tmp, f"ag-fp4-{path}")
+            sets = ["--set", "dist.grad_comm=fp4", "--set", f"dist.grad_comm_path={path}",
+                    "--set", "dist.check_interval=1"]
+            res = launch(2, train + ["--run-dir", run] + sets, timeout=120)
+            check(all(r[0] == 0 for r in res), f"allgather: fp4 over {path}, 2 ranks, weights checked equal "
+                  "at every step", [r[2][-500:] for r in res])
+            runs[path] = run
+        m = metrics(runs["allgather"])
+        check(len(m) == 8 and all(r.get("grad_comm_bytes") == fp4 for r in m),
+              f"allgather: grad_comm_bytes = {fp4} every step", str([r.get("grad_comm_bytes") for r in m]))
+        check(all(r.get("grad_comm_sent_bytes") == fp4 + 4 * P for r in m),
+              f"allgather: grad_comm_sent_bytes = {fp4} + 4 x {P} (the amax all-reduce) every step",
+              str([r.get("grad_comm_sent_bytes") for r in m]))
+        n = sum(r * c for r, c in shapes)
+        check(all(r.get("grad_comm_sent_bytes") == 4 * n + 4 * P for r in metrics(runs["allreduce"])),
+              f"allgather: the all-reduce path sends 4 x {n} + 4 x {P} bytes", str(metrics(runs["allreduce"])[0]))
+        finals = {}
+        for path, run in runs.items():
+            with open(os.path.join(run, "checkpoints", "step-8", "model.safetensors"), "rb") as f:
+                finals[path] = f.read()
+        check(finals["allgather"] == finals["allreduce"], "allgather: 2 ranks end byte for byte where the "
+              "exact-numerics path ends (q_0 + q_1 either way)")
+        keys = ["step", "loss", "grad_norm", "val_loss"]
+        check([{k: r.get(k) for k in keys} for r in m] ==
+              [{k: r.get(k) for k in keys} for r in metrics(runs["allreduce"])],
+              "allgather: metrics equal the all-reduce path's bit for bit")
+        # Resume from step 4: ends byte for byte where the uninterrupted run ended.
+        again = runs["allgather"] + "-resumed"
+        shutil.copytree(runs["allgather"], again)
+        shutil.rmtree(os.path.join(again, "checkpoints", "step-8"))
+        if os.path.exists(os.path.join(again, "summary.json")):
+            os.remove(os.path.join(again, "summary.json"))
+        with open(os.path.join(again, "checkpoints", "last_good.json"), "w") as f:
+            f.write('{"step": 4}\n')
+        sets = ["--set", "dist.grad_comm=fp4", "--set", "dist.grad_comm_path=allgather"]
+        res = launch(2, train + ["--run-dir", again, "--resume"] + sets, timeout=120)
+        check(all(r[0] == 0 for r in res), "allgather: resume from step 4", [r[2][-500:] for r in res])
+        with open(os.path.join(again, "checkpoints", "step-8", "model.safetensors"), "rb") as f:
+            check(f.read() == finals["allgather"], "allgather: resumed run ends with the same weights, byte for byte")
+        # fp32 over the all-gather path: g_0 + g_1 in rank order, the all-reduce's sum: the default run's weights.
+        if os.path.exists(os.path.join(two_rank_run, "checkpoints", "step-8", "model.safetensors")):
+            run = os.path.join(tmp, "ag-fp32")
+            res = launch(2, train + ["--run-dir", run, "--set", "dist.grad_comm_path=allgather"], timeout=120)
+            check(all(r[0] == 0 for r in res), "allgather: fp32, 2 ranks", [r[2][-500:] for r in res])
+            with open(os.path.join(run, "checkpoints", "step-8", "model.safetensors"), "rb") as fa, \
+                 open(os.path.join(two_rank_run, "checkpoints", "step-8", "model.safetensors"), "rb") as fb:
+                check(fa.read() == fb.read(), "allgather: fp32 over the all-gather equals the all-reduce, byte for byte")
+        # A bad path is refused by the config layer.
+        p = subprocess.run([snip] + train + ["--run-dir", os.path.join(tmp, "ag-bad"), "--set",
+                                             "dist.grad_comm_path=broadcast"], capture_output=True, text=True,
+                           timeout=60)
+        one_error("allgather: dist.grad_comm_path = broadcast refused", (p.returncode, p.stdout, p.stderr),
+                  "dist.grad_comm_path")
 
 finally:
     for p in procs:

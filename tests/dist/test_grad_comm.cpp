@@ -156,6 +156,73 @@ TEST(DistGradComm, WireBytesPerFormat) {
   EXPECT_EQ(GradCompressor("fp4").wire_bytes(std::vector<torch::Tensor>{w, n, w}), 1156 + 16 + 2 + 4);
 }
 
+// The allgather path (dist.grad_comm_path = allgather) against the exact
+// path, for R = 3 "ranks" with different data, each format: every rank's
+// compress_packed returns compress()'s q and residual bit for bit, writes
+// exactly wire_bytes(rows, cols) bytes (the buffer's next byte, a sentinel,
+// is untouched), and those bytes decode (decode_packed, as any other rank
+// does) to that q bit for bit; so the sum every rank forms,
+// (q_0 + q_1) + q_2 in rank order, is the sum of the exact path's q in
+// rank order. Shapes: [33, 48] (a partial 16-row block under nvfp4, three
+// 1x16 blocks per row), [1, 33] (a 1-D tensor: an odd E2M1 count, a
+// partial 1x16 / 1x32 block), [130, 20] (partial 128x128 blocks under fp8).
+TEST(DistGradComm, AllgatherBytesDecodeToTheExactPathsQ) {
+  for (const char* f : {"fp32", "bf16", "fp8", "mxfp8", "fp4", "nvfp4", "mxfp4", "fp8_tensor", "int8"}) {
+    for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{33, 48}, {1, 33}, {130, 20}}) {
+      SCOPED_TRACE(std::string(f) + " [" + std::to_string(rows) + ", " + std::to_string(cols) + "]");
+      const GradCompressor c(f, /*error_feedback=*/true);
+      std::vector<torch::Tensor> g, e;
+      float amax = 0;
+      for (int r = 0; r < 3; ++r) {
+        g.push_back(float(r + 1) * torch::randn({rows, cols}));
+        e.push_back(1e-3f * torch::randn({rows, cols}));  // a residual from an earlier step
+        amax = std::max(amax, (g[size_t(r)] + e[size_t(r)]).abs().max().item<float>());
+      }
+      const int64_t bytes = c.wire_bytes(rows, cols);
+      torch::Tensor sum_exact, sum_wire;
+      for (int r = 0; r < 3; ++r) {
+        const formats::RoundingKey key{5, 2, uint64_t(r), 0};
+        torch::Tensor e_exact = e[size_t(r)].clone(), e_wire = e[size_t(r)].clone();
+        const torch::Tensor q = c.compress(g[size_t(r)], e_exact, amax, key);
+        std::vector<uint8_t> buf(size_t(bytes) + 1, 0xA5);
+        const torch::Tensor q2 = c.compress_packed(g[size_t(r)], e_wire, amax, key, buf.data());
+        EXPECT_TRUE(bitwise_equal(q2, q)) << "rank " << r;
+        EXPECT_TRUE(bitwise_equal(e_wire, e_exact)) << "rank " << r;
+        EXPECT_EQ(buf.back(), 0xA5) << "rank " << r << ": wrote past wire_bytes";
+        torch::Tensor d = torch::empty({rows, cols}, torch::kFloat);
+        c.decode_packed(buf.data(), rows, cols, d.data_ptr<float>());
+        EXPECT_TRUE(bitwise_equal(d, q)) << "rank " << r;
+        sum_exact = r == 0 ? q.clone() : sum_exact + q;
+        sum_wire = r == 0 ? d.clone() : sum_wire + d;
+      }
+      EXPECT_TRUE(bitwise_equal(sum_wire, sum_exact));
+    }
+  }
+}
+
+TEST(DistGradComm, AllgatherBytesAreTheFormatsCodesAndScales) {
+  // fp4 (E2M1 in 1x16 blocks, E4M3 block scales, FP32 tensor scale), one
+  // row of 16 values on E2M1's grid with amax 6 = E2M1's max: the tensor
+  // scale is S_enc = 448·6/6 = 448 (decode 1/448), the block scale
+  // 6·448/6 = 448 = E4M3 code 0x7E, so every element's code is its own
+  // E2M1 code: 0 = 0x0, 0.5 = 0x1, 1 = 0x2, 1.5 = 0x3, 2 = 0x4, 3 = 0x5,
+  // 4 = 0x6, 6 = 0x7, sign in bit 3; two per byte, element 2i in the low nibble.
+  const GradCompressor c("fp4", false);
+  const std::vector<float> v = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.5f, -1, -6, 0, 0, 0, 0, 0};
+  const torch::Tensor g = torch::tensor(v).reshape({1, 16});
+  torch::Tensor e = torch::zeros_like(g);
+  std::vector<uint8_t> buf(size_t(c.wire_bytes(1, 16)));
+  ASSERT_EQ(buf.size(), 8u + 1u + 4u);
+  c.compress_packed(g, e, 6.0f, formats::RoundingKey{}, buf.data());
+  const std::vector<uint8_t> codes = {0x10, 0x32, 0x54, 0x76, 0xA9, 0x0F, 0x00, 0x00};
+  EXPECT_EQ(std::vector<uint8_t>(buf.begin(), buf.begin() + 8), codes);
+  EXPECT_EQ(buf[8], 0x7E);
+  const float dec = 1.0f / 448.0f;
+  uint32_t bits;
+  std::memcpy(&bits, &dec, 4);
+  EXPECT_EQ(buf[9] | buf[10] << 8 | buf[11] << 16 | uint32_t(buf[12]) << 24, bits);
+}
+
 TEST(DistGradComm, UnknownFormatIsAUserError) {
   try {
     GradCompressor c("fp5");

@@ -5,26 +5,36 @@
 // Dimensions: R = world size, P = parameters (tensors), n_p = elements of
 // parameter p.
 //
-// Gradients (this phase): after the backward of every micro-batch, the
-// gradients are flattened into buckets walking the parameters in reverse
-// order (the order backward produces them: a later overlap with backward
-// keeps the same layout), the first bucket capped at 1 MiB and every other at
-// 25 MiB (DDP's caps), each bucket summed over the ranks (one all-reduce per
-// bucket, all in flight together) and copied back. The average needs no
-// division here: the step scales each micro-batch's loss by 1/(A·R) before
-// its backward (A = micro-batches per rank), as the one-process accumulation
-// scales it by 1/A. Not yet overlapped with backward (autograd hooks).
+// Gradients: flattened into buckets walking the parameters in reverse order
+// (the order backward produces them), the first bucket capped at 1 MiB and
+// every other at 25 MiB (DDP's caps), each bucket summed over the ranks (one
+// all-reduce per bucket) and copied back. The average needs no division
+// here: the step scales each micro-batch's loss by 1/(A·R) before its
+// backward (A = micro-batches per rank), as the one-process accumulation
+// scales it by 1/A. Overlap with backward (GradSync, dist.overlap): during
+// the backward of the last micro-batch, a post hook on each parameter's
+// gradient accumulator marks it final, and a bucket's all-reduce starts as
+// soon as all its parameters are final and every earlier bucket has started
+// (DDP's Reducer, which LibTorch does not ship, does the same); the rest
+// start after backward. The buckets and their sums are the same either way:
+// bit for bit the same gradients.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "snip/dist/world.h"
 #include "snip/formats/quant_spec.h"
 #include "snip/formats/rounding.h"
+
+namespace torch::autograd {
+struct Node;
+}
 
 namespace snip::dist {
 
@@ -40,8 +50,51 @@ std::vector<std::vector<size_t>> grad_buckets(const std::vector<torch::Tensor>& 
 
 /// Sums every parameter's .grad over the ranks in place (header comment).
 /// A parameter with no gradient gets zeros (every rank must send the same
-/// layout). FP32 CPU gradients.
+/// layout). FP32 CPU gradients. Equal to GradSync without arm().
 void allreduce_gradients(Communicator& comm, const std::vector<torch::Tensor>& params);
+
+/// The bucketed FP32 all-reduce of allreduce_gradients, started from
+/// autograd hooks while backward runs (header comment). Use:
+///   GradSync s(comm, params);   // layout: grad_buckets(distinct_params(params))
+///   s.arm();                    // just before the last micro-batch's backward
+///   loss.backward();            // full buckets start, in bucket order
+///   s.finish();                 // the others start; waits; .grad = the sums
+/// A parameter whose hook never runs (no gradient this step, or
+/// requires_grad false) holds its bucket and every later one until
+/// finish(), which gives a missing .grad zeros (as allreduce_gradients).
+/// Every rank must arm the same parameters and run the same backward graph.
+/// The destructor removes the hooks (an exception mid-backward leaves none).
+/// Hooks run on the autograd engine's thread: CPU backward only (the engine
+/// runs it on the calling thread).
+class GradSync {
+ public:
+  GradSync(Communicator& comm, const std::vector<torch::Tensor>& params);
+  ~GradSync();
+  GradSync(const GradSync&) = delete;
+  GradSync& operator=(const GradSync&) = delete;
+  /// Registers one post hook on each distinct parameter's gradient accumulator.
+  void arm();
+  /// Removes the hooks, starts the buckets not started yet (in order), waits
+  /// for every bucket and copies the sums into .grad.
+  void finish();
+  /// Called by the hooks: parameter k (distinct_params order) is final.
+  void ready(size_t k);
+  /// Buckets started from hooks during backward (the rest started in finish()).
+  size_t launched_in_backward() const { return launched_in_backward_; }
+  size_t buckets() const { return buckets_.size(); }
+
+ private:
+  void launch(size_t b);
+  void disarm();
+  Communicator& comm_;
+  std::vector<torch::Tensor> params_;           // distinct, model order
+  std::vector<std::vector<size_t>> buckets_;    // grad_buckets(params_)
+  std::vector<size_t> bucket_of_, waiting_;     // [P] bucket of each; [buckets] parameters not yet final
+  std::vector<torch::Tensor> flat_;             // [buckets] the flattened gradients in flight
+  std::vector<std::unique_ptr<Pending>> work_;  // [buckets]
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
+  size_t next_ = 0, launched_in_backward_ = 0;  // first bucket not started
+};
 
 // ---------------------------------------------------------------------------
 // Quantized gradient communication with error feedback (dist.grad_comm,
@@ -58,11 +111,11 @@ void allreduce_gradients(Communicator& comm, const std::vector<torch::Tensor>& p
 //                                   to FP32: exactly representable values)
 //   e <- fl(v - q)                 (error feedback; e stays 0 without it)
 // and the gradient becomes sum_r q_r through the plain FP32 all-reduce
-// (allreduce_gradients). "Exact-numerics path": the decoded values travel as
-// FP32, so the bytes on the wire are still 4 per element; wire_bytes() counts
-// what the format WOULD send (packed codes + scales). The bandwidth-faithful
-// path (all-gather of packed codes and scales, summed in rank order) is not
-// built yet.
+// (allreduce_gradients): the "exact-numerics path", where the decoded values
+// travel as FP32 (4 bytes per element on the wire; wire_bytes() counts what
+// the format sends). The bandwidth-faithful path (GradComm::allgather) sends
+// exactly wire_bytes(): packed codes and scales, all-gathered, decoded and
+// summed in rank order on every rank.
 //
 // Shared scale: where the spec has a per-tensor level (kTwoLevel's FP32
 // tensor scale, kCurrent with a per-tensor block), every rank quantizes with
@@ -113,6 +166,26 @@ class GradCompressor {
   torch::Tensor compress(const torch::Tensor& g, torch::Tensor& e, float shared_amax,
                          const formats::RoundingKey& key) const;
 
+  /// compress() for the allgather path (dist.grad_comm_path = allgather):
+  /// the same update of `e`, returns q, and writes the bytes that carry q to
+  /// `out` (wire_bytes(rows, cols) bytes, checked): the element codes of q
+  /// packed (formats::quantize_packed / pack_codes: two E2M1 codes per byte,
+  /// low nibble first; one byte per 8-bit code; two per BF16, little-endian;
+  /// an odd E2M1 count leaves the last high nibble 0), then one code per
+  /// scale block in row-major block order (1 byte for E8M0 / E4M3, else the
+  /// 4 FP32 bytes of the decode scale, little-endian), then for kTwoLevel the
+  /// 4 bytes of the FP32 tensor decode scale. fp32: the 4 bytes of every
+  /// element of q = v. q is dequantize(quantize_packed(...)), equal bit for
+  /// bit to compress()'s q (fake_quant.h: the two paths agree but for NaN
+  /// inputs, which have no code).
+  torch::Tensor compress_packed(const torch::Tensor& g, torch::Tensor& e, float shared_amax,
+                                const formats::RoundingKey& key, uint8_t* out) const;
+  /// Inverse of compress_packed's bytes: `in` (wire_bytes(rows, cols) bytes)
+  /// -> out [rows, cols] FP32, the sender's q bit for bit (formats::dequantize
+  /// with the block scales rebuilt from their codes as formats/scale.cpp
+  /// derives them).
+  void decode_packed(const uint8_t* in, int64_t rows, int64_t cols, float* out) const;
+
  private:
   std::string format_;
   bool fp32_ = true, ef_ = true;
@@ -130,16 +203,30 @@ torch::Tensor grad_matrix(const torch::Tensor& t);
 struct GradComm {
   GradCompressor compressor;
   std::vector<torch::Tensor> residuals;  ///< e per distinct parameter, [shape of p]
+  bool allgather = false;  ///< dist.grad_comm_path = allgather: packed bytes all-gathered, summed in rank order
+  int64_t sent_bytes = 0;  ///< last step: bytes this rank handed to collectives (header comment of allreduce_gradients_quantized)
 };
 
 /// allreduce_gradients with quantization (header comment): replaces every
 /// distinct parameter's .grad by sum over ranks of q, updating
 /// `gc.residuals` (created as zeros on the first call). `seed`, `step` key
 /// stochastic rounding. Returns the bytes the format would send this step
-/// (gc.compressor.wire_bytes over the distinct parameters). With fp32 it is
-/// allreduce_gradients exactly (bit for bit) plus the byte count.
+/// (gc.compressor.wire_bytes over the distinct parameters). Two paths:
+///   allreduce (gc.allgather false): q decoded to FP32 and summed by
+///     allreduce_gradients (with fp32 it is allreduce_gradients exactly, bit
+///     for bit). gc.sent_bytes = 4 per element (+ 4·P for the amax).
+///   allgather: every rank's compress_packed bytes of every parameter, in
+///     model order, concatenated into one uint8 tensor, one all-gather; each
+///     rank decodes every rank's part and sums q_0 + q_1 + ... + q_{R-1} in
+///     that order (FP32, left to right: the same bits on every rank; for R = 2
+///     equal to the allreduce path). gc.sent_bytes = the returned bytes (the
+///     all-gather input, checked) + 4·P for the amax.
+/// The [P] FP32 MAX all-reduce of the shared amax (shares_amax()) precedes both.
 int64_t allreduce_gradients_quantized(Communicator& comm, const std::vector<torch::Tensor>& params, GradComm& gc,
                                       uint64_t seed, int64_t step);
+
+/// 4 x the elements of the distinct tensors of `params`: the bytes of their FP32 gradients.
+int64_t fp32_bytes(const std::vector<torch::Tensor>& params);
 
 /// The distinct tensors of `params` in order (a tied weight listed twice is kept once).
 std::vector<torch::Tensor> distinct_params(const std::vector<torch::Tensor>& params);

@@ -59,7 +59,18 @@ struct DistOptions {
   int64_t check_interval = 100;  ///< dist.check_interval: steps between weight checksums (0 = checkpoints only)
   std::string grad_comm = "fp32";  ///< dist.grad_comm: fp32 or a recipe name (data_parallel.h GradCompressor)
   bool error_feedback = true;      ///< dist.error_feedback: keep and re-send the quantization residual
+  bool allgather = false;          ///< dist.grad_comm_path = allgather (packed codes all-gathered) vs allreduce
+  bool overlap = true;             ///< dist.overlap: FP32 buckets all-reduced from autograd hooks during backward
   static DistOptions from(const Config& cfg);
+};
+
+/// A collective in flight (Communicator::allreduce_sum_async). wait() blocks
+/// until its result is in the tensors it was given (throws UserError like
+/// the synchronous call); call it exactly once, before reading them.
+class Pending {
+ public:
+  virtual ~Pending() = default;
+  virtual void wait() = 0;
 };
 
 /// Collectives over the ranks of one World. All calls are collective: every
@@ -76,6 +87,11 @@ class Communicator {
   /// Sums each tensor in place over the ranks (one all-reduce per tensor,
   /// all started before the first is waited for). Contiguous tensors.
   virtual void allreduce_sum(std::vector<torch::Tensor>& tensors) = 0;
+  /// allreduce_sum started and not waited for: every rank must start its
+  /// asynchronous collectives in the same order (they are matched by order).
+  /// The tensors must not be touched until the handle's wait() returned.
+  /// The default runs allreduce_sum at once (a done handle).
+  virtual std::unique_ptr<Pending> allreduce_sum_async(std::vector<torch::Tensor>& tensors);
   /// Element-wise maximum of each tensor in place over the ranks (the shared
   /// amax of quantized gradient communication). Contiguous tensors.
   virtual void allreduce_max(std::vector<torch::Tensor>& tensors) = 0;
@@ -88,6 +104,13 @@ class Communicator {
   virtual void barrier() = 0;
   /// Every rank's `t` (small, contiguous, same shape on every rank), in rank order: [R] tensors.
   virtual std::vector<torch::Tensor> allgather(const torch::Tensor& t) = 0;
+  /// Seconds this rank has spent blocked in collectives since it connected
+  /// (wall time of each synchronous call, and of each Pending::wait()): the
+  /// communication time a step could not hide.
+  double blocked_s() const { return blocked_s_; }
+
+ protected:
+  double blocked_s_ = 0;
 };
 
 /// Connects this rank (world.size > 1) to the others: the TCPStore (hosted

@@ -15,7 +15,9 @@
 //      when due, method/controller.h); forward, loss, backward of
 //      loss / (grad_accum·R) (gradients accumulate);
 //   3b. R > 1 data-parallel ranks (`comm`): gradients summed over the ranks
-//      in buckets (dist/data_parallel.h), the loss sum too (float64);
+//      in buckets (dist/data_parallel.h; with `overlap`, FP32 buckets start
+//      from autograd hooks during the last micro-batch's backward), the loss
+//      sum too (float64);
 //   4. the mean loss must be finite (else UserError "training diverged");
 //   5. global gradient L2 norm computed and clipped to grad_clip
 //      (torch::nn::utils::clip_grad_norm_);
@@ -74,6 +76,7 @@ struct StepContext {
   /// `optimizer` then holds this rank's parameters only. nullptr = stage 0.
   const dist::ZeroPartition* zero = nullptr;
   int zero_stage = 0;  ///< 1 or 2 with `zero`: 2 reduces each gradient to its owner only
+  bool overlap = false;  ///< dist.overlap: FP32 buckets all-reduced from autograd hooks during the last backward
 };
 
 /// What one step produced.
@@ -82,6 +85,8 @@ struct StepResult {
   double grad_norm = 0;  ///< global gradient L2 norm before clipping (of the reduced gradient)
   PrecisionEvent precision;  ///< the controller's decision at this step's boundary (if any)
   int64_t grad_comm_bytes = -1;  ///< bytes the gradient format would send per rank (dist.grad_comm); -1 = one process
+  int64_t grad_comm_sent_bytes = -1;  ///< bytes this rank handed to the gradient collectives (GradComm::sent_bytes); -1 = one process
+  double comm_s = -1;  ///< seconds blocked in collectives from the last backward to the summed gradient (exposed communication); -1 = one process
 };
 
 /// Runs optimizer step `step` (0-based: the number of steps completed before
