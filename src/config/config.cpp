@@ -110,6 +110,13 @@ std::vector<OptionSpec> make_table() {
       opt("dist.error_feedback", T::kBool, true, "",
           "with dist.grad_comm other than fp32: keep each rank's quantization residual and add it to the next "
           "step's gradient (Karimireddy et al. 2019, error feedback)"),
+      // [monitor]: the live side of a run (docs/operations.md).
+      opt("monitor.listen", T::kString, std::string("127.0.0.1:9464"), "HOST:PORT",
+          "serve Prometheus metrics at http://HOST:PORT/metrics while training; port 0 = any free port (logged); "
+          "empty = off. A port in use is a warning and the run goes on without the endpoint"),
+      opt("monitor.ranks", T::kString, std::string("rank0"), "",
+          "with several ranks: rank0 (only rank 0 serves monitor.listen) or all (each rank serves port + "
+          "its local rank)"),
       // [precision]
       opt("precision.recipe", T::kString, std::string("none"), "",
           "shorthand for policy uniform-<recipe> on every step (no warmup, no final phase): a name from "
@@ -219,6 +226,7 @@ std::vector<OptionSpec> make_table() {
   const std::vector<std::pair<const char*, std::vector<std::string>>> words = {
       {"train.gemm_dtype", {"bf16", "fp32"}},
       {"dist.backend", {"auto", "gloo", "nccl"}},
+      {"monitor.ranks", {"rank0", "all"}},
       {"train.gemm_backend", {"auto", "native", "emulated"}},
       {"precision.granularity", {"layer", "gemm"}},
       {"precision.first_order", {"abs", "signed", "drop"}},
