@@ -116,8 +116,12 @@ scrape_configs:
                                  "--storage.tsdb.path=" + os.path.join(tmp, "data"),
                                  "--web.listen-address=127.0.0.1:%d" % pport], stdout=plog, stderr=subprocess.STDOUT)
 
-        # The endpoint itself: the text format, straight from snip.
-        body = wait_for("snip's /metrics", lambda: _try(lambda: get(f"http://127.0.0.1:{sport}/metrics")), DEADLINE)
+        # The endpoint itself: the text format, straight from snip (before
+        # the first step it has no snip_loss sample: wait for one).
+        def scrape():
+            body = _try(lambda: get(f"http://127.0.0.1:{sport}/metrics"))
+            return body if body and "\nsnip_loss " in body else None
+        body = wait_for("snip's /metrics with a loss", scrape, DEADLINE)
         c.check(body is not None and "# TYPE snip_loss gauge" in body, "snip serves /metrics on loopback",
                 (body or "")[:200])
 
@@ -159,9 +163,12 @@ scrape_configs:
                 "every layer alerted had an error above 5%", f"fired {fired}, peak {peak}")
         c.check(not {l for l, v in peak.items() if v <= 0.05} & fired, "no alert for a layer never above 5%",
                 f"fired {fired}, peak {peak}")
-        # Nothing else fires on a healthy run.
+        # Nothing else fires on a healthy run (pending does not count: on a
+        # loaded machine SnipThroughputDrop may be pending, its for: 2m
+        # outlasts this test).
         others = json.loads(get(f"http://127.0.0.1:{pport}/api/v1/alerts"))["data"]["alerts"]
-        others = [a["labels"]["alertname"] for a in others if a["labels"]["alertname"] != "SnipQuantErrorHigh"]
+        others = [a["labels"]["alertname"] for a in others
+                  if a["labels"]["alertname"] != "SnipQuantErrorHigh" and a["state"] == "firing"]
         c.check(not others, "no other alert on a healthy run", str(others))
         # The loopback-only binding of both servers.
         with open(f"/proc/{trainer.pid}/net/tcp") as f:
