@@ -20,6 +20,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch                           # the float64 reference model of the golden test; torchrun
   libgloo-dev                             # Gloo headers for LibTorch's c10d ProcessGroupGloo (src/dist)
+  prometheus-cpp-dev                      # /metrics endpoint: prometheus-cpp registry + pull exposer (src/monitor)
+  prometheus                              # prometheus + promtool: the alert-rule and scrape tests (tests/monitor)
   chromium                                # headless browser of the report test (tests/report/report_browser.sh)
   clang libclang-rt-14-dev libomp-14-dev  # the fuzz build: clang 14, libFuzzer + sanitizer runtimes, OpenMP for clang
   ${SNIP_EXTRA_PACKAGES:-}

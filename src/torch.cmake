@@ -20,7 +20,7 @@ target_include_directories(snip_torch PUBLIC ${PROJECT_SOURCE_DIR}/include)
 target_link_libraries(snip_torch PUBLIC ${TORCH_LIBRARIES} nlohmann_json::nlohmann_json
   spdlog::spdlog OpenMP::OpenMP_CXX ZLIB::ZLIB)
 # Not snip_data: SentencePiece must stay out of LibTorch processes (src/data/CMakeLists.txt).
-foreach(dep snip_formats snip_recipes snip_io snip_tokens snip_policy snip_report snip_config snip_hw snip_run)
+foreach(dep snip_formats snip_recipes snip_io snip_tokens snip_policy snip_report snip_config snip_hw snip_run snip_monitor)
   if(TARGET ${dep})
     target_link_libraries(snip_torch PUBLIC ${dep})
   endif()

@@ -120,6 +120,13 @@ std::vector<OptionSpec> make_table() {
       opt("dist.overlap", T::kBool, true, "",
           "start each FP32 gradient bucket's all-reduce from autograd hooks as soon as its gradients are final "
           "(overlapping backward); false = every bucket after backward (same numbers)"),
+      // [monitor]: the live side of a run (docs/operations.md).
+      opt("monitor.listen", T::kString, std::string("127.0.0.1:9464"), "HOST:PORT",
+          "serve Prometheus metrics at http://HOST:PORT/metrics while training; port 0 = any free port (logged); "
+          "empty = off. A port in use is a warning and the run goes on without the endpoint"),
+      opt("monitor.ranks", T::kString, std::string("rank0"), "",
+          "with several ranks: rank0 (only rank 0 serves monitor.listen) or all (each rank serves port + "
+          "its local rank)"),
       // [precision]
       opt("precision.recipe", T::kString, std::string("none"), "",
           "shorthand for policy uniform-<recipe> on every step (no warmup, no final phase): a name from "
@@ -231,6 +238,7 @@ std::vector<OptionSpec> make_table() {
       {"train.gemm_dtype", {"bf16", "fp32"}},
       {"dist.backend", {"auto", "gloo", "nccl"}},
       {"dist.grad_comm_path", {"allreduce", "allgather"}},
+      {"monitor.ranks", {"rank0", "all"}},
       {"train.gemm_backend", {"auto", "native", "emulated"}},
       {"precision.granularity", {"layer", "gemm"}},
       {"precision.first_order", {"abs", "signed", "drop"}},

@@ -484,6 +484,11 @@ void PrecisionController::decide(int64_t s, Phase phase,
   ev.metrics["plan_step"] = s;
   ev.metrics["phase"] = to_string(phase);
   if (have_stats) ev.metrics["rel_err_fprop"] = std::move(rel_chosen);
+  if (have_stats) ev.metrics["stats_seconds"] = stats_s;
+  if (root) {  // the plan's solver outcome (rank 0 solved it)
+    ev.metrics["plan_status"] = r.status;
+    ev.metrics["plan_solve_seconds"] = r.solve_seconds;
+  }
 }
 
 std::map<std::string, std::string> PrecisionController::agree(int64_t s,

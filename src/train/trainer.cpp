@@ -31,6 +31,7 @@
 #include "snip/method/controller.h"
 #include "snip/model/hf.h"
 #include "snip/model/matmul.h"
+#include "snip/monitor/exporter.h"
 #include "snip/quant/quantizers.h"
 #include "snip/report/report.h"
 #include "snip/train/checkpoint.h"
@@ -312,6 +313,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     adopted = cfg.values() != set_before;
   }
   const std::string alias = resolve_precision_alias(cfg);
+  const monitor::MonitorOptions monitor_opts = monitor::monitor_options(cfg);  // checked before anything runs
   const RunConfig rc = [&] {  // every option checked and typed, once
     try {
       return RunConfig::from(cfg);
@@ -538,6 +540,9 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   const bool tty = !quiet && isatty(STDERR_FILENO);
   const int64_t tokens_per_step = B * T * accum * R;
   const int64_t warmup = tc.warmup_steps;
+  // The /metrics endpoint (monitor/exporter.h), fed the record of each step.
+  const std::unique_ptr<monitor::Exporter> exporter = monitor::start_exporter(
+      monitor_opts, {tokens_per_step, world.rank, R, ctl.policy(), {}}, world.local_rank, !opts.quiet);
   if (!quiet) {
     if (!alias.empty()) spdlog::info("{}", alias);
     for (const std::string& n : init_notes) spdlog::info("--init-from: {}", n);
@@ -693,6 +698,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       rec["val_ppl"] = std::exp(last_val);
     }
     if (metrics) metrics->append(rec);
+    if (exporter) exporter->update(rec);
     // `snip experiment` reads this line back from each arm's log (cmd_experiment.cpp,
     // parse_progress_line): keep "step N/M | loss L" first and "| ETA " + fmt_duration.
     if (!quiet && (step % tc.log_interval == 0 || step == max_steps || eval_step)) {
@@ -741,6 +747,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
         last_checkpoint = (run / "checkpoints" / ("step-" + std::to_string(step))).string();
       }
       last_checkpoint_s = elapsed();
+      if (exporter) exporter->checkpoint_written(step);
       if (comm) comm->barrier();  // the checkpoint exists before any rank goes on (or stops)
     }
     if (stopped_by) break;

@@ -14,8 +14,10 @@
 //   RUN/metrics.jsonl          one JSON object per step: step, loss, lr,
 //                              grad_norm, tokens_per_s, elapsed_s, fp4_share;
 //                              plus val_loss, val_ppl at evaluation steps and
-//                              precision, plan_step, phase, rel_err_fprop on the
-//                              first step after a precision decision
+//                              precision, plan_step, phase, plan_status,
+//                              plan_solve_seconds (rank 0), rel_err_fprop and
+//                              stats_seconds (after a stats step) on the first
+//                              step after a precision decision
 //   RUN/plans/step-N.json      precision decisions, RUN/stats/step-N.json stats
 //                              steps (precision.policy != bf16; controller.h)
 //   RUN/checkpoints/step-N/    model.safetensors (HF names, F32), config.json,

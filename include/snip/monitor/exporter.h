@@ -1,0 +1,148 @@
+// snip/monitor/exporter.h: the live side of a run, a Prometheus /metrics
+// endpoint (monitor.listen; docs/operations.md).
+//
+// Libraries: prometheus-cpp 1.0 core (Debian's prometheus-cpp-dev): its
+// TextSerializer writes the text exposition format 0.0.4 (label escaping of
+// \ " and newline, NaN / +Inf / -Inf); cpp-httplib serves it (one accept
+// thread, one worker). Not prometheus-cpp's own Exposer: its civetweb
+// threads ask for a 100 KiB stack, which glibc refuses (EINVAL) in a process
+// whose static TLS (LibTorch, OpenBLAS, glog) needs more (docs/operations.md).
+// snip adds only what the numbers mean: one Collectable that turns the
+// trainer's per-step record (the metrics.jsonl line, keys in
+// train/trainer.h) into metric families at scrape time. LibTorch-free.
+//
+// What is measured when (nothing is invented between measurements):
+//   every step     loss, lr, gradient norm, tokens/s, step time, FP4 share
+//   evaluations    validation loss (train.eval_interval)
+//   plan steps     per layer the precision of each GEMM operand, the planner's
+//                  status and solve time; with a stats step (policies snip,
+//                  min-rel-err) also the stats-step time and, per layer, the
+//                  fprop GEMM's relative output error ||Y_q - Y|| / ||Y|| under
+//                  the option chosen (both operands quantized: label
+//                  operand="both"; dgrad/wgrad and per-operand errors are not
+//                  measured in training today)
+//   each scrape    process RSS and peak RSS (/proc/self/status), checkpoint age
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace httplib {
+class Server;
+}
+
+namespace snip {
+class Config;
+}
+
+namespace snip::monitor {
+
+/// The relative-error threshold of the quantization-error alert (the seeds'
+/// "above 5% for 3 consecutive steps"; deploy/prometheus/snip-rules.yml).
+inline constexpr double kQuantErrorThreshold = 0.05;
+
+/// [monitor] options, parsed and checked once (monitor_options).
+struct MonitorOptions {
+  bool enabled = false;  ///< monitor.listen is not empty
+  std::string host;      ///< e.g. "127.0.0.1" (IPv4 dotted quad or "localhost")
+  int port = 0;          ///< 0 = any free port (the one bound is logged)
+  bool all_ranks = false;  ///< monitor.ranks = "all" (else "rank0")
+  /// host:port this process binds: port + local_rank with all_ranks (port 0
+  /// stays 0). Empty when this rank exports nothing.
+  std::string address(int rank, int local_rank) const;
+};
+
+/// Reads monitor.listen and monitor.ranks from `cfg`. Throws UserError
+/// "monitor.listen: expected HOST:PORT (e.g. 127.0.0.1:9464) or an empty
+/// string, got 'x'" for a malformed value or a port outside 0..65535.
+MonitorOptions monitor_options(const Config& cfg);
+
+/// Consecutive measurements above a threshold, per key (the streak the
+/// quantization-error alert counts inside snip, since Prometheus's `for:`
+/// counts wall time, not steps). A value strictly above the threshold adds
+/// one, a value at or below it resets the key to 0; NaN and +-Inf count as
+/// above (a broken measurement is not a good one).
+class Streak {
+ public:
+  explicit Streak(double threshold = kQuantErrorThreshold) : threshold_(threshold) {}
+  /// Records one measurement of `key`; returns its streak after it.
+  int64_t add(const std::string& key, double value);
+  int64_t get(const std::string& key) const;
+  double threshold() const { return threshold_; }
+
+ private:
+  double threshold_;
+  std::map<std::string, int64_t> n_;
+};
+
+/// What the trainer knows before the first step.
+struct RunInfo {
+  int64_t tokens_per_step = 0;  ///< B x T x grad_accum x ranks
+  int rank = 0, world_size = 1;
+  std::string policy;           ///< precision.policy as written
+  /// Element bits per operand of each precision option (recipe name ->
+  /// {"fprop.x": 4, ...}); the trainer fills it from the recipe registry.
+  std::map<std::string, std::map<std::string, int>> option_bits;
+};
+
+/// Every metric family snip exports: name, type ("gauge"/"counter") and help.
+struct MetricInfo {
+  const char* name;
+  const char* type;
+  const char* help;
+};
+const std::vector<MetricInfo>& metric_table();
+
+class Collector;
+
+/// The exporter: state from records, families at scrape time, and (when
+/// listen() succeeded) the HTTP endpoint. Thread-safe: the trainer updates,
+/// civetweb's threads scrape.
+class Exporter {
+ public:
+  explicit Exporter(RunInfo info);
+  ~Exporter();
+  Exporter(const Exporter&) = delete;
+  Exporter& operator=(const Exporter&) = delete;
+
+  /// Serves /metrics on `address` (host:port). Returns the port bound, or -1
+  /// with `*error` set (e.g. the port is in use); the run goes on without it.
+  int listen(const std::string& address, std::string* error);
+
+  /// Takes one metrics.jsonl record (a step's; keys in train/trainer.h):
+  /// step, loss, lr, grad_norm, tokens_per_s, fp4_share, val_loss,
+  /// precision, rel_err_fprop, stats_seconds, plan_status,
+  /// plan_solve_seconds. Absent keys keep their last value. null = NaN.
+  void update(const nlohmann::json& record);
+  /// A checkpoint was written now (its step).
+  void checkpoint_written(int64_t step);
+  /// The guard's state (issue 12 item 3; 0 = idle until the guard exists).
+  void set_guard_state(int state);
+
+  /// The current exposition text (what /metrics returns).
+  std::string text() const;
+  /// The streak of (layer, gemm, operand) (see Streak).
+  int64_t streak(const std::string& layer, const std::string& gemm = "fprop",
+                 const std::string& operand = "both") const;
+
+ private:
+  std::shared_ptr<Collector> collector_;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;  // runs server_'s accept loop
+};
+
+/// Starts the exporter of this rank when `opts` says it serves one (else
+/// nullptr): fills info.option_bits from the recipe registry, binds
+/// opts.address(rank, local_rank) and logs the URL (when `log`). A port that
+/// cannot be bound is one warning naming it and what to set, and nullptr:
+/// metrics are never a reason to stop a run.
+std::unique_ptr<Exporter> start_exporter(const MonitorOptions& opts, RunInfo info, int local_rank, bool log);
+
+}  // namespace snip::monitor
