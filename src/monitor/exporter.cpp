@@ -15,6 +15,7 @@
 #include <limits>
 #include <cstring>
 #include <sstream>
+#include <thread>
 #include <tuple>
 
 #include <spdlog/spdlog.h>
@@ -324,6 +325,10 @@ int Exporter::listen(const std::string& address, std::string* error) {
   }
   server_ = std::move(srv);
   thread_ = std::thread([s = server_.get()] { s->listen_after_bind(); });
+  // cpp-httplib's stop() does nothing until the server runs: a run that ends
+  // (or fails) right after this would leave ~Exporter joining a thread that
+  // then blocks in accept() for ever. Wait until it runs (a few ms).
+  for (int i = 0; i < 5000 && !server_->is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return port;
 }
 

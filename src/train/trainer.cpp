@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <ctime>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -226,15 +227,32 @@ namespace {
 
 // SIGINT/SIGTERM during training (issue 18, item 4): the first one asks the
 // loop to stop after the step in progress, with a checkpoint; a second one
-// ends the process at once (the default action, re-raised).
+// ends the process at once (the default action, re-raised) — unless it comes
+// within kEchoWindowNs of the first: that is the same request arriving twice,
+// not a person pressing Ctrl-C again. A terminal's Ctrl-C reaches every
+// process of the foreground group, so a rank under torchrun (which forwards
+// the signal it got to its workers) or under `snip train --nproc-per-node`
+// gets it twice within milliseconds.
 std::atomic<int> g_stop_signal{0};
+std::atomic<int64_t> g_first_signal_ns{0};
+constexpr int64_t kEchoWindowNs = 1'000'000'000;
+
+int64_t monotonic_ns() {  // async-signal-safe (clock_gettime)
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
 
 extern "C" void on_stop_signal(int sig) {
-  if (g_stop_signal.exchange(sig) != 0) {
+  const int64_t now = monotonic_ns();
+  int64_t none = 0;
+  if (!g_first_signal_ns.compare_exchange_strong(none, now)) {
+    if (now - none < kEchoWindowNs) return;  // the same request, forwarded (`none` holds the first's time)
     std::signal(sig, SIG_DFL);
     std::raise(sig);
     return;
   }
+  g_stop_signal = sig;
   static const char msg[] =
       "\nsnip: stopping after this step and writing a checkpoint (press Ctrl-C again to stop at once)\n";
   (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
@@ -247,6 +265,7 @@ class StopOnSignal {
  public:
   StopOnSignal() {
     g_stop_signal = 0;
+    g_first_signal_ns = 0;
     for (int i = 0; i < 2; ++i) {
       struct sigaction sa {};
       sa.sa_handler = on_stop_signal;

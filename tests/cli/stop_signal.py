@@ -4,7 +4,8 @@ real binary: the step in progress is finished and checkpointed, the run says
 where the checkpoint is and how to continue, and the process ends by the
 signal (a shell shows 130 / 143); --resume then completes the run with every
 step recorded exactly once and the same losses as an uninterrupted run. A
-second Ctrl-C ends the process at once. train.checkpoint_minutes writes
+second Ctrl-C more than 1 s later ends the process at once (within 1 s it
+is the same request arriving twice, as under torchrun). train.checkpoint_minutes writes
 checkpoints by wall time.
 
 usage: stop_signal.py SNIP_BINARY PREPARED_DATA_DIR
@@ -84,18 +85,35 @@ for sig, name in [(signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM")]:
           str([r["step"] for r in recs]))
     check([r["loss"] for r in recs] == ref_loss, f"{name}: losses of the uninterrupted run")
 
-# A second Ctrl-C stops at once, by SIGINT (a bigger batch makes a step long
-# enough that both signals arrive inside it).
+# A second Ctrl-C more than 1 s after the first stops at once, by SIGINT. A
+# big batch makes a step long enough (about 2.8 s on an idle machine) that
+# both signals arrive inside the step after step 1 (the first is sent as soon
+# as step 1 is recorded).
 run = os.path.join(tmp, "run-twice")
 proc = start(["train", "--config", cfg, "--run-dir", run, "--set", "train.max_steps=400", "--set",
-              "train.batch_size=1024"])
+              "train.batch_size=8192"])
 check(wait_for_steps(run, 1, proc), "twice: run reached step 1")
+proc.send_signal(signal.SIGINT)
+time.sleep(1.2)
+proc.send_signal(signal.SIGINT)
+out, err = proc.communicate(timeout=120)
+check(proc.returncode == -signal.SIGINT, "twice: ends by SIGINT", f"rc={proc.returncode} {err[-300:]}")
+check("stopped by SIGINT at step" not in err, "twice: did not wait for a checkpoint", err[-400:])
+
+# The same signal twice within 1 s is one request (a terminal's Ctrl-C
+# reaches a rank directly and again through torchrun or the
+# --nproc-per-node launcher, which forward it): a normal stop, one checkpoint.
+run = os.path.join(tmp, "run-echo")
+proc = start(["train", "--config", cfg, "--run-dir", run, "--set", "train.max_steps=400", "--set",
+              "train.batch_size=4096"])
+check(wait_for_steps(run, 1, proc), "echo: run reached step 1")
 proc.send_signal(signal.SIGINT)
 time.sleep(0.1)  # two signals sent at once merge into one (standard signals are not queued)
 proc.send_signal(signal.SIGINT)
 out, err = proc.communicate(timeout=120)
-check(proc.returncode == -signal.SIGINT, "twice: ends by SIGINT", f"rc={proc.returncode}")
-check("stopped by SIGINT at step" not in err, "twice: did not wait for a checkpoint", err[-400:])
+check(proc.returncode == -signal.SIGINT and "stopped by SIGINT at step" in err,
+      "echo: a second SIGINT within 1 s still stops after the step, with a checkpoint",
+      f"rc={proc.returncode} {err[-400:]}")
 
 # train.checkpoint_minutes: a checkpoint after that much wall time, whatever
 # checkpoint_interval says (0.002 minutes = 120 ms; 200 steps take > 1 s),

@@ -23,7 +23,9 @@ the micro model:
   errors     a port in use, an unreachable master, a world-size mismatch,
              dist.backend = nccl without NCCL: one `snip: error:` line, exit 2
   torchrun   torchrun --nproc_per_node=2 --tee 1 --redirects 2 --no_python:
-             the same weights as the hand-launched 2-rank run
+             the same weights as the hand-launched 2-rank run; Ctrl-C
+             (SIGINT to torchrun's process group): every rank stops after
+             the same step with one checkpoint
   gradcomm   dist.grad_comm = fp8 and fp4 (error feedback on) on 2 ranks:
              finite losses, grad_comm_bytes = the hand-computed bytes of the
              micro model's parameters in that format, identical weights on
@@ -359,6 +361,29 @@ try:
             with open(os.path.join(run, "checkpoints", "step-8", "model.safetensors"), "rb") as fa, \
                  open(os.path.join(two_rank_run, "checkpoints", "step-8", "model.safetensors"), "rb") as fb:
                 check(fa.read() == fb.read(), f"torchrun --tee {tee}: the same weights as the hand-launched 2-rank run")
+        # Ctrl-C in a terminal: SIGINT to the whole foreground process group
+        # (torchrun and its ranks). Every rank stops after the same step, rank
+        # 0 writes one checkpoint there, nothing half-written, nobody hangs.
+        run = os.path.join(tmp, "torchrun-int")
+        args = ["torchrun", "--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=c10d",
+                f"--rdzv_endpoint=127.0.0.1:{free_port()}", "--tee", "2", "--redirects", "2", "--no_python",
+                snip] + train + ["--run-dir", run, "--set", "train.max_steps=100000", "--set",
+                                 "train.eval_interval=100000", "--set", "train.checkpoint_interval=0", "--set",
+                                 "train.checkpoint_minutes=0"]
+        p = start(args, env)
+        t0 = time.time()
+        while time.time() - t0 < 90 and not (os.path.exists(os.path.join(run, "metrics.jsonl"))
+                                             and len(metrics(run)) >= 3):
+            time.sleep(0.05)
+        os.killpg(p.pid, signal.SIGINT)
+        rc, out, err = finish(p, 60)
+        check(rc != "timeout", "torchrun Ctrl-C: torchrun and both ranks end within 60 s", err[-800:])
+        ckdir = os.path.join(run, "checkpoints")
+        ck = sorted(os.listdir(ckdir)) if os.path.isdir(ckdir) else []
+        n = len(metrics(run))
+        check([c for c in ck if c.startswith("step-")] == [f"step-{n}"] and not any(c.endswith(".tmp") for c in ck),
+              "torchrun Ctrl-C: one complete checkpoint, at the last recorded step", f"{ck}, {n} steps")
+        check("stopped by SIGINT at step" in out + err, "torchrun Ctrl-C: rank 0 says where it stopped", err[-800:])
     if "gradcomm" in cases:
         # The micro model (clitest.micro_toml): C = 32, I = 64, one layer, 2 heads of 16, 1 KV head, tied
         # embeddings, V from the data. Every parameter as the [rows, K] matrix that is quantized
