@@ -149,9 +149,13 @@ void add_train_commands(CLI::App& app) {
         "         train loss {:.4f} (mean of the last 10 steps) | val loss {:.4f} (perplexity {:.1f}) | best val {:.4f}\n"
         "         run directory {}: {}\n",
         s.steps,
-        s.invocation_steps == s.steps
-            ? std::string()
-            : fmt::format(" ({} in this session, resumed at step {})", s.invocation_steps, s.steps - s.invocation_steps),
+        (s.start_step == 0 ? std::string()
+                           : fmt::format(" ({} in this session, resumed at step {})", s.invocation_steps,
+                                         s.start_step)) +
+            (s.rollbacks + s.skipped_steps == 0
+                 ? std::string()
+                 : fmt::format(" (guard: {} rollback{}, {} step{} skipped; metrics.jsonl \"guard\")", s.rollbacks,
+                               s.rollbacks == 1 ? "" : "s", s.skipped_steps, s.skipped_steps == 1 ? "" : "s")),
         s.tokens, s.seconds, s.tokens_per_s,
         s.final_train_loss, s.final_val_loss, std::exp(s.final_val_loss), s.best_val_loss, s.run_dir,
         run_contents(s.run_dir));

@@ -76,6 +76,9 @@ std::vector<OptionSpec> make_table() {
       opt("train.beta2", T::kFloat, 0.95, "", "AdamW beta2"),
       opt("train.eps", T::kFloat, 1e-8, "", "AdamW epsilon"),
       opt("train.grad_clip", T::kFloat, 1.0, "", "max global gradient L2 norm; 0 = off"),
+      opt("train.clip_low_precision", T::kFloat, 1.0, "fraction",
+          "factor on train.grad_clip while any layer runs below FP8 (a GEMM operand with fewer than 8 element "
+          "bits, e.g. fp4); METHOD.md section 7 suggests 0.5-0.7; 1 = the same threshold"),
       opt("train.zero_stage", T::kInt, int64_t{0}, "",
           "several ranks: 0 = plain data parallel, 1 = AdamW state sharded over the ranks (ZeRO-1), "
           "2 = also the reduced gradients (ZeRO-2); docs/distributed.md"),
@@ -120,6 +123,48 @@ std::vector<OptionSpec> make_table() {
       opt("dist.overlap", T::kBool, true, "",
           "start each FP32 gradient bucket's all-reduce from autograd hooks as soon as its gradients are final "
           "(overlapping backward); false = every bucket after backward (same numbers)"),
+      // [checkpoint]: the rollback baseline (docs/operations.md "The guard").
+      opt("checkpoint.keep_good", T::kInt, int64_t{1}, "",
+          "also keep the newest N checkpoints that passed validation (finite, validation loss at most "
+          "checkpoint.good_margin above the best), apart from train.keep_checkpoints; the guard rolls back to "
+          "the newest of them; 0 = every checkpoint counts as good and only the rolling ones are kept"),
+      opt("checkpoint.good_margin", T::kFloat, 0.05, "fraction",
+          "a checkpoint passes validation when its validation loss is at most (1 + margin) x the best so far"),
+      // [guard]: conditions checked every step and what to do (docs/operations.md "The guard").
+      opt("guard.enabled", T::kBool, true, "",
+          "check the guard's conditions every step; false = a non-finite loss ends the run as before"),
+      opt("guard.on_nonfinite", T::kString, std::string("rollback"), "",
+          "a non-finite loss or gradient (the step's update is always skipped): warn, fp8-layer, replan, "
+          "rollback or stop"),
+      opt("guard.on_loss_spike", T::kString, std::string("rollback"), "",
+          "the loss more than guard.spike_ratio above its mean over guard.spike_window steps: warn, fp8-layer, "
+          "replan, rollback or stop"),
+      opt("guard.on_quant_error", T::kString, std::string("warn"), "",
+          "a layer's relative quantization error above guard.quant_error_threshold for guard.quant_error_steps "
+          "measurements in a row: warn, fp8-layer, replan, rollback or stop (E2M1's fprop error is ~0.1 on "
+          "small models, so fp8-layer there undoes every FP4 choice; docs/operations.md)"),
+      opt("guard.on_throughput_drop", T::kString, std::string("warn"), "",
+          "tokens/s below (1 - guard.throughput_drop) x its mean over guard.spike_window steps: warn or stop"),
+      opt("guard.spike_window", T::kInt, int64_t{20}, "steps",
+          "steps of the running mean the loss spike and throughput drop compare against"),
+      opt("guard.spike_ratio", T::kFloat, 0.5, "fraction",
+          "loss spike: loss > (1 + ratio) x the window's mean (as the SnipLossSpike alert rule)"),
+      opt("guard.throughput_drop", T::kFloat, 0.5, "fraction",
+          "throughput drop: tokens/s < (1 - drop) x the window's mean"),
+      opt("guard.quant_error_threshold", T::kFloat, 0.05, "fraction",
+          "relative quantization error above which a measurement counts toward the streak"),
+      opt("guard.quant_error_steps", T::kInt, int64_t{3}, "measurements",
+          "consecutive measurements above the threshold that trigger guard.on_quant_error"),
+      opt("guard.stall_minutes", T::kFloat, 10.0, "minutes",
+          "warn (log, guard state) when one step has run this long; 0 = off"),
+      opt("guard.budget_step", T::kFloat, 0.10, "fraction",
+          "replan (and after a rollback): lower precision.budget by this FLOPs share (0.75 -> 0.65)"),
+      opt("guard.smoothing", T::kFloat, 0.3, "fraction",
+          "replan (and after a rollback): raise precision.smoothing to at least this"),
+      opt("guard.raise_option", T::kString, std::string("fp8"), "",
+          "the option fp8-layer moves a layer to (a recipe name, or bf16)"),
+      opt("guard.max_rollbacks", T::kInt, int64_t{3}, "",
+          "rollbacks allowed in one run; the next one stops the run instead"),
       // [monitor]: the live side of a run (docs/operations.md).
       opt("monitor.listen", T::kString, std::string("127.0.0.1:9464"), "HOST:PORT",
           "serve Prometheus metrics at http://HOST:PORT/metrics while training; port 0 = any free port (logged); "
@@ -211,6 +256,18 @@ std::vector<OptionSpec> make_table() {
       {"train.beta2", {0, 1, false, true}},
       {"train.eps", adamw},
       {"train.grad_clip", {0, 1e30}},
+      {"train.clip_low_precision", {0, 1, true}},
+      {"checkpoint.keep_good", non_negative},
+      {"checkpoint.good_margin", {0, 1e6}},
+      {"guard.spike_window", {1, 1e6}},
+      {"guard.spike_ratio", {0, 1e6, true}},
+      {"guard.throughput_drop", {0, 1, true, true}},
+      {"guard.quant_error_threshold", {0, 1e6}},
+      {"guard.quant_error_steps", {1, 1e6}},
+      {"guard.stall_minutes", {0, 1e6}},
+      {"guard.budget_step", fraction},
+      {"guard.smoothing", fraction},
+      {"guard.max_rollbacks", {0, 1e6}},
       {"train.zero_stage", {0, 2}},
       {"train.eval_interval", positive},
       {"train.eval_batches", non_negative},
@@ -239,6 +296,10 @@ std::vector<OptionSpec> make_table() {
       {"dist.backend", {"auto", "gloo", "nccl"}},
       {"dist.grad_comm_path", {"allreduce", "allgather"}},
       {"monitor.ranks", {"rank0", "all"}},
+      {"guard.on_nonfinite", {"warn", "fp8-layer", "replan", "rollback", "stop"}},
+      {"guard.on_loss_spike", {"warn", "fp8-layer", "replan", "rollback", "stop"}},
+      {"guard.on_quant_error", {"warn", "fp8-layer", "replan", "rollback", "stop"}},
+      {"guard.on_throughput_drop", {"warn", "stop"}},
       {"train.gemm_backend", {"auto", "native", "emulated"}},
       {"precision.granularity", {"layer", "gemm"}},
       {"precision.first_order", {"abs", "signed", "drop"}},
@@ -822,6 +883,9 @@ RunConfig RunConfig::from(const Config& c) {
   t.beta2 = c.get_float("train.beta2");
   t.eps = c.get_float("train.eps");
   t.grad_clip = c.get_float("train.grad_clip");
+  t.clip_low_precision = c.get_float("train.clip_low_precision");
+  t.keep_good = c.get_int("checkpoint.keep_good");
+  t.good_margin = c.get_float("checkpoint.good_margin");
   t.zero_stage = c.get_int("train.zero_stage");
   t.gemm_bf16 = c.get_string("train.gemm_dtype") == "bf16";
   t.gemm_backend = c.get_string("train.gemm_backend");
@@ -868,6 +932,22 @@ RunConfig RunConfig::from(const Config& c) {
   p.per_gemm = c.get_string("precision.granularity") == "gemm";
   p.first_order = parse_first_order(c.get_string("precision.first_order"), "config: precision.first_order");
   p.curvature_probes = c.get_int("precision.curvature_probes");
+  GuardConfig& g = r.guard;
+  g.enabled = c.get_bool("guard.enabled");
+  g.on_nonfinite = c.get_string("guard.on_nonfinite");
+  g.on_loss_spike = c.get_string("guard.on_loss_spike");
+  g.on_quant_error = c.get_string("guard.on_quant_error");
+  g.on_throughput_drop = c.get_string("guard.on_throughput_drop");
+  g.spike_window = c.get_int("guard.spike_window");
+  g.spike_ratio = c.get_float("guard.spike_ratio");
+  g.throughput_drop = c.get_float("guard.throughput_drop");
+  g.quant_error_threshold = c.get_float("guard.quant_error_threshold");
+  g.quant_error_steps = c.get_int("guard.quant_error_steps");
+  g.stall_minutes = c.get_float("guard.stall_minutes");
+  g.budget_step = c.get_float("guard.budget_step");
+  g.smoothing = c.get_float("guard.smoothing");
+  g.raise_option = c.get_string("guard.raise_option");
+  g.max_rollbacks = c.get_int("guard.max_rollbacks");
   return r;
 }
 

@@ -230,6 +230,22 @@ PrecisionController::PrecisionController(const RunConfig& rc, std::vector<QuantL
     }
   }
   if (pc_.policy == Policy::kNone) return;  // inactive: nothing is quantized
+  if (rc.guard.enabled && !quant_.count(rc.guard.raise_option)) {
+    const std::string& o = rc.guard.raise_option;
+    if (o == kReference) {
+      extra_quant_[o] = nullptr;
+    } else {
+      try {
+        extra_quant_[o] = make_recipe_quantizer(o);
+      } catch (const UserError& e) {
+        std::string m = e.what();
+        const std::string pre = "precision.recipe: ";
+        if (m.rfind(pre, 0) == 0) m = m.substr(pre.size());
+        fail("config: guard.raise_option: option '", o, "': ", m);
+      }
+      if (!extra_quant_[o]) fail("config: guard.raise_option: expected an option name, got '", o, "'");
+    }
+  }
   active_ = true;
   for (int64_t p : sched_.plan_steps()) plan_steps_.insert(p);
   // Everything the planner can check on the layer list alone (pins that match
@@ -252,8 +268,59 @@ void PrecisionController::set_output(const std::string& run_dir, bool verbose) {
 
 std::shared_ptr<const OperandQuantizer> PrecisionController::quantizer(const std::string& option) const {
   auto it = quant_.find(option);
-  SNIP_CHECK(it != quant_.end(), "no quantizer for option ", option);
+  if (it != quant_.end()) return it->second;
+  it = extra_quant_.find(option);
+  SNIP_CHECK(it != extra_quant_.end(), "no quantizer for option ", option);
   return it->second;
+}
+
+void PrecisionController::raise_precision(double budget_step, double smoothing) {
+  if (!active_) return;
+  pc_.budget = std::max(0.0, pc_.budget - budget_step);
+  pc_.smoothing = std::max(pc_.smoothing, smoothing);
+  replan_requested_ = true;
+}
+
+std::vector<std::string> PrecisionController::force_option(const std::vector<std::string>& layers,
+                                                           const std::string& option) {
+  std::vector<std::string> changed;
+  if (!active_ || assign_.empty()) return changed;
+  (void)quantizer(option);  // known (SNIP_CHECK)
+  std::map<std::string, std::string> a = assign_;
+  for (const std::string& layer : layers) {
+    bool found = false, moved = false;
+    for (const auto& l : layers_)
+      if (l->name == layer) found = true;
+    if (!found) fail("guard: no linear layer named '", layer, "'");
+    for (const std::string& item : item_names())
+      if (item == layer || item.rfind(layer + ":", 0) == 0) {
+        moved = moved || a[item] != option;
+        a[item] = option;
+      }
+    if (moved) changed.push_back(layer);
+  }
+  apply(a);
+  return changed;
+}
+
+std::vector<std::string> PrecisionController::layers_below_fp8() const {
+  std::vector<std::string> out;
+  if (!active_ || assign_.empty()) return out;
+  std::map<std::string, bool> low;  // option -> some operand has fewer than 8 element bits
+  auto is_low = [&](const std::string& o) {
+    auto it = low.find(o);
+    if (it != low.end()) return it->second;
+    bool b = false;
+    if (o != kReference)
+      for (const auto& spec : quant::find_recipe(o).operands) b = b || spec.element.bits < 8;
+    return low[o] = b;
+  };
+  for (const auto& l : layers_) {
+    bool b = false;
+    for (const std::string& o : layer_options(assign_, l->name).v) b = b || is_low(o);
+    if (b) out.push_back(l->name);
+  }
+  return out;
 }
 
 // Items with FLOPs 6·in·out per token (per step up to a common factor, which
@@ -356,8 +423,14 @@ PrecisionEvent PrecisionController::begin_step(int64_t s, const std::function<to
   PrecisionEvent ev;
   if (!active_) return ev;
   const Phase ph = sched_.phase_at(s);
-  const bool need = ph == Phase::kPlan ? (plan_steps_.count(s) > 0 || phase_ != Phase::kPlan) : phase_ != ph;
-  if (need) decide(s, ph, loss_fn, opt, ev);
+  const bool need = ph == Phase::kPlan
+                        ? (plan_steps_.count(s) > 0 || phase_ != Phase::kPlan || replan_requested_)
+                        : phase_ != ph;
+  if (need) {
+    if (ph == Phase::kPlan && replan_requested_) ev.metrics["guard_replan"] = true;
+    decide(s, ph, loss_fn, opt, ev);
+    if (ph == Phase::kPlan) replan_requested_ = false;
+  }
   return ev;
 }
 
@@ -532,6 +605,10 @@ json PrecisionController::state() const {
     if (q)
       if (json j = q->state(); !j.is_null()) qs[name] = std::move(j);
   st["quantizers"] = std::move(qs);
+  // The guard's levers (raise_precision), so a resumed run keeps them.
+  st["budget"] = pc_.budget;
+  st["smoothing"] = pc_.smoothing;
+  st["replan_requested"] = replan_requested_;
   return st;
 }
 
@@ -544,6 +621,16 @@ void PrecisionController::restore(const json& st, const std::string& what) {
       return;
     }
     phase_ = parse_phase(st.at("phase").get<std::string>(), what + ": precision.phase");
+    // Written by the guard's replan (absent before snip had a guard): the
+    // lower of the saved and configured budget, the higher smoothing.
+    if (st.contains("budget")) {
+      const double b = st.at("budget").get<double>(), sm = st.at("smoothing").get<double>();
+      if (!(b >= 0 && b <= 1) || !(sm >= 0 && sm <= 1))
+        fail(what, ": precision.budget / smoothing: expected fractions in [0, 1], got ", b, " / ", sm);
+      pc_.budget = std::min(pc_.budget, b);
+      pc_.smoothing = std::max(pc_.smoothing, sm);
+      replan_requested_ = st.at("replan_requested").get<bool>();
+    }
     decided_at_ = st.at("decided_at").get<int64_t>();
     const auto assign = st.at("assignments").get<std::map<std::string, std::string>>();
     smoothed_ = st.at("smoothed").is_null() ? StatsStep{} : stats_from_json(st.at("smoothed"), what + ": smoothed");
@@ -576,7 +663,7 @@ void PrecisionController::restore(const json& st, const std::string& what) {
         if (!assign.count(n))
           fail(what, ": precision.assignments: no option for '", n, "' (precision.granularity changed?)");
       for (const auto& kv : assign)
-        if (!quant_.count(kv.second))
+        if (!quant_.count(kv.second) && !extra_quant_.count(kv.second))
           fail(what, ": precision.assignments: layer '", kv.first, "': option '", kv.second,
                "' is not among the configured options");
       apply(assign);

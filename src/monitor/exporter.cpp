@@ -141,7 +141,9 @@ const std::vector<MetricInfo>& metric_table() {
       {"snip_checkpoint_age_seconds", "gauge",
        "Seconds since this process last wrote a checkpoint (absent before the first)"},
       {"snip_last_checkpoint_step", "gauge", "Step of the last checkpoint written by this process"},
-      {"snip_guard_state", "gauge", "The in-process guard's state: 0 = idle (the guard is not built yet)"},
+      {"snip_guard_state", "gauge",
+       "The in-process guard's last action (train/guard.h): 0 idle, 1 warned, 2 raised precision, 3 rolled back, "
+       "4 stopped"},
   };
   return t;
 }

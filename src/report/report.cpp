@@ -498,6 +498,20 @@ std::string loss_section(const RunData& r, const RunData* ref) {
   return os.str();
 }
 
+// The guard's events (train/guard.h), when there were any.
+std::string guard_section(const RunData& r) {
+  if (r.curves.guard.empty()) return "";
+  std::ostringstream os;
+  os << "<section id=\"guard\"><h2>Guard</h2><p class=\"note\">What the in-process guard saw and did "
+        "(metrics.jsonl \"guard\"; docs/operations.md \"The guard\").</p><table><tr><th>step</th><th>condition</th>"
+        "<th>action</th><th>reason</th><th>outcome</th></tr>";
+  for (const auto& e : r.curves.guard)
+    os << "<tr><td>" << e.step << "</td><td>" << esc(e.condition) << "</td><td>" << esc(e.action) << "</td><td>"
+       << esc(e.reason) << "</td><td>" << esc(e.outcome) << "</td></tr>";
+  os << "</table></section>";
+  return os.str();
+}
+
 std::string precision_section(const RunData& r, const RunData* ref) {
   std::ostringstream os;
   os << "<section id=\"precision\"><h2>Precision</h2>";
@@ -940,6 +954,12 @@ RunCurves read_metrics(const std::string& path) {
     }
     const double step = j["step"].get<double>();
     if (!c.step.empty() && step <= c.step.back()) truncate_from(step);
+    if (j.contains("guard") && j["guard"].is_array())
+      for (const json& e : j["guard"]) {
+        if (!e.is_object()) continue;
+        auto str = [&](const char* k) { return e.contains(k) && e[k].is_string() ? e[k].get<std::string>() : ""; };
+        c.guard.push_back({int64_t(step), str("condition"), str("action"), str("reason"), str("outcome")});
+      }
     c.step.push_back(step);
     c.loss.push_back(num_or_nan(j, "loss"));
     c.lr.push_back(num_or_nan(j, "lr"));
@@ -1036,6 +1056,7 @@ std::string report_html(const std::string& run_dir, const std::string& reference
   else if (r.curves.skipped_lines > 0)
     os << "<p class=\"note\">" << r.curves.skipped_lines << " unparsable line(s) of metrics.jsonl skipped (e.g. a torn last line).</p>";
   os << loss_section(r, refp) << "\n";
+  os << guard_section(r) << "\n";
   os << precision_section(r, refp) << "\n";
   os << plan_section(r) << "\n";
   os << stats_section(r) << "\n";

@@ -53,7 +53,7 @@ std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::str
         why = "it has no trainer_state.json (not a complete checkpoint)";
       else
         all.emplace_back(int64_t(v), e.path().string());
-    } else if (!(e.is_directory() && std::regex_match(n, tmp)) && n != "last_good.json") {
+    } else if (!(e.is_directory() && std::regex_match(n, tmp)) && n != "last_good.json" && n != "good.json") {
       why = "it is not a checkpoint folder step-N";
     }
     if (why && warn) spdlog::warn("ignoring {}: {}", e.path().string(), why);

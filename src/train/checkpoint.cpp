@@ -1,6 +1,7 @@
 // Checkpoints of a run (see checkpoint.h).
 #include "snip/train/checkpoint.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <sstream>
 #include <utility>
@@ -22,9 +23,40 @@ namespace snip {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
+namespace {
+
+// RUN/checkpoints/good.json: {"steps": [...]} ascending, the newest
+// checkpoint.keep_good good checkpoints (absent or unreadable = none).
+std::vector<int64_t> read_good_steps(const fs::path& root) {
+  std::vector<int64_t> out;
+  const fs::path f = root / "good.json";
+  if (!fs::is_regular_file(f)) return out;
+  const json j = json::parse(io::read_file(f.string()), nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("steps") || !j["steps"].is_array()) return out;
+  for (const json& v : j["steps"])
+    if (v.is_number_unsigned()) out.push_back(v.get<int64_t>());
+  return out;
+}
+
+void write_good_steps(const fs::path& root, const std::vector<int64_t>& steps) {
+  io::write_file_atomic((root / "good.json").string(), json{{"steps", steps}}.dump() + "\n");
+}
+
+}  // namespace
+
 std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCausalLM& model,
-                            torch::optim::Optimizer& opt, const json& state, int64_t keep,
+                            torch::optim::Optimizer& opt, const json& state, const Retention& keep_rule,
                             const std::map<std::string, std::string>& extra_files, const OptimizerShards* shards) {
+  const int64_t keep = keep_rule.keep;
+  // Never from a non-finite state (the guard skips such updates; this is
+  // the last line of defence): one pass over the parameters.
+  {
+    torch::NoGradGuard ng;
+    for (const auto& np : model->named_parameters())
+      if (!torch::isfinite(np.value()).all().item<bool>())
+        fail("checkpoint at step ", step, ": parameter ", np.key(), " holds a non-finite value; not written "
+             "(the last checkpoint is intact)");
+  }
   const fs::path root = fs::path(run_dir) / "checkpoints";
   const fs::path final_dir = root / ("step-" + std::to_string(step));
   const fs::path tmp = root / ("step-" + std::to_string(step) + ".tmp");
@@ -108,13 +140,40 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCa
     remove_tmp();
     throw;
   }
-  io::write_file_atomic((root / "last_good.json").string(), json{{"step", step}}.dump() + "\n");
-  if (keep > 0) {  // drop the oldest complete checkpoints beyond `keep`, never the last good one
+  std::vector<int64_t> good = read_good_steps(root);
+  if (keep_rule.good) {
+    io::write_file_atomic((root / "last_good.json").string(), json{{"step", step}}.dump() + "\n");
+    if (keep_rule.keep_good > 0) {
+      good.erase(std::remove(good.begin(), good.end(), step), good.end());
+      good.push_back(step);
+      if (int64_t(good.size()) > keep_rule.keep_good) good.erase(good.begin(), good.end() - keep_rule.keep_good);
+      write_good_steps(root, good);
+    }
+  }
+  if (keep > 0) {  // drop the oldest complete checkpoints beyond `keep`, never a good one or the last good one
+    const std::string lg = last_good_checkpoint(run_dir);
     const auto all = complete_checkpoints(root.string(), /*warn=*/false);
     for (size_t i = 0; i + keep < all.size(); ++i)
-      if (all[i].first != step) fs::remove_all(all[i].second);
+      if (all[i].first != step && all[i].second != lg &&
+          std::find(good.begin(), good.end(), all[i].first) == good.end())
+        fs::remove_all(all[i].second);
   }
   return final_dir.string();
+}
+
+std::vector<int64_t> discard_checkpoints_after(const std::string& run_dir, int64_t step) {
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  std::vector<int64_t> gone;
+  for (const auto& [s, dir] : complete_checkpoints(root.string(), /*warn=*/false))
+    if (s > step) {
+      fs::remove_all(dir);
+      gone.push_back(s);
+    }
+  std::vector<int64_t> good = read_good_steps(root);
+  const size_t n = good.size();
+  good.erase(std::remove_if(good.begin(), good.end(), [&](int64_t s) { return s > step; }), good.end());
+  if (good.size() != n) write_good_steps(root, good);
+  return gone;
 }
 
 void load_checkpoint_weights(const std::string& dir, LlamaForCausalLM& model) {

@@ -22,18 +22,26 @@ MetricsLog::MetricsLog(const std::string& path, int64_t resume_step) : path_(pat
   std::string kept;
   if (resume_step >= 0) {
     // What the resumed run keeps must be what it wrote: one record per step
-    // 1 .. resume_step, in order. Only the last line may be torn (a run
-    // killed while appending); records past resume_step are dropped (the
-    // steps after the checkpoint run again).
+    // 1 .. resume_step, in order, where a record with "rollback_to": k (the
+    // guard rolled back, train/guard.h) is followed by step k + 1 again. Only
+    // the last line may be torn (a run killed while appending); records past
+    // resume_step in the last stretch are dropped (the steps after the
+    // checkpoint run again). The rolled-back stretches stay (history).
     std::ifstream in(path);
     const bool exists = bool(in);
     std::vector<std::string> lines;
     for (std::string line; std::getline(in, line);) lines.push_back(line);
+    struct Rec {
+      std::string line;
+      json r;
+      int64_t at;  // the step the run is at after this record (rollback_to for a rollback)
+    };
+    std::vector<Rec> recs;
     int64_t expect = 1;
     for (size_t i = 0; i < lines.size(); ++i) {
       const std::string& line = lines[i];
       const int64_t line_no = int64_t(i) + 1;
-      const json r = json::parse(line, nullptr, /*allow_exceptions=*/false);
+      json r = json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (!r.is_object()) {
         if (i + 1 == lines.size()) continue;  // a torn last line from a killed run
         fail(path, ": line ", line_no, ": not a JSON record (the file is corrupt)");
@@ -41,25 +49,42 @@ MetricsLog::MetricsLog(const std::string& path, int64_t resume_step) : path_(pat
       if (!r.contains("step") || !r["step"].is_number_integer())
         fail(path, ": line ", line_no, ": step: expected an integer (the file is corrupt; a resumed run keeps "
              "the records up to its checkpoint)");
-      if (r.contains("loss") && !r["loss"].is_number())
-        fail(path, ": line ", line_no, ": loss: expected a number (the file is corrupt)");
+      if (r.contains("loss") && !r["loss"].is_number() && !r["loss"].is_null())
+        fail(path, ": line ", line_no, ": loss: expected a number or null (the file is corrupt)");
       if (r.contains("val_loss") && !r["val_loss"].is_number() && !r["val_loss"].is_null())
         fail(path, ": line ", line_no, ": val_loss: expected a number or null (the file is corrupt)");
       const int64_t step = r["step"].get<int64_t>();
-      if (step > resume_step) continue;
-      if (step != expect)
+      if (step != expect) {
         fail(path, ": line ", line_no, ": step ", step, " where step ", expect, " was expected (a record ",
              step < expect ? "repeated" : "missing", "; the file is corrupt)");
-      ++expect;
-      kept += line + "\n";
-      earlier_.push_back(r);
+      }
+      int64_t at = step;
+      if (r.contains("rollback_to")) {
+        if (!r["rollback_to"].is_number_integer() || r["rollback_to"].get<int64_t>() < 0 ||
+            r["rollback_to"].get<int64_t>() >= step)
+          fail(path, ": line ", line_no, ": rollback_to: expected a step below ", step, " (the file is corrupt)");
+        at = r["rollback_to"].get<int64_t>();
+      }
+      expect = at + 1;
+      recs.push_back({line, std::move(r), at});
     }
-    if (expect != resume_step + 1) {
-      if (exists)
-        fail(path, ": holds records up to step ", expect - 1, " but the run resumes at step ", resume_step,
-             " (records missing; the file is corrupt)");
+    // Keep up to the last record after which the run was at resume_step.
+    int64_t last = -1;
+    for (size_t i = 0; i < recs.size(); ++i)
+      if (recs[i].at == resume_step) last = int64_t(i);
+    if (resume_step > 0 && last < 0) {
+      if (exists && !recs.empty())
+        fail(path, ": holds no record of step ", resume_step, " (the run resumes there; records missing, the file "
+             "is corrupt)");
       spdlog::warn("{} is missing: the records of steps 1 .. {} are lost (the summary covers the resumed steps)",
                    path, resume_step);
+    }
+    for (int64_t i = 0; i <= last; ++i) {
+      kept += recs[size_t(i)].line + "\n";
+      // earlier(): the trajectory that leads to the checkpoint (rolled-back
+      // steps left out).
+      while (!earlier_.empty() && earlier_.back()["step"].get<int64_t>() > recs[size_t(i)].at) earlier_.pop_back();
+      if (!recs[size_t(i)].r.contains("rollback_to")) earlier_.push_back(recs[size_t(i)].r);
     }
   }
   io::write_file_atomic(path, kept);

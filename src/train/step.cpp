@@ -73,11 +73,24 @@ StepResult train_step(StepContext& c, int64_t step, double lr) {
     loss_sum = l[0].item<double>();
   }
   r.loss = loss_sum / double(c.grad_accum * R);
-  if (!std::isfinite(r.loss))
+  if (!std::isfinite(r.loss) && !c.skip_nonfinite)
     fail("training diverged: loss is ", r.loss, " at step ", step + 1, " (lower train.lr or raise precision)");
-  const double clip = c.grad_clip > 0 ? c.grad_clip : std::numeric_limits<double>::infinity();
+  if (c.fault) c.fault(step);
+  // train.clip_low_precision: a lower threshold while a layer runs below FP8
+  // (decided at this step's boundary above).
+  r.grad_clip = c.grad_clip;
+  if (c.clip_low_precision != 1.0 && c.controller && !c.controller->layers_below_fp8().empty())
+    r.grad_clip = c.grad_clip * c.clip_low_precision;
+  const double clip = r.grad_clip > 0 ? r.grad_clip : std::numeric_limits<double>::infinity();
+  // Collective under ZeRO (every rank computes it, whatever the loss); the
+  // reduced gradient and loss are the same on every rank, so every rank
+  // takes the same branch below.
   r.grad_norm = c.zero ? dist::zero_clip_grad_norm(c.comm, *c.zero, clip)
                        : torch::nn::utils::clip_grad_norm_(params, clip);
+  if (c.skip_nonfinite && !(std::isfinite(r.loss) && std::isfinite(r.grad_norm))) {
+    r.skipped = true;  // no update: weights and AdamW state stay those of the previous step
+    return r;
+  }
   c.optimizer.step();
   if (c.zero && c.comm) dist::broadcast_from_owners(*c.comm, *c.zero);  // every rank gets the owners' update
   return r;

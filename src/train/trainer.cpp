@@ -36,6 +36,7 @@
 #include "snip/quant/quantizers.h"
 #include "snip/report/report.h"
 #include "snip/train/checkpoint.h"
+#include "snip/train/guard.h"
 #include "snip/train/memory.h"
 #include "snip/train/metrics.h"
 #include "snip/train/optimizer.h"
@@ -454,6 +455,8 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   // The adaptive precision controller (inactive for policy none). Validates
   // the [precision] options against the layer list, pins and budget included.
   PrecisionController ctl(rc, model->linear_layers(), gemm);
+  // The guard (train/guard.h): conditions every step, actions on the run.
+  Guard guard(rc.guard);
 
   int64_t step = 0;
   json resume_state;
@@ -493,6 +496,8 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
            ": nothing to do (raise train.max_steps to train further)");
     if (ctl.active() && resume_state.contains("precision"))
       ctl.restore(resume_state["precision"], (fs::path(resume_ckpt) / "trainer_state.json").string());
+    if (resume_state.contains("guard"))  // what the guard did before (its windows refill)
+      guard.restore(resume_state["guard"], (fs::path(resume_ckpt) / "trainer_state.json").string());
     const int64_t saved_world = resume_state.value("world_size", int64_t{1});
     // Every rank's loader walks the whole step (step.h): R x grad_accum
     // micro-batches, R of the run that wrote the checkpoint.
@@ -547,7 +552,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   double best_val = std::numeric_limits<double>::infinity();
   double last_val = std::nan("");
   for (const json& r : metrics ? metrics->earlier() : std::vector<json>{}) {
-    recent.push_back(r.value("loss", 0.0));
+    if (r.contains("loss") && r["loss"].is_number()) recent.push_back(r["loss"].get<double>());
     if (recent.size() > 10) recent.pop_front();
     if (r.contains("val_loss") && r["val_loss"].is_number()) {
       last_val = r["val_loss"].get<double>();
@@ -617,6 +622,8 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   StepContext sc{model, *optimizer, loader, B, T, accum, tc.grad_clip, seed, &ctl, comm.get(),
                  comm ? &gcomm : nullptr, zpart ? &*zpart : nullptr, zero_stage};
   sc.overlap = dopt.overlap;
+  sc.skip_nonfinite = guard.enabled();
+  sc.clip_low_precision = tc.clip_low_precision;
   gcomm.allgather = dopt.allgather;
   json memory_per_rank;  // bytes each rank holds after this invocation's first step (dist::rank_memory)
   const auto t0 = std::chrono::steady_clock::now();
@@ -643,8 +650,43 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     if (R > 1) st["world_size"] = R;  // resume checks it (absent = 1)
     if (zero_stage > 0) st["zero_stage"] = zero_stage;
     if (!loader_base.is_null()) st["loader_base"] = loader_base;
+    if (guard.enabled()) st["guard"] = guard.to_json();
     return st;
   };
+
+  // Test-only fault (tests of the guard, train/guard.h): SNIP_TEST_FAULT =
+  // "grad-inf@N" puts +Inf into the first gradient element at step N (the
+  // step's record number), "lr-spike@N:F" multiplies step N's learning rate
+  // by F. Each fires once per process (a rollback does not re-arm it).
+  struct {
+    std::string kind;
+    int64_t step = -1;
+    double factor = 1;
+    bool fired = false;
+  } fault;
+  if (const char* f = std::getenv("SNIP_TEST_FAULT"); f && *f) {
+    const std::string v = f;
+    const size_t at = v.find('@'), colon = v.find(':');
+    fault.kind = v.substr(0, at);
+    SNIP_CHECK(at != std::string::npos && (fault.kind == "grad-inf" || fault.kind == "lr-spike"),
+               "SNIP_TEST_FAULT: expected grad-inf@N or lr-spike@N:F, got '", v, "'");
+    fault.step = std::atoll(v.c_str() + at + 1);
+    if (fault.kind == "lr-spike") {
+      SNIP_CHECK(colon != std::string::npos, "SNIP_TEST_FAULT: expected lr-spike@N:F, got '", v, "'");
+      fault.factor = std::atof(v.c_str() + colon + 1);
+    }
+  }
+  if (fault.kind == "grad-inf")
+    sc.fault = [&](int64_t s) {
+      if (fault.fired || s + 1 != fault.step) return;
+      fault.fired = true;
+      torch::NoGradGuard ng;
+      for (torch::Tensor& p : params)
+        if (p.grad().defined()) {
+          p.mutable_grad().view(-1)[0] = std::numeric_limits<float>::infinity();
+          break;
+        }
+    };
 
   StopOnSignal stop_signal;  // Ctrl-C / Slurm's SIGTERM: finish the step, checkpoint, stop
   int stopped_by = 0;
@@ -656,13 +698,92 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       std::getenv("SNIP_TEST_PERTURB_STEP") ? std::atoll(std::getenv("SNIP_TEST_PERTURB_STEP")) : 1;
   std::string last_checkpoint;
   double last_checkpoint_s = elapsed();
+  int64_t steps_done = 0;  // steps this invocation ran (a rollback sets `step` back, not this)
+  double clip_in_force = -1;  // the clipping threshold of the last step (logged when it changes)
+  // The guard's stall watchdog (guard.stall_minutes): a thread that warns
+  // once per step that has run longer than that.
+  std::atomic<int64_t> step_started_ns{0};
+  std::atomic<bool> watchdog_stop{false};
+  std::thread watchdog;
+  if (guard.enabled() && rc.guard.stall_minutes > 0) {
+    watchdog = std::thread([&, limit = int64_t(rc.guard.stall_minutes * 60e9)] {
+      int64_t warned_for = -1;
+      while (!watchdog_stop) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        const int64_t t = step_started_ns.load();
+        if (t > 0 && t != warned_for && monotonic_ns() - t > limit) {
+          warned_for = t;
+          spdlog::warn("guard: the step in progress has run for more than {} minutes (guard.stall_minutes): "
+                       "stalled? (a rank waiting for another stops after dist.timeout_s)", rc.guard.stall_minutes);
+          if (exporter) exporter->set_guard_state(int(GuardState::kWarned));
+        }
+      }
+    });
+  }
+  struct JoinWatchdog {
+    std::atomic<bool>& stop;
+    std::thread& t;
+    ~JoinWatchdog() {
+      stop = true;
+      if (t.joinable()) t.join();
+    }
+  } join_watchdog{watchdog_stop, watchdog};
+  // Returns to the last good checkpoint (guard.h "rollback"); the outcome line.
+  auto rollback = [&](const std::string& target) -> std::pair<int64_t, std::string> {
+    const json st = verify_checkpoint(target);
+    const std::string what = (fs::path(target) / "trainer_state.json").string();
+    const int64_t to = st.at("step").get<int64_t>();
+    load_checkpoint_weights(target, model);
+    load_checkpoint_optimizer(target, st, *optimizer, model, tc, to, zpart ? &*zpart : nullptr);
+    if (ctl.active() && st.contains("precision")) ctl.restore(st["precision"], what);
+    if (keeps_residuals) gcomm.residuals = load_grad_residuals(target, st, params, world.rank, R, dopt.grad_comm);
+    // The data since the checkpoint is skipped: the loader keeps its position
+    // (loader_base records it for the loader check of a later resume).
+    const data::LoaderState ls = loader.state();
+    const uint64_t now = ls.epoch * loader.windows_per_epoch() + ls.cursor;
+    const data::LoaderState then = checkpoint_loader_state(st, B, accum * st.value("world_size", int64_t{1}),
+                                                           loader.windows_per_epoch(), what);
+    const uint64_t skipped = now - (then.epoch * loader.windows_per_epoch() + then.cursor);
+    loader_base = {{"step", to}, {"windows", now}};
+    const int64_t from = step;
+    step = to;
+    last_val = st.contains("val_loss") && st["val_loss"].is_number() ? st["val_loss"].get<double>() : std::nan("");
+    recent.clear();
+    std::string dropped;
+    if (writer)
+      for (int64_t s : discard_checkpoints_after(opts.run_dir, to)) dropped += (dropped.empty() ? "" : ", ") + std::to_string(s);
+    if (comm) {
+      dist::check_same_weights(*comm, param_names, params, str_cat("rollback to step ", to));
+      comm->barrier();
+    }
+    guard.reset_windows();
+    ++guard.rollbacks;
+    return {to, fmt::format("rolled back from step {} to {} ({}), skipping the {} windows read since{}", from, to,
+                            target, skipped, dropped.empty() ? "" : "; deleted the later checkpoints " + dropped)};
+  };
+  // "replan": budget down, smoothing up, a plan at the next boundary.
+  auto raise = [&] {
+    if (!ctl.active()) return std::string("no precision plan to raise (precision.policy = none)");
+    const double b0 = ctl.budget(), s0 = ctl.smoothing();
+    ctl.raise_precision(rc.guard.budget_step, rc.guard.smoothing);
+    ++guard.raises;
+    return fmt::format("precision.budget {:.3g} -> {:.3g}, smoothing {:.3g} -> {:.3g}, re-plan before step {}", b0,
+                       ctl.budget(), s0, ctl.smoothing(), step + 1);
+  };
   while (step < max_steps) {
-    if (opts.stop_after > 0 && step - start_step >= opts.stop_after) break;
+    if (opts.stop_after > 0 && steps_done >= opts.stop_after) break;
     const auto ts = std::chrono::steady_clock::now();
-    const double lr = lr_at(step, max_steps, warmup, tc.lr, tc.min_lr_ratio);
+    step_started_ns = monotonic_ns();
+    double lr = lr_at(step, max_steps, warmup, tc.lr, tc.min_lr_ratio);
+    if (fault.kind == "lr-spike" && !fault.fired && step + 1 == fault.step) {
+      lr *= fault.factor;
+      fault.fired = true;
+    }
     const StepResult r = train_step(sc, step, lr);
+    step_started_ns = 0;
     ++step;
-    if (step == start_step + 1) {
+    ++steps_done;
+    if (steps_done == 1) {
       // Measured from the tensors held (parameters, allocated .grad, AdamW m and v).
       const dist::RankMemory m = dist::rank_memory(params, *optimizer);
       torch::Tensor mine = torch::tensor({m.params, m.grads, m.optimizer}, torch::kLong);
@@ -699,8 +820,10 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       params.back().view(-1)[0].add_(1e-3);
     }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
-    recent.push_back(r.loss);
-    if (recent.size() > 10) recent.pop_front();
+    if (std::isfinite(r.loss)) {
+      recent.push_back(r.loss);
+      if (recent.size() > 10) recent.pop_front();
+    }
     json rec = {{"step", step}, {"loss", r.loss}, {"lr", lr}, {"grad_norm", r.grad_norm},
                 {"tokens_per_s", double(tokens_per_step) / dt}, {"elapsed_s", elapsed0 + elapsed()},
                 {"fp4_share", ctl.fp4_share()}};
@@ -709,7 +832,87 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     if (r.grad_comm_sent_bytes >= 0) rec["grad_comm_sent_bytes"] = r.grad_comm_sent_bytes;
     if (r.comm_s >= 0) rec["comm_s"] = r.comm_s;
     for (auto& [k, v] : r.precision.metrics.items()) rec[k] = v;
-    const bool eval_step = step % tc.eval_interval == 0 || step == max_steps;
+    if (r.grad_clip != clip_in_force) {
+      if (clip_in_force >= 0 && !quiet)
+        spdlog::info("train.grad_clip in force from step {}: {:.4g} ({})", step, r.grad_clip,
+                     r.grad_clip < tc.grad_clip ? "a layer runs below FP8: x train.clip_low_precision"
+                                                : "no layer below FP8");
+      if (tc.clip_low_precision != 1.0) rec["grad_clip"] = r.grad_clip;
+      clip_in_force = r.grad_clip;
+    }
+    // ---- the guard (train/guard.h): every step, before anything is evaluated or saved
+    bool rolled_back = false;
+    if (r.skipped) {
+      ++guard.skipped_steps;
+      rec["skipped"] = true;
+      // An error-feedback residual never carries a non-finite value into the next step.
+      for (torch::Tensor& e : gcomm.residuals) e.nan_to_num_(0.0, 0.0, 0.0);
+    }
+    GuardObservation obs;
+    obs.step = step;
+    obs.loss = r.loss;
+    obs.grad_norm = r.grad_norm;
+    // Throughput of plain steps only: not the first of an invocation (warm-up),
+    // not a stats step (extra passes).
+    if (steps_done > 1 && !r.precision.metrics.contains("stats_seconds")) obs.tokens_per_s = double(tokens_per_step) / dt;
+    if (r.precision.metrics.contains("rel_err_fprop"))
+      for (auto& [layer, v] : r.precision.metrics["rel_err_fprop"].items())
+        obs.quant_error[layer] = v.is_number() ? v.get<double>() : std::nan("");
+    std::vector<GuardEvent> events = guard.observe(obs);
+    GuardAction act = Guard::strongest(events);
+    std::string stop_reason;
+    if (!events.empty()) {
+      std::string outcome;
+      if (act == GuardAction::kRollback && guard.rollbacks >= rc.guard.max_rollbacks) {
+        act = GuardAction::kStop;
+        outcome = fmt::format("guard.max_rollbacks = {} reached: stopping instead of rolling back; ",
+                              rc.guard.max_rollbacks);
+      }
+      if (act == GuardAction::kRollback) {
+        const std::string target = last_good_checkpoint(opts.run_dir);
+        if (target.empty()) {
+          outcome = "no good checkpoint yet to roll back to: " + raise();
+          guard.state = GuardState::kRaised;
+        } else {
+          const auto [to, line] = rollback(target);
+          rec["rollback_to"] = to;
+          last_checkpoint = target;  // the newest that remains
+          outcome = line + "; " + raise();
+          rolled_back = true;
+          guard.state = GuardState::kRolledBack;
+        }
+      } else if (act == GuardAction::kReplan) {
+        outcome = raise();
+        guard.state = GuardState::kRaised;
+      } else if (act == GuardAction::kFp8Layer) {
+        std::vector<std::string> layers;
+        for (const GuardEvent& e : events) layers.insert(layers.end(), e.layers.begin(), e.layers.end());
+        if (layers.empty()) layers = ctl.layers_below_fp8();
+        const std::vector<std::string> moved = ctl.force_option(layers, rc.guard.raise_option);
+        outcome = moved.empty() ? std::string("no layer to move (none below FP8, or no plan yet)")
+                                : fmt::format("{} moved to {} until the next plan", fmt::join(moved, ", "), rc.guard.raise_option);
+        guard.state = GuardState::kRaised;
+      } else if (act == GuardAction::kStop) {
+        outcome += "stopping the run; its last checkpoint is " +
+                   (last_checkpoint.empty() ? latest_checkpoint(opts.run_dir) : last_checkpoint);
+        guard.state = GuardState::kStopped;
+      } else {
+        outcome = "warned";
+        if (guard.state == GuardState::kIdle) guard.state = GuardState::kWarned;
+      }
+      json ev = json::array();
+      for (GuardEvent& e : events) {
+        e.outcome = e.action == act ? outcome : std::string("(") + to_string(act) + " ran instead)";
+        ev.push_back(e.to_json());
+        guard.remember(e);
+        if (writer)
+          spdlog::warn("guard at step {}: {}: {} -> {}: {}", e.step, e.condition, e.reason, to_string(e.action),
+                       e.outcome);
+      }
+      rec["guard"] = std::move(ev);
+      if (act == GuardAction::kStop) stop_reason = events.front().condition + ": " + events.front().reason;
+    }
+    const bool eval_step = !rolled_back && stop_reason.empty() && (step % tc.eval_interval == 0 || step == max_steps);
     if (eval_step) {
       last_val = evaluate_dist(model, val_bin, B, T, tc.eval_batches, comm.get());
       best_val = std::min(best_val, last_val);
@@ -717,11 +920,18 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       rec["val_ppl"] = std::exp(last_val);
     }
     if (metrics) metrics->append(rec);
-    if (exporter) exporter->update(rec);
+    if (exporter) {
+      exporter->update(rec);
+      exporter->set_guard_state(int(guard.state));
+    }
+    if (!stop_reason.empty())
+      fail("guard: stopped at step ", step, ": ", stop_reason, " (guard.on_* = stop, or guard.max_rollbacks reached; "
+           "the last checkpoint is intact: resume from it with a lower train.lr or more precision)");
+    if (rolled_back) continue;  // the step after the checkpoint runs next; nothing else of this one
     // `snip experiment` reads this line back from each arm's log (cmd_experiment.cpp,
     // parse_progress_line): keep "step N/M | loss L" first and "| ETA " + fmt_duration.
     if (!quiet && (step % tc.log_interval == 0 || step == max_steps || eval_step)) {
-      const double tps = double((step - start_step) * tokens_per_step) / elapsed();
+      const double tps = double(steps_done * tokens_per_step) / elapsed();
       const double eta = double((max_steps - step) * tokens_per_step) / tps;
       std::string line = fmt::format("step {:>6}/{} | loss {:.4f} | lr {:.2e} | gnorm {:.2f} | {:.0f} tok/s | ETA {}",
                                      step, max_steps, r.loss, lr, r.grad_norm, tps, fmt_duration(eta));
@@ -747,6 +957,26 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     if (comm && (ckpt || (dopt.check_interval > 0 && step % dopt.check_interval == 0)))
       dist::check_same_weights(*comm, param_names, params, str_cat("step ", step));
     if (ckpt) {
+      // Validation of the checkpoint (checkpoint.keep_good): finite, and its
+      // validation loss at most good_margin above the best so far; a step
+      // without an evaluation evaluates now (the numbers of training are
+      // unchanged: evaluation leaves every state as it was).
+      Retention keep(tc.keep_checkpoints);
+      keep.keep_good = tc.keep_good;
+      json validation = nullptr;
+      if (tc.keep_good > 0) {
+        const double v = eval_step ? last_val : evaluate_dist(model, val_bin, B, T, tc.eval_batches, comm.get());
+        if (!eval_step && std::isfinite(v)) best_val = std::min(best_val, v);
+        keep.good = std::isfinite(v) && v <= best_val * (1.0 + tc.good_margin);
+        validation = {{"val_loss", std::isfinite(v) ? json(v) : json(nullptr)},
+                      {"best_val_loss", std::isfinite(best_val) ? json(best_val) : json(nullptr)},
+                      {"margin", tc.good_margin}, {"good", keep.good}};
+        if (!keep.good && writer)
+          spdlog::warn("checkpoint at step {}: validation loss {:.4f} is more than {:.3g} above the best {:.4f}: "
+                       "kept, but not a rollback target (checkpoint.good_margin)", step, v, tc.good_margin, best_val);
+      }
+      json state = checkpoint_state();
+      if (!validation.is_null()) state["validation"] = validation;
       std::map<std::string, std::string> extra;
       if (keeps_residuals) {  // every rank's residuals to rank 0, which writes them with the checkpoint
         const std::string bytes = grad_residuals_file(*comm, gcomm, dopt.grad_comm);
@@ -755,12 +985,10 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       if (zpart) {  // every rank writes its optimizer shard (checkpoint.h)
         const OptimizerShards sh{comm.get(), dist::optimizer_shard_bytes(*optimizer, *zpart, world.rank),
                                  writer ? dist::optimizer_index(*zpart, zero_stage).dump(2) + "\n" : ""};
-        last_checkpoint = save_checkpoint(opts.run_dir, step, model, *optimizer, checkpoint_state(),
-                                          tc.keep_checkpoints, extra, &sh);
+        last_checkpoint = save_checkpoint(opts.run_dir, step, model, *optimizer, state, keep, extra, &sh);
         if (writer && step != max_steps) write_run_report(opts.run_dir);
       } else if (writer) {
-        last_checkpoint = save_checkpoint(opts.run_dir, step, model, *optimizer, checkpoint_state(),
-                                          tc.keep_checkpoints, extra);
+        last_checkpoint = save_checkpoint(opts.run_dir, step, model, *optimizer, state, keep, extra);
         if (step != max_steps) write_run_report(opts.run_dir);
       } else {
         last_checkpoint = (run / "checkpoints" / ("step-" + std::to_string(step))).string();
@@ -780,7 +1008,10 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   sum.invocation_seconds = elapsed();
   sum.seconds = elapsed0 + sum.invocation_seconds;
   sum.tokens_per_s = sum.seconds > 0 ? double(sum.tokens) / sum.seconds : 0;
-  sum.invocation_steps = step - start_step;
+  sum.invocation_steps = steps_done;
+  sum.start_step = start_step;
+  sum.rollbacks = guard.rollbacks;
+  sum.skipped_steps = guard.skipped_steps;
   double acc = 0;
   for (double l : recent) acc += l;
   sum.final_train_loss = recent.empty() ? 0 : acc / double(recent.size());
@@ -800,6 +1031,8 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
             {"gemm_dtype", tc.gemm_bf16 ? "bf16" : "fp32"}, {"elapsed_s", sum.seconds},
             {"tokens_total", sum.tokens}, {"resumed_at", resumed_at}, {"world_size", R},
             {"zero_stage", zero_stage}, {"memory_per_rank", memory_per_rank},
+            {"guard", {{"rollbacks", guard.rollbacks}, {"skipped_steps", guard.skipped_steps},
+                       {"raises", guard.raises}, {"events", guard.events.size()}}},
             {"invocation", {{"start_step", start_step}, {"steps", sum.invocation_steps},
                             {"tokens", sum.invocation_steps * tokens_per_step}, {"seconds", sum.invocation_seconds}}}};
   io::write_file_atomic((run / "summary.json").string(), s.dump(2) + "\n");

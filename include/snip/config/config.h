@@ -145,6 +145,9 @@ struct TrainConfig {
   int64_t log_interval = 0, threads = 0, sample_tokens = 0;
   int64_t zero_stage = 0;  ///< train.zero_stage: 0 plain data parallel, 1 ZeRO-1, 2 ZeRO-2 (dist/zero.h)
   double checkpoint_minutes = 0;  ///< train.checkpoint_minutes: also checkpoint after this wall time, minutes (0 = off)
+  double clip_low_precision = 1;  ///< train.clip_low_precision: factor on grad_clip while a layer runs below FP8
+  int64_t keep_good = 0;          ///< checkpoint.keep_good: good checkpoints kept apart from the rolling ones
+  double good_margin = 0;         ///< checkpoint.good_margin: fraction above the best validation loss still good
   std::string sample_prompt;
 };
 
@@ -182,12 +185,31 @@ struct PrecisionConfig {
   bool needs_stats() const { return policy == Policy::kSnip || policy == Policy::kMinRelErr; }
 };
 
+/// [guard] (train/guard.h says what each does). Actions are "warn",
+/// "fp8-layer", "replan", "rollback" or "stop" (checked by Config::validate).
+struct GuardConfig {
+  bool enabled = true;
+  std::string on_nonfinite = "rollback", on_loss_spike = "rollback", on_quant_error = "warn",
+              on_throughput_drop = "warn";
+  int64_t spike_window = 20;          ///< steps
+  double spike_ratio = 0.5;           ///< fraction above the window's mean loss
+  double throughput_drop = 0.5;       ///< fraction below the window's mean tokens/s
+  double quant_error_threshold = 0.05;  ///< relative error (fraction)
+  int64_t quant_error_steps = 3;      ///< consecutive measurements
+  double stall_minutes = 10;          ///< minutes; 0 = off
+  double budget_step = 0.10;          ///< FP4 FLOPs share taken off precision.budget
+  double smoothing = 0.3;             ///< precision.smoothing raised to at least this
+  std::string raise_option = "fp8";   ///< the option fp8-layer moves a layer to
+  int64_t max_rollbacks = 3;
+};
+
 /// A run's whole configuration, parsed once.
 struct RunConfig {
   ModelConfig model;
   DataConfig data;
   TrainConfig train;
   PrecisionConfig precision;
+  GuardConfig guard;
   /// Checks `cfg` (Config::validate) and parses it. Throws UserError naming
   /// the key for a bad value (e.g. an unknown precision.policy).
   static RunConfig from(const Config& cfg);

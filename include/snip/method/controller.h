@@ -181,8 +181,31 @@ class PrecisionController {
   /// The smoothed statistics (no layers before the first stats step).
   const StatsStep& smoothed() const { return smoothed_; }
 
+  // ---- the guard's levers (train/guard.h)
+  /// "replan": lowers the FP4 budget by `budget_step` (FLOPs share, floored
+  /// at 0), raises the smoothing to at least `smoothing`, and asks for a plan
+  /// at the next begin_step (a stats step and the ILP under policy snip)
+  /// when the schedule is in its plan phase; in warmup or the final phase the
+  /// new budget applies from the next scheduled plan. Kept in state().
+  void raise_precision(double budget_step, double smoothing);
+  /// "fp8-layer": every plan item of `layers` runs `option` from the next
+  /// step until the next decision (which plans afresh). Returns the layers
+  /// that changed (those already at `option` are left out). Throws
+  /// UserError for a layer name the model does not have. Needs a decision
+  /// made before (no-op returning {} otherwise).
+  std::vector<std::string> force_option(const std::vector<std::string>& layers, const std::string& option);
+  /// Layers running below FP8: some GEMM operand of their current option has
+  /// fewer than 8 element bits (fp4, mxfp4, nvfp4, ...). Empty before the
+  /// first decision or when inactive.
+  std::vector<std::string> layers_below_fp8() const;
+  /// The FP4 budget and smoothing in force (precision.budget and
+  /// precision.smoothing, or what raise_precision made of them).
+  double budget() const { return pc_.budget; }
+  double smoothing() const { return pc_.smoothing; }
+
   /// Everything resume needs (phase, last decision step, assignment, smoothed
-  /// stats), as JSON; restore() applies it to the layers exactly.
+  /// stats, the guard's budget and smoothing and a pending re-plan), as JSON;
+  /// restore() applies it to the layers exactly.
   nlohmann::json state() const;
   /// Throws UserError naming `what` for a malformed state.
   void restore(const nlohmann::json& st, const std::string& what);
@@ -205,6 +228,11 @@ class PrecisionController {
   void decide(int64_t s, Phase phase, const std::function<torch::Tensor()>& loss_fn,
               torch::optim::AdamW& opt, PrecisionEvent& ev);
   std::shared_ptr<const OperandQuantizer> quantizer(const std::string& option) const;
+  /// Quantizers of options outside the planner's view (guard.raise_option
+  /// when no other setting names it): kept apart from quant_ so the plans'
+  /// tables are unchanged.
+  std::map<std::string, std::shared_ptr<const OperandQuantizer>> extra_quant_;
+  bool replan_requested_ = false;  // raise_precision: decide at the next plan-phase boundary
 
   bool active_ = false;
   PrecisionConfig pc_;

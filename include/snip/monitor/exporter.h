@@ -76,6 +76,9 @@ class Streak {
   int64_t add(const std::string& key, double value);
   int64_t get(const std::string& key) const;
   double threshold() const { return threshold_; }
+  /// Every key's streak (for checkpoints), and setting one back.
+  const std::map<std::string, int64_t>& counts() const { return n_; }
+  void set(const std::string& key, int64_t n) { n_[key] = n; }
 
  private:
   double threshold_;
@@ -123,7 +126,8 @@ class Exporter {
   void update(const nlohmann::json& record);
   /// A checkpoint was written now (its step).
   void checkpoint_written(int64_t step);
-  /// The guard's state (issue 12 item 3; 0 = idle until the guard exists).
+  /// The guard's state (train/guard.h GuardState: 0 idle, 1 warned, 2
+  /// raised, 3 rolled back, 4 stopped).
   void set_guard_state(int state);
 
   /// The current exposition text (what /metrics returns).

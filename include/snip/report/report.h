@@ -95,6 +95,14 @@ struct RunCurves {
   std::vector<double> val_loss;      ///< V: validation loss, nats/token
   std::vector<double> val_ppl;       ///< V: validation perplexity (NaN when absent)
   std::vector<Decision> decisions;   ///< records with a "precision" key, in step order
+  /// The guard's events (train/guard.h: the "guard" lists of the records, in
+  /// file order, rolled-back steps included): step, condition, action,
+  /// reason, outcome.
+  struct GuardEvent {
+    int64_t step = 0;
+    std::string condition, action, reason, outcome;
+  };
+  std::vector<GuardEvent> guard;
   int64_t skipped_lines = 0;         ///< unparsable or non-object lines (e.g. a torn last line)
 };
 

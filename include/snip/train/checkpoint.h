@@ -32,8 +32,14 @@
 //                                  included (written last)
 //   RUN/checkpoints/last_good.json {"step": N}: the newest checkpoint that was
 //                                  written completely (its checksums computed
-//                                  from the bytes on disk); what a rollback
-//                                  returns to. keep-last-N never deletes it.
+//                                  from the bytes on disk) and passed
+//                                  validation (Retention::good); what the
+//                                  guard's rollback returns to. keep-last-N
+//                                  never deletes it.
+//   RUN/checkpoints/good.json      {"steps": [...]}: the newest
+//                                  checkpoint.keep_good checkpoints that
+//                                  passed validation, ascending; kept apart
+//                                  from the rolling train.keep_checkpoints.
 //
 // Writes are atomic: the folder is written as step-N.tmp (each file written,
 // fsynced and renamed), then renamed to step-N, so a killed run never leaves a
@@ -64,10 +70,11 @@ namespace snip {
 
 /// Writes RUN/checkpoints/step-`step`/ atomically from `model`, `opt` and
 /// `state` (trainer_state.json without "crc32", which is added from the bytes
-/// written), marks it last good (last_good.json), and deletes the
-/// oldest complete checkpoints beyond the newest `keep` (0 = keep all; the
-/// last-good one is never deleted). Returns the folder's path. Throws
-/// UserError when a write fails (disk full, unwritable); nothing partial is
+/// written), marks it last good (last_good.json) when `keep.good`, and deletes the
+/// oldest complete checkpoints beyond the newest `keep.keep` (0 = keep all;
+/// the last-good one and those in good.json are never deleted). Throws
+/// UserError, writing nothing, when a parameter is not finite. Returns the
+/// folder's path. Throws UserError when a write fails (disk full, unwritable); nothing partial is
 /// left then. `extra_files` (file name -> bytes) are written into the same
 /// folder before trainer_state.json, inside the same atomic rename, with their
 /// CRC-32 in its "crc32" (e.g. grad_residuals.safetensors, dist.grad_comm).
@@ -87,10 +94,26 @@ struct OptimizerShards {
   std::string shard_bytes;             ///< this rank's optimizer-rank<r>.safetensors (dist::optimizer_shard_bytes)
   std::string index_json;              ///< optimizer_index.json (rank 0; dist::optimizer_index)
 };
+/// Which checkpoints stay (save_checkpoint).
+struct Retention {
+  Retention(int64_t keep_newest = 0) : keep(keep_newest) {}  // NOLINT: an int is "keep the newest N"
+  int64_t keep = 0;       ///< train.keep_checkpoints: newest complete checkpoints kept; 0 = all
+  int64_t keep_good = 0;  ///< checkpoint.keep_good: newest good ones kept apart (good.json); 0 = none apart
+  /// This checkpoint passed validation (finite, validation loss within
+  /// checkpoint.good_margin of the best): it becomes last_good.json (and
+  /// enters good.json when keep_good > 0). With keep_good = 0 the trainer
+  /// passes true for every checkpoint.
+  bool good = true;
+};
 std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCausalLM& model,
-                            torch::optim::Optimizer& opt, const nlohmann::json& state, int64_t keep,
+                            torch::optim::Optimizer& opt, const nlohmann::json& state, const Retention& keep,
                             const std::map<std::string, std::string>& extra_files = {},
                             const OptimizerShards* shards = nullptr);
+
+/// The guard's rollback to step `step`: deletes RUN's complete checkpoints
+/// after `step` (an abandoned trajectory, which --resume must not pick as the
+/// newest) and drops them from good.json. Returns the steps deleted.
+std::vector<int64_t> discard_checkpoints_after(const std::string& run_dir, int64_t step);
 
 /// Loads the weights of a verified checkpoint into `model`, after checking
 /// that its config.json describes the same model shape. Throws UserError

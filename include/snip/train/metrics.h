@@ -19,16 +19,21 @@ class MetricsLog {
   /// and appends after them. Throws UserError when the file cannot be opened,
   /// or, before anything is written, when what it reads back is not what snip
   /// wrote: a line that is not a JSON record (but the last, a torn write), a
-  /// record without an integer "step", a "loss" that is not a number, a
-  /// "val_loss" neither number nor null, or steps other than 1 .. resume_step
-  /// in order (a record repeated or missing), naming the file and the line.
-  /// A missing file is a warning (its records are lost).
+  /// record without an integer "step", a "loss" or "val_loss" neither number
+  /// nor null (null: a non-finite value), or steps other than 1 ..
+  /// resume_step in order (a record repeated or missing), naming the file
+  /// and the line. A record with "rollback_to": k (the guard rolled back to
+  /// step k, train/guard.h) is followed by step k + 1 again: the rolled-back
+  /// records stay in the file as history, and the file is cut after the last
+  /// record that leaves the run at resume_step. A missing file is a warning
+  /// (its records are lost).
   MetricsLog(const std::string& path, int64_t resume_step);
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
 
-  /// The records kept from earlier invocations (resume), in file order.
+  /// The records kept from earlier invocations (resume), in file order,
+  /// without the rolled-back ones and the rollback records themselves.
   const std::vector<nlohmann::json>& earlier() const { return earlier_; }
 
   /// Writes `record` as one line. Throws UserError naming the file and the OS

@@ -18,10 +18,15 @@
 //      in buckets (dist/data_parallel.h; with `overlap`, FP32 buckets start
 //      from autograd hooks during the last micro-batch's backward), the loss
 //      sum too (float64);
-//   4. the mean loss must be finite (else UserError "training diverged");
-//   5. global gradient L2 norm computed and clipped to grad_clip
+//   4. the mean loss must be finite (else UserError "training diverged"),
+//      unless `skip_nonfinite` (the guard, train/guard.h);
+//   5. global gradient L2 norm computed and clipped to grad_clip (times
+//      clip_low_precision while a layer runs below FP8)
 //      (torch::nn::utils::clip_grad_norm_);
-//   6. optimizer update (AdamW, train/optimizer.h).
+//   6. optimizer update (AdamW, train/optimizer.h) -- skipped with
+//      `skip_nonfinite` when the loss or the norm is not finite (the step's
+//      result says `skipped`; weights and AdamW state are untouched, so no
+//      non-finite value reaches them or a checkpoint).
 //   ZeRO (`zero` set, dist/zero.h): 2. zeroes every gradient of the model
 //   (the optimizer holds only this rank's share); 3b. stage 2 sums each
 //   gradient to its owner only; 5. the norm from the owners' per-parameter
@@ -43,6 +48,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "snip/data/loader.h"
@@ -77,6 +83,15 @@ struct StepContext {
   const dist::ZeroPartition* zero = nullptr;
   int zero_stage = 0;  ///< 1 or 2 with `zero`: 2 reduces each gradient to its owner only
   bool overlap = false;  ///< dist.overlap: FP32 buckets all-reduced from autograd hooks during the last backward
+  /// The guard is on (guard.enabled): a non-finite loss or gradient norm
+  /// skips the update instead of throwing.
+  bool skip_nonfinite = false;
+  /// train.clip_low_precision: grad_clip is multiplied by this while the
+  /// controller runs some layer below FP8 (PrecisionController::layers_below_fp8).
+  double clip_low_precision = 1.0;
+  /// Test-only fault injection (tests of the guard): called with `step` after
+  /// the gradients are reduced, before their norm. nullptr = none.
+  std::function<void(int64_t)> fault;
 };
 
 /// What one step produced.
@@ -86,12 +101,15 @@ struct StepResult {
   PrecisionEvent precision;  ///< the controller's decision at this step's boundary (if any)
   int64_t grad_comm_bytes = -1;  ///< bytes the gradient format would send per rank (dist.grad_comm); -1 = one process
   int64_t grad_comm_sent_bytes = -1;  ///< bytes this rank handed to the gradient collectives (GradComm::sent_bytes); -1 = one process
+  double grad_clip = 0;  ///< the clipping threshold this step used (grad_clip, x clip_low_precision below FP8)
+  bool skipped = false;  ///< the update was skipped: loss or gradient norm not finite (skip_nonfinite)
   double comm_s = -1;  ///< seconds blocked in collectives from the last backward to the summed gradient (exposed communication); -1 = one process
 };
 
 /// Runs optimizer step `step` (0-based: the number of steps completed before
 /// it) at learning rate `lr`. Throws UserError when the loss is not finite
-/// (nothing is updated then) or when the controller's re-plan fails.
+/// and !skip_nonfinite (nothing is updated then), or when the controller's
+/// re-plan fails.
 StepResult train_step(StepContext& ctx, int64_t step, double lr);
 
 }  // namespace snip

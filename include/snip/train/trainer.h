@@ -68,7 +68,10 @@ struct TrainSummary {
   double final_train_loss = 0;    ///< mean loss of the last min(10, steps) steps, nats/token
   double final_val_loss = 0;      ///< validation loss at the end, nats/token
   double best_val_loss = 0;       ///< lowest validation loss of the run, nats/token
-  int64_t invocation_steps = 0;   ///< steps run by this invocation
+  int64_t invocation_steps = 0;   ///< steps run by this invocation (rolled-back steps included)
+  int64_t start_step = 0;         ///< the step this invocation started from (0, or the checkpoint resumed)
+  int64_t rollbacks = 0;          ///< rollbacks the guard made in this run (train/guard.h)
+  int64_t skipped_steps = 0;      ///< steps whose update the guard skipped (non-finite loss or gradient)
   double invocation_seconds = 0;  ///< wall time of this invocation, seconds
   std::string run_dir;
   /// SIGINT or SIGTERM when one stopped the run early: the step it was in was
