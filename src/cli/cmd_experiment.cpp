@@ -28,6 +28,7 @@
 #include "commands.h"
 #include "snip/config/config.h"
 #include "snip/quant/quantizers.h"
+#include "snip/quant/recipe_file.h"
 #include "snip/method/study.h"
 #include "snip/io/atomic_file.h"
 #include "snip/io/json.h"
@@ -473,6 +474,12 @@ void add_experiment_commands(CLI::App& app) {
       if (a->config.empty())
         fail("--config FILE is required (only --no-train, which reads each arm's ", (out / "<arm>").string(),
              "/config.toml, goes without it)");
+      {  // precision.recipe_file first: an arm's policy may name one of its recipes
+        Config c;
+        c.load_toml_file(a->config);
+        for (const auto& s : a->sets) c.set_override(s);
+        quant::register_recipe_file(c.get_string("precision.recipe_file"));
+      }
       arms = parse_arm_list(a->arms);
     }
     // Validate everything up front: the config, every arm's policy/budget.
