@@ -464,7 +464,12 @@ void add_experiment_commands(CLI::App& app) {
     const fs::path out(a->out);
     std::vector<Arm> arms;
     if (a->no_train) {
-      // Re-tabulate: each arm's own config.toml, no --config or --set needed.
+      // Re-tabulate: each arm's own config.toml, no --config or --set needed;
+      // recipes from a recipe file as each arm trained with them (its recipes.json).
+      if (fs::is_directory(out))
+        for (const auto& e : fs::directory_iterator(out))
+          if (fs::is_regular_file(e.path() / "recipes.json"))
+            quant::register_recipe_copy((e.path() / "recipes.json").string());
       arms = arms_opt->count() > 0 ? parse_arm_list(a->arms) : arms_in(out);
       check_trained_arms(arms, out);
       if (!a->config.empty() || !a->sets.empty())

@@ -201,6 +201,26 @@ RecipeFile register_recipe_file(const std::string& path) {
   return f;
 }
 
+std::vector<std::string> register_recipe_copy(const std::string& path) {
+  json j;
+  try {
+    j = json::parse(io::read_file(path));
+  } catch (const std::exception& e) {
+    fail(path, ": expected the resolved recipes a run wrote (", e.what(), ")");
+  }
+  if (!j.is_object() || !j.contains("recipes") || !j["recipes"].is_array())
+    fail(path, ": recipes: expected a list of recipes");
+  std::vector<Recipe> rs;
+  for (size_t i = 0; i < j["recipes"].size(); ++i) {
+    Recipe r = recipe_from_json(j["recipes"][i], str_cat(path, ": recipes[", i, "]"));
+    if (is_builtin_recipe(r.name)) fail(path, ": recipe '", r.name, "': name: the name of a built-in recipe");
+    rs.push_back(std::move(r));
+  }
+  std::vector<std::string> names;
+  for (const Recipe& r : rs) register_recipe(r, /*replace=*/true), names.push_back(r.name);
+  return names;
+}
+
 std::string record_run_recipes(const std::string& run_dir, const RecipeFile& file, bool resume) {
   const fs::path copy = fs::path(run_dir) / "recipes.json";
   std::string warning;

@@ -6,7 +6,8 @@ micro model under precision.policy = uniform-<name>; the plan names it; the
 run keeps recipes.json and precision.recipe_file; a run stopped by SIGTERM
 and resumed has the losses of an uninterrupted run bit for bit (the
 checkpoint holds the error-feedback residuals); a changed file warns on
-resume; `snip formats --recipes --config` lists it; bad files are one-line
+resume; `snip formats --recipes --config` lists it; `snip experiment --no-train`
+tabulates an arm trained with it; bad files are one-line
 errors naming file, recipe and field.
 
 usage: recipe_file.py SNIP_BINARY PREPARED_DATA_DIR
@@ -167,6 +168,14 @@ if os.path.isdir(os.path.join(run2, "checkpoints", "step-12")):
                          timeout=300)
     check(rc == 0, "resume with a changed file runs", err[-600:])
     check("w4a8ef" in err and "not be bit-identical" in err, "a changed recipe warns on resume", err[-600:])
+
+# --- snip experiment --no-train tabulates an arm trained with the recipe,
+# registered from the arm's recipes.json (the file itself is not needed)
+exp = os.path.join(tmp, "exp")
+os.makedirs(exp)
+shutil.copytree(ref, os.path.join(exp, "uniform-w4a8ef"))
+rc, out, err = T.run(["experiment", "--no-train", "--out", exp], timeout=120)
+check(rc == 0 and "| uniform-w4a8ef |" in out, "experiment --no-train tabulates the custom arm", out[-400:] + err[-400:])
 
 # --- snip formats --recipes --config lists it (and --json holds error_feedback)
 rc, out, err = T.run(["formats", "--recipes", "--config", cfg])

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "snip/formats/minifloat.h"
 #include "snip/quant/recipe_file.h"
@@ -213,6 +214,9 @@ TEST(RecipeFile, RegistersLikeABuiltInAndReregisters) {
   EXPECT_EQ(record_run_recipes(run, f, false), "");
   ASSERT_TRUE(fs::exists(dir / "run" / "recipes.json"));
   EXPECT_EQ(record_run_recipes(run, f, true), "");  // unchanged: no warning
+  // The copy registers what the run trained with (snip experiment --no-train).
+  EXPECT_EQ(register_recipe_copy(run + "/recipes.json"), std::vector<std::string>{"w4a8"});
+  EXPECT_EQ(to_json(find_recipe("w4a8")), to_json(f.recipes[0]));
   RecipeFile changed = f;
   changed.recipes[0].operands[0].rounding = Rounding::kStochastic;
   const std::string w = record_run_recipes(run, changed, true);

@@ -65,6 +65,12 @@ RecipeFile load_recipe_file(const std::string& path);
 /// resolved (PrecisionController, resolve_precision_alias).
 RecipeFile register_recipe_file(const std::string& path);
 
+/// Registers the recipes of a run folder's copy (RUN/recipes.json, the
+/// resolved form record_run_recipes writes): what the run trained with, for
+/// readers of a finished run (`snip experiment --no-train`). Throws UserError
+/// "<path>: ..." when it cannot be read or parsed, or names a built-in recipe.
+std::vector<std::string> register_recipe_copy(const std::string& path);
+
 /// For a training run's folder: on resume, compares `file`'s resolved form
 /// with RUN/recipes.json and warns (spdlog) when a recipe the run used
 /// changed or vanished (the resumed steps then differ from an uninterrupted
