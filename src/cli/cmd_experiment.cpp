@@ -28,6 +28,7 @@
 #include "commands.h"
 #include "snip/config/config.h"
 #include "snip/quant/quantizers.h"
+#include "snip/quant/recipe_file.h"
 #include "snip/method/study.h"
 #include "snip/io/atomic_file.h"
 #include "snip/io/json.h"
@@ -463,7 +464,12 @@ void add_experiment_commands(CLI::App& app) {
     const fs::path out(a->out);
     std::vector<Arm> arms;
     if (a->no_train) {
-      // Re-tabulate: each arm's own config.toml, no --config or --set needed.
+      // Re-tabulate: each arm's own config.toml, no --config or --set needed;
+      // recipes from a recipe file as each arm trained with them (its recipes.json).
+      if (fs::is_directory(out))
+        for (const auto& e : fs::directory_iterator(out))
+          if (fs::is_regular_file(e.path() / "recipes.json"))
+            quant::register_recipe_copy((e.path() / "recipes.json").string());
       arms = arms_opt->count() > 0 ? parse_arm_list(a->arms) : arms_in(out);
       check_trained_arms(arms, out);
       if (!a->config.empty() || !a->sets.empty())
@@ -473,6 +479,12 @@ void add_experiment_commands(CLI::App& app) {
       if (a->config.empty())
         fail("--config FILE is required (only --no-train, which reads each arm's ", (out / "<arm>").string(),
              "/config.toml, goes without it)");
+      {  // precision.recipe_file first: an arm's policy may name one of its recipes
+        Config c;
+        c.load_toml_file(a->config);
+        for (const auto& s : a->sets) c.set_override(s);
+        quant::register_recipe_file(c.get_string("precision.recipe_file"));
+      }
       arms = parse_arm_list(a->arms);
     }
     // Validate everything up front: the config, every arm's policy/budget.

@@ -3,7 +3,8 @@
 //   snip formats                      table of every element format
 //   snip formats --json               the same as a JSON array
 //   snip formats --codes e2m1 [--json]  every code of a format of <= 8 bits
-//   snip formats --recipes [--json]   the registered recipes as plain config
+//   snip formats --recipes [--json] [--config RUN.toml | --recipe-file FILE]
+//                                     the registered recipes as plain config
 //   snip quantize --scheme fp4 --input in.safetensors --output out.safetensors
 //        [--operand fprop.w] [--seed N] [--json]
 //     fake-quantizes every floating-point tensor along its last dimension
@@ -35,7 +36,9 @@
 #include "snip/formats/hadamard.h"
 #include "snip/io/safetensors.h"
 #include "snip/io/tensor_values.h"
+#include "snip/config/config.h"
 #include "snip/quant/recipe.h"
+#include "snip/quant/recipe_file.h"
 #include "snip/util/error.h"
 
 namespace snip::cli {
@@ -146,7 +149,7 @@ void print_recipes(std::ostream& out, bool json) {
       arr.push_back(quant::to_json(r));
       continue;
     }
-    os << r.name << ": " << r.description << "\n";
+    os << r.name << ": " << r.description << (r.error_feedback ? " [error feedback on W]" : "") << "\n";
     for (int i = 0; i < kNumOperands; ++i)
       os << "  " << std::left << std::setw(9) << operand_name(Operand(i))
          << r.operands[size_t(i)].describe() << "\n";
@@ -318,6 +321,7 @@ void add_format_commands(CLI::App& app) {
     std::string codes;
     bool json = false;
     bool recipes = false;
+    std::string config, recipe_file;
   };
   auto fo = std::make_shared<FormatsOpts>();
   CLI::App* formats_cmd = app.add_subcommand(
@@ -328,8 +332,20 @@ void add_format_commands(CLI::App& app) {
   formats_cmd->add_flag("--recipes", fo->recipes,
                         "print the registered quantization recipes (per GEMM operand)");
   formats_cmd->add_flag("--json", fo->json, "print JSON instead of a table");
+  formats_cmd->add_option("--config", fo->config,
+                          "with --recipes: also the recipes of this run configuration's precision.recipe_file");
+  formats_cmd->add_option("--recipe-file", fo->recipe_file,
+                          "with --recipes: also the recipes of this recipe file (.toml or .json; docs/formats.md)");
   formats_cmd->callback([fo] {
     if (!fo->codes.empty() && fo->recipes) fail("snip formats: give --codes or --recipes, not both");
+    if ((!fo->config.empty() || !fo->recipe_file.empty()) && !fo->recipes)
+      fail("snip formats: --config and --recipe-file go with --recipes");
+    if (!fo->config.empty()) {
+      Config cfg;
+      cfg.load_toml_file(fo->config);
+      quant::register_recipe_file(cfg.get_string("precision.recipe_file"));
+    }
+    if (!fo->recipe_file.empty()) quant::register_recipe_file(fo->recipe_file);
     if (!fo->codes.empty()) {
       print_codes(std::cout, fo->codes, fo->json);
     } else if (fo->recipes) {

@@ -28,6 +28,7 @@
 #include "snip/model/hf.h"
 #include "snip/model/matmul.h"
 #include "snip/policy/cost_table.h"
+#include "snip/quant/recipe_file.h"
 #include "snip/train/memory.h"
 #include "snip/train/optimizer.h"
 #include "snip/train/step.h"
@@ -45,6 +46,7 @@ policy::CostTable measure(Config& cfg, const PlanMeasureRequest& r) {
   // Notes go to stderr: stdout is the plan (or its JSON).
   for (const std::string& n : adopt_hf_config(f, cfg)) std::cerr << "snip: note: " << n << "\n";
   cfg.validate();
+  quant::register_recipe_file(cfg.get_string("precision.recipe_file"));  // its names may be precision.options
   const RunConfig rc = RunConfig::from(cfg);
   const TrainConfig& tc = rc.train;
   const std::string train_bin = (fs::path(r.data_dir) / "train.bin").string();

@@ -176,6 +176,10 @@ std::vector<OptionSpec> make_table() {
       opt("precision.recipe", T::kString, std::string("none"), "",
           "shorthand for policy uniform-<recipe> on every step (no warmup, no final phase): a name from "
           "`snip formats --recipes`, or none; only with precision.policy = none"),
+      opt("precision.recipe_file", T::kString, std::string(""), "path",
+          "TOML or JSON file of named recipes (operand roles activations/weights/gradients, error_feedback, "
+          "compensation_freq; docs/formats.md \"Recipe files\"), registered beside the built-in ones so "
+          "their names work in every precision option; relative to the working directory; empty = none"),
       // [precision]: the adaptive method (METHOD.md sections 3-6; docs/planner.md "In training").
       opt("precision.policy", T::kString, std::string("none"), "",
           "who chooses each layer's precision: none (no quantization: every GEMM in train.gemm_dtype; bf16 is an old name for it), uniform-<recipe> (any recipe, e.g. "

@@ -18,6 +18,7 @@
 #include "snip/model/llama.h"
 #include "snip/model/matmul.h"
 #include "snip/quant/quantizers.h"
+#include "snip/quant/recipe_file.h"
 #include "snip/method/stats.h"
 #include "snip/train/checkpoint.h"
 #include "snip/train/optimizer.h"
@@ -45,6 +46,7 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
     fail("--run: ", (run / "config.toml").string(), " does not exist (expected a run of `snip train`)");
   Config cfg;
   cfg.load_toml_file((run / "config.toml").string());
+  quant::register_recipe_file(cfg.get_string("precision.recipe_file"));  // --option may name one of its recipes
   const RunConfig rc = RunConfig::from(cfg);
   const TrainConfig& tc = rc.train;
   std::string ckpt;

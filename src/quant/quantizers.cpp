@@ -1,6 +1,7 @@
 // Recipes (snip_formats) as OperandQuantizer hooks on LibTorch tensors.
 #include "snip/quant/quantizers.h"
 
+#include <cstring>
 #include <map>
 #include <mutex>
 
@@ -14,8 +15,53 @@ namespace snip {
 
 namespace {
 
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "residual state is stored as little-endian FP32 bytes");
+
+// RFC 4648 base64 (with '=' padding) of `n` bytes at `p`.
+std::string base64_encode(const void* p, size_t n) {
+  static const char* abc = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  const auto* b = static_cast<const unsigned char*>(p);
+  std::string out;
+  out.reserve((n + 2) / 3 * 4);
+  for (size_t i = 0; i < n; i += 3) {
+    const uint32_t v = uint32_t(b[i]) << 16 | (i + 1 < n ? uint32_t(b[i + 1]) << 8 : 0) | (i + 2 < n ? b[i + 2] : 0);
+    out += abc[v >> 18 & 63];
+    out += abc[v >> 12 & 63];
+    out += i + 1 < n ? abc[v >> 6 & 63] : '=';
+    out += i + 2 < n ? abc[v & 63] : '=';
+  }
+  return out;
+}
+
+// Inverse of base64_encode; throws UserError "<where>: ..." on other text.
+std::string base64_decode(const std::string& s, const std::string& where) {
+  auto val = [&](char c) -> uint32_t {
+    if (c >= 'A' && c <= 'Z') return uint32_t(c - 'A');
+    if (c >= 'a' && c <= 'z') return uint32_t(c - 'a' + 26);
+    if (c >= '0' && c <= '9') return uint32_t(c - '0' + 52);
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    fail(where, ": expected base64 text, got the character '", c, "'");
+  };
+  if (s.size() % 4 != 0) fail(where, ": expected base64 text (a multiple of 4 characters), got ", s.size());
+  std::string out;
+  out.reserve(s.size() / 4 * 3);
+  for (size_t i = 0; i < s.size(); i += 4) {
+    const bool last = i + 4 == s.size();
+    const int pad = last ? (s[i + 3] == '=') + (s[i + 2] == '=') : 0;
+    if (pad == 1 && s[i + 2] == '=') fail(where, ": expected base64 text, got misplaced '='");
+    const uint32_t v = val(s[i]) << 18 | val(s[i + 1]) << 12 | (pad >= 2 ? 0 : val(s[i + 2]) << 6) |
+                       (pad >= 1 ? 0 : val(s[i + 3]));
+    out += char(v >> 16 & 255);
+    if (pad < 2) out += char(v >> 8 & 255);
+    if (pad < 1) out += char(v & 255);
+  }
+  return out;
+}
+
 // One recipe applied to every operand of every layer it is attached to.
-// Delayed-scaling state (amax history) is kept per (layer, operand).
+// Delayed-scaling state (amax history) is kept per (layer, operand), the
+// error-feedback residual (Recipe::error_feedback) per layer.
 class RecipeQuantizer final : public OperandQuantizer {
  public:
   explicit RecipeQuantizer(quant::Recipe r) : recipe_(std::move(r)) {}
@@ -27,25 +73,8 @@ class RecipeQuantizer final : public OperandQuantizer {
       fail("quantizer ", recipe_.name, ": ", t.device().str(), " tensors are not supported yet (the kernels run "
            "on CPU; CUDA kernels are not built)");
     const torch::Tensor in = t.to(torch::kFloat).contiguous();  // [rows, K]
-    torch::Tensor out = torch::empty_like(in);
-    const formats::QuantSpec& spec = recipe_.operands[size_t(key.operand)];
-    formats::RoundingKey rk{key.seed, uint64_t(key.step), uint64_t(key.layer), uint32_t(key.operand)};
-    if (spec.rule == formats::ScaleRule::kDelayed) {
-      std::lock_guard<std::mutex> g(mu_);
-      if (QuantStateFreeze::active()) {
-        // Same scale as the next training call would use; the record goes to
-        // a copy that is dropped.
-        auto it = delayed_.find({key.layer, int(key.operand)});
-        formats::DelayedScaling copy = it != delayed_.end() ? it->second : formats::DelayedScaling(spec);
-        formats::fake_quantize(in.data_ptr<float>(), out.data_ptr<float>(), in.size(0), in.size(1), rk, copy);
-      } else {
-        auto it = delayed_.try_emplace({key.layer, int(key.operand)}, spec).first;
-        formats::fake_quantize(in.data_ptr<float>(), out.data_ptr<float>(), in.size(0), in.size(1), rk,
-                               it->second);
-      }
-    } else {
-      formats::fake_quantize(in.data_ptr<float>(), out.data_ptr<float>(), in.size(0), in.size(1), spec, rk);
-    }
+    const bool weight = key.operand == Operand::kFpropW || key.operand == Operand::kDgradW;
+    const torch::Tensor out = recipe_.error_feedback && weight ? quantize_weight_ef(in, key) : quantize_plain(in, key);
     return out.to(t.scalar_type());
   }
 
@@ -60,28 +89,48 @@ class RecipeQuantizer final : public OperandQuantizer {
 
   // {"recipe": name, "delayed": [{"layer": L, "operand": "fprop.x", "history":
   //   [...], "calls": n, "skipped": n, "since_refresh": n, "scale_amax": a |
-  //   null}, ...]} in (layer, operand) order; null before any delayed-scaling
-  // call. FP32 values survive JSON exactly (17 significant digits).
+  //   null}, ...], "residuals": [{"layer": L, "step": t, "shape": [OUT, IN],
+  //   "f32_base64": "..."}, ...]} in (layer, operand) / layer order; null
+  // before any delayed-scaling or error-feedback call. FP32 values survive
+  // JSON exactly (17 significant digits); a residual r_{t+1} (as large as the
+  // weight) is its raw little-endian FP32 bytes in base64 (RFC 4648), also
+  // exact. "residuals" appears only for recipes with error feedback.
   nlohmann::json state() const override {
-    std::lock_guard<std::mutex> g(mu_);
-    if (delayed_.empty()) return nullptr;
-    nlohmann::json list = nlohmann::json::array();
-    for (const auto& [k, d] : delayed_) {
-      const formats::DelayedScaling::State s = d.state();
-      nlohmann::json e = {{"layer", k.first},
-                          {"operand", operand_name(Operand(k.second))},
-                          {"history", s.history},
-                          {"calls", s.calls},
-                          {"skipped", s.skipped},
-                          {"since_refresh", s.since_refresh}};
-      e["scale_amax"] = s.has_scale ? nlohmann::json(s.scale_amax) : nlohmann::json(nullptr);
-      list.push_back(std::move(e));
+    nlohmann::json list = nlohmann::json::array(), res = nlohmann::json::array();
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      for (const auto& [k, d] : delayed_) {
+        const formats::DelayedScaling::State s = d.state();
+        nlohmann::json e = {{"layer", k.first},
+                            {"operand", operand_name(Operand(k.second))},
+                            {"history", s.history},
+                            {"calls", s.calls},
+                            {"skipped", s.skipped},
+                            {"since_refresh", s.since_refresh}};
+        e["scale_amax"] = s.has_scale ? nlohmann::json(s.scale_amax) : nlohmann::json(nullptr);
+        list.push_back(std::move(e));
+      }
     }
-    return {{"recipe", recipe_.name}, {"delayed", std::move(list)}};
+    {
+      std::lock_guard<std::mutex> g(ef_mu_);
+      for (const auto& [layer, e] : residual_) {
+        if (!e.next.defined()) continue;
+        const torch::Tensor r = e.next.contiguous();  // [OUT, IN] FP32
+        res.push_back({{"layer", layer},
+                       {"step", e.step},
+                       {"shape", {r.size(0), r.size(1)}},
+                       {"f32_base64", base64_encode(r.data_ptr<float>(), size_t(r.numel()) * sizeof(float))}});
+      }
+    }
+    if (list.empty() && res.empty()) return nullptr;
+    nlohmann::json st = {{"recipe", recipe_.name}, {"delayed", std::move(list)}};
+    if (recipe_.error_feedback) st["residuals"] = std::move(res);
+    return st;
   }
 
   void restore_state(const nlohmann::json& st, const std::string& what, int64_t num_layers) const override {
     std::map<std::pair<int64_t, int>, formats::DelayedScaling> restored;
+    std::map<int64_t, Residual> residuals;
     if (!st.is_null()) {
       try {
         if (st.at("recipe").get<std::string>() != recipe_.name)
@@ -113,18 +162,123 @@ class RecipeQuantizer final : public OperandQuantizer {
           if (!restored.emplace(std::make_pair(layer, int(op)), std::move(d)).second)
             fail(where, ": appears twice");
         }
+        if (st.contains("residuals")) {
+          if (!recipe_.error_feedback)
+            fail(what, ".residuals: recipe '", recipe_.name, "' has no error feedback (its recipe file changed?)");
+          if (!st.at("residuals").is_array())
+            fail(what, ".residuals: expected a list, got ", st.at("residuals").type_name());
+          for (const auto& e : st.at("residuals")) {
+            const int64_t layer = count(e, "layer", what + ".residuals");
+            if (layer < 0 || layer >= num_layers)
+              fail(what, ".residuals: layer ", layer, " is not a linear layer of this model (0 .. ", num_layers - 1,
+                   ")");
+            const std::string where = str_cat(what, ".residuals: layer ", layer);
+            const auto shape = e.at("shape").get<std::vector<int64_t>>();
+            if (shape.size() != 2 || shape[0] < 1 || shape[1] < 1)
+              fail(where, ": shape: expected [OUT, IN] with both >= 1, got ", e.at("shape").dump());
+            const std::string bytes = base64_decode(e.at("f32_base64").get<std::string>(), where + ": f32_base64");
+            if (bytes.size() != size_t(shape[0] * shape[1]) * sizeof(float))
+              fail(where, ": f32_base64: expected ", shape[0] * shape[1], " FP32 values (shape [", shape[0], ", ",
+                   shape[1], "]), got ", bytes.size(), " bytes");
+            Residual r;
+            r.step = count(e, "step", where);
+            r.next = torch::empty({shape[0], shape[1]}, torch::kFloat);
+            std::memcpy(r.next.data_ptr<float>(), bytes.data(), bytes.size());
+            if (!residuals.emplace(layer, std::move(r)).second) fail(where, ": appears twice");
+          }
+        }
       } catch (const nlohmann::json::exception& e) {
         fail(what, ": malformed quantizer state (", e.what(), ")");
       }
     }
-    std::lock_guard<std::mutex> g(mu_);
-    delayed_ = std::move(restored);
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      delayed_ = std::move(restored);
+    }
+    std::lock_guard<std::mutex> g(ef_mu_);
+    residual_ = std::move(residuals);
   }
 
  private:
+  // in: [rows, K] FP32 contiguous -> Q(in) by the spec of key.operand (its
+  // delayed-scaling state recorded unless a QuantStateFreeze is active).
+  torch::Tensor quantize_plain(const torch::Tensor& in, const QuantKey& key) const {
+    torch::Tensor out = torch::empty_like(in);
+    const formats::QuantSpec& spec = recipe_.operands[size_t(key.operand)];
+    formats::RoundingKey rk{key.seed, uint64_t(key.step), uint64_t(key.layer), uint32_t(key.operand)};
+    if (spec.rule == formats::ScaleRule::kDelayed) {
+      std::lock_guard<std::mutex> g(mu_);
+      if (QuantStateFreeze::active()) {
+        // Same scale as the next training call would use; the record goes to
+        // a copy that is dropped.
+        auto it = delayed_.find({key.layer, int(key.operand)});
+        formats::DelayedScaling copy = it != delayed_.end() ? it->second : formats::DelayedScaling(spec);
+        formats::fake_quantize(in.data_ptr<float>(), out.data_ptr<float>(), in.size(0), in.size(1), rk, copy);
+      } else {
+        auto it = delayed_.try_emplace({key.layer, int(key.operand)}, spec).first;
+        formats::fake_quantize(in.data_ptr<float>(), out.data_ptr<float>(), in.size(0), in.size(1), rk,
+                               it->second);
+      }
+    } else {
+      formats::fake_quantize(in.data_ptr<float>(), out.data_ptr<float>(), in.size(0), in.size(1), spec, rk);
+    }
+    return out;
+  }
+
+  // Error feedback on the weight operand (Recipe::error_feedback; METHOD.md
+  // section 7, docs/formats.md "Error feedback"). in: W [OUT, IN] (fprop.w)
+  // or Wᵀ [IN, OUT] (dgrad.w), FP32 contiguous. Per layer, with Q_f the
+  // fprop.w quantization of this recipe:
+  //   step t's first weight call:  v = W_t + r_t,  r_{t+1} = v - Q_f(v)   (r_0 = 0)
+  //   every weight call of step t: fprop.w -> Q_f(W_t + r_t), dgrad.w -> Q_dgrad.w((W_t + r_t)ᵀ)
+  // so the residual advances once per optimizer step (key.step), however many
+  // micro-batches and dgrad uses there are, and is measured against fprop's
+  // quantization. Under QuantStateFreeze the residual the next step will add
+  // (r_{t+1}) is used and nothing changes.
+  torch::Tensor quantize_weight_ef(const torch::Tensor& in, const QuantKey& key) const {
+    const bool fprop = key.operand == Operand::kFpropW;
+    const torch::Tensor w = fprop ? in : in.t();  // W [OUT, IN] (a view for dgrad)
+    std::lock_guard<std::mutex> g(ef_mu_);
+    auto it = residual_.find(key.layer);
+    if (it != residual_.end() && it->second.next.defined() && it->second.next.sizes() != w.sizes())
+      fail("quantizer ", recipe_.name, ": layer ", key.layer, ": error-feedback residual of shape ",
+           it->second.next.sizes(), " for a weight of shape ", w.sizes(), " (state of another model?)");
+    torch::Tensor r;  // [OUT, IN]
+    if (QuantStateFreeze::active()) {
+      r = it != residual_.end() && it->second.next.defined() ? it->second.next : torch::zeros_like(w);
+    } else if (it == residual_.end() || it->second.step != key.step) {
+      Residual& e = residual_[key.layer];
+      e.used = e.next.defined() ? e.next : torch::zeros_like(w);
+      e.step = key.step;
+      const torch::Tensor v = (w + e.used).contiguous();  // W_t + r_t [OUT, IN]
+      QuantKey kf = key;
+      kf.operand = Operand::kFpropW;
+      const torch::Tensor qf = quantize_plain(v, kf);
+      e.next = v - qf;  // r_{t+1}
+      if (fprop) return qf;
+      r = e.used;
+    } else {
+      if (!it->second.used.defined())
+        fail("quantizer ", recipe_.name, ": layer ", key.layer, ": weight quantized again at step ", key.step,
+             " after its state was restored at that step (internal: checkpoints are taken between steps)");
+      r = it->second.used;
+    }
+    const torch::Tensor v = w + r;  // W_t + r_t [OUT, IN]
+    return quantize_plain((fprop ? v : v.t()).contiguous(), key);
+  }
+
+  // One layer's error-feedback state.
+  struct Residual {
+    int64_t step = -1;    // the step whose first weight call set `used` and `next`
+    torch::Tensor used;   // r_t [OUT, IN] FP32, added in `step` (undefined after restore_state)
+    torch::Tensor next;   // r_{t+1} [OUT, IN] FP32, added in the next step
+  };
+
   quant::Recipe recipe_;
   mutable std::mutex mu_;
   mutable std::map<std::pair<int64_t, int>, formats::DelayedScaling> delayed_;
+  mutable std::mutex ef_mu_;                       // taken before mu_ when both are held
+  mutable std::map<int64_t, Residual> residual_;   // by layer index
 };
 
 }  // namespace

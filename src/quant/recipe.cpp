@@ -3,6 +3,7 @@
 
 #include "snip/formats/hadamard.h"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -163,14 +164,6 @@ void check_hadamard_pairs(const Recipe& r, const std::string& where) {
 }
 }  // namespace
 
-void validate_recipe(const Recipe& r) {
-  if (r.name.empty()) fail("register_recipe: recipe name: expected a non-empty name");
-  for (int i = 0; i < kNumOperands; ++i)
-    formats::validate_quant_spec(r.operands[size_t(i)],
-                                 str_cat("recipe '", r.name, "' ", operand_name(Operand(i))));
-  check_hadamard_pairs(r, str_cat("recipe '", r.name, "'"));
-}
-
 struct Registry {
   std::mutex mu;
   std::map<std::string, Recipe> recipes;
@@ -188,6 +181,23 @@ Registry& registry() {
 }
 
 }  // namespace
+
+void validate_recipe(const Recipe& r) {
+  if (r.name.empty()) fail("register_recipe: recipe name: expected a non-empty name");
+  for (int i = 0; i < kNumOperands; ++i)
+    formats::validate_quant_spec(r.operands[size_t(i)],
+                                 str_cat("recipe '", r.name, "' ", operand_name(Operand(i))));
+  check_hadamard_pairs(r, str_cat("recipe '", r.name, "'"));
+}
+
+bool is_builtin_recipe(const std::string& name) {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const Recipe& r : builtin_recipes()) v.push_back(r.name);
+    return v;
+  }();
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
 
 OperandLayout operand_layout(Operand op) {
   switch (op) {
@@ -242,7 +252,9 @@ nlohmann::json to_json(const Recipe& r) {
   nlohmann::json ops = nlohmann::json::object();
   for (int i = 0; i < kNumOperands; ++i)
     ops[operand_name(Operand(i))] = formats::to_json(r.operands[size_t(i)]);
-  return {{"name", r.name}, {"description", r.description}, {"operands", ops}};
+  nlohmann::json j = {{"name", r.name}, {"description", r.description}, {"operands", ops}};
+  if (r.error_feedback) j["error_feedback"] = true;
+  return j;
 }
 
 Recipe recipe_from_json(const nlohmann::json& j, const std::string& where) {
@@ -253,8 +265,11 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& where) {
     if (key == "name" || key == "description") {
       if (!it->is_string()) fail(where, ".", key, ": expected a string, got ", it->dump());
       (key == "name" ? r.name : r.description) = it->get<std::string>();
+    } else if (key == "error_feedback") {
+      if (!it->is_boolean()) fail(where, ".error_feedback: expected true or false, got ", it->dump());
+      r.error_feedback = it->get<bool>();
     } else if (key != "operands") {
-      fail(where, ".", key, ": unknown key (expected name, description, operands)");
+      fail(where, ".", key, ": unknown key (expected name, description, operands, error_feedback)");
     }
   }
   if (r.name.empty()) fail(where, ".name: expected a non-empty string");

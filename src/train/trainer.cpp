@@ -34,6 +34,7 @@
 #include "snip/model/matmul.h"
 #include "snip/monitor/exporter.h"
 #include "snip/quant/quantizers.h"
+#include "snip/quant/recipe_file.h"
 #include "snip/report/report.h"
 #include "snip/train/checkpoint.h"
 #include "snip/train/guard.h"
@@ -332,6 +333,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     init_notes = adopt_hf_config(*init, cfg);
     adopted = cfg.values() != set_before;
   }
+  const quant::RecipeFile recipe_file = quant::register_recipe_file(cfg.get_string("precision.recipe_file"));
   const std::string alias = resolve_precision_alias(cfg);
   const monitor::MonitorOptions monitor_opts = monitor::monitor_options(cfg);  // checked before anything runs
   const RunConfig rc = [&] {  // every option checked and typed, once
@@ -547,6 +549,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     if (!lock) lock = std::make_unique<io::DirLock>(opts.run_dir, "run directory");
     metrics.emplace((run / "metrics.jsonl").string(), opts.resume ? step : -1);  // checks what it reads back first
     io::write_file_atomic((run / "config.toml").string(), cfg.to_toml());
+    if (std::string w = quant::record_run_recipes(opts.run_dir, recipe_file, opts.resume); !w.empty()) spdlog::warn(w);
   }
   std::deque<double> recent;  // training losses of the last 10 steps (the summary's train loss)
   double best_val = std::numeric_limits<double>::infinity();

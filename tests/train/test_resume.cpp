@@ -198,3 +198,29 @@ TEST(ResumeState, StateOfAnOptionNoLongerConfiguredIsDropped) {
 }
 
 }  // namespace
+
+// precision.recipe_file (docs/formats.md "Recipe files"): a recipe with error
+// feedback on the weights (its residuals cross the resume in the checkpoint)
+// and delayed dY scaling refreshed every 2 steps (compensation_freq), two
+// micro-batches per step (the residual advances once per step), evaluation
+// after every step (frozen: the residual must not move).
+TEST(ResumeState, RecipeFileWithErrorFeedbackIsBitForBit) {
+  const std::string dir = fresh_dir("recipe-file");
+  fs::create_directories(dir);
+  const std::string path = dir + "/recipes.toml";
+  std::ofstream(path) << R"(
+[recipes.ef_w4a8_test]
+error_feedback = true
+compensation_freq = 2
+activations = { element = "e4m3" }
+weights = { element = "e2m1", block = "row" }
+gradients = { element = "e5m2", rule = "delayed", amax_history_len = 4 }
+)";
+  Config c = test::micro_config();
+  c.set("train.max_steps", int64_t{5}, "test");
+  c.set("train.grad_accum", int64_t{2}, "test");
+  c.set("precision.recipe_file", path, "test");
+  c.set("precision.recipe", std::string("ef_w4a8_test"), "test");
+  expect_exact_resume(c, "recipe-file-ef");
+  fs::remove_all(dir);
+}

@@ -66,6 +66,12 @@ struct Recipe {
   std::string name;
   std::string description;
   std::array<formats::QuantSpec, kNumOperands> operands;
+  /// Error feedback on the weight operand (recipe files only; docs/formats.md
+  /// "Recipe files"): the W quantized at step t is Q(W_t + r_t), r_{t+1} =
+  /// (W_t + r_t) - Q_fprop.w(W_t + r_t), r_0 = 0, per layer (METHOD.md
+  /// section 7; Seide et al. 2014, Karimireddy et al. 2019). The state lives
+  /// in the quantizer (quant/quantizers.h).
+  bool error_feedback = false;
 
   const formats::QuantSpec& operator[](Operand op) const {
     return operands[size_t(static_cast<int>(op))];
@@ -74,6 +80,13 @@ struct Recipe {
   /// True if every operand is a BF16 passthrough (the bf16 recipe).
   bool is_passthrough() const;
 };
+
+/// Checks every operand spec and the Hadamard pairs of `recipe`; throws
+/// snip::UserError "recipe 'x' dgrad.dy: ..." (what register_recipe checks).
+void validate_recipe(const Recipe& recipe);
+/// True for the names of the recipes built into snip (bf16, fp8, ...), which
+/// a recipe file may not reuse.
+bool is_builtin_recipe(const std::string& name);
 
 /// Adds (or with replace = true, overwrites) a recipe. Validates every
 /// operand spec. Throws snip::UserError on an empty name, an invalid spec
@@ -86,7 +99,7 @@ Recipe find_recipe(const std::string& name);
 std::vector<std::string> recipe_names();
 
 /// Plain-config form: {"name", "description", "operands": {"fprop.x": {...
-/// QuantSpec ...}, ...}}.
+/// QuantSpec ...}, ...}} (+ "error_feedback": true when set).
 nlohmann::json to_json(const Recipe& recipe);
 /// Inverse of to_json. "operands" may also hold a single "all" entry applied
 /// to every operand, then overridden per operand. Throws snip::UserError
