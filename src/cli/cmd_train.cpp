@@ -152,10 +152,11 @@ void add_train_commands(CLI::App& app) {
         (s.start_step == 0 ? std::string()
                            : fmt::format(" ({} in this session, resumed at step {})", s.invocation_steps,
                                          s.start_step)) +
-            (s.rollbacks + s.skipped_steps == 0
+            (s.guard_events == 0
                  ? std::string()
-                 : fmt::format(" (guard: {} rollback{}, {} step{} skipped; metrics.jsonl \"guard\")", s.rollbacks,
-                               s.rollbacks == 1 ? "" : "s", s.skipped_steps, s.skipped_steps == 1 ? "" : "s")),
+                 : fmt::format(" (guard: {} event{}, {} rollback{}, {} step{} skipped; metrics.jsonl \"guard\")",
+                               s.guard_events, s.guard_events == 1 ? "" : "s", s.rollbacks, s.rollbacks == 1 ? "" : "s",
+                               s.skipped_steps, s.skipped_steps == 1 ? "" : "s")),
         s.tokens, s.seconds, s.tokens_per_s,
         s.final_train_loss, s.final_val_loss, std::exp(s.final_val_loss), s.best_val_loss, s.run_dir,
         run_contents(s.run_dir));

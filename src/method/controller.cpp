@@ -246,6 +246,11 @@ PrecisionController::PrecisionController(const RunConfig& rc, std::vector<QuantL
       if (!extra_quant_[o]) fail("config: guard.raise_option: expected an option name, got '", o, "'");
     }
   }
+  if (rc.guard.enabled && rc.guard.raise_option != kReference)
+    for (const auto& spec : quant::find_recipe(rc.guard.raise_option).operands)
+      if (spec.element.bits < 8)
+        fail("config: guard.raise_option: expected an option of 8 bits or more (fp8, bf16, ...), got '",
+             rc.guard.raise_option, "' (", spec.element.bits, "-bit elements)");
   active_ = true;
   for (int64_t p : sched_.plan_steps()) plan_steps_.insert(p);
   // Everything the planner can check on the layer list alone (pins that match

@@ -1,5 +1,6 @@
 // The stats step (METHOD.md section 3): local GEMM errors per layer and
 // option, reduced to LD, WD and Q. Formulas and their sources: stats.h.
+#include "snip/method/nonfinite.h"
 #include "snip/method/stats.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -566,8 +567,9 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
                              os.rel_err[Gemm::kFprop], os.rel_err[Gemm::kDgrad], os.rel_err[Gemm::kWgrad], ls.curvature};
       for (double v : vals)
         if (!std::isfinite(v))
-          fail("stats step ", step, ": layer '", ls.name, "' option '", name,
-               "': expected finite statistics, got ", v, " (non-finite loss, activations or gradients?)");
+          throw NonFiniteStatsError(str_cat("stats step ", step, ": layer '", ls.name, "' option '", name,
+                                            "': expected finite statistics, got ", v,
+                                            " (non-finite loss, activations or gradients?)"));
     }
   }
   return out;

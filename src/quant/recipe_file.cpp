@@ -48,6 +48,9 @@ Recipe parse_one(const std::string& name, const json& e, const std::string& wher
                 "precision.policy = uniform-<name> and comma-separated lists)");
   if (is_builtin_recipe(name))
     fail(where, ": name: the name of a built-in recipe (`snip formats --recipes`); choose another name");
+  if (name == "none" || name == "fp32")  // words the options already give a meaning (no quantization)
+    fail(where, ": name: '", name, "' means no quantization in precision.recipe and policy names; choose another "
+         "name");
   if (!e.is_object()) fail(where, ": expected a table of fields (", kRecipeKeys, "), got ", e.type_name());
   Recipe r;
   r.name = name;

@@ -7,6 +7,7 @@
 
 #include "snip/dist/data_parallel.h"
 #include "snip/dist/zero.h"
+#include "snip/method/nonfinite.h"
 #include "snip/train/optimizer.h"
 #include "snip/util/error.h"
 
@@ -44,9 +45,25 @@ StepResult train_step(StepContext& c, int64_t step, double lr) {
       if (k == me) c.loader.next(in, tg);
       else c.loader.next(other_in, other_tg);
     const torch::Tensor ids = to_ids(in, c.B, c.T), targets = to_ids(tg, c.B, c.T);
-    if (m == 0 && c.controller && c.controller->active())  // step boundary: stats step / re-plan
-      r.precision = c.controller->begin_step(
-          step, [&] { return LlamaForCausalLMImpl::loss(c.model(ids), targets); }, c.optimizer);
+    if (m == 0 && c.controller && c.controller->active()) {  // step boundary: stats step / re-plan
+      try {
+        r.precision = c.controller->begin_step(
+            step, [&] { return LlamaForCausalLMImpl::loss(c.model(ids), targets); }, c.optimizer);
+      } catch (const NonFiniteStatsError& e) {
+        if (!c.skip_nonfinite) throw;
+        // The weights already give non-finite values: the guard decides
+        // (train/guard.h "nonfinite"). The step's remaining micro-batches are
+        // read, so the loader stands where a completed step leaves it. Every
+        // rank met the same summed statistics, so every rank is here.
+        for (int64_t rest = 1; rest < c.grad_accum; ++rest)
+          for (int k = 0; k < R; ++k) c.loader.next(other_in, other_tg);
+        r.loss = r.grad_norm = std::numeric_limits<double>::quiet_NaN();
+        r.grad_clip = c.grad_clip;
+        r.skipped = true;
+        r.nonfinite_stats = e.what();
+        return r;
+      }
+    }
     torch::Tensor loss = LlamaForCausalLMImpl::loss(c.model(ids), targets);
     if (m == c.grad_accum - 1) {
       if (c.comm) blocked0 = c.comm->blocked_s();

@@ -136,6 +136,26 @@ std::string fmt_duration(double s) {
   return buf;
 }
 
+// The guard's rollback target: the checkpoint last_good.json names. A marker
+// that cannot be read or names a missing folder is a warning, and the
+// newest checkpoint of good.json that exists is taken instead ("" = none).
+std::string rollback_target(const std::string& run_dir) {
+  const std::string t = last_good_checkpoint(run_dir);
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  if (!t.empty() || !fs::exists(root / "last_good.json")) return t;
+  std::string fallback;
+  const json g = fs::is_regular_file(root / "good.json")
+                     ? json::parse(io::read_file((root / "good.json").string()), nullptr, false)
+                     : json();
+  if (g.is_object() && g.contains("steps") && g["steps"].is_array())
+    for (const json& s : g["steps"])
+      if (s.is_number_unsigned() && fs::exists(root / ("step-" + std::to_string(s.get<uint64_t>())) / "trainer_state.json"))
+        fallback = (root / ("step-" + std::to_string(s.get<uint64_t>()))).string();
+  spdlog::warn("guard: {} cannot be read or names a checkpoint that is gone; rolling back to {}",
+               (root / "last_good.json").string(), fallback.empty() ? "nothing" : fallback);
+  return fallback;
+}
+
 // RUN/report.html (report.h); a failure is a warning, never the run's end.
 void write_run_report(const std::string& run_dir) {
   try {
@@ -551,15 +571,22 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     io::write_file_atomic((run / "config.toml").string(), cfg.to_toml());
     if (std::string w = quant::record_run_recipes(opts.run_dir, recipe_file, opts.resume); !w.empty()) spdlog::warn(w);
   }
-  std::deque<double> recent;  // training losses of the last 10 steps (the summary's train loss)
+  // (step, training loss) of the last 10 finite steps of the trajectory (the
+  // summary's train loss); a rollback drops the abandoned ones, as a resume
+  // rebuilding it from metrics.jsonl does.
+  std::deque<std::pair<int64_t, double>> recent;
   double best_val = std::numeric_limits<double>::infinity();
+  // (step, validation loss) of the trajectory's evaluations: best_val is
+  // their minimum; a rollback drops the abandoned ones (as a resume does).
+  std::vector<std::pair<int64_t, double>> val_hist;
   double last_val = std::nan("");
   for (const json& r : metrics ? metrics->earlier() : std::vector<json>{}) {
-    if (r.contains("loss") && r["loss"].is_number()) recent.push_back(r["loss"].get<double>());
+    if (r.contains("loss") && r["loss"].is_number()) recent.emplace_back(r["step"].get<int64_t>(), r["loss"].get<double>());
     if (recent.size() > 10) recent.pop_front();
     if (r.contains("val_loss") && r["val_loss"].is_number()) {
       last_val = r["val_loss"].get<double>();
       best_val = std::min(best_val, last_val);
+      val_hist.emplace_back(r["step"].get<int64_t>(), last_val);
     }
   }
   if (writer) ctl.set_output(opts.run_dir, !quiet);
@@ -702,6 +729,8 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   std::string last_checkpoint;
   double last_checkpoint_s = elapsed();
   int64_t steps_done = 0;  // steps this invocation ran (a rollback sets `step` back, not this)
+  int64_t consecutive_skips = 0;  // steps in a row whose update was skipped (non-finite)
+  constexpr int64_t kMaxConsecutiveSkips = 5;  // then the run stops whatever the action (guard.h)
   double clip_in_force = -1;  // the clipping threshold of the last step (logged when it changes)
   // The guard's stall watchdog (guard.stall_minutes): a thread that warns
   // once per step that has run longer than that.
@@ -751,7 +780,10 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     const int64_t from = step;
     step = to;
     last_val = st.contains("val_loss") && st["val_loss"].is_number() ? st["val_loss"].get<double>() : std::nan("");
-    recent.clear();
+    while (!recent.empty() && recent.back().first > to) recent.pop_back();
+    while (!val_hist.empty() && val_hist.back().first > to) val_hist.pop_back();
+    best_val = std::numeric_limits<double>::infinity();
+    for (const auto& [s, v] : val_hist) best_val = std::min(best_val, v);
     std::string dropped;
     if (writer)
       for (int64_t s : discard_checkpoints_after(opts.run_dir, to)) dropped += (dropped.empty() ? "" : ", ") + std::to_string(s);
@@ -763,6 +795,51 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     ++guard.rollbacks;
     return {to, fmt::format("rolled back from step {} to {} ({}), skipping the {} windows read since{}", from, to,
                             target, skipped, dropped.empty() ? "" : "; deleted the later checkpoints " + dropped)};
+  };
+  // Writes checkpoint step-`step` (collective with several ranks). It is a
+  // rollback target (last_good.json) when `scheduled` and it passes
+  // validation (checkpoint.keep_good: finite and within good_margin of the
+  // best recorded validation loss; a step without an evaluation evaluates
+  // now, which changes no training number and is not recorded). `validated`:
+  // the validation of the checkpoint this one rewrites (after a rollback).
+  auto write_checkpoint = [&](bool scheduled, bool eval_step, const json* validated) {
+    Retention keep(tc.keep_checkpoints);
+    keep.keep_good = tc.keep_good;
+    keep.good = scheduled;
+    json validation = validated ? *validated : json(nullptr);
+    if (tc.keep_good > 0 && scheduled && !validated) {
+      const double v = eval_step ? last_val : evaluate_dist(model, val_bin, B, T, tc.eval_batches, comm.get());
+      const double best = std::isfinite(best_val) ? best_val : v;  // no evaluation recorded yet: itself
+      keep.good = std::isfinite(v) && v <= best * (1.0 + tc.good_margin);
+      validation = {{"val_loss", std::isfinite(v) ? json(v) : json(nullptr)},
+                    {"best_val_loss", std::isfinite(best) ? json(best) : json(nullptr)},
+                    {"margin", tc.good_margin}, {"good", keep.good}};
+      if (!keep.good && writer)
+        spdlog::warn("checkpoint at step {}: validation loss {:.4f} is not within {:.3g} of the best {:.4f}: kept, "
+                     "but not a rollback target (checkpoint.good_margin)", step, v, tc.good_margin, best);
+    }
+    if (validated) keep.good = validated->is_object() ? validated->value("good", true) : true;
+    json state = checkpoint_state();
+    if (!validation.is_null()) state["validation"] = validation;
+    std::map<std::string, std::string> extra;
+    if (keeps_residuals) {  // every rank's residuals to rank 0, which writes them with the checkpoint
+      const std::string bytes = grad_residuals_file(*comm, gcomm, dopt.grad_comm);
+      if (writer) extra["grad_residuals.safetensors"] = bytes;
+    }
+    if (zpart) {  // every rank writes its optimizer shard (checkpoint.h)
+      const OptimizerShards sh{comm.get(), dist::optimizer_shard_bytes(*optimizer, *zpart, world.rank),
+                               writer ? dist::optimizer_index(*zpart, zero_stage).dump(2) + "\n" : ""};
+      last_checkpoint = save_checkpoint(opts.run_dir, step, model, *optimizer, state, keep, extra, &sh);
+      if (writer && step != max_steps) write_run_report(opts.run_dir);
+    } else if (writer) {
+      last_checkpoint = save_checkpoint(opts.run_dir, step, model, *optimizer, state, keep, extra);
+      if (step != max_steps) write_run_report(opts.run_dir);
+    } else {
+      last_checkpoint = (run / "checkpoints" / ("step-" + std::to_string(step))).string();
+    }
+    last_checkpoint_s = elapsed();
+    if (exporter) exporter->checkpoint_written(step);
+    if (comm) comm->barrier();  // the checkpoint exists before any rank goes on (or stops)
   };
   // "replan": budget down, smoothing up, a plan at the next boundary.
   auto raise = [&] {
@@ -824,7 +901,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     if (std::isfinite(r.loss)) {
-      recent.push_back(r.loss);
+      recent.emplace_back(step, r.loss);
       if (recent.size() > 10) recent.pop_front();
     }
     json rec = {{"step", step}, {"loss", r.loss}, {"lr", lr}, {"grad_norm", r.grad_norm},
@@ -845,6 +922,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     }
     // ---- the guard (train/guard.h): every step, before anything is evaluated or saved
     bool rolled_back = false;
+    json rollback_checkpoint;  // the rolled-back-to checkpoint's "validation", to write it again
     if (r.skipped) {
       ++guard.skipped_steps;
       rec["skipped"] = true;
@@ -862,27 +940,46 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       for (auto& [layer, v] : r.precision.metrics["rel_err_fprop"].items())
         obs.quant_error[layer] = v.is_number() ? v.get<double>() : std::nan("");
     std::vector<GuardEvent> events = guard.observe(obs);
-    GuardAction act = Guard::strongest(events);
+    if (!r.nonfinite_stats.empty())
+      for (GuardEvent& e : events)
+        if (e.condition == "nonfinite") e.reason = r.nonfinite_stats + " (the step was skipped)";
+    consecutive_skips = r.skipped ? consecutive_skips + 1 : 0;
+    const GuardAction asked = Guard::strongest(events);
+    GuardAction act = asked;
     std::string stop_reason;
     if (!events.empty()) {
       std::string outcome;
+      if (consecutive_skips >= kMaxConsecutiveSkips && act != GuardAction::kRollback) {
+        act = GuardAction::kStop;
+        outcome = fmt::format("{} steps in a row were not finite: ", consecutive_skips);
+      }
       if (act == GuardAction::kRollback && guard.rollbacks >= rc.guard.max_rollbacks) {
         act = GuardAction::kStop;
         outcome = fmt::format("guard.max_rollbacks = {} reached: stopping instead of rolling back; ",
                               rc.guard.max_rollbacks);
       }
+      std::string target;
       if (act == GuardAction::kRollback) {
-        const std::string target = last_good_checkpoint(opts.run_dir);
+        target = rollback_target(opts.run_dir);
+        // Nothing to return to and nothing to raise: a run that cannot get
+        // better stops rather than skipping step after step.
+        if (target.empty() && !ctl.active()) {
+          act = GuardAction::kStop;
+          outcome = "no good checkpoint yet to roll back to and no precision plan to raise: ";
+        }
+      }
+      if (act == GuardAction::kRollback) {
         if (target.empty()) {
           outcome = "no good checkpoint yet to roll back to: " + raise();
           guard.state = GuardState::kRaised;
         } else {
+          const json validated = verify_checkpoint(target).value("validation", json(nullptr));
           const auto [to, line] = rollback(target);
           rec["rollback_to"] = to;
-          last_checkpoint = target;  // the newest that remains
           outcome = line + "; " + raise();
           rolled_back = true;
           guard.state = GuardState::kRolledBack;
+          rollback_checkpoint = validated.is_null() ? json::object() : validated;
         }
       } else if (act == GuardAction::kReplan) {
         outcome = raise();
@@ -896,8 +993,9 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
                                 : fmt::format("{} moved to {} until the next plan", fmt::join(moved, ", "), rc.guard.raise_option);
         guard.state = GuardState::kRaised;
       } else if (act == GuardAction::kStop) {
-        outcome += "stopping the run; its last checkpoint is " +
-                   (last_checkpoint.empty() ? latest_checkpoint(opts.run_dir) : last_checkpoint);
+        const std::string last = last_checkpoint.empty() ? latest_checkpoint(opts.run_dir) : last_checkpoint;
+        outcome += last.empty() ? std::string("stopping the run; no checkpoint was written yet")
+                                : "stopping the run; its last checkpoint is " + last;
         guard.state = GuardState::kStopped;
       } else {
         outcome = "warned";
@@ -905,7 +1003,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       }
       json ev = json::array();
       for (GuardEvent& e : events) {
-        e.outcome = e.action == act ? outcome : std::string("(") + to_string(act) + " ran instead)";
+        e.outcome = e.action == asked ? outcome : std::string("(") + to_string(act) + " ran instead)";
         ev.push_back(e.to_json());
         guard.remember(e);
         if (writer)
@@ -913,12 +1011,14 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
                        e.outcome);
       }
       rec["guard"] = std::move(ev);
-      if (act == GuardAction::kStop) stop_reason = events.front().condition + ": " + events.front().reason;
+      if (act == GuardAction::kStop)
+        stop_reason = events.front().condition + ": " + events.front().reason + " -> " + outcome;
     }
     const bool eval_step = !rolled_back && stop_reason.empty() && (step % tc.eval_interval == 0 || step == max_steps);
     if (eval_step) {
       last_val = evaluate_dist(model, val_bin, B, T, tc.eval_batches, comm.get());
       best_val = std::min(best_val, last_val);
+      val_hist.emplace_back(step, last_val);
       rec["val_loss"] = last_val;
       rec["val_ppl"] = std::exp(last_val);
     }
@@ -927,9 +1027,15 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       exporter->update(rec);
       exporter->set_guard_state(int(guard.state));
     }
+    if (rolled_back) {
+      // step-k is written again with what the guard did (its count, the
+      // raised budget, the loader position past the skipped data), after the
+      // rollback record: a crash from here resumes the rolled-back run.
+      write_checkpoint(true, false, &rollback_checkpoint);
+    }
     if (!stop_reason.empty())
-      fail("guard: stopped at step ", step, ": ", stop_reason, " (guard.on_* = stop, or guard.max_rollbacks reached; "
-           "the last checkpoint is intact: resume from it with a lower train.lr or more precision)");
+      fail("guard: stopped at step ", step, ": ", stop_reason, " (lower train.lr or raise the precision; "
+           "docs/operations.md \"The guard\")");
     if (rolled_back) continue;  // the step after the checkpoint runs next; nothing else of this one
     // `snip experiment` reads this line back from each arm's log (cmd_experiment.cpp,
     // parse_progress_line): keep "step N/M | loss L" first and "| ETA " + fmt_duration.
@@ -955,51 +1061,14 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       if (!stopped_by && any_stop) stopped_by = int(any_stop);
       by_time = flags[0][1].item<int64_t>() != 0;
     }
-    const bool ckpt = (tc.checkpoint_interval > 0 && step % tc.checkpoint_interval == 0) || step == max_steps ||
-                      by_time || stopped_by;
+    // Only the checkpoints of the schedule are rollback targets: one a
+    // signal or the clock wrote would make a resumed run roll back elsewhere
+    // than the uninterrupted one.
+    const bool scheduled = (tc.checkpoint_interval > 0 && step % tc.checkpoint_interval == 0) || step == max_steps;
+    const bool ckpt = scheduled || by_time || stopped_by;
     if (comm && (ckpt || (dopt.check_interval > 0 && step % dopt.check_interval == 0)))
       dist::check_same_weights(*comm, param_names, params, str_cat("step ", step));
-    if (ckpt) {
-      // Validation of the checkpoint (checkpoint.keep_good): finite, and its
-      // validation loss at most good_margin above the best so far; a step
-      // without an evaluation evaluates now (the numbers of training are
-      // unchanged: evaluation leaves every state as it was).
-      Retention keep(tc.keep_checkpoints);
-      keep.keep_good = tc.keep_good;
-      json validation = nullptr;
-      if (tc.keep_good > 0) {
-        const double v = eval_step ? last_val : evaluate_dist(model, val_bin, B, T, tc.eval_batches, comm.get());
-        if (!eval_step && std::isfinite(v)) best_val = std::min(best_val, v);
-        keep.good = std::isfinite(v) && v <= best_val * (1.0 + tc.good_margin);
-        validation = {{"val_loss", std::isfinite(v) ? json(v) : json(nullptr)},
-                      {"best_val_loss", std::isfinite(best_val) ? json(best_val) : json(nullptr)},
-                      {"margin", tc.good_margin}, {"good", keep.good}};
-        if (!keep.good && writer)
-          spdlog::warn("checkpoint at step {}: validation loss {:.4f} is more than {:.3g} above the best {:.4f}: "
-                       "kept, but not a rollback target (checkpoint.good_margin)", step, v, tc.good_margin, best_val);
-      }
-      json state = checkpoint_state();
-      if (!validation.is_null()) state["validation"] = validation;
-      std::map<std::string, std::string> extra;
-      if (keeps_residuals) {  // every rank's residuals to rank 0, which writes them with the checkpoint
-        const std::string bytes = grad_residuals_file(*comm, gcomm, dopt.grad_comm);
-        if (writer) extra["grad_residuals.safetensors"] = bytes;
-      }
-      if (zpart) {  // every rank writes its optimizer shard (checkpoint.h)
-        const OptimizerShards sh{comm.get(), dist::optimizer_shard_bytes(*optimizer, *zpart, world.rank),
-                                 writer ? dist::optimizer_index(*zpart, zero_stage).dump(2) + "\n" : ""};
-        last_checkpoint = save_checkpoint(opts.run_dir, step, model, *optimizer, state, keep, extra, &sh);
-        if (writer && step != max_steps) write_run_report(opts.run_dir);
-      } else if (writer) {
-        last_checkpoint = save_checkpoint(opts.run_dir, step, model, *optimizer, state, keep, extra);
-        if (step != max_steps) write_run_report(opts.run_dir);
-      } else {
-        last_checkpoint = (run / "checkpoints" / ("step-" + std::to_string(step))).string();
-      }
-      last_checkpoint_s = elapsed();
-      if (exporter) exporter->checkpoint_written(step);
-      if (comm) comm->barrier();  // the checkpoint exists before any rank goes on (or stops)
-    }
+    if (ckpt) write_checkpoint(scheduled, eval_step, nullptr);
     if (stopped_by) break;
   }
   if (tty) std::fprintf(stderr, "\n");
@@ -1015,8 +1084,9 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   sum.start_step = start_step;
   sum.rollbacks = guard.rollbacks;
   sum.skipped_steps = guard.skipped_steps;
+  sum.guard_events = int64_t(guard.events.size());
   double acc = 0;
-  for (double l : recent) acc += l;
+  for (const auto& [s, l] : recent) acc += l;
   sum.final_train_loss = recent.empty() ? 0 : acc / double(recent.size());
   sum.final_val_loss = last_val;
   sum.best_val_loss = std::isfinite(best_val) ? best_val : last_val;

@@ -182,6 +182,9 @@ TEST(RecipeFile, FileLevelErrors) {
   EXPECT_EQ(msg(R"({"recipes": {"w4-a8": {"all": {}}}})", "json").rfind("f: recipe 'w4-a8': name: expected", 0),
             0u);
   EXPECT_EQ(msg(R"({"recipes": {"4w": {"all": {}}}})", "json").rfind("f: recipe '4w': name: expected", 0), 0u);
+  // "none" already means no quantization (precision.recipe = none).
+  EXPECT_EQ(msg(R"({"recipes": {"none": {"all": {}}}})", "json").rfind("f: recipe 'none': name: 'none' means no", 0),
+            0u);
   // A Hadamard transform on one wgrad operand only (recipe-level check).
   EXPECT_EQ(msg(R"({"recipes": {"h": {"all": {}, "operands": {"wgrad.x": {"hadamard": 16}}}}})", "json")
                 .rfind("f: recipe 'h': wgrad.dy and wgrad.x: a Hadamard transform", 0),

@@ -443,8 +443,12 @@ TEST(GuardTrain, LearningRateSpikeIsRolledBack) {
 }
 
 // A resumed run continues a rolled-back one exactly: the loader position
-// (loader_base), the guard's budget and the metrics history survive.
-TEST(GuardTrain, ResumeAfterRollbackIsExact) {
+// (loader_base), the guard's budget and the metrics history survive, also
+// when the run is killed right after the rollback (step-4 is written again
+// with what the guard did).
+class GuardResume : public ::testing::TestWithParam<int64_t> {};
+INSTANTIATE_TEST_SUITE_P(StopAfter, GuardResume, ::testing::Values(7, 12));
+TEST_P(GuardResume, ResumeAfterRollbackIsExact) {
   require_data();
   TrainOptions o;
   o.quiet = true;
@@ -454,7 +458,9 @@ TEST(GuardTrain, ResumeAfterRollbackIsExact) {
   {
     ScopedEnv f("SNIP_TEST_FAULT", "grad-inf@6");
     train(guarded_micro(), o);
-    r.stop_after = 12;  // 1..6, 5..10: the checkpoint at 8 is after the rollback
+    // 7: 1..6, then step 5 (resumes from step-4 as rewritten after the
+    // rollback); 12: 1..6, 5..10 (resumes from step-8).
+    r.stop_after = GetParam();
     train(guarded_micro(), r);
   }
   r.stop_after = 0;
@@ -470,8 +476,52 @@ TEST(GuardTrain, ResumeAfterRollbackIsExact) {
   }
   EXPECT_TRUE(io::read_file(o.run_dir + "/checkpoints/step-16/model.safetensors") ==
               io::read_file(r.run_dir + "/checkpoints/step-16/model.safetensors"));
+  EXPECT_EQ(verify_checkpoint(r.run_dir + "/checkpoints/step-16")["guard"]["rollbacks"], 1);
+  EXPECT_EQ(verify_checkpoint(r.run_dir + "/checkpoints/step-16")["precision"]["budget"],
+            verify_checkpoint(o.run_dir + "/checkpoints/step-16")["precision"]["budget"]);
   fs::remove_all(o.run_dir);
   fs::remove_all(r.run_dir);
+}
+
+// A divergence that a stats step meets first (the step after an LR spike is a
+// plan step) is the guard's, not the end of the run; with nothing to roll
+// back to and no plan to raise, the run stops with one line.
+TEST(GuardTrain, NonFiniteStatsStepIsCaughtAndNoTargetStops) {
+  require_data();
+  const std::string run = test::fresh_dir("guard-stats");
+  TrainOptions o;
+  o.run_dir = run;
+  o.quiet = true;
+  Config c = guarded_micro();
+  c.set("precision.initial_interval", int64_t{1}, "test");
+  c.set("precision.final_interval", int64_t{1}, "test");  // a stats step at every boundary
+  TrainSummary s;
+  {
+    ScopedEnv f("SNIP_TEST_FAULT", "lr-spike@6:1e12");
+    s = train(c, o);
+  }
+  const auto m = test::read_metrics(run);
+  ASSERT_GE(m.size(), 7u);
+  ASSERT_TRUE(m[6].contains("guard")) << m[6].dump();
+  EXPECT_EQ(m[6]["guard"][0]["condition"], "nonfinite");
+  EXPECT_NE(m[6]["guard"][0]["reason"].get<std::string>().find("stats step 6"), std::string::npos) << m[6].dump();
+  EXPECT_EQ(m[6]["rollback_to"], 4);
+  EXPECT_EQ(s.rollbacks, 1);
+  EXPECT_TRUE(std::isfinite(s.final_val_loss));
+  expect_finite_checkpoints(run);
+  fs::remove_all(run);
+  // policy none, no checkpoint before the divergence: stop, exit non-zero.
+  Config n = guarded_micro();
+  n.set("precision.policy", std::string("none"), "test");
+  const std::string run2 = test::fresh_dir("guard-nothing");
+  o.run_dir = run2;
+  ScopedEnv f("SNIP_TEST_FAULT", "lr-spike@2:1e12");
+  const std::string err = test::error_of([&] { train(n, o); });
+  EXPECT_NE(err.find("guard: stopped at step"), std::string::npos) << err;
+  EXPECT_NE(err.find("no good checkpoint yet to roll back to and no precision plan to raise"), std::string::npos)
+      << err;
+  EXPECT_FALSE(fs::exists(run2 + "/checkpoints/step-4"));
+  fs::remove_all(run2);
 }
 
 // keep_good: a checkpoint whose validation loss is more than the margin above
@@ -496,6 +546,19 @@ TEST(GuardTrain, KeepGoodKeepsValidatedCheckpointsApart) {
   EXPECT_TRUE(st["validation"]["good"].get<bool>());
   EXPECT_TRUE(st["validation"]["val_loss"].is_number());
   fs::remove_all(run);
+}
+
+TEST(GuardTrain, RaiseOptionBelowFp8IsRefused) {
+  require_data();
+  Config c = guarded_micro();
+  c.set("guard.raise_option", std::string("mxfp4"), "test");
+  TrainOptions o;
+  o.run_dir = test::fresh_dir("guard-raise");
+  o.quiet = true;
+  const std::string m = test::error_of([&] { train(c, o); });
+  EXPECT_NE(m.find("guard.raise_option: expected an option of 8 bits or more"), std::string::npos) << m;
+  EXPECT_FALSE(fs::exists(o.run_dir + "/metrics.jsonl"));
+  fs::remove_all(o.run_dir);
 }
 
 TEST(GuardTrain, CheckpointIsNeverWrittenFromNonFiniteWeights) {

@@ -49,6 +49,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "snip/data/loader.h"
@@ -102,7 +103,11 @@ struct StepResult {
   int64_t grad_comm_bytes = -1;  ///< bytes the gradient format would send per rank (dist.grad_comm); -1 = one process
   int64_t grad_comm_sent_bytes = -1;  ///< bytes this rank handed to the gradient collectives (GradComm::sent_bytes); -1 = one process
   double grad_clip = 0;  ///< the clipping threshold this step used (grad_clip, x clip_low_precision below FP8)
-  bool skipped = false;  ///< the update was skipped: loss or gradient norm not finite (skip_nonfinite)
+  bool skipped = false;
+  /// The stats step at this step's boundary met non-finite statistics (its
+  /// message; skip_nonfinite only): nothing of the step ran, loss and
+  /// grad_norm are NaN. "" otherwise.
+  std::string nonfinite_stats;  ///< the update was skipped: loss or gradient norm not finite (skip_nonfinite)
   double comm_s = -1;  ///< seconds blocked in collectives from the last backward to the summed gradient (exposed communication); -1 = one process
 };
 

@@ -72,6 +72,7 @@ struct TrainSummary {
   int64_t start_step = 0;         ///< the step this invocation started from (0, or the checkpoint resumed)
   int64_t rollbacks = 0;          ///< rollbacks the guard made in this run (train/guard.h)
   int64_t skipped_steps = 0;      ///< steps whose update the guard skipped (non-finite loss or gradient)
+  int64_t guard_events = 0;       ///< conditions the guard saw in this run (every action, warn included)
   double invocation_seconds = 0;  ///< wall time of this invocation, seconds
   std::string run_dir;
   /// SIGINT or SIGTERM when one stopped the run early: the step it was in was
