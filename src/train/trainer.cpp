@@ -949,10 +949,6 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     std::string stop_reason;
     if (!events.empty()) {
       std::string outcome;
-      if (consecutive_skips >= kMaxConsecutiveSkips && act != GuardAction::kRollback) {
-        act = GuardAction::kStop;
-        outcome = fmt::format("{} steps in a row were not finite: ", consecutive_skips);
-      }
       if (act == GuardAction::kRollback && guard.rollbacks >= rc.guard.max_rollbacks) {
         act = GuardAction::kStop;
         outcome = fmt::format("guard.max_rollbacks = {} reached: stopping instead of rolling back; ",
@@ -968,6 +964,13 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
           outcome = "no good checkpoint yet to roll back to and no precision plan to raise: ";
         }
       }
+      // A skipped update leaves the weights as they were: a run that stays
+      // non-finite would skip to its end. Only a real rollback changes that.
+      if (consecutive_skips >= kMaxConsecutiveSkips && act != GuardAction::kStop &&
+          !(act == GuardAction::kRollback && !target.empty())) {
+        act = GuardAction::kStop;
+        outcome = fmt::format("{} steps in a row were not finite: ", consecutive_skips);
+      }
       if (act == GuardAction::kRollback) {
         if (target.empty()) {
           outcome = "no good checkpoint yet to roll back to: " + raise();
@@ -978,6 +981,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
           rec["rollback_to"] = to;
           outcome = line + "; " + raise();
           rolled_back = true;
+          consecutive_skips = 0;
           guard.state = GuardState::kRolledBack;
           rollback_checkpoint = validated.is_null() ? json::object() : validated;
         }

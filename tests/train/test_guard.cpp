@@ -522,6 +522,18 @@ TEST(GuardTrain, NonFiniteStatsStepIsCaughtAndNoTargetStops) {
       << err;
   EXPECT_FALSE(fs::exists(run2 + "/checkpoints/step-4"));
   fs::remove_all(run2);
+  // Skipping only (warn): the wrecked weights stay non-finite step after
+  // step; the fifth such step in a row stops the run.
+  n.set("guard.on_nonfinite", std::string("warn"), "test");
+  const std::string run3 = test::fresh_dir("guard-skips");
+  o.run_dir = run3;
+  const std::string err3 = test::error_of([&] { train(n, o); });
+  EXPECT_NE(err3.find("5 steps in a row were not finite"), std::string::npos) << err3;
+  const auto m3 = test::read_metrics(run3);
+  ASSERT_EQ(m3.size(), 7u);  // steps 1, 2 finite; 3..7 skipped
+  for (size_t i = 2; i < m3.size(); ++i) EXPECT_TRUE(m3[i]["skipped"].get<bool>()) << i;
+  expect_finite_checkpoints(run3);
+  fs::remove_all(run3);
 }
 
 // keep_good: a checkpoint whose validation loss is more than the margin above
