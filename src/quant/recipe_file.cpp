@@ -242,7 +242,12 @@ std::string record_run_recipes(const std::string& run_dir, const RecipeFile& fil
       for (const json& r : before["recipes"]) {
         const std::string name = r.value("name", std::string("?"));
         const auto it = now.find(name);
-        if (it == now.end() || it->second != r) changed += (changed.empty() ? "" : ", ") + name;
+        // The description changes no number: compared without it.
+        auto numbers = [](json j) {
+          if (j.is_object()) j.erase("description");
+          return j;
+        };
+        if (it == now.end() || numbers(it->second) != numbers(r)) changed += (changed.empty() ? "" : ", ") + name;
       }
     if (!changed.empty())
       warning = str_cat("--resume: recipe(s) ", changed, " of ", copy.string(), " (what the run trained with) ",

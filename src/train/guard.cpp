@@ -70,7 +70,7 @@ std::vector<GuardEvent> Guard::observe(const GuardObservation& o) {
                                     std::isfinite(o.loss) ? o.grad_norm : o.loss)));
   } else if (losses_.size() >= W && o.loss > (1.0 + cfg_.spike_ratio) * mean(losses_)) {
     out.push_back(event("loss_spike", cfg_.on_loss_spike,
-                        fmt::format("loss {:.4f} > {:.3g} x mean {:.4f} of the last {} steps", o.loss,
+                        fmt::format("loss {:.4f} > {:g} x mean {:.4f} of the last {} steps", o.loss,
                                     1.0 + cfg_.spike_ratio, mean(losses_), losses_.size())));
     losses_.clear();  // the window refills before the next judgement (no cascade of events)
   } else {
@@ -98,7 +98,7 @@ std::vector<GuardEvent> Guard::observe(const GuardObservation& o) {
       // row is a drop (the alert rule's `for: 2m`, in steps).
       if (++slow_ == kThroughputSteps) {
         out.push_back(event("throughput_drop", cfg_.on_throughput_drop,
-                            fmt::format("{:.0f} tokens/s < {:.3g} x mean {:.0f} of the last {} steps, {} steps in a row",
+                            fmt::format("{:.0f} tokens/s < {:g} x mean {:.0f} of the last {} steps, {} steps in a row",
                                         o.tokens_per_s, 1.0 - cfg_.throughput_drop, mean(throughput_),
                                         throughput_.size(), kThroughputSteps)));
         throughput_.clear();

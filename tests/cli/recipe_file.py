@@ -160,6 +160,17 @@ with open(os.path.join(run2, "metrics.jsonl"), "w") as f:
 for c in glob.glob(os.path.join(run2, "checkpoints", "step-*")):
     if not c.endswith("step-12"):
         shutil.rmtree(c)
+run3 = os.path.join(tmp, "described")  # the same stopped run, for a description-only change
+shutil.copytree(run2, run3)
+rfile3 = os.path.join(tmp, "recipes3.toml")
+with open(rfile3, "w") as f:
+    f.write(RECIPES.replace('description = "test:', 'description = "renamed test:'))
+if os.path.isdir(os.path.join(run3, "checkpoints", "step-12")):
+    rc, out, err = T.run(["train", "--run-dir", run3, "--resume", "--set", f"precision.recipe_file={rfile3}"],
+                         timeout=300)
+    check(rc == 0, "resume with a new description runs", err[-600:])
+    check("not be bit-identical" not in err, "a description-only change does not warn (it changes no number)",
+          err[-600:])
 rfile2 = os.path.join(tmp, "recipes2.toml")
 with open(rfile2, "w") as f:
     f.write(RECIPES.replace('block = "row"', 'block = "1x16"'))
