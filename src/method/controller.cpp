@@ -186,32 +186,33 @@ PrecisionController::PrecisionController(const RunConfig& rc, std::vector<QuantL
            " (precision.low_option, the option the budget counts), got '", join(options), "'");
   }
   // One quantizer per option (UserError for an unknown recipe name).
-  auto add = [&](const std::string& name, const char* key) {
-    if (quant_.count(name)) return;
+  auto add = [&](const std::string& name, const char* key,
+                 std::map<std::string, std::shared_ptr<const OperandQuantizer>>& into) {
+    if (quant_.count(name) || into.count(name)) return;
     if (name == kReference) {
-      quant_[name] = nullptr;
+      into[name] = nullptr;
       return;
     }
     try {
-      quant_[name] = make_recipe_quantizer(name);
+      into[name] = make_recipe_quantizer(name);
     } catch (const UserError& e) {
       std::string m = e.what();
       const std::string pre = "precision.recipe: ";
       if (m.rfind(pre, 0) == 0) m = m.substr(pre.size());
       fail("config: ", key, ": option '", name, "': ", m);
     }
-    if (!quant_[name]) fail("config: ", key, ": expected an option name, got '", name, "'");
+    if (!into[name]) fail("config: ", key, ": expected an option name, got '", name, "'");
   };
-  for (const auto& o : options) add(o, "precision.options");
-  add(pc_.warmup_precision, "precision.warmup_precision");
-  add(pc_.final_precision, "precision.final_precision");
+  for (const auto& o : options) add(o, "precision.options", quant_);
+  add(pc_.warmup_precision, "precision.warmup_precision", quant_);
+  add(pc_.final_precision, "precision.final_precision", quant_);
   if (pc_.policy == Policy::kUniform) {
-    add(pc_.uniform_option, "precision.policy");
+    add(pc_.uniform_option, "precision.policy", quant_);
     // A uniform 4-bit policy counts its own option in the FP4 share:
     // uniform-mxfp4 runs every GEMM in 4 bits whatever low_option names.
     if (is_4bit_option(pc_.uniform_option)) low_ = pc_.uniform_option;
   }
-  add(kReference, "precision.options");
+  add(kReference, "precision.options", quant_);
   for (const auto& p : pc_.pins) {
     try {
       pins_.push_back(policy::parse_pin(p));
@@ -230,22 +231,7 @@ PrecisionController::PrecisionController(const RunConfig& rc, std::vector<QuantL
     }
   }
   if (pc_.policy == Policy::kNone) return;  // inactive: nothing is quantized
-  if (rc.guard.enabled && !quant_.count(rc.guard.raise_option)) {
-    const std::string& o = rc.guard.raise_option;
-    if (o == kReference) {
-      extra_quant_[o] = nullptr;
-    } else {
-      try {
-        extra_quant_[o] = make_recipe_quantizer(o);
-      } catch (const UserError& e) {
-        std::string m = e.what();
-        const std::string pre = "precision.recipe: ";
-        if (m.rfind(pre, 0) == 0) m = m.substr(pre.size());
-        fail("config: guard.raise_option: option '", o, "': ", m);
-      }
-      if (!extra_quant_[o]) fail("config: guard.raise_option: expected an option name, got '", o, "'");
-    }
-  }
+  if (rc.guard.enabled) add(rc.guard.raise_option, "guard.raise_option", extra_quant_);
   if (rc.guard.enabled && rc.guard.raise_option != kReference)
     for (const auto& spec : quant::find_recipe(rc.guard.raise_option).operands)
       if (spec.element.bits < 8)

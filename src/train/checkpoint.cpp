@@ -44,6 +44,10 @@ void write_good_steps(const fs::path& root, const std::vector<int64_t>& steps) {
 
 }  // namespace
 
+std::vector<int64_t> good_checkpoint_steps(const std::string& run_dir) {
+  return read_good_steps(fs::path(run_dir) / "checkpoints");
+}
+
 std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCausalLM& model,
                             torch::optim::Optimizer& opt, const json& state, const Retention& keep_rule,
                             const std::map<std::string, std::string>& extra_files, const OptimizerShards* shards) {

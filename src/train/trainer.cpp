@@ -144,13 +144,9 @@ std::string rollback_target(const std::string& run_dir) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
   if (!t.empty() || !fs::exists(root / "last_good.json")) return t;
   std::string fallback;
-  const json g = fs::is_regular_file(root / "good.json")
-                     ? json::parse(io::read_file((root / "good.json").string()), nullptr, false)
-                     : json();
-  if (g.is_object() && g.contains("steps") && g["steps"].is_array())
-    for (const json& s : g["steps"])
-      if (s.is_number_unsigned() && fs::exists(root / ("step-" + std::to_string(s.get<uint64_t>())) / "trainer_state.json"))
-        fallback = (root / ("step-" + std::to_string(s.get<uint64_t>()))).string();
+  for (int64_t s : good_checkpoint_steps(run_dir))
+    if (fs::exists(root / ("step-" + std::to_string(s)) / "trainer_state.json"))
+      fallback = (root / ("step-" + std::to_string(s))).string();
   spdlog::warn("guard: {} cannot be read or names a checkpoint that is gone; rolling back to {}",
                (root / "last_good.json").string(), fallback.empty() ? "nothing" : fallback);
   return fallback;
@@ -761,8 +757,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     }
   } join_watchdog{watchdog_stop, watchdog};
   // Returns to the last good checkpoint (guard.h "rollback"); the outcome line.
-  auto rollback = [&](const std::string& target) -> std::pair<int64_t, std::string> {
-    const json st = verify_checkpoint(target);
+  auto rollback = [&](const std::string& target, const json& st) -> std::pair<int64_t, std::string> {
     const std::string what = (fs::path(target) / "trainer_state.json").string();
     const int64_t to = st.at("step").get<int64_t>();
     load_checkpoint_weights(target, model);
@@ -976,8 +971,9 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
           outcome = "no good checkpoint yet to roll back to: " + raise();
           guard.state = GuardState::kRaised;
         } else {
-          const json validated = verify_checkpoint(target).value("validation", json(nullptr));
-          const auto [to, line] = rollback(target);
+          const json st = verify_checkpoint(target);
+          const json validated = st.value("validation", json(nullptr));
+          const auto [to, line] = rollback(target, st);
           rec["rollback_to"] = to;
           outcome = line + "; " + raise();
           rolled_back = true;

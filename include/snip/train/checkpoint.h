@@ -54,6 +54,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -109,6 +110,10 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCa
                             torch::optim::Optimizer& opt, const nlohmann::json& state, const Retention& keep,
                             const std::map<std::string, std::string>& extra_files = {},
                             const OptimizerShards* shards = nullptr);
+
+/// The steps RUN/checkpoints/good.json lists, ascending ({} when it is
+/// absent or unreadable).
+std::vector<int64_t> good_checkpoint_steps(const std::string& run_dir);
 
 /// The guard's rollback to step `step`: deletes RUN's complete checkpoints
 /// after `step` (an abandoned trajectory, which --resume must not pick as the
