@@ -123,6 +123,27 @@ std::vector<OptionSpec> make_table() {
       opt("dist.overlap", T::kBool, true, "",
           "start each FP32 gradient bucket's all-reduce from autograd hooks as soon as its gradients are final "
           "(overlapping backward); false = every bucket after backward (same numbers)"),
+      opt("dist.pipeline_stages", T::kInt, int64_t{1}, "",
+          "pipeline parallelism: split the decoder blocks into this many contiguous stages (embedding with the "
+          "first, final norm and lm_head with the last); the world is stages x data-parallel replicas, rank = "
+          "stage * replicas + replica (docs/distributed.md \"Pipeline stages\"); 1 = no pipeline"),
+      opt("dist.pipeline_schedule", T::kString, std::string("1f1b"), "",
+          "pipeline schedule: gpipe (all forwards, then all backwards) or 1f1b (one forward, one backward in "
+          "the steady state: at most stages - stage micro-batches of activations held)"),
+      opt("dist.micro_batches", T::kInt, int64_t{0}, "",
+          "micro-batches per step and data-parallel replica under pipeline stages; 0 = train.grad_accum"),
+      opt("dist.boundary_comm", T::kString, std::string("fp32"), "",
+          "how activations and their gradients cross stage boundaries: fp32, or fp8 (activations E4M3, "
+          "gradients E5M2, one FP32 per-tensor scale each, packed bytes on the wire)"),
+      opt("dist.stage_boundary", T::kString, std::string("fp8"), "",
+          "precision option pinned on the first and last quantized layer of every pipeline stage (METHOD.md "
+          "section 4), or none"),
+      opt("dist.stage_split", T::kString, std::string("balanced"), "",
+          "how blocks are split into stages: balanced (equal estimated stage time, counting the precision), "
+          "even (as `snip plan --stages`), or the block count of every stage, e.g. \"3,2\""),
+      opt("dist.stage_cost", T::kString, std::string("bits"), "",
+          "relative GEMM time of each precision option for the stage balance: bits (element bits / 16: FP4 "
+          "0.25, FP8 0.5, BF16 1) or a list such as \"fp4=0.25,fp8=0.5,bf16=1\""),
       // [checkpoint]: the rollback baseline (docs/operations.md "The guard").
       opt("checkpoint.keep_good", T::kInt, int64_t{1}, "",
           "also keep the newest N checkpoints that passed validation (finite, validation loss at most "
@@ -283,6 +304,8 @@ std::vector<OptionSpec> make_table() {
       {"train.sample_tokens", {0, 4096}},
       {"dist.timeout_s", {1, 1e6}},
       {"dist.check_interval", non_negative},
+      {"dist.pipeline_stages", {1, 1024}},
+      {"dist.micro_batches", {0, 1e6}},
       {"precision.budget", fraction},
       {"precision.warmup_steps", {-1, inf}},
       {"precision.warmup_fraction", fraction},
@@ -299,6 +322,8 @@ std::vector<OptionSpec> make_table() {
       {"train.gemm_dtype", {"bf16", "fp32"}},
       {"dist.backend", {"auto", "gloo", "nccl"}},
       {"dist.grad_comm_path", {"allreduce", "allgather"}},
+      {"dist.pipeline_schedule", {"gpipe", "1f1b"}},
+      {"dist.boundary_comm", {"fp32", "fp8"}},
       {"monitor.ranks", {"rank0", "all"}},
       {"guard.on_nonfinite", {"warn", "fp8-layer", "replan", "rollback", "stop"}},
       {"guard.on_loss_spike", {"warn", "fp8-layer", "replan", "rollback", "stop"}},

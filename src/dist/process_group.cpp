@@ -111,9 +111,12 @@ class Heartbeat {
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::ProcessGroupGloo> pg,
-                   int rank, int size, double timeout_s, std::unique_ptr<Heartbeat> hb)
+                   int rank, int size, double timeout_s, std::shared_ptr<Heartbeat> hb,
+                   c10::intrusive_ptr<c10d::Store> group_store, c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> po,
+                   std::vector<int> world_ranks)
       : store_(std::move(store)), pg_(std::move(pg)), rank_(rank), size_(size), timeout_s_(timeout_s),
-        hb_(std::move(hb)) {}
+        hb_(std::move(hb)), group_store_(std::move(group_store)), po_(std::move(po)),
+        world_ranks_(std::move(world_ranks)) {}
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -178,6 +181,43 @@ class GlooCommunicator final : public Communicator {
     guard("barrier", [&] { pg_->barrier()->wait(); });
   }
 
+  std::unique_ptr<Pending> send_async(const torch::Tensor& t, int dst, int tag) override {
+    auto p = std::make_unique<GlooPending>(this, "send");
+    guard("send", [&] {
+      std::vector<at::Tensor> one{t};
+      p->works.push_back(pg_->send(one, dst, tag));
+    });
+    return p;
+  }
+
+  void recv(torch::Tensor& t, int src, int tag) override {
+    guard("recv", [&] {
+      std::vector<at::Tensor> one{t};
+      pg_->recv(one, src, tag)->wait();
+    });
+  }
+
+  std::unique_ptr<Communicator> subgroup(const std::vector<int>& ranks, const std::string& name) override {
+    int me = -1;
+    std::vector<int> world;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      SNIP_CHECK(ranks[i] >= 0 && ranks[i] < size_ && (i == 0 || ranks[i] > ranks[i - 1]),
+                 "subgroup: ranks must be ascending ranks of the communicator");
+      if (ranks[i] == rank_) me = int(i);
+      world.push_back(world_ranks_[size_t(ranks[i])]);
+    }
+    SNIP_CHECK(me >= 0, "subgroup: this rank is not in group ", name);
+    try {
+      auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          c10::make_intrusive<c10d::PrefixStore>("group/" + name, group_store_), me, int(ranks.size()), po_);
+      return std::make_unique<GlooCommunicator>(store_, pg, me, int(ranks.size()), timeout_s_, hb_, group_store_,
+                                                po_, world);
+    } catch (const std::exception& e) {
+      fail("dist: rank ", world_ranks_[size_t(rank_)], " cannot set up process group ", name, " (", ranks.size(),
+           " ranks): ", first_line(e));
+    }
+  }
+
   std::vector<torch::Tensor> allgather(const torch::Tensor& t) override {
     std::vector<std::vector<at::Tensor>> out(1);
     for (int r = 0; r < size_; ++r) out[0].push_back(torch::empty_like(t));
@@ -190,14 +230,15 @@ class GlooCommunicator final : public Communicator {
 
  private:
   struct GlooPending final : Pending {
-    explicit GlooPending(GlooCommunicator* c) : comm(c) {}
+    explicit GlooPending(GlooCommunicator* c, const char* w = "all-reduce") : comm(c), what(w) {}
     void wait() override {
-      comm->guard("all-reduce", [&] {
+      comm->guard(what, [&] {
         for (auto& w : works) w->wait();
       });
       works.clear();
     }
     GlooCommunicator* comm;
+    const char* what;
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
   };
 
@@ -211,9 +252,10 @@ class GlooCommunicator final : public Communicator {
       throw;
     } catch (const std::exception& e) {
       const std::string who = hb_ ? hb_->silent_ranks() : "";
+      const int wr = world_ranks_[size_t(rank_)];  // ranks in messages are world ranks
       if (!who.empty())
-        fail("dist: ", what, " failed on rank ", rank_, " of ", size_, ": ", who, " [", first_line(e), "]");
-      fail("dist: ", what, " failed on rank ", rank_, " of ", size_, " (a rank stopped, or did not answer within "
+        fail("dist: ", what, " failed on rank ", wr, ": ", who, " [", first_line(e), "]");
+      fail("dist: ", what, " failed on rank ", wr, " (a rank stopped, or did not answer within "
            "dist.timeout_s = ", timeout_s_, " s): ", first_line(e));
     }
     blocked_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -223,10 +265,23 @@ class GlooCommunicator final : public Communicator {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
   int rank_, size_;
   double timeout_s_;
-  std::unique_ptr<Heartbeat> hb_;
+  std::shared_ptr<Heartbeat> hb_;  // the world's, shared by its subgroups
+  c10::intrusive_ptr<c10d::Store> group_store_;  // the launch's PrefixStore: subgroups key their rendezvous under it
+  c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> po_;
+  std::vector<int> world_ranks_;  // [size] world rank of each rank of this communicator
 };
 
 }  // namespace
+
+std::unique_ptr<Pending> Communicator::send_async(const torch::Tensor&, int, int) {
+  fail("dist: backend ", backend(), " has no point-to-point send");
+}
+
+void Communicator::recv(torch::Tensor&, int, int) { fail("dist: backend ", backend(), " has no point-to-point recv"); }
+
+std::unique_ptr<Communicator> Communicator::subgroup(const std::vector<int>&, const std::string&) {
+  fail("dist: backend ", backend(), " has no process subgroups");
+}
 
 std::unique_ptr<Pending> Communicator::allreduce_sum_async(std::vector<torch::Tensor>& tensors) {
   struct Done final : Pending {
@@ -312,8 +367,11 @@ std::unique_ptr<Communicator> connect(const World& w, const DistOptions& opt) {
     po->threads = 2;
     auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(
         c10::make_intrusive<c10d::PrefixStore>("gloo", store), w.rank, w.size, po);
-    auto hb = std::make_unique<Heartbeat>(w.master_addr, w.master_port, prefix, w.rank, w.size);
-    return std::make_unique<GlooCommunicator>(tcp, pg, w.rank, w.size, opt.timeout_s, std::move(hb));
+    auto hb = std::make_shared<Heartbeat>(w.master_addr, w.master_port, prefix, w.rank, w.size);
+    std::vector<int> ranks(size_t(w.size));
+    for (int r = 0; r < w.size; ++r) ranks[size_t(r)] = r;
+    return std::make_unique<GlooCommunicator>(tcp, pg, w.rank, w.size, opt.timeout_s, std::move(hb), store, po,
+                                              std::move(ranks));
   } catch (const UserError&) {
     throw;
   } catch (const std::exception& e) {

@@ -338,6 +338,7 @@ policy::PlanProblem PrecisionController::shape_only_problem() const {
       p.items.push_back(std::move(gi));
     }
   }
+  add_stages(p);
   return p;
 }
 
@@ -347,7 +348,42 @@ policy::PlanOptions PrecisionController::plan_options(bool with_pins) const {
   o.low_option = low_;
   o.allowed_options = pc_.options;
   if (with_pins) o.pins = pins_;
+  if (with_pins && !stage_of_layer_.empty()) {
+    o.per_stage_budget = true;
+    o.stage_boundary_option = stage_boundary_;
+  }
   return o;
+}
+
+void PrecisionController::add_stages(policy::PlanProblem& p) const {
+  if (stage_of_layer_.empty()) return;
+  std::map<std::string, int> stage;
+  for (size_t i = 0; i < layers_.size(); ++i) stage[layers_[i]->name] = stage_of_layer_[i];
+  for (policy::PlanItem& it : p.items) it.stage = stage.at(it.layer);
+}
+
+void PrecisionController::set_pipeline(std::vector<int> stage_of_layer, int my_stage,
+                                       const std::string& boundary_option) {
+  SNIP_CHECK(stage_of_layer.size() == layers_.size(), "set_pipeline: ", stage_of_layer.size(), " stages for ",
+             layers_.size(), " layers");
+  stage_of_layer_ = std::move(stage_of_layer);
+  my_stage_ = my_stage;
+  stage_boundary_ = boundary_option == "none" ? "" : boundary_option;
+  if (!active_) return;
+  // The checks of the constructor, with a budget row per stage.
+  policy::PlanProblem prob = shape_only_problem();
+  try {
+    if (pc_.policy == Policy::kSnip) {
+      policy::plan(prob, plan_options(true));
+    } else {
+      policy::PlanOptions o = plan_options(true);
+      if (pc_.policy == Policy::kUniform) o.allowed_options.clear(), o.per_stage_budget = false,
+                                          o.stage_boundary_option.clear();
+      policy::run_heuristic(policy_, prob, o, uint64_t(pc_.seed));
+    }
+  } catch (const UserError& e) {
+    fail("dist.pipeline_stages with dist.stage_boundary = ", boundary_option, ": ", e.what());
+  }
 }
 
 std::vector<std::string> PrecisionController::item_names() const {
@@ -454,6 +490,13 @@ void PrecisionController::decide(int64_t s, Phase phase,
     so.seed = stats_seed_;
     so.first_order = pc_.first_order;
     so.curvature_probes = int(pc_.curvature_probes);
+    if (!stage_of_layer_.empty()) {  // pipeline stages: this stage's layers; every stage sums into one buffer
+      so.local.assign(layers_.size(), 0);
+      for (size_t i = 0; i < layers_.size(); ++i) so.local[i] = stage_of_layer_[i] == my_stage_;
+      so.count_weight = my_stage_ == 0 ? 1.0 : 0.0;
+      so.pass_fn = stats_pass_;
+      SNIP_CHECK(so.pass_fn, "pipeline stats step without a pass runner (set_stats_pass)");
+    }
     if (comm_) {
       so.all_reduce_sum = [c = comm_](torch::Tensor& t) {
         std::vector<torch::Tensor> v{t};
@@ -472,11 +515,14 @@ void PrecisionController::decide(int64_t s, Phase phase,
       fs::create_directories(fs::path(run_dir_) / "stats");
       const bool pg = gran_ == policy::Granularity::gemm;
       json j = to_json(smoothed_, pg);
+      if (!stage_of_layer_.empty())  // `snip plan --stages S` on this file plans with the run's split
+        for (size_t i = 0; i < layers_.size() && i < j["layers"].size(); ++i) j["layers"][i]["stage"] = stage_of_layer_[i];
       j["smoothing"] = pc_.smoothing;
       j["measured"] = to_json(fresh, pg);
       io::save_json_atomic(j, (fs::path(run_dir_) / "stats" / ("step-" + std::to_string(s) + ".json")).string());
     }
     prob = to_plan_problem(smoothed_, gran_);
+    add_stages(prob);
     const policy::PlanOptions o = plan_options(true);
     if (root) {  // several ranks: rank 0 alone solves; agree() hands its plan (or error) to the others
       try {
@@ -489,7 +535,11 @@ void PrecisionController::decide(int64_t s, Phase phase,
   } else {
     prob = shape_only_problem();
     policy::PlanOptions o = plan_options(true);
-    if (pc_.policy == Policy::kUniform) o.allowed_options.clear();
+    if (pc_.policy == Policy::kUniform) {  // one option everywhere: no stage rows, no stage-boundary pins
+      o.allowed_options.clear();
+      o.per_stage_budget = false;
+      o.stage_boundary_option.clear();
+    }
     r = policy::run_heuristic(policy_, prob, o, uint64_t(pc_.seed));
   }
   const std::map<std::string, std::string> assign = agree(s, root ? r.assignments() : decltype(assign_){}, plan_error);

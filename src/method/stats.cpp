@@ -33,6 +33,8 @@ enum Field : int {
   kCNum,      // Σ_k <ε_k, g(ε_k) − g(0)>
   kCDen,      // Σ_k ||ε_k||²
   kCalDuSq,   // ||U(dW + δ) − U(dW)||² of the calibration pass
+  kTokens,    // N (rows of X): known only where the layer was measured
+  kGroup,     // the first layer index sharing this layer's input tensor (siblings: q/k/v, gate/up)
   kNumCommon
 };
 enum OptField : int {
@@ -223,6 +225,11 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
   for (const auto& p : o.options) quant.push_back(resolve_quantizer(o, p));
   const int K = o.curvature_probes;
   const double r = o.dgrad_noise_rel;
+  if (!o.local.empty() && o.local.size() != L) fail("stats: local: expected ", L, " flags, got ", o.local.size());
+  auto is_local = [&](size_t l) { return o.local.empty() || o.local[l] != 0; };
+  std::vector<size_t> mine;  // the layers this rank measures
+  for (size_t l = 0; l < L; ++l)
+    if (is_local(l)) mine.push_back(l);
   auto what = [&](size_t l) {
     return str_cat("layer '", layers[l]->name, "' (index ", layers[l]->layer_index, ")");
   };
@@ -235,9 +242,6 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
     l->probe = nullptr;
     weights.push_back(l->weight);
   }
-  std::vector<AdamState> adam;
-  for (size_t l = 0; l < L; ++l) adam.push_back(adam_state(opt, layers[l]->weight, what(l)));
-
   auto scalar_loss = [&](const char* pass) {
     Tensor loss = loss_fn();
     if (!loss.defined() || loss.numel() != 1 || !loss.requires_grad())
@@ -246,6 +250,19 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
                           : std::string("an undefined tensor"));
     return loss.reshape({});
   };
+  std::vector<AdamState> adam(L);
+  for (size_t l : mine) adam[l] = adam_state(opt, layers[l]->weight, what(l));
+  std::vector<Tensor> local_weights;
+  for (size_t l : mine) local_weights.push_back(weights[l]);
+  // One pass: forward + backward of the micro-batch (no wgrad wanted: the
+  // probes compute what they need in the layers' backward).
+  auto run_pass = [&](const char* pass) {
+    if (o.pass_fn) return o.pass_fn(local_weights);
+    Tensor loss = scalar_loss(pass);
+    torch::autograd::grad({loss}, local_weights, {}, /*retain_graph=*/false, /*create_graph=*/false,
+                          /*allow_unused=*/true);
+  };
+
 
   const auto dopt = torch::TensorOptions().dtype(torch::kDouble).device(weights[0].device());
   auto zero = [&] { return torch::zeros({}, dopt); };
@@ -276,6 +293,7 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
     w.f[kDxSq] = sq_sum(dX);
     w.f[kDwSq] = sq_sum(dWl);
     w.f[kWSq] = sq_sum(W);
+    w.f[kTokens] = torch::full({}, double(w.T), dopt);
     w.row_rms = Y.pow(2).mean(1, /*keepdim=*/true).sqrt();       // [T, 1]
     for (int k = 0; k < K; ++k) {
       const Tensor eps = make_eps(l, k, Y);                        // [T, OUT]
@@ -340,7 +358,7 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
   } grads{weights, std::vector<int>(L, 0), std::vector<Tensor>(L)};
   {
     torch::NoGradGuard ng;
-    for (size_t l = 0; l < L; ++l) {
+    for (size_t l : mine) {
       Tensor& g = weights[l].mutable_grad();
       if (!g.defined()) {
         g = torch::zeros_like(weights[l]);
@@ -364,27 +382,25 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
       hook_error = std::current_exception();
     }
   };
-  for (size_t l = 0; l < L; ++l) {
+  for (size_t l : mine) {
     work[l].probe = std::make_shared<LinearProbe>();
     work[l].probe->skip_wgrad = true;
     work[l].probe->on_dy = [&, l](const Tensor& dy) { guarded([&] { process(l, dy); }); };
     layers[l]->probe = work[l].probe;
   }
-  Tensor loss0 = scalar_loss("pass A");
   // Not retained: pass C runs its own forward, so activations are freed as
   // this backward proceeds, as in a training step.
-  torch::autograd::grad({loss0}, weights, {}, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
-  loss0 = Tensor();
+  run_pass("pass A");
   for (auto& l : layers) l->probe = nullptr;
   if (o.all_gather) {
     // Several ranks: every rank must have measured every layer before the
     // one reduction below (a rank that stopped alone would leave the others
     // waiting in it until dist.timeout_s). [L + 1] int64: 1 per measured
     // layer, then 1 when this rank's hooks raised an error.
-    Tensor mine = torch::zeros({int64_t(L) + 1}, torch::kLong);
-    for (size_t l = 0; l < L; ++l) mine[int64_t(l)] = int64_t(work[l].processed);
-    mine[int64_t(L)] = int64_t(bool(hook_error));
-    const std::vector<Tensor> all = o.all_gather(mine);
+    Tensor measured = torch::zeros({int64_t(L) + 1}, torch::kLong);
+    for (size_t l = 0; l < L; ++l) measured[int64_t(l)] = int64_t(work[l].processed || !is_local(l));
+    measured[int64_t(L)] = int64_t(bool(hook_error));
+    const std::vector<Tensor> all = o.all_gather(measured);
     SNIP_CHECK(!all.empty(), "all_gather returned no tensors");
     for (size_t k = 0; k < all.size(); ++k) {
       const Tensor t = all[k].to(torch::kCPU).contiguous();
@@ -402,18 +418,29 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
     }
   }
   if (hook_error) std::rethrow_exception(hook_error);
-  for (size_t l = 0; l < L; ++l) {
+  for (size_t l : mine) {
     if (!work[l].processed)
       fail("stats: ", what(l), ": expected it to take part in loss_fn's forward and backward, ",
            "got no input/gradient (is it in the model loss_fn runs?)");
   }
   // U(l): earlier layers whose input is not l's input tensor (q/k/v and
-  // gate/up share one input: siblings, not upstream of each other).
-  for (size_t l = 0; l < L; ++l) {
-    for (size_t k = 0; k < l; ++k) {
+  // gate/up share one input: siblings, not upstream of each other); a layer
+  // of another stage never shares its input. Measured here as a group id
+  // (the first layer with the same input), which travels in the reduction;
+  // the local U(l) only decides where pass C injects noise.
+  for (size_t l : mine) {
+    size_t g = l;
+    for (size_t k : mine) {
+      if (k >= l) break;
       const bool same = work[k].x_ptr == work[l].x_ptr && work[k].x_sizes == work[l].x_sizes;
-      if (!same) work[l].upstream.push_back(int(k));
+      if (same) {
+        g = k;
+        break;
+      }
     }
+    work[l].f[kGroup] = torch::full({}, double(g), dopt);
+    for (size_t k = 0; k < l; ++k)
+      if (!is_local(k) || size_t(work[k].f[kGroup].item<double>()) != g) work[l].upstream.push_back(int(k));
   }
 
   // ---- pass C: one extra backward of pass A's graph with relative noise ξ_l
@@ -422,7 +449,7 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
   // backward; ξ_l is generated when the layer's dgrad needs it.
   {
     std::vector<std::shared_ptr<LinearProbe>> cap(L);
-    for (size_t l = 0; l < L; ++l) {
+    for (size_t l : mine) {
       cap[l] = std::make_shared<LinearProbe>();
       cap[l]->skip_wgrad = true;
       cap[l]->on_dy = [&, l](const Tensor& dy) {
@@ -448,12 +475,10 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
       }
       layers[l]->probe = cap[l];
     }
-    Tensor loss_c = scalar_loss("calibration");
-    torch::autograd::grad({loss_c}, weights, {}, /*retain_graph=*/false, /*create_graph=*/false,
-                          /*allow_unused=*/true);
+    run_pass("calibration");
     for (auto& l : layers) l->probe = nullptr;
     if (hook_error) std::rethrow_exception(hook_error);
-    for (size_t l = 0; l < L; ++l) SNIP_CHECK(work[l].calibrated, "calibration backward lost ", what(l));
+    for (size_t l : mine) SNIP_CHECK(work[l].calibrated, "calibration backward lost ", what(l));
   }
   for (auto& w : work) w.probe.reset();
 
@@ -461,7 +486,7 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
   // ε_l on every layer, generated in the layer's forward and again in its
   // backward, where dL/dY = g_l(ε) arrives (no wgrad GEMMs, no stored ε).
   for (int k = 0; k < K; ++k) {
-    for (size_t l = 0; l < L; ++l) {
+    for (size_t l : mine) {
       auto c = std::make_shared<LinearProbe>();
       c->skip_wgrad = true;
       const Tensor like = torch::empty({0}, work[l].row_rms.options());
@@ -479,20 +504,24 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
       };
       layers[l]->probe = c;
     }
-    Tensor loss = scalar_loss("curvature probe");
-    torch::autograd::grad({loss}, weights, {}, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+    run_pass("curvature probe");
     for (auto& l : layers) l->probe = nullptr;
     if (hook_error) std::rethrow_exception(hook_error);
-    for (size_t l = 0; l < L; ++l)
+    for (size_t l : mine)
       if (work[l].probed != k + 1)
         fail("stats: ", what(l), ": expected its output to reach the loss in the curvature probe, got no gradient");
   }
 
   // ---- one reduction: [L·fields + 1] float64 sums (the last is the rank count).
+  const size_t F = kNumCommon + kNumPerOption * n_opt;
   std::vector<Tensor> flat;
-  for (size_t l = 0; l < L; ++l)
-    for (const Tensor& t : work[l].f) flat.push_back(t.to(dopt));
-  flat.push_back(torch::ones({}, dopt));
+  for (size_t l = 0; l < L; ++l) {
+    if (is_local(l))
+      for (const Tensor& t : work[l].f) flat.push_back(t.to(dopt));
+    else
+      for (size_t i = 0; i < F; ++i) flat.push_back(zero());
+  }
+  flat.push_back(torch::full({}, o.count_weight, dopt));
   Tensor buf = torch::stack(flat);
   if (o.all_reduce_sum) o.all_reduce_sum(buf);
   buf = buf.to(torch::kCPU).contiguous();
@@ -501,7 +530,6 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
   const double* b = buf.data_ptr<double>();
   const double R = b[flat.size() - 1];
   SNIP_CHECK(R >= 1, "all_reduce_sum produced a rank count of ", R);
-  const size_t F = kNumCommon + kNumPerOption * n_opt;
   auto field = [&](size_t l, size_t i) { return b[l * F + i] / R; };
 
   // ---- derive.
@@ -513,6 +541,14 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
   out.first_order = o.first_order;
   out.alpha = o.alpha;
   out.ranks = int64_t(std::llround(R));
+  // U(l) of every layer from the group ids every stage measured (the same
+  // sets as the local ones in one process).
+  for (size_t l = 0; l < L; ++l) {
+    work[l].upstream.clear();
+    work[l].T = int64_t(std::llround(field(l, kTokens)));
+    for (size_t k = 0; k < l; ++k)
+      if (std::llround(field(k, kGroup)) != std::llround(field(l, kGroup))) work[l].upstream.push_back(int(k));
+  }
   std::vector<double> delta2(L, 0.0), energy(L, 0.0), den(L, 0.0);
   for (size_t l = 0; l < L; ++l) {
     const double w_sq = field(l, kWSq);

@@ -140,6 +140,22 @@ torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& ids) {
   return matmul_in(h, w.t(), head_gemm_dtype);
 }
 
+torch::Tensor LlamaForCausalLMImpl::forward_stage(const torch::Tensor& x, int64_t first, int64_t end, bool embed,
+                                                  bool head) {
+  if (first < 0 || end > cfg.num_hidden_layers || first > end)
+    fail("pipeline stage: blocks [", first, ", ", end, ") outside the model's ", cfg.num_hidden_layers, " blocks");
+  const int64_t T = x.size(1);
+  if (T > cfg.max_position_embeddings)
+    fail("sequence length ", T, " exceeds max_position_embeddings ", cfg.max_position_embeddings);
+  torch::Tensor h = embed ? model->embed_tokens(x) : x;  // [B, T, C]
+  auto [cos, sin] = rope_tables(T, cfg.head_dim(), cfg.rope_theta, h.scalar_type());
+  for (int64_t i = first; i < end; ++i) h = model->layers->ptr(i)->as<DecoderLayer>()->forward(h, cos, sin);
+  if (!head) return h;
+  h = model->norm(h);
+  if (lm_head) return lm_head(h);
+  return matmul_in(h, model->embed_tokens->weight.t(), head_gemm_dtype);
+}
+
 torch::Tensor LlamaForCausalLMImpl::loss(const torch::Tensor& logits, const torch::Tensor& targets) {
   return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
 }

@@ -51,6 +51,9 @@ std::string format_plan_table(const nlohmann::json& pj) {
         return c(a) < c(b);
       });
     }
+    // Pipeline stages: every item carries an integer "stage" (dist.pipeline_stages).
+    bool stages = !items.empty();
+    for (const nlohmann::json& it : items) stages = stages && it.contains("stage") && it["stage"].is_number_integer();
     size_t w = 4;
     double total = 0;
     for (const nlohmann::json& it : items) {
@@ -71,12 +74,14 @@ std::string format_plan_table(const nlohmann::json& pj) {
     os << "precision plan at step " << step << ": policy "
        << pj.value("policy", std::string("?")) << ", phase " << pj.value("phase", std::string("?")) << "\n";
     os << pad("item", w) << "  " << pad("option", 8) << lpad("FLOPs %", 9);
+    if (stages) os << lpad("stage", 7);
     for (const auto& c : cols) os << lpad("Q(" + c + ")", 13);
     if (has_rel) os << lpad("rel.err fprop", 15);
     os << "\n";
     for (const nlohmann::json& it : items) {
       const std::string name = it.at("name").get<std::string>(), opt = it.at("option").get<std::string>();
       os << pad(name, w) << "  " << pad(opt, 8) << lpad(fmtd("%.2f%%", 100.0 * it.at("flops").get<double>() / total), 9);
+      if (stages) os << lpad(std::to_string(it["stage"].get<int64_t>()), 7);
       for (const auto& c : cols) {
         const nlohmann::json& q = pj["q_table"].value(name, nlohmann::json::object());
         os << lpad(q.contains(c) ? fmtd("%.4g", q[c].get<double>()) : "-", 13);
@@ -101,6 +106,13 @@ std::string format_plan_table(const nlohmann::json& pj) {
     if (pj.contains("cost_per_flop") && pj["cost_per_flop"].is_number())
       os << ", cost " << fmtd("%.4f", pj["cost_per_flop"].get<double>()) << " per FLOP";
     os << "\n";
+    if (pj.contains("stage_fp4_share") && pj["stage_fp4_share"].is_array()) {
+      os << "stages:   ";
+      size_t k = 0;
+      for (const nlohmann::json& v : pj["stage_fp4_share"])
+        os << " " << k++ << ":" << (v.is_number() ? fmtd("%.4f", v.get<double>()) : std::string("?"));
+      os << " (" << up << " share per stage)\n";
+    }
     if (has_q) os << "objective: sum Q = " << fmtd("%.6g", pj.at("objective").get<double>()) << "\n";
     if (method == "ilp" && pj.contains("gap") && pj["gap"].is_number() && pj.contains("lower_bound") &&
         pj["lower_bound"].is_number())

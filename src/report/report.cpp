@@ -413,6 +413,18 @@ std::string header_html(const RunData& r, const RunData* ref, const std::vector<
     os << card("steps", fmt("%.0f", sum_num("steps")), si(tokens) + " tokens");
     os << card("wall time", duration(seconds), resumed);
     if (std::isfinite(sum_num("parameters"))) os << card("parameters", si(sum_num("parameters")));
+    // Pipeline stages (docs/distributed.md "Pipeline stages").
+    const json pp = r.summary->value("pipeline", json());
+    if (pp.is_object()) {
+      os << card("pipeline", fmt("%.0f", num_or_nan(pp, "stages")) + " stages x " + fmt("%.0f", num_or_nan(pp, "replicas")),
+                 esc(pp.value("schedule", std::string("?"))) + ", " + fmt("%.0f", num_or_nan(pp, "micro_batches")) +
+                     " micro-batches");
+      os << card("bubble", fmt("%.3f", num_or_nan(pp, "bubble")),
+                 "measured; ideal (S-1)/(M+S-1) = " + fmt("%.3f", num_or_nan(pp, "ideal_bubble")));
+      os << card("stage imbalance", fmt("%.3f", num_or_nan(pp, "stage_imbalance")), "slowest / mean stage, estimated");
+      os << card("boundary bytes", si(num_or_nan(pp, "boundary_bytes_per_step")),
+                 "per step, " + esc(pp.value("boundary_comm", std::string("?"))));
+    }
   } else {
     const double steps = cv.step.empty() ? kNaN : cv.step.back();
     os << card("status", "unfinished", "no summary.json");
@@ -781,13 +793,24 @@ std::string plan_section(const RunData& r) {
     if (pj.contains("stats_seconds") && pj["stats_seconds"].is_number())
       os << "<dt>stats step</dt><dd>" << fmt("%.3f", pj["stats_seconds"].get<double>()) << " s</dd>";
     os << "</dl>";
+    // Pipeline stages (dist.pipeline_stages): every item carries its stage.
+    bool stages = !rows.empty();
+    for (const Row& row : rows) stages = stages && row.item->contains("stage") && (*row.item)["stage"].is_number_integer();
+    if (pj.contains("stage_fp4_share") && pj["stage_fp4_share"].is_array()) {
+      os << "<p class=\"note\">" << esc(low) << " FLOPs share per pipeline stage (each meets the budget alone):";
+      size_t k = 0;
+      for (const json& v : pj["stage_fp4_share"]) os << " stage " << k++ << " " << fmt("%.4f", v.is_number() ? v.get<double>() : kNaN);
+      os << ".</p>";
+    }
     os << "<div class=\"scroll\"><table class=\"plan\" data-rows=\"" << rows.size() << "\"><thead><tr><th class=\"name\">item</th><th>option</th><th>FLOPs %</th>";
+    if (stages) os << "<th>stage</th>";
     for (const auto& o : opts) os << "<th>Q(" << esc(o) << ")</th>";
     if (has_rel) os << (per_gemm ? "<th>rel. err (own GEMM)</th>" : "<th>rel. err fprop</th>");
     os << "</tr></thead><tbody>";
     for (const Row& row : rows) {
       os << "<tr><td class=\"name\">" << esc(row.name) << "</td><td class=\"opt\">" << chip(row.option) << "</td><td>"
          << fmt("%.2f", total > 0 ? 100 * row.flops / total : kNaN) << "</td>";
+      if (stages) os << "<td>" << (*row.item)["stage"].get<int64_t>() << "</td>";
       const json* q = row.item->contains("q") && (*row.item)["q"].is_object() ? &(*row.item)["q"] : nullptr;
       const json* qt = pj.contains("q_table") && pj["q_table"].contains(row.name) ? &pj["q_table"][row.name] : nullptr;
       for (const auto& o : opts) {

@@ -23,6 +23,7 @@
 #include "snip/data/loader.h"
 #include "snip/data/token_client.h"
 #include "snip/dist/data_parallel.h"
+#include "snip/dist/pipeline.h"
 #include "snip/dist/world.h"
 #include "snip/dist/zero.h"
 #include "snip/hw/platform.h"
@@ -41,6 +42,7 @@
 #include "snip/train/memory.h"
 #include "snip/train/metrics.h"
 #include "snip/train/optimizer.h"
+#include "snip/train/pipeline_step.h"
 #include "snip/train/sample.h"
 #include "snip/train/step.h"
 #include "snip/util/error.h"
@@ -365,7 +367,16 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     // within a run (its position and token counts would be wrong).
     Config saved;
     saved.load_toml_file((run / "config.toml").string());
-    for (const char* key : {"train.seed", "train.batch_size", "train.seq_len", "train.grad_accum"})
+    // Micro-batches per step: train.grad_accum, or dist.micro_batches under pipeline stages.
+    auto micro = [](const Config& c) {
+      return c.get_int("dist.pipeline_stages") > 1 && c.get_int("dist.micro_batches") > 0 ? c.get_int("dist.micro_batches")
+                                                                                           : c.get_int("train.grad_accum");
+    };
+    if (micro(saved) != micro(cfg))
+      fail("--resume: a step has ", micro(cfg), " micro-batches (train.grad_accum, or dist.micro_batches under "
+           "pipeline stages) but ", opts.run_dir, " was trained with ", micro(saved), " (it fixes the data order and "
+           "the tokens per step); resume with that value, or start a new --run-dir");
+    for (const char* key : {"train.seed", "train.batch_size", "train.seq_len"})
       if (saved.get_int(key) != cfg.get_int(key))
         fail("--resume: ", key, " is ", cfg.get_int(key), " but ", opts.run_dir, " was trained with ",
              saved.get_int(key), " (it fixes the data order and the tokens per step); resume with that value, or "
@@ -391,6 +402,24 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
                    world.local_size, comm->backend(), world.master_addr, world.master_port);
   }
   const int R = world.size;
+  // Pipeline stages (dist/pipeline.h): S stages x DP replicas; a step reads
+  // DP x accum micro-batches (accum = dist.micro_batches when set).
+  const int S = dopt.pipeline_stages;
+  if (S > 1) {
+    if (R % S != 0)
+      fail("dist.pipeline_stages = ", S, ": the world of ", R, " rank", R == 1 ? "" : "s", " is not a multiple of it "
+           "(world = stages x data-parallel replicas; start ", S, " or ", 2 * S, " ranks)");
+    if (tc.zero_stage > 0)
+      fail("train.zero_stage = ", tc.zero_stage, " with dist.pipeline_stages = ", S, " is not built (each stage "
+           "already holds only its own AdamW state); use train.zero_stage = 0");
+    if (dopt.grad_comm != "fp32")
+      fail("dist.grad_comm = ", dopt.grad_comm, " with dist.pipeline_stages = ", S, " is not built (the replicas "
+           "of a stage sum their gradients in FP32); use dist.grad_comm = fp32");
+  } else if (dopt.micro_batches > 0 && !quiet) {
+    spdlog::warn("dist.micro_batches = {} has no effect without pipeline stages (train.grad_accum = {} is the "
+                 "micro-batch count)", dopt.micro_batches, tc.grad_accum);
+  }
+  const int DP = R / S;  // data-parallel ranks: R without stages
   // dist.grad_comm (validated here at any world size; used with several ranks).
   dist::GradComm gcomm{dist::GradCompressor(dopt.grad_comm, dopt.error_feedback), {}};
   if (R == 1 && !gcomm.compressor.is_fp32() && !quiet)
@@ -398,7 +427,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   // Residuals of error feedback travel in checkpoints (grad_residuals.safetensors).
   const bool keeps_residuals = R > 1 && !gcomm.compressor.is_fp32() && gcomm.compressor.error_feedback();
   // train.zero_stage (dist/zero.h): with several ranks only.
-  const int zero_stage = R > 1 ? int(tc.zero_stage) : 0;
+  const int zero_stage = R > 1 && S == 1 ? int(tc.zero_stage) : 0;
   if (R == 1 && tc.zero_stage > 0 && !quiet)
     spdlog::warn("train.zero_stage = {} has no effect in one process (nothing to shard)", tc.zero_stage);
   if (zero_stage == 2 && !gcomm.compressor.is_fp32())
@@ -416,7 +445,8 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   // Which validation set the losses are on (checkpoints record it; `snip
   // report --reference` compares it).
   const std::string val_sha256 = data::sha256_hex(io::read_file(val_bin));
-  const int64_t B = tc.batch_size, T = tc.seq_len, accum = tc.grad_accum, max_steps = tc.max_steps;
+  const int64_t B = tc.batch_size, T = tc.seq_len, max_steps = tc.max_steps;
+  const int64_t accum = S > 1 && dopt.micro_batches > 0 ? dopt.micro_batches : tc.grad_accum;
   const uint64_t seed = uint64_t(tc.seed);
   data::TokenLoader loader(train_bin, int(B), int(T), seed);
   {
@@ -470,9 +500,105 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     zpart = dist::zero_partition(names, ps, R);
     optimizer = make_optimizer(zpart->owned(world.rank), tc);
   }
+  // Pipeline stages: this rank's stage, its parameters and optimizer, the
+  // process groups (dist/pipeline.h). Every rank keeps every stage's weights
+  // (evaluation, samples and checkpoints read them; sync_weights refreshes
+  // them from the stages); gradients, AdamW state and activations are the
+  // stage's own.
+  std::optional<PipelineContext> pipe;
+  std::unique_ptr<dist::Communicator> pipe_comm, dp_comm;
+  dist::ZeroPartition stage_part;  // owner = world rank of (stage, replica 0): checkpoint shards, sync_weights
+  if (S > 1) {
+    pipe.emplace();
+    PipelineContext& pc = *pipe;
+    pc.layout.stages = S;
+    pc.layout.replicas = DP;
+    // Estimated time of each block (relative: FLOPs x the option's cost
+    // factor, dist.stage_cost) under the precision the run starts with
+    // (gemm dtype: factor 1), plus the attention products; lm_head on the last stage.
+    const double N = double(B * T), C = double(mcfg.hidden_size);
+    std::vector<double> block_cost(size_t(mcfg.num_hidden_layers), 12.0 * N * double(T) * C);
+    for (const QuantLinear& l : model->linear_layers()) {
+      const std::string& n = l->name;
+      const int64_t blk = std::stoll(n.substr(13, n.find('.', 13) - 13));
+      block_cost[size_t(blk)] += 6.0 * N * double(l->in_features) * double(l->out_features);
+    }
+    const double head = 6.0 * N * C * double(mcfg.vocab_size);
+    pc.layout.bounds = dist::stage_bounds(dopt.stage_split, mcfg.num_hidden_layers, S, block_cost, 0.0, head);
+    pc.stage = pc.layout.stage_of(world.rank);
+    pc.replica = pc.layout.replica_of(world.rank);
+    pc.schedule = dopt.pipeline_schedule;
+    pc.micro_batches = accum;
+    pc.fp8_boundary = dopt.boundary_comm == "fp8";
+    pc.tied = mcfg.tie_word_embeddings;
+    std::vector<std::string> names;
+    std::vector<torch::Tensor> ps;
+    std::vector<int> owner_stage, owner_rank;
+    for (const auto& np : model->named_parameters()) {
+      names.push_back(np.key());
+      ps.push_back(np.value());
+      owner_stage.push_back(pc.layout.stage_of_param(np.key()));
+      owner_rank.push_back(pc.layout.rank_of(owner_stage.back(), 0));
+      if (owner_stage.back() == pc.stage || (pc.tied && pc.stage == S - 1 && np.key() == "model.embed_tokens.weight"))
+        pc.stage_params.push_back(np.value());
+    }
+    pc.norm_part = dist::owner_partition(names, ps, owner_stage, S);
+    stage_part = dist::owner_partition(names, ps, owner_rank, R);
+    optimizer = make_optimizer(pc.stage_params, tc);
+    pipe_comm = comm->subgroup(pc.layout.pipeline_ranks(pc.replica), "pipeline" + std::to_string(pc.replica));
+    if (DP > 1) dp_comm = comm->subgroup(pc.layout.replica_ranks(pc.stage), "replicas" + std::to_string(pc.stage));
+    pc.pipe = pipe_comm.get();
+    pc.dp = dp_comm.get();
+    pc.world = comm.get();
+    const std::vector<double> costs = dist::stage_costs(pc.layout.bounds, block_cost, 0.0, head);
+    if (!quiet)
+      spdlog::info("dist: {} pipeline stages x {} replica{} ({} schedule, {} micro-batches, boundaries in {}); "
+                   "blocks per stage {}; estimated stage imbalance {:.3f} (slowest / mean); this rank: stage {}, "
+                   "replica {}", S, DP, DP == 1 ? "" : "s", pc.schedule, accum, dopt.boundary_comm,
+                   pc.layout.describe(), dist::imbalance(costs), pc.stage, pc.replica);
+  }
+  // Every stage's weights on every rank, from the stage that trains them
+  // (before evaluations, samples and checkpoints).
+  auto sync_weights = [&] {
+    if (pipe) dist::broadcast_from_owners(*comm, stage_part);
+  };
+  const dist::ZeroPartition* shard_part = zpart ? &*zpart : pipe ? &stage_part : nullptr;
+  // The estimated time of every stage under the assignment in force
+  // (dist.stage_cost factors; layers without a plan at factor 1): [S],
+  // relative units. And the balanced split for it.
+  auto stage_balance = [&](const std::map<std::string, std::string>& assign) {
+    const double N = double(B * T), C = double(mcfg.hidden_size);
+    std::vector<double> block_cost(size_t(mcfg.num_hidden_layers), 12.0 * N * double(T) * C);
+    std::vector<std::string> options{"bf16"};
+    for (const auto& [item, o] : assign) options.push_back(o);
+    const std::map<std::string, double> f = dist::stage_cost_factors(dopt.stage_cost, options);
+    for (const QuantLinear& l : model->linear_layers()) {
+      const std::string& n = l->name;
+      const int64_t blk = std::stoll(n.substr(13, n.find('.', 13) - 13));
+      const double gemm = 2.0 * N * double(l->in_features) * double(l->out_features);
+      for (const char* g : {"", ":fprop", ":dgrad", ":wgrad"}) {
+        auto it = assign.find(n + g);
+        if (it != assign.end()) block_cost[size_t(blk)] += gemm * f.at(it->second) * (*g ? 1.0 : 3.0);
+      }
+      if (assign.empty()) block_cost[size_t(blk)] += 3.0 * gemm;
+    }
+    const double head = 6.0 * N * C * double(mcfg.vocab_size);
+    const std::vector<double> now = dist::stage_costs(pipe->layout.bounds, block_cost, 0.0, head);
+    const std::vector<int64_t> best = dist::balanced_split(block_cost, S, 0.0, head);
+    const std::vector<double> then = dist::stage_costs(best, block_cost, 0.0, head);
+    return std::make_tuple(dist::imbalance(now), best, dist::imbalance(then));
+  };
+  double bubble_sum = 0;  // pipeline: measured bubble fractions of this invocation's steps
+  int64_t bubble_steps = 0, boundary_bytes = -1;
+  double imbalance_now = pipe ? std::get<0>(stage_balance({})) : 1.0;
   // The adaptive precision controller (inactive for policy none). Validates
   // the [precision] options against the layer list, pins and budget included.
   PrecisionController ctl(rc, model->linear_layers(), gemm);
+  if (pipe) {
+    std::vector<int> stage_of_layer;
+    for (const QuantLinear& l : model->linear_layers()) stage_of_layer.push_back(pipe->layout.stage_of_param(l->name));
+    ctl.set_pipeline(std::move(stage_of_layer), pipe->stage, dopt.stage_boundary);
+  }
   // The guard (train/guard.h): conditions every step, actions on the run.
   Guard guard(rc.guard);
 
@@ -507,7 +633,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       spdlog::warn("--allow-other-tokenizer: continuing on data tokenized by another tokenizer than {} was "
                    "trained on", resume_ckpt);
     }
-    load_checkpoint_optimizer(resume_ckpt, resume_state, *optimizer, model, tc, step, zpart ? &*zpart : nullptr);
+    load_checkpoint_optimizer(resume_ckpt, resume_state, *optimizer, model, tc, step, shard_part);
     // A run killed between its last checkpoint and its summary is finished, not refused.
     if (step > max_steps || (step == max_steps && fs::exists(run / "summary.json")))
       fail("--resume: the checkpoint is at step ", step, " and train.max_steps is ", max_steps,
@@ -516,15 +642,17 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       ctl.restore(resume_state["precision"], (fs::path(resume_ckpt) / "trainer_state.json").string());
     if (resume_state.contains("guard"))  // what the guard did before (its windows refill)
       guard.restore(resume_state["guard"], (fs::path(resume_ckpt) / "trainer_state.json").string());
-    const int64_t saved_world = resume_state.value("world_size", int64_t{1});
-    // Every rank's loader walks the whole step (step.h): R x grad_accum
-    // micro-batches, R of the run that wrote the checkpoint.
+    // Data-parallel ranks of the run that wrote it (its world without
+    // pipeline stages; "data_parallel" with them).
+    const int64_t saved_world = resume_state.value("data_parallel", resume_state.value("world_size", int64_t{1}));
+    // Every rank's loader walks the whole step (step.h): DP x grad_accum
+    // micro-batches, DP of the run that wrote the checkpoint.
     const data::LoaderState ls = checkpoint_loader_state(resume_state, B, accum * saved_world,
                                                          loader.windows_per_epoch(),
                                                          (fs::path(resume_ckpt) / "trainer_state.json").string());
     loader.restore(ls);
     if (resume_state.contains("loader_base")) loader_base = resume_state["loader_base"];
-    if (saved_world != R) {
+    if (saved_world != DP) {
       // Another number of ranks (docs/distributed.md "Resuming on another
       // number of ranks"): the weights and the AdamW state by parameter name
       // are the saved ones; from here a step reads R x grad_accum windows.
@@ -532,7 +660,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       if (!quiet)
         spdlog::warn("--resume: {} was written by {} rank{}, this run has {}: the optimizer state is re-sharded by "
                      "parameter name; a step now reads {} tokens instead of {}", resume_ckpt, saved_world,
-                     saved_world == 1 ? "" : "s", R, B * T * accum * R, B * T * accum * saved_world);
+                     saved_world == 1 ? "" : "s", DP, B * T * accum * DP, B * T * accum * saved_world);
     }
   }
   // Every rank starts from the same weights (same seed, same file), or stops here.
@@ -588,7 +716,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   if (writer) ctl.set_output(opts.run_dir, !quiet);
 
   const bool tty = !quiet && isatty(STDERR_FILENO);
-  const int64_t tokens_per_step = B * T * accum * R;
+  const int64_t tokens_per_step = B * T * accum * DP;
   const int64_t warmup = tc.warmup_steps;
   // The /metrics endpoint (monitor/exporter.h), fed the record of each step.
   const std::unique_ptr<monitor::Exporter> exporter = monitor::start_exporter(
@@ -645,8 +773,9 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     }
   };
 
-  StepContext sc{model, *optimizer, loader, B, T, accum, tc.grad_clip, seed, &ctl, comm.get(),
-                 comm ? &gcomm : nullptr, zpart ? &*zpart : nullptr, zero_stage};
+  // Under pipeline stages the step talks through PipelineContext, not `comm`.
+  StepContext sc{model, *optimizer, loader, B, T, accum, tc.grad_clip, seed, &ctl, pipe ? nullptr : comm.get(),
+                 comm && !pipe ? &gcomm : nullptr, zpart ? &*zpart : nullptr, zero_stage};
   sc.overlap = dopt.overlap;
   sc.skip_nonfinite = guard.enabled();
   sc.clip_low_precision = tc.clip_low_precision;
@@ -674,6 +803,11 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
                          {"val_sha256", val_sha256}}}};
     if (ctl.active()) st["precision"] = ctl.state();
     if (R > 1) st["world_size"] = R;  // resume checks it (absent = 1)
+    if (pipe) {
+      st["data_parallel"] = DP;  // the loader's ranks (absent = world_size)
+      st["pipeline"] = {{"stages", S}, {"replicas", DP}, {"bounds", pipe->layout.bounds},
+                        {"schedule", pipe->schedule}, {"micro_batches", accum}};
+    }
     if (zero_stage > 0) st["zero_stage"] = zero_stage;
     if (!loader_base.is_null()) st["loader_base"] = loader_base;
     if (guard.enabled()) st["guard"] = guard.to_json();
@@ -761,14 +895,14 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     const std::string what = (fs::path(target) / "trainer_state.json").string();
     const int64_t to = st.at("step").get<int64_t>();
     load_checkpoint_weights(target, model);
-    load_checkpoint_optimizer(target, st, *optimizer, model, tc, to, zpart ? &*zpart : nullptr);
+    load_checkpoint_optimizer(target, st, *optimizer, model, tc, to, shard_part);
     if (ctl.active() && st.contains("precision")) ctl.restore(st["precision"], what);
     if (keeps_residuals) gcomm.residuals = load_grad_residuals(target, st, params, world.rank, R, dopt.grad_comm);
     // The data since the checkpoint is skipped: the loader keeps its position
     // (loader_base records it for the loader check of a later resume).
     const data::LoaderState ls = loader.state();
     const uint64_t now = ls.epoch * loader.windows_per_epoch() + ls.cursor;
-    const data::LoaderState then = checkpoint_loader_state(st, B, accum * st.value("world_size", int64_t{1}),
+    const data::LoaderState then = checkpoint_loader_state(st, B, accum * st.value("data_parallel", st.value("world_size", int64_t{1})),
                                                            loader.windows_per_epoch(), what);
     const uint64_t skipped = now - (then.epoch * loader.windows_per_epoch() + then.cursor);
     loader_base = {{"step", to}, {"windows", now}};
@@ -803,6 +937,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     keep.good = scheduled;
     json validation = validated ? *validated : json(nullptr);
     if (tc.keep_good > 0 && scheduled && !validated) {
+      if (!eval_step) sync_weights();
       const double v = eval_step ? last_val : evaluate_dist(model, val_bin, B, T, tc.eval_batches, comm.get());
       const double best = std::isfinite(best_val) ? best_val : v;  // no evaluation recorded yet: itself
       keep.good = std::isfinite(v) && v <= best * (1.0 + tc.good_margin);
@@ -821,9 +956,10 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       const std::string bytes = grad_residuals_file(*comm, gcomm, dopt.grad_comm);
       if (writer) extra["grad_residuals.safetensors"] = bytes;
     }
-    if (zpart) {  // every rank writes its optimizer shard (checkpoint.h)
-      const OptimizerShards sh{comm.get(), dist::optimizer_shard_bytes(*optimizer, *zpart, world.rank),
-                               writer ? dist::optimizer_index(*zpart, zero_stage).dump(2) + "\n" : ""};
+    sync_weights();  // pipeline stages: rank 0 writes every stage's weights
+    if (shard_part) {  // every rank writes its optimizer shard (checkpoint.h)
+      const OptimizerShards sh{comm.get(), dist::optimizer_shard_bytes(*optimizer, *shard_part, world.rank),
+                               writer ? dist::optimizer_index(*shard_part, zero_stage).dump(2) + "\n" : ""};
       last_checkpoint = save_checkpoint(opts.run_dir, step, model, *optimizer, state, keep, extra, &sh);
       if (writer && step != max_steps) write_run_report(opts.run_dir);
     } else if (writer) {
@@ -854,7 +990,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       lr *= fault.factor;
       fault.fired = true;
     }
-    const StepResult r = train_step(sc, step, lr);
+    const StepResult r = pipe ? pipeline_step(sc, *pipe, step, lr) : train_step(sc, step, lr);
     step_started_ns = 0;
     ++step;
     ++steps_done;
@@ -906,6 +1042,21 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     if (r.grad_comm_bytes >= 0) rec["grad_comm_bytes"] = r.grad_comm_bytes;
     if (r.grad_comm_sent_bytes >= 0) rec["grad_comm_sent_bytes"] = r.grad_comm_sent_bytes;
     if (r.comm_s >= 0) rec["comm_s"] = r.comm_s;
+    if (r.pipe_bubble >= 0) {
+      rec["pipe_bubble"] = r.pipe_bubble;
+      rec["boundary_bytes"] = r.boundary_bytes;
+      if (!r.precision.metrics.contains("stats_seconds")) bubble_sum += r.pipe_bubble, ++bubble_steps;
+      boundary_bytes = r.boundary_bytes;
+      if (r.precision.decided) {
+        const auto [imb, best, best_imb] = stage_balance(ctl.assignments());
+        imbalance_now = imb;
+        rec["stage_imbalance"] = imb;
+        if (!quiet && best != pipe->layout.bounds)
+          spdlog::info("pipeline: under the plan before step {} the stages' estimated imbalance is {:.3f} "
+                       "(slowest / mean); a split at block bounds [{}] would give {:.3f} (dist.stage_split, "
+                       "applied at a resume)", step, imb, fmt::join(best, ", "), best_imb);
+      }
+    }
     for (auto& [k, v] : r.precision.metrics.items()) rec[k] = v;
     if (r.grad_clip != clip_in_force) {
       if (clip_in_force >= 0 && !quiet)
@@ -1016,6 +1167,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     }
     const bool eval_step = !rolled_back && stop_reason.empty() && (step % tc.eval_interval == 0 || step == max_steps);
     if (eval_step) {
+      sync_weights();
       last_val = evaluate_dist(model, val_bin, B, T, tc.eval_batches, comm.get());
       best_val = std::min(best_val, last_val);
       val_hist.emplace_back(step, last_val);
@@ -1066,8 +1218,19 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     // than the uninterrupted one.
     const bool scheduled = (tc.checkpoint_interval > 0 && step % tc.checkpoint_interval == 0) || step == max_steps;
     const bool ckpt = scheduled || by_time || stopped_by;
-    if (comm && (ckpt || (dopt.check_interval > 0 && step % dopt.check_interval == 0)))
-      dist::check_same_weights(*comm, param_names, params, str_cat("step ", step));
+    if (comm && (ckpt || (dopt.check_interval > 0 && step % dopt.check_interval == 0))) {
+      if (!pipe) {
+        dist::check_same_weights(*comm, param_names, params, str_cat("step ", step));
+      } else if (dp_comm) {  // the replicas of a stage hold the same stage weights
+        std::vector<std::string> names;
+        for (size_t i = 0; i < stage_part.params.size(); ++i)
+          if (pipe->layout.stage_of_param(stage_part.names[i]) == pipe->stage) names.push_back(stage_part.names[i]);
+        std::vector<torch::Tensor> mine;
+        for (size_t i = 0; i < stage_part.params.size(); ++i)
+          if (pipe->layout.stage_of_param(stage_part.names[i]) == pipe->stage) mine.push_back(stage_part.params[i]);
+        dist::check_same_weights(*dp_comm, names, mine, str_cat("step ", step, " (stage ", pipe->stage, ")"));
+      }
+    }
     if (ckpt) write_checkpoint(scheduled, eval_step, nullptr);
     if (stopped_by) break;
   }
@@ -1095,6 +1258,13 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   sum.rank = world.rank;
   if (sum.stopped_by_signal || !writer) return sum;  // not the end of the run, or not rank 0: no summary.json
   auto num = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
+  json pipeline_summary = nullptr;
+  if (pipe)
+    pipeline_summary = {{"stages", S}, {"replicas", DP}, {"schedule", pipe->schedule},
+                        {"micro_batches", accum}, {"bounds", pipe->layout.bounds},
+                        {"boundary_comm", dopt.boundary_comm}, {"boundary_bytes_per_step", boundary_bytes},
+                        {"bubble", bubble_steps ? json(bubble_sum / double(bubble_steps)) : json(nullptr)},
+                        {"ideal_bubble", dist::ideal_bubble(S, int(accum))}, {"stage_imbalance", imbalance_now}};
   json s = {{"steps", sum.steps}, {"tokens", sum.tokens}, {"seconds", sum.seconds},
             {"tokens_per_s", sum.tokens_per_s}, {"final_train_loss", sum.final_train_loss},
             {"final_val_loss", num(last_val)}, {"final_val_ppl", num(std::exp(last_val))},
@@ -1104,6 +1274,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
             {"gemm_dtype", tc.gemm_bf16 ? "bf16" : "fp32"}, {"elapsed_s", sum.seconds},
             {"tokens_total", sum.tokens}, {"resumed_at", resumed_at}, {"world_size", R},
             {"zero_stage", zero_stage}, {"memory_per_rank", memory_per_rank},
+            {"pipeline", pipe ? pipeline_summary : json(nullptr)},
             {"guard", {{"rollbacks", guard.rollbacks}, {"skipped_steps", guard.skipped_steps},
                        {"raises", guard.raises}, {"events", guard.events.size()}}},
             {"invocation", {{"start_step", start_step}, {"steps", sum.invocation_steps},

@@ -61,6 +61,14 @@ struct DistOptions {
   bool error_feedback = true;      ///< dist.error_feedback: keep and re-send the quantization residual
   bool allgather = false;          ///< dist.grad_comm_path = allgather (packed codes all-gathered) vs allreduce
   bool overlap = true;             ///< dist.overlap: FP32 buckets all-reduced from autograd hooks during backward
+  // Pipeline parallelism (dist/pipeline.h, docs/distributed.md "Pipeline stages").
+  int pipeline_stages = 1;                  ///< dist.pipeline_stages: S, contiguous stages of decoder blocks
+  std::string pipeline_schedule = "1f1b";   ///< dist.pipeline_schedule: gpipe or 1f1b
+  int64_t micro_batches = 0;                ///< dist.micro_batches: M per step and replica; 0 = train.grad_accum
+  std::string boundary_comm = "fp32";       ///< dist.boundary_comm: fp32, or fp8 (E4M3 activations, E5M2 gradients)
+  std::string stage_boundary = "fp8";       ///< dist.stage_boundary: option pinned on each stage's first and last layer, or none
+  std::string stage_split = "balanced";     ///< dist.stage_split: balanced, even, or block counts "3,2,..."
+  std::string stage_cost = "bits";          ///< dist.stage_cost: per-option cost factors ("bits" or "fp4=0.25,fp8=0.5,...")
   static DistOptions from(const Config& cfg);
 };
 
@@ -104,6 +112,22 @@ class Communicator {
   virtual void barrier() = 0;
   /// Every rank's `t` (small, contiguous, same shape on every rank), in rank order: [R] tensors.
   virtual std::vector<torch::Tensor> allgather(const torch::Tensor& t) = 0;
+  /// Point-to-point (pipeline stages): starts sending `t` (contiguous CPU
+  /// tensor; it must stay untouched until wait()) to rank `dst` of this
+  /// communicator with message tag `tag` (messages of one (src, dst, tag)
+  /// arrive in the order sent). Never blocks: a send is matched when the
+  /// receiver posts its recv, so a schedule that waits for its sends late
+  /// cannot deadlock. Throws UserError where the backend has no send.
+  virtual std::unique_ptr<Pending> send_async(const torch::Tensor& t, int dst, int tag);
+  /// Receives into `t` (contiguous, the sender's shape and dtype) the next
+  /// message from rank `src` with `tag`; blocks (its time counts in
+  /// blocked_s()). A peer that stopped makes it throw UserError naming it.
+  virtual void recv(torch::Tensor& t, int src, int tag);
+  /// A communicator over `ranks` (ranks of this one, ascending, this rank
+  /// among them): rank i of the new one is ranks[i]. Collective over
+  /// `ranks` only; `name` must be unique per group (it keys the
+  /// rendezvous). Throws UserError where the backend has no groups.
+  virtual std::unique_ptr<Communicator> subgroup(const std::vector<int>& ranks, const std::string& name);
   /// Seconds this rank has spent blocked in collectives since it connected
   /// (wall time of each synchronous call, and of each Pending::wait()): the
   /// communication time a step could not hide.

@@ -155,6 +155,22 @@ class PrecisionController {
   /// Every rank must call begin_step at the same steps (the schedule is the
   /// same on every rank). `comm` must outlive the controller.
   void set_comm(dist::Communicator* comm) { comm_ = comm; }
+  /// Pipeline stages (dist/pipeline.h; docs/distributed.md "Pipeline
+  /// stages"): `stage_of_layer` [layers] the stage of every layer (forward
+  /// order), `my_stage` this rank's, `boundary_option` the option pinned on
+  /// every stage's first and last layer ("" or "none" = no such pins). From
+  /// then on every plan has a budget row per stage (each stage meets
+  /// precision.budget alone) and its items carry their stage; the stats step
+  /// measures this stage's layers only (set_stats_pass runs its passes) and
+  /// the sums of all stages meet in the reduction over set_comm's ranks
+  /// (every rank of the world). Re-checks the budget's feasibility per stage
+  /// (UserError as the constructor).
+  void set_pipeline(std::vector<int> stage_of_layer, int my_stage, const std::string& boundary_option);
+  /// The pass runner of the next stats step under pipeline stages
+  /// (StatsOptions::pass_fn); the pipeline step sets it before begin_step.
+  void set_stats_pass(std::function<void(const std::vector<torch::Tensor>&)> f) { stats_pass_ = std::move(f); }
+  /// Stage of every layer (empty without pipeline stages).
+  const std::vector<int>& stage_of_layer() const { return stage_of_layer_; }
   /// ZeRO (dist/zero.h): the stats step reads every layer's AdamW m and v,
   /// which only their owner holds; when set, a stats step calls `f`
   /// (collective on every rank) for an AdamW holding every parameter's state
@@ -233,6 +249,12 @@ class PrecisionController {
   /// tables are unchanged.
   std::map<std::string, std::shared_ptr<const OperandQuantizer>> extra_quant_;
   bool replan_requested_ = false;  // raise_precision: decide at the next plan-phase boundary
+  std::vector<int> stage_of_layer_;  // set_pipeline; empty = no stages
+  int my_stage_ = 0;
+  std::string stage_boundary_;       // "" = no stage-boundary pins
+  std::function<void(const std::vector<torch::Tensor>&)> stats_pass_;
+  /// Items get their layer's stage (no-op without stages).
+  void add_stages(policy::PlanProblem& p) const;
 
   bool active_ = false;
   PrecisionConfig pc_;

@@ -194,6 +194,22 @@ struct StatsOptions {
   /// s: rank k did not measure layer 'name' (index i) ..." instead of leaving
   /// the others waiting in the reduction.
   std::function<std::vector<torch::Tensor>(const torch::Tensor&)> all_gather;
+  // ---- pipeline stages (dist/pipeline.h; docs/distributed.md "Pipeline stages")
+  /// [L] 1 for the layers this rank measures (its stage's), 0 for the
+  /// others, which are neither hooked nor read (their sums are 0 here and
+  /// come from their stage through all_reduce_sum); empty = every layer.
+  /// U(l) then spans stages: every layer of an earlier stage is upstream.
+  std::vector<char> local;
+  /// What this rank adds to the rank-count slot of the reduction: 1, or
+  /// under pipeline stages 1 on the first stage and 0 elsewhere, so that the
+  /// count is the number of data-parallel replicas that measured each layer.
+  double count_weight = 1.0;
+  /// Replaces each pass's loss_fn() and backward (pipeline stages): runs the
+  /// micro-batch's forward and backward through this rank's stage, together
+  /// with the other stages, so that the hooks of the local layers run.
+  /// `weights` are the local layers' weights (autograd inputs whose
+  /// gradients are not wanted: the probes compute dW themselves).
+  std::function<void(const std::vector<torch::Tensor>& weights)> pass_fn;
 };
 
 /// One layer at one option.

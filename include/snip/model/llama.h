@@ -98,6 +98,14 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   explicit LlamaForCausalLMImpl(const LlamaConfig& cfg);
   /// ids [B, T] -> logits [B, T, V].
   torch::Tensor forward(const torch::Tensor& ids);
+  /// One pipeline stage (dist/pipeline.h): decoder blocks [first, end). `x`
+  /// is ids [B, T] (int64) when `embed` (the first stage: embed_tokens
+  /// first), else the previous stage's hidden states [B, T, C]. Returns
+  /// logits [B, T, V] when `head` (the last stage: model.norm and lm_head
+  /// after the blocks), else hidden states [B, T, C]. The same operations as
+  /// forward(): forward_stage(ids, 0, L, true, true) == forward(ids) bit for
+  /// bit. Throws UserError for a block range outside [0, L].
+  torch::Tensor forward_stage(const torch::Tensor& x, int64_t first, int64_t end, bool embed, bool head);
   /// Mean cross-entropy (nats per token) of logits [B, T, V] vs targets [B, T].
   static torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& targets);
 

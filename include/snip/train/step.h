@@ -109,6 +109,14 @@ struct StepResult {
   /// grad_norm are NaN. "" otherwise.
   std::string nonfinite_stats;  ///< the update was skipped: loss or gradient norm not finite (skip_nonfinite)
   double comm_s = -1;  ///< seconds blocked in collectives from the last backward to the summed gradient (exposed communication); -1 = one process
+  /// Pipeline stages (train/pipeline_step.h): the fraction of the schedule's
+  /// wall time the stages spent waiting for a neighbour's activation or
+  /// gradient, mean over ranks (the measured bubble); -1 = no pipeline.
+  double pipe_bubble = -1;
+  /// Pipeline stages: bytes that crossed stage boundaries this step, summed
+  /// over ranks (activations and their gradients, in dist.boundary_comm's
+  /// format: 4 per element for fp32, 1 per element + 4 per message for fp8); -1 = no pipeline.
+  int64_t boundary_bytes = -1;
 };
 
 /// Runs optimizer step `step` (0-based: the number of steps completed before

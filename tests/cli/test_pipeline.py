@@ -1,0 +1,285 @@
+#!/usr/bin/env python3
+"""Pipeline stages (issue 14; docs/distributed.md "Pipeline stages") through
+the real binary: `snip train` processes over c10d Gloo on 127.0.0.1, one
+thread per rank, the micro model with 4 decoder blocks (untied lm_head
+unless said):
+
+  exact     2 stages (1F1B and GPipe, M = 2) == 1 process with grad_accum 2,
+            bit for bit: loss, grad_norm, val_loss of every step; the final
+            model.safetensors byte for byte; rank 1 wrote no file; the bytes
+            at the boundaries = 2 directions x M x B·T·C x 4 (hand-computed)
+  four      4 stages (M = 4) == 1 process with grad_accum 4, bit for bit;
+            2 stages x 2 replicas == 1 process with grad_accum 4, bit for bit
+  tied      tied lm_head over 2 stages (the two halves of the embedding
+            gradient summed across stages): M = 1 bit for bit, M = 2 within
+            1e-6 relative (the halves are summed in another order)
+  fp8       dist.boundary_comm = fp8: bytes = 2 x M x (B·T·C + 4) per step,
+            losses within 1e-3 relative of fp32 boundaries, not equal
+  snip      policy snip on 2 stages: the first stats step measures what one
+            process measures (its "measured" numbers equal); every plan
+            equals `snip plan --stats FILE --stages 2` on the saved
+            statistics; each stage's first and last layer at fp8 and each
+            stage's FP4 share >= the budget; `snip plan show` has a stage
+            column; the report names the stages
+  resume    2 stages stopped at step 3 and resumed == uninterrupted, bit for
+            bit; that checkpoint resumed on 4 stages and on 1 process gives
+            the same losses as each other (re-split by parameter name)
+  killed    stage 1's process SIGKILLed: stage 0 stops within 60 s with one
+            line naming rank 1
+  errors    3 ranks for 2 stages, ZeRO, quantized gradient communication,
+            more stages than blocks, a bad dist.stage_split: one
+            `snip: error:` line, exit 2, on every rank
+
+usage: test_pipeline.py SNIP_BINARY PREPARED_DATA_DIR [CASE...]
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from clitest import Checks, micro_toml  # noqa: E402
+
+snip, data = sys.argv[1], sys.argv[2]
+cases = sys.argv[3:] or ["exact", "four", "tied", "fp8", "snip", "resume", "killed", "errors"]
+tmp = tempfile.mkdtemp(prefix="snip-pipeline-")
+T = Checks(snip)
+check = T.check
+procs = []
+
+B, SEQ, C = 2, 16, 32  # the micro model (clitest.micro_toml)
+cfg = os.path.join(tmp, "m.toml")
+micro_toml(cfg, data, "max_steps = 6\neval_interval = 3\neval_batches = 2\ncheckpoint_interval = 3\n"
+           "sample_tokens = 0\nlog_interval = 1")
+BASE = ["model.num_hidden_layers=4", "model.tie_word_embeddings=false"]
+KEYS = ["step", "loss", "grad_norm", "val_loss"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train(world, run, sets, resume=False, timeout=180, kill=None):
+    """`snip train` on `world` ranks (1 = a plain process); [(rc, stderr)] per
+    rank. kill = (rank, seconds): SIGKILL that rank after that long."""
+    args = [snip, "train", "--config", cfg, "--run-dir", run] + (["--resume"] if resume else [])
+    for s in sets:
+        args += ["--set", s]
+    port = free_port()
+    ps = []
+    for r in range(world):
+        env = dict(os.environ)
+        for k in list(env):
+            if k.startswith("SLURM_") or k.startswith("TORCHELASTIC_"):
+                del env[k]
+        if world > 1:
+            env.update({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
+                        "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                        "GLOO_SOCKET_IFNAME": "lo"})
+        p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True)
+        procs.append(p)
+        ps.append(p)
+    if kill:
+        time.sleep(kill[1])
+        os.killpg(ps[kill[0]].pid, signal.SIGKILL)
+    out = []
+    for p in ps:
+        try:
+            _, err = p.communicate(timeout=timeout)
+            out.append((p.returncode, err))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out.append(("timeout", p.communicate()[1]))
+    return out
+
+
+def ok(name, res):
+    good = all(rc == 0 for rc, _ in res)
+    check(good, name, [e[-600:] for rc, e in res if rc != 0])
+    return good
+
+
+def metrics(run):
+    with open(os.path.join(run, "metrics.jsonl")) as f:
+        return [json.loads(l) for l in f if l.strip()]
+
+
+def same_metrics(a, b):
+    return [{k: r.get(k) for k in KEYS} for r in metrics(a)] == [{k: r.get(k) for k in KEYS} for r in metrics(b)]
+
+
+def max_rel(a, b, key="loss"):
+    return max(abs(x[key] - y[key]) / abs(x[key]) for x, y in zip(metrics(a), metrics(b)))
+
+
+def read(p):
+    with open(p, "rb") as f:
+        return f.read()
+
+
+def d(name):
+    p = os.path.join(tmp, name)
+    shutil.rmtree(p, ignore_errors=True)
+    return p
+
+
+try:
+    if "exact" in cases or "resume" in cases:
+        one = d("one-m2")
+        ok("exact: 1 process, grad_accum 2", train(1, one, BASE + ["train.grad_accum=2"]))
+    if "exact" in cases:
+        for sched in ("1f1b", "gpipe"):
+            two = d("two-" + sched)
+            if not ok(f"exact: 2 stages {sched}", train(2, two, BASE + ["train.grad_accum=2", "dist.pipeline_stages=2",
+                                                                       "dist.pipeline_schedule=" + sched])):
+                continue
+            check(same_metrics(one, two) and len(metrics(two)) == 6, f"exact: {sched} metrics bit for bit",
+                  f"{metrics(one)[:1]} vs {metrics(two)[:1]}")
+            check(read(os.path.join(one, "checkpoints/step-6/model.safetensors")) ==
+                  read(os.path.join(two, "checkpoints/step-6/model.safetensors")),
+                  f"exact: {sched} model.safetensors byte for byte")
+            m = metrics(two)
+            check(all(r.get("boundary_bytes") == 2 * 2 * B * SEQ * C * 4 for r in m),
+                  f"exact: {sched} boundary bytes = 2 x M x B*T*C x 4", str([r.get("boundary_bytes") for r in m]))
+            check(all(0 <= r.get("pipe_bubble", -1) <= 1 for r in m), f"exact: {sched} bubble in [0, 1]")
+            with open(os.path.join(two, "summary.json")) as f:
+                pp = json.load(f)["pipeline"]
+            check(pp["stages"] == 2 and pp["micro_batches"] == 2 and abs(pp["ideal_bubble"] - 1 / 3) < 1e-12
+                  and pp["schedule"] == sched, f"exact: {sched} summary.json pipeline", str(pp))
+            st = json.load(open(os.path.join(two, "checkpoints/step-6/trainer_state.json")))
+            check(st["pipeline"]["bounds"] == pp["bounds"] and st["data_parallel"] == 1,
+                  f"exact: {sched} trainer_state.json records the layout", str(st.get("pipeline")))
+
+    if "four" in cases:
+        one4 = d("one-m4")
+        ok("four: 1 process, grad_accum 4", train(1, one4, BASE + ["train.grad_accum=4"]))
+        four = d("four-stages")
+        if ok("four: 4 stages", train(4, four, BASE + ["train.grad_accum=4", "dist.pipeline_stages=4"])):
+            check(same_metrics(one4, four), "four: 4 stages == 1 process bit for bit",
+                  f"{metrics(one4)[:1]} vs {metrics(four)[:1]}")
+            check(read(os.path.join(one4, "checkpoints/step-6/model.safetensors")) ==
+                  read(os.path.join(four, "checkpoints/step-6/model.safetensors")),
+                  "four: 4 stages model.safetensors byte for byte")
+        two2 = d("two-by-two")
+        if ok("four: 2 stages x 2 replicas", train(4, two2, BASE + ["train.grad_accum=2", "dist.pipeline_stages=2",
+                                                                       "dist.check_interval=1"])):
+            check(same_metrics(one4, two2), "four: 2x2 == 1 process with grad_accum 4 bit for bit",
+                  f"{metrics(one4)[:1]} vs {metrics(two2)[:1]}")
+            check(json.load(open(os.path.join(two2, "summary.json")))["pipeline"]["replicas"] == 2,
+                  "four: 2x2 summary says 2 replicas")
+
+    if "tied" in cases:
+        tied = ["model.num_hidden_layers=4", "model.tie_word_embeddings=true"]
+        for m, tol in ((1, 0.0), (2, 1e-6)):
+            a, b = d(f"tied-one-{m}"), d(f"tied-two-{m}")
+            if ok(f"tied: 1 process M={m}", train(1, a, tied + [f"train.grad_accum={m}"])) and \
+               ok(f"tied: 2 stages M={m}", train(2, b, tied + [f"train.grad_accum={m}", "dist.pipeline_stages=2"])):
+                check(max_rel(a, b) <= tol and max_rel(a, b, "grad_norm") <= max(tol, 1e-6) * 10,
+                      f"tied: M={m} losses within {tol} relative", f"{max_rel(a, b)}")
+
+    if "fp8" in cases:
+        a, b = d("fp32-boundary"), d("fp8-boundary")
+        if ok("fp8: fp32 boundaries", train(2, a, BASE + ["train.grad_accum=2", "dist.pipeline_stages=2"])) and \
+           ok("fp8: fp8 boundaries", train(2, b, BASE + ["train.grad_accum=2", "dist.pipeline_stages=2",
+                                                         "dist.boundary_comm=fp8"])):
+            check(all(r["boundary_bytes"] == 2 * 2 * (B * SEQ * C + 4) for r in metrics(b)),
+                  "fp8: bytes = 2 x M x (B*T*C + 4)", str([r["boundary_bytes"] for r in metrics(b)]))
+            rel = max_rel(a, b)
+            check(0 < rel < 1e-3, "fp8: losses close to fp32 boundaries, not equal", str(rel))
+
+    if "snip" in cases:
+        snip_sets = ["train.grad_accum=2", "precision.policy=snip", "precision.warmup_steps=2",
+                     "precision.initial_interval=2", "precision.final_interval=2",
+                     "precision.final_high_precision_fraction=0", "precision.budget=0.5"]
+        a, b = d("snip-one"), d("snip-two")
+        if ok("snip: 1 process", train(1, a, BASE + snip_sets)) and \
+           ok("snip: 2 stages", train(2, b, BASE + snip_sets + ["dist.pipeline_stages=2"])):
+            sa = json.load(open(os.path.join(a, "stats/step-2.json")))
+            sb = json.load(open(os.path.join(b, "stats/step-2.json")))
+            check(sa["measured"]["details"] == sb["measured"]["details"],
+                  "snip: the first stats step measures what one process measures")
+            check(all("stage" in l for l in sb["layers"]), "snip: the stats file carries each layer's stage")
+            for step in (2, 4):
+                plan = json.load(open(os.path.join(b, f"plans/step-{step}.json")))
+                rc, out, err = T.run(["plan", "--stats", os.path.join(b, f"stats/step-{step}.json"), "--stages", "2",
+                                      "--budget", "0.5", "--options", "fp4,fp8", "--json"])
+                check(rc == 0, f"snip: snip plan --stages 2 at step {step}", err[-300:])
+                if rc == 0:
+                    mine = {i["name"]: i["option"] for i in plan["items"]}
+                    check({i["name"]: i["option"] for i in json.loads(out)["items"]} == mine,
+                          f"snip: plan at step {step} == snip plan --stages 2 on its statistics")
+                items = plan["items"]
+                for s in (0, 1):
+                    st = [i for i in items if i["stage"] == s]
+                    check(st and st[0]["option"] == "fp8" and st[-1]["option"] == "fp8",
+                          f"snip: step {step} stage {s}: first and last layer at fp8",
+                          str([(i["name"], i["option"]) for i in st]))
+                    check(plan["stage_fp4_share"][s] >= 0.5 - 1e-9, f"snip: step {step} stage {s} meets the budget",
+                          str(plan["stage_fp4_share"]))
+            rc, out, err = T.run(["plan", "show", b])
+            check(rc == 0 and " stage" in out.splitlines()[2] and "stages:" in out, "snip: plan show has stages",
+                  out[:400] + err[-300:])
+            rc, out, err = T.run(["report", b])
+            html = read(os.path.join(b, "report.html")).decode() if os.path.exists(os.path.join(b, "report.html")) else ""
+            check(rc == 0 and "<th>stage</th>" in html and "bubble" in html, "snip: the report shows stages and bubble",
+                  err[-300:])
+
+    if "resume" in cases:
+        full, part = d("resume-full"), d("resume-part")
+        sets = BASE + ["train.grad_accum=2", "dist.pipeline_stages=2"]
+        ok("resume: uninterrupted", train(2, full, sets))
+        if ok("resume: first 3 steps", train(2, part, sets + ["train.max_steps=3"])):
+            other = d("resume-other")
+            shutil.copytree(part, other)
+            single = d("resume-single")
+            shutil.copytree(part, single)
+            if ok("resume: resumed", train(2, part, sets, resume=True)):
+                check(same_metrics(full, part), "resume: bit for bit")
+                check(read(os.path.join(full, "checkpoints/step-6/model.safetensors")) ==
+                      read(os.path.join(part, "checkpoints/step-6/model.safetensors")),
+                      "resume: model.safetensors byte for byte")
+            r4 = train(4, other, BASE + ["train.grad_accum=2", "dist.pipeline_stages=4"], resume=True)
+            r1 = train(1, single, BASE + ["train.grad_accum=2"], resume=True)
+            if ok("resume: on 4 stages", r4) and ok("resume: on 1 process", r1):
+                check(same_metrics(other, single) and same_metrics(other, one),
+                      "resume: 4 stages == 1 process == the 1-process run (re-split by name)")
+
+    if "killed" in cases:
+        k = d("killed")
+        t0 = time.time()
+        res = train(2, k, BASE + ["train.grad_accum=2", "dist.pipeline_stages=2", "train.max_steps=100000",
+                                  "train.eval_interval=100000", "train.checkpoint_interval=0"], kill=(1, 5), timeout=90)
+        last = res[0][1].strip().splitlines()[-1] if res[0][1].strip() else ""
+        check(res[0][0] == 2 and last.startswith("snip: error: dist:") and "rank 1" in last and time.time() - t0 < 65,
+              "killed: stage 0 stops naming rank 1", f"rc={res[0][0]} {last!r} after {time.time() - t0:.0f} s")
+
+    if "errors" in cases:
+        for world, sets, needle in [
+                (3, ["dist.pipeline_stages=2"], "not a multiple"),
+                (2, ["dist.pipeline_stages=2", "train.zero_stage=1"], "train.zero_stage"),
+                (2, ["dist.pipeline_stages=2", "dist.grad_comm=fp8"], "dist.grad_comm"),
+                (2, ["dist.pipeline_stages=2", "model.num_hidden_layers=1"], "dist.pipeline_stages"),
+                (2, ["dist.pipeline_stages=2", "dist.stage_split=3,2"], "dist.stage_split")]:
+            e = d("errors")
+            res = train(world, e, BASE + sets, timeout=60)
+            good = all(rc == 2 and err.strip().splitlines()[-1].startswith("snip: error: ") and
+                       needle in err.strip().splitlines()[-1] for rc, err in res)
+            check(good, f"errors: {sets}", [(rc, err[-300:]) for rc, err in res])
+            check(not os.path.exists(os.path.join(e, "checkpoints")), f"errors: {sets}: nothing written")
+finally:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    shutil.rmtree(tmp, ignore_errors=True)
+T.finish()
