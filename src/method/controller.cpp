@@ -695,10 +695,7 @@ void PrecisionController::restore(const json& st, const std::string& what) {
       if (!quant_.count(it.key()) || !quant_.at(it.key()))
         spdlog::warn("{}: precision.quantizers: state for option '{}', which is no longer configured: dropped",
                      what, it.key());
-    for (const auto& [name, q] : quant_)
-      if (q)
-        q->restore_state(qs.contains(name) ? qs.at(name) : json(nullptr), what + ": precision.quantizers." + name,
-                         int64_t(layers_.size()));
+    restore_quantizers(qs, what);
     if (phase_ != Phase::kNone) {
       for (const std::string& n : item_names())
         if (!assign.count(n))
@@ -712,6 +709,13 @@ void PrecisionController::restore(const json& st, const std::string& what) {
   } catch (const json::exception& e) {
     fail(what, ": malformed precision state (", e.what(), ")");
   }
+}
+
+void PrecisionController::restore_quantizers(const json& qs, const std::string& what) {
+  for (const auto& [name, q] : quant_)
+    if (q)
+      q->restore_state(qs.contains(name) ? qs.at(name) : json(nullptr), what + ": precision.quantizers." + name,
+                       int64_t(layers_.size()));
 }
 
 }  // namespace snip

@@ -29,6 +29,7 @@
 #include "snip/hw/platform.h"
 #include "snip/io/atomic_file.h"
 #include "snip/io/dir_lock.h"
+#include "snip/io/json.h"
 #include "snip/io/safetensors.h"
 #include "snip/method/controller.h"
 #include "snip/model/hf.h"
@@ -559,8 +560,12 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   }
   // Every stage's weights on every rank, from the stage that trains them
   // (before evaluations, samples and checkpoints).
+  // Declared here, set once the quantizer-state gather below exists.
+  std::function<void()> sync_quantizers;
   auto sync_weights = [&] {
-    if (pipe) dist::broadcast_from_owners(*comm, stage_part);
+    if (!pipe) return;
+    dist::broadcast_from_owners(*comm, stage_part);
+    if (sync_quantizers) sync_quantizers();
   };
   const dist::ZeroPartition* shard_part = zpart ? &*zpart : pipe ? &stage_part : nullptr;
   // The estimated time of every stage under the assignment in force
@@ -792,6 +797,58 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     if (resume_state.contains("resumed_at")) resumed_at = resume_state["resumed_at"].get<std::vector<int64_t>>();
     resumed_at.push_back(step);
   }
+  // Pipeline stages: each stage's quantizers hold the state (delayed
+  // scaling's amax histories, error-feedback residuals) of its own layers
+  // only; rank 0 writes the layers' entries of every stage's first replica
+  // (collective: two all-gathers of the state as JSON bytes).
+  // `own`: this rank's own stage's entries from `mine` (its replica's
+  // activations shaped them), the others' from each stage's first replica.
+  auto pipeline_quantizer_state = [&](const json& mine, bool own) {
+    const std::string bytes = mine.dump();
+    const std::vector<torch::Tensor> lens = comm->allgather(torch::tensor({int64_t(bytes.size())}, torch::kLong));
+    int64_t longest = 0;
+    for (const torch::Tensor& l : lens) longest = std::max(longest, l.item<int64_t>());
+    torch::Tensor buf = torch::zeros({longest}, torch::kUInt8);
+    if (!bytes.empty()) std::memcpy(buf.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+    const std::vector<torch::Tensor> all = comm->allgather(buf);
+    const std::vector<int>& stage_of_layer = ctl.stage_of_layer();
+    json out = json::object();
+    for (int r = 0; r < R; ++r) {
+      const int stage = pipe->layout.stage_of(r);
+      if (own ? (stage == pipe->stage ? r != world.rank : pipe->layout.replica_of(r) != 0)
+              : pipe->layout.replica_of(r) != 0)
+        continue;
+      const json q = io::parse_json(std::string(reinterpret_cast<const char*>(all[size_t(r)].data_ptr<uint8_t>()),
+                                                size_t(lens[size_t(r)].item<int64_t>())),
+                                    str_cat("rank ", r, "'s quantizer state"));
+      for (const auto& [option, st] : q.items()) {
+        if (!st.is_object()) continue;
+        json& o = out[option];
+        if (o.is_null()) {
+          o = st;
+          for (const char* key : {"delayed", "residuals"})
+            if (o.contains(key)) o[key] = json::array();
+        }
+        for (const char* key : {"delayed", "residuals"})
+          if (st.contains(key))
+            for (const json& e : st[key]) {
+              const int64_t layer = e.at("layer").get<int64_t>();
+              if (layer >= 0 && size_t(layer) < stage_of_layer.size() && stage_of_layer[size_t(layer)] == stage)
+                o[key].push_back(e);
+            }
+      }
+    }
+    json kept = json::object();  // as PrecisionController::state(): options with some state
+    for (const auto& [option, st] : out.items())
+      if (!st.value("delayed", json::array()).empty() || !st.value("residuals", json::array()).empty()) kept[option] = st;
+    return kept;
+  };
+  // Every rank evaluates the whole model: each gets the other stages'
+  // quantizer state (its own stays as it is).
+  if (pipe && ctl.active())
+    sync_quantizers = [&] {
+      ctl.restore_quantizers(pipeline_quantizer_state(ctl.state()["quantizers"], true), "pipeline quantizer state");
+    };
   auto checkpoint_state = [&] {
     auto ls = loader.state();
     json st = {{"step", step}, {"loader", {{"epoch", ls.epoch}, {"cursor", ls.cursor}}}, {"seed", seed},
@@ -802,6 +859,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
                          {"vocab_size", data_info.vocab_size},
                          {"val_sha256", val_sha256}}}};
     if (ctl.active()) st["precision"] = ctl.state();
+    if (ctl.active() && pipe) st["precision"]["quantizers"] = pipeline_quantizer_state(st["precision"]["quantizers"], false);
     if (R > 1) st["world_size"] = R;  // resume checks it (absent = 1)
     if (pipe) {
       st["data_parallel"] = DP;  // the loader's ranks (absent = world_size)

@@ -21,6 +21,12 @@ unless said):
             statistics; each stage's first and last layer at fp8 and each
             stage's FP4 share >= the budget; `snip plan show` has a stage
             column; the report names the stages
+  delayed   precision.recipe = fp8_tensor (delayed scaling: per-layer amax
+            histories that only the layer's stage updates) on 2 stages ==
+            1 process bit for bit, validation included (every rank gets the
+            other stages' histories before it evaluates); stopped at step 3
+            and resumed == uninterrupted (the checkpoint holds every stage's
+            histories)
   resume    2 stages stopped at step 3 and resumed == uninterrupted, bit for
             bit; that checkpoint resumed on 4 stages and on 1 process gives
             the same losses as each other (re-split by parameter name)
@@ -46,7 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from clitest import Checks, micro_toml  # noqa: E402
 
 snip, data = sys.argv[1], sys.argv[2]
-cases = sys.argv[3:] or ["exact", "four", "tied", "fp8", "snip", "resume", "killed", "errors"]
+cases = sys.argv[3:] or ["exact", "four", "tied", "fp8", "snip", "delayed", "resume", "killed", "errors"]
 tmp = tempfile.mkdtemp(prefix="snip-pipeline-")
 T = Checks(snip)
 check = T.check
@@ -231,6 +237,21 @@ try:
             html = read(os.path.join(b, "report.html")).decode() if os.path.exists(os.path.join(b, "report.html")) else ""
             check(rc == 0 and "<th>stage</th>" in html and "bubble" in html, "snip: the report shows stages and bubble",
                   err[-300:])
+
+    if "delayed" in cases:
+        sets = BASE + ["train.grad_accum=2", "precision.recipe=fp8_tensor"]
+        a, b, c = d("delayed-one"), d("delayed-two"), d("delayed-part")
+        if ok("delayed: 1 process", train(1, a, sets)) and \
+           ok("delayed: 2 stages", train(2, b, sets + ["dist.pipeline_stages=2"])):
+            check(same_metrics(a, b), "delayed: 2 stages == 1 process bit for bit (validation included)",
+                  f"{[r.get('val_loss') for r in metrics(a)]} vs {[r.get('val_loss') for r in metrics(b)]}")
+            st = json.load(open(os.path.join(b, "checkpoints/step-3/trainer_state.json")))
+            layers = {e["layer"] for e in st["precision"]["quantizers"]["fp8_tensor"]["delayed"]}
+            check(layers == set(range(28)), "delayed: the checkpoint holds the histories of both stages' layers",
+                  str(sorted(layers)))
+            if ok("delayed: first 3 steps", train(2, c, sets + ["dist.pipeline_stages=2", "train.max_steps=3"])) and \
+               ok("delayed: resumed", train(2, c, sets + ["dist.pipeline_stages=2"], resume=True)):
+                check(same_metrics(b, c), "delayed: resume bit for bit")
 
     if "resume" in cases:
         full, part = d("resume-full"), d("resume-part")

@@ -169,6 +169,12 @@ class PrecisionController {
   /// The pass runner of the next stats step under pipeline stages
   /// (StatsOptions::pass_fn); the pipeline step sets it before begin_step.
   void set_stats_pass(std::function<void(const std::vector<torch::Tensor>&)> f) { stats_pass_ = std::move(f); }
+  /// Replaces every quantizer's state (delayed-scaling amax histories,
+  /// error-feedback residuals) by `qs` (the "quantizers" object of state(),
+  /// an option absent = no state). Pipeline stages: every rank gets the
+  /// other stages' state before it evaluates the whole model. Throws
+  /// UserError naming `what` for a malformed state.
+  void restore_quantizers(const nlohmann::json& qs, const std::string& what);
   /// Stage of every layer (empty without pipeline stages).
   const std::vector<int>& stage_of_layer() const { return stage_of_layer_; }
   /// ZeRO (dist/zero.h): the stats step reads every layer's AdamW m and v,
