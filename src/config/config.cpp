@@ -141,6 +141,10 @@ std::vector<OptionSpec> make_table() {
       opt("dist.stage_split", T::kString, std::string("balanced"), "",
           "how blocks are split into stages: balanced (equal estimated stage time, counting the precision), "
           "even (as `snip plan --stages`), or the block count of every stage, e.g. \"3,2\""),
+      opt("dist.rebalance", T::kBool, true, "",
+          "with dist.stage_split = balanced: when a new precision plan makes another split faster (estimated), "
+          "move the blocks at the next checkpoint (a step's arithmetic does not depend on the split; the "
+          "per-stage plan rows and boundary pins follow the new split from the next plan)"),
       opt("dist.stage_cost", T::kString, std::string("bits"), "",
           "relative GEMM time of each precision option for the stage balance: bits (element bits / 16: FP4 "
           "0.25, FP8 0.5, BF16 1) or a list such as \"fp4=0.25,fp8=0.5,bf16=1\""),

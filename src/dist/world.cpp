@@ -144,6 +144,7 @@ DistOptions DistOptions::from(const Config& cfg) {
   o.stage_boundary = cfg.get_string("dist.stage_boundary");
   o.stage_split = cfg.get_string("dist.stage_split");
   o.stage_cost = cfg.get_string("dist.stage_cost");
+  o.rebalance = cfg.get_bool("dist.rebalance");
   return o;
 }
 

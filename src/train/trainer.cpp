@@ -17,7 +17,9 @@
 #include <filesystem>
 #include <limits>
 #include <optional>
+#include <set>
 #include <thread>
+#include <utility>
 
 #include "snip/data/data_folder.h"
 #include "snip/data/loader.h"
@@ -509,6 +511,24 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   std::optional<PipelineContext> pipe;
   std::unique_ptr<dist::Communicator> pipe_comm, dp_comm;
   dist::ZeroPartition stage_part;  // owner = world rank of (stage, replica 0): checkpoint shards, sync_weights
+  // The parameters of each stage under pc.layout.bounds: pc.stage_params,
+  // pc.norm_part and stage_part.
+  auto assign_stage_params = [&](PipelineContext& pc) {
+    std::vector<std::string> names;
+    std::vector<torch::Tensor> ps;
+    std::vector<int> owner_stage, owner_rank;
+    pc.stage_params.clear();
+    for (const auto& np : model->named_parameters()) {
+      names.push_back(np.key());
+      ps.push_back(np.value());
+      owner_stage.push_back(pc.layout.stage_of_param(np.key()));
+      owner_rank.push_back(pc.layout.rank_of(owner_stage.back(), 0));
+      if (owner_stage.back() == pc.stage || (pc.tied && pc.stage == S - 1 && np.key() == "model.embed_tokens.weight"))
+        pc.stage_params.push_back(np.value());
+    }
+    pc.norm_part = dist::owner_partition(names, ps, owner_stage, S);
+    stage_part = dist::owner_partition(names, ps, owner_rank, R);
+  };
   if (S > 1) {
     pipe.emplace();
     PipelineContext& pc = *pipe;
@@ -526,25 +546,22 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     }
     const double head = 6.0 * N * C * double(mcfg.vocab_size);
     pc.layout.bounds = dist::stage_bounds(dopt.stage_split, mcfg.num_hidden_layers, S, block_cost, 0.0, head);
+    // A resumed run keeps the split its checkpoint had (a rebalance moved it)
+    // when the stage count and the rule are the same.
+    if (!resume_ckpt.empty() && dopt.stage_split == "balanced") {
+      const json saved = verify_checkpoint(resume_ckpt).value("pipeline", json());
+      if (saved.is_object() && saved.value("stages", 0) == S && saved.contains("bounds") &&
+          saved["bounds"].get<std::vector<int64_t>>().size() == size_t(S) + 1 &&
+          saved["bounds"].get<std::vector<int64_t>>().back() == mcfg.num_hidden_layers)
+        pc.layout.bounds = saved["bounds"].get<std::vector<int64_t>>();
+    }
     pc.stage = pc.layout.stage_of(world.rank);
     pc.replica = pc.layout.replica_of(world.rank);
     pc.schedule = dopt.pipeline_schedule;
     pc.micro_batches = accum;
     pc.fp8_boundary = dopt.boundary_comm == "fp8";
     pc.tied = mcfg.tie_word_embeddings;
-    std::vector<std::string> names;
-    std::vector<torch::Tensor> ps;
-    std::vector<int> owner_stage, owner_rank;
-    for (const auto& np : model->named_parameters()) {
-      names.push_back(np.key());
-      ps.push_back(np.value());
-      owner_stage.push_back(pc.layout.stage_of_param(np.key()));
-      owner_rank.push_back(pc.layout.rank_of(owner_stage.back(), 0));
-      if (owner_stage.back() == pc.stage || (pc.tied && pc.stage == S - 1 && np.key() == "model.embed_tokens.weight"))
-        pc.stage_params.push_back(np.value());
-    }
-    pc.norm_part = dist::owner_partition(names, ps, owner_stage, S);
-    stage_part = dist::owner_partition(names, ps, owner_rank, R);
+    assign_stage_params(pc);
     optimizer = make_optimizer(pc.stage_params, tc);
     pipe_comm = comm->subgroup(pc.layout.pipeline_ranks(pc.replica), "pipeline" + std::to_string(pc.replica));
     if (DP > 1) dp_comm = comm->subgroup(pc.layout.replica_ranks(pc.stage), "replicas" + std::to_string(pc.stage));
@@ -593,17 +610,20 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     const std::vector<double> then = dist::stage_costs(best, block_cost, 0.0, head);
     return std::make_tuple(dist::imbalance(now), best, dist::imbalance(then));
   };
+  std::vector<int64_t> pending_bounds;  // dist.rebalance: the split to move to at the next checkpoint
+  json rebalanced_to;                   // the split a rebalance moved to (the next step's record)
   double bubble_sum = 0;  // pipeline: measured bubble fractions of this invocation's steps
   int64_t bubble_steps = 0, boundary_bytes = -1;
   double imbalance_now = pipe ? std::get<0>(stage_balance({})) : 1.0;
   // The adaptive precision controller (inactive for policy none). Validates
   // the [precision] options against the layer list, pins and budget included.
   PrecisionController ctl(rc, model->linear_layers(), gemm);
-  if (pipe) {
+  auto set_controller_stages = [&] {
     std::vector<int> stage_of_layer;
     for (const QuantLinear& l : model->linear_layers()) stage_of_layer.push_back(pipe->layout.stage_of_param(l->name));
     ctl.set_pipeline(std::move(stage_of_layer), pipe->stage, dopt.stage_boundary);
-  }
+  };
+  if (pipe) set_controller_stages();
   // The guard (train/guard.h): conditions every step, actions on the run.
   Guard guard(rc.guard);
 
@@ -1100,6 +1120,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     if (r.grad_comm_bytes >= 0) rec["grad_comm_bytes"] = r.grad_comm_bytes;
     if (r.grad_comm_sent_bytes >= 0) rec["grad_comm_sent_bytes"] = r.grad_comm_sent_bytes;
     if (r.comm_s >= 0) rec["comm_s"] = r.comm_s;
+    if (!rebalanced_to.is_null()) rec["rebalanced_to"] = std::exchange(rebalanced_to, json());
     if (r.pipe_bubble >= 0) {
       rec["pipe_bubble"] = r.pipe_bubble;
       rec["boundary_bytes"] = r.boundary_bytes;
@@ -1109,10 +1130,19 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
         const auto [imb, best, best_imb] = stage_balance(ctl.assignments());
         imbalance_now = imb;
         rec["stage_imbalance"] = imb;
-        if (!quiet && best != pipe->layout.bounds)
+        const bool better = best != pipe->layout.bounds && best_imb < imb * 0.99;
+        if (better && dopt.rebalance && dopt.stage_split == "balanced") {
+          pending_bounds = best;
+          if (!quiet)
+            spdlog::info("pipeline: under the plan before step {} the stages' estimated imbalance is {:.3f} "
+                         "(slowest / mean); blocks move to bounds [{}] ({:.3f}) at the next checkpoint "
+                         "(dist.rebalance)", step, imb, fmt::join(best, ", "), best_imb);
+        } else if (better && !quiet) {
           spdlog::info("pipeline: under the plan before step {} the stages' estimated imbalance is {:.3f} "
-                       "(slowest / mean); a split at block bounds [{}] would give {:.3f} (dist.stage_split, "
-                       "applied at a resume)", step, imb, fmt::join(best, ", "), best_imb);
+                       "(slowest / mean); a split at block bounds [{}] would give {:.3f} (dist.stage_split at "
+                       "a resume, or dist.rebalance with a balanced split)", step, imb, fmt::join(best, ", "),
+                       best_imb);
+        }
       }
     }
     for (auto& [k, v] : r.precision.metrics.items()) rec[k] = v;
@@ -1291,6 +1321,37 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     }
     if (ckpt) write_checkpoint(scheduled, eval_step, nullptr);
     if (stopped_by) break;
+    if (ckpt && !pending_bounds.empty()) {
+      // dist.rebalance: blocks move between stages through the checkpoint
+      // just written (every rank holds every weight and every stage's
+      // quantizer state after it): each rank's AdamW is rebuilt for its new
+      // stage's parameters and loads their state from the checkpoint's
+      // shards by name. The numbers do not depend on the split.
+      const std::vector<int64_t> from = pipe->layout.bounds;
+      pipe->layout.bounds = pending_bounds;
+      pending_bounds.clear();
+      assign_stage_params(*pipe);
+      {  // the gradients of blocks that left this stage are not kept
+        torch::NoGradGuard ng;
+        std::set<const c10::TensorImpl*> mine;
+        for (const torch::Tensor& t : pipe->stage_params) mine.insert(t.unsafeGetTensorImpl());
+        for (torch::Tensor& t : params)
+          if (!mine.count(t.unsafeGetTensorImpl())) t.mutable_grad() = torch::Tensor();
+      }
+      optimizer->param_groups().clear();
+      optimizer->state().clear();
+      const auto fresh = make_optimizer(pipe->stage_params, tc);  // the groups of the new stage's parameters
+      for (const auto& g : fresh->param_groups())
+        optimizer->add_param_group(torch::optim::OptimizerParamGroup(g.params(), g.options().clone()));
+      load_checkpoint_optimizer(last_checkpoint, verify_checkpoint(last_checkpoint), *optimizer, model, tc, step,
+                                shard_part);
+      set_controller_stages();
+      imbalance_now = std::get<0>(stage_balance(ctl.assignments()));
+      if (!quiet)
+        spdlog::info("pipeline: rebalanced after step {}: blocks per stage {} -> {} (estimated imbalance {:.3f})", step,
+                     dist::PipelineLayout{S, DP, from}.describe(), pipe->layout.describe(), imbalance_now);
+      rebalanced_to = pipe->layout.bounds;  // in the next step's record
+    }
   }
   if (tty) std::fprintf(stderr, "\n");
   // The summary covers the whole run, every invocation of a resumed one.

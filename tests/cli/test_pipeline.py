@@ -27,6 +27,13 @@ unless said):
             other stages' histories before it evaluates); stopped at step 3
             and resumed == uninterrupted (the checkpoint holds every stage's
             histories)
+  rebalance 8 blocks on 2 stages, policy snip with dist.stage_cost making
+            quantized GEMMs nearly free: the first plan (step 2) makes the
+            shape-balanced split 5 / 3 slower than 7 / 1 (lm_head stays
+            BF16), so the blocks move at the checkpoint of step 3; the run
+            equals, bit for bit, the same run stopped at step 3 and resumed
+            with dist.stage_split = "7,1" (weights, AdamW state and plans
+            moved exactly); its last checkpoint records bounds [0, 7, 8]
   resume    2 stages stopped at step 3 and resumed == uninterrupted, bit for
             bit; that checkpoint resumed on 4 stages and on 1 process gives
             the same losses as each other (re-split by parameter name)
@@ -52,7 +59,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from clitest import Checks, micro_toml  # noqa: E402
 
 snip, data = sys.argv[1], sys.argv[2]
-cases = sys.argv[3:] or ["exact", "four", "tied", "fp8", "snip", "delayed", "resume", "killed", "errors"]
+cases = sys.argv[3:] or ["exact", "four", "tied", "fp8", "snip", "delayed", "rebalance", "resume", "killed",
+                         "errors"]
 tmp = tempfile.mkdtemp(prefix="snip-pipeline-")
 T = Checks(snip)
 check = T.check
@@ -252,6 +260,28 @@ try:
             if ok("delayed: first 3 steps", train(2, c, sets + ["dist.pipeline_stages=2", "train.max_steps=3"])) and \
                ok("delayed: resumed", train(2, c, sets + ["dist.pipeline_stages=2"], resume=True)):
                 check(same_metrics(b, c), "delayed: resume bit for bit")
+
+    if "rebalance" in cases:
+        sets = ["model.num_hidden_layers=8", "model.tie_word_embeddings=false", "train.grad_accum=2",
+                "precision.policy=snip", "precision.warmup_steps=2", "precision.initial_interval=2",
+                "precision.final_interval=2", "precision.final_high_precision_fraction=0", "precision.budget=0.5",
+                "dist.stage_cost=fp4=0.01,fp8=0.01", "dist.pipeline_stages=2"]
+        a, b = d("rebalance"), d("rebalance-resumed")
+        if ok("rebalance: run", train(2, a, sets)):
+            m = metrics(a)
+            check([r.get("rebalanced_to") for r in m] == [None, None, None, [0, 7, 8], None, None],
+                  "rebalance: blocks moved to 7 / 1 after the checkpoint of step 3",
+                  str([r.get("rebalanced_to") for r in m]))
+            st = json.load(open(os.path.join(a, "checkpoints/step-3/trainer_state.json")))
+            st6 = json.load(open(os.path.join(a, "checkpoints/step-6/trainer_state.json")))
+            check(st["pipeline"]["bounds"] == [0, 5, 8] and st6["pipeline"]["bounds"] == [0, 7, 8],
+                  "rebalance: the checkpoints record the split in force",
+                  f'{st["pipeline"]["bounds"]} {st6["pipeline"]["bounds"]}')
+            if ok("rebalance: first 3 steps", train(2, b, sets + ["train.max_steps=3"])) and \
+               ok("rebalance: resumed as 7,1", train(2, b, sets + ["dist.stage_split=7,1"], resume=True)):
+                check(same_metrics(a, b) and read(os.path.join(a, "checkpoints/step-6/model.safetensors")) ==
+                      read(os.path.join(b, "checkpoints/step-6/model.safetensors")),
+                      "rebalance: in-run move == stop and resume with the new split, bit for bit")
 
     if "resume" in cases:
         full, part = d("resume-full"), d("resume-part")

@@ -68,6 +68,7 @@ struct DistOptions {
   std::string boundary_comm = "fp32";       ///< dist.boundary_comm: fp32, or fp8 (E4M3 activations, E5M2 gradients)
   std::string stage_boundary = "fp8";       ///< dist.stage_boundary: option pinned on each stage's first and last layer, or none
   std::string stage_split = "balanced";     ///< dist.stage_split: balanced, even, or block counts "3,2,..."
+  bool rebalance = true;                    ///< dist.rebalance: move blocks at the next checkpoint after a plan (balanced split only)
   std::string stage_cost = "bits";          ///< dist.stage_cost: per-option cost factors ("bits" or "fp4=0.25,fp8=0.5,...")
   static DistOptions from(const Config& cfg);
 };
