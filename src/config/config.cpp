@@ -147,7 +147,8 @@ std::vector<OptionSpec> make_table() {
           "per-stage plan rows and boundary pins follow the new split from the next plan)"),
       opt("dist.stage_cost", T::kString, std::string("bits"), "",
           "relative GEMM time of each precision option for the stage balance: bits (element bits / 16: FP4 "
-          "0.25, FP8 0.5, BF16 1) or a list such as \"fp4=0.25,fp8=0.5,bf16=1\""),
+          "0.25, FP8 0.5, BF16 1), measured (one quantized layer's forward and backward timed per option on "
+          "rank 0 at the start), or a list such as \"fp4=0.25,fp8=0.5,bf16=1\""),
       // [checkpoint]: the rollback baseline (docs/operations.md "The guard").
       opt("checkpoint.keep_good", T::kInt, int64_t{1}, "",
           "also keep the newest N checkpoints that passed validation (finite, validation loss at most "

@@ -156,7 +156,7 @@ std::map<std::string, double> stage_cost_factors(const std::string& spec, const 
     char* end = nullptr;
     const double v = eq == std::string::npos ? 0.0 : std::strtod(item.c_str() + eq + 1, &end);
     if (eq == std::string::npos || eq == 0 || !end || *end != '\0' || !(v > 0) || !std::isfinite(v))
-      fail("dist.stage_cost: expected \"bits\" or a list such as \"fp4=0.25,fp8=0.5,bf16=1\" (factors > 0), got \"",
+      fail("dist.stage_cost: expected \"bits\", \"measured\" or a list such as \"fp4=0.25,fp8=0.5,bf16=1\" (factors > 0), got \"",
            spec, "\"");
     out[item.substr(0, eq)] = v;
   }

@@ -46,6 +46,7 @@
 #include "snip/train/metrics.h"
 #include "snip/train/optimizer.h"
 #include "snip/train/pipeline_step.h"
+#include "snip/train/stage_cost.h"
 #include "snip/train/sample.h"
 #include "snip/train/step.h"
 #include "snip/util/error.h"
@@ -585,6 +586,31 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     if (sync_quantizers) sync_quantizers();
   };
   const dist::ZeroPartition* shard_part = zpart ? &*zpart : pipe ? &stage_part : nullptr;
+  // dist.stage_cost = measured: every option's time on this machine (rank
+  // 0's measurement, broadcast, so that every rank computes the same split).
+  std::map<std::string, double> measured_factors;
+  if (pipe && dopt.stage_cost == "measured") {
+    std::vector<std::string> options{"bf16"};
+    for (const std::string& o : rc.precision.options)
+      if (o != "bf16") options.push_back(o);
+    for (const std::string& o : {rc.precision.warmup_precision, rc.precision.final_precision,
+                                 rc.precision.uniform_option})
+      if (!o.empty() && o != "bf16" && o != "none") options.push_back(o);
+    if (rc.guard.enabled && rc.guard.raise_option != "bf16") options.push_back(rc.guard.raise_option);
+    std::sort(options.begin(), options.end());
+    options.erase(std::unique(options.begin(), options.end()), options.end());
+    const auto m = measure_stage_cost_factors(options, B * T, mcfg.hidden_size, mcfg.intermediate_size, gemm);
+    std::vector<double> v;
+    for (const std::string& o : options) v.push_back(m.at(o));
+    torch::Tensor t = torch::tensor(v, torch::kDouble);
+    comm->broadcast(t, 0);
+    for (size_t i = 0; i < options.size(); ++i) measured_factors[options[i]] = t[int64_t(i)].item<double>();
+    if (!quiet) {
+      std::string line;
+      for (const auto& [o, f] : measured_factors) line += fmt::format("{}{}={:.3g}", line.empty() ? "" : ", ", o, f);
+      spdlog::info("pipeline: GEMM cost per option, measured on rank 0 (dist.stage_cost = measured): {}", line);
+    }
+  }
   // The estimated time of every stage under the assignment in force
   // (dist.stage_cost factors; layers without a plan at factor 1): [S],
   // relative units. And the balanced split for it.
@@ -593,14 +619,17 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     std::vector<double> block_cost(size_t(mcfg.num_hidden_layers), 12.0 * N * double(T) * C);
     std::vector<std::string> options{"bf16"};
     for (const auto& [item, o] : assign) options.push_back(o);
-    const std::map<std::string, double> f = dist::stage_cost_factors(dopt.stage_cost, options);
+    const std::map<std::string, double> f =
+        dopt.stage_cost == "measured" ? measured_factors : dist::stage_cost_factors(dopt.stage_cost, options);
     for (const QuantLinear& l : model->linear_layers()) {
       const std::string& n = l->name;
       const int64_t blk = std::stoll(n.substr(13, n.find('.', 13) - 13));
       const double gemm = 2.0 * N * double(l->in_features) * double(l->out_features);
       for (const char* g : {"", ":fprop", ":dgrad", ":wgrad"}) {
         auto it = assign.find(n + g);
-        if (it != assign.end()) block_cost[size_t(blk)] += gemm * f.at(it->second) * (*g ? 1.0 : 3.0);
+        if (it == assign.end()) continue;
+        const auto fo = f.find(it->second);  // an option without a factor costs as BF16
+        block_cost[size_t(blk)] += gemm * (fo == f.end() ? 1.0 : fo->second) * (*g ? 1.0 : 3.0);
       }
       if (assign.empty()) block_cost[size_t(blk)] += 3.0 * gemm;
     }

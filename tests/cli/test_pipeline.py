@@ -34,6 +34,8 @@ unless said):
             equals, bit for bit, the same run stopped at step 3 and resumed
             with dist.stage_split = "7,1" (weights, AdamW state and plans
             moved exactly); its last checkpoint records bounds [0, 7, 8]
+  cost      dist.stage_cost = measured: rank 0 times each option's layer,
+            the log names the factors (bf16 = 1), the run trains
   resume    2 stages stopped at step 3 and resumed == uninterrupted, bit for
             bit; that checkpoint resumed on 4 stages and on 1 process gives
             the same losses as each other (re-split by parameter name)
@@ -59,8 +61,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from clitest import Checks, micro_toml  # noqa: E402
 
 snip, data = sys.argv[1], sys.argv[2]
-cases = sys.argv[3:] or ["exact", "four", "tied", "fp8", "snip", "delayed", "rebalance", "resume", "killed",
-                         "errors"]
+cases = sys.argv[3:] or ["exact", "four", "tied", "fp8", "snip", "delayed", "rebalance", "cost", "resume",
+                         "killed", "errors"]
 tmp = tempfile.mkdtemp(prefix="snip-pipeline-")
 T = Checks(snip)
 check = T.check
@@ -81,8 +83,8 @@ def free_port():
 
 
 def train(world, run, sets, resume=False, timeout=180, kill=None):
-    """`snip train` on `world` ranks (1 = a plain process); [(rc, stderr)] per
-    rank. kill = (rank, seconds): SIGKILL that rank after that long."""
+    """`snip train` on `world` ranks (1 = a plain process); [(rc, stdout +
+    stderr)] per rank. kill = (rank, seconds): SIGKILL that rank after that long."""
     args = [snip, "train", "--config", cfg, "--run-dir", run] + (["--resume"] if resume else [])
     for s in sets:
         args += ["--set", s]
@@ -104,14 +106,15 @@ def train(world, run, sets, resume=False, timeout=180, kill=None):
     if kill:
         time.sleep(kill[1])
         os.killpg(ps[kill[0]].pid, signal.SIGKILL)
-    out = []
+    out = []  # (rc, stdout + stderr): the log lines, then the errors
     for p in ps:
         try:
-            _, err = p.communicate(timeout=timeout)
-            out.append((p.returncode, err))
+            so, err = p.communicate(timeout=timeout)
+            out.append((p.returncode, so + err))
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
-            out.append(("timeout", p.communicate()[1]))
+            so, err = p.communicate()
+            out.append(("timeout", so + err))
     return out
 
 
@@ -283,6 +286,14 @@ try:
                       read(os.path.join(b, "checkpoints/step-6/model.safetensors")),
                       "rebalance: in-run move == stop and resume with the new split, bit for bit")
 
+    if "cost" in cases:
+        res = train(2, d("cost"), BASE + ["train.grad_accum=2", "dist.pipeline_stages=2", "dist.stage_cost=measured",
+                                          "precision.options=fp4,fp8,bf16", "train.max_steps=2"])
+        if ok("cost: measured", res):
+            line = [l for l in res[0][1].splitlines() if "measured on rank 0" in l]
+            check(line and "bf16=1," in line[0] and "fp4=" in line[0] and "fp8=" in line[0],
+                  "cost: the measured factors are logged", str(line))
+
     if "resume" in cases:
         full, part = d("resume-full"), d("resume-part")
         sets = BASE + ["train.grad_accum=2", "dist.pipeline_stages=2"]
@@ -318,7 +329,8 @@ try:
                 (2, ["dist.pipeline_stages=2", "train.zero_stage=1"], "train.zero_stage"),
                 (2, ["dist.pipeline_stages=2", "dist.grad_comm=fp8"], "dist.grad_comm"),
                 (2, ["dist.pipeline_stages=2", "model.num_hidden_layers=1"], "dist.pipeline_stages"),
-                (2, ["dist.pipeline_stages=2", "dist.stage_split=3,2"], "dist.stage_split")]:
+                (2, ["dist.pipeline_stages=2", "dist.stage_split=3,2"], "dist.stage_split"),
+                (2, ["dist.pipeline_stages=2", "dist.stage_cost=fp4:1"], "dist.stage_cost")]:
             e = d("errors")
             res = train(world, e, BASE + sets, timeout=60)
             good = all(rc == 2 and err.strip().splitlines()[-1].startswith("snip: error: ") and
