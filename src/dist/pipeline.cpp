@@ -2,6 +2,7 @@
 #include "snip/dist/pipeline.h"
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -206,14 +207,62 @@ ZeroPartition owner_partition(const std::vector<std::string>& names, const std::
   return part;
 }
 
-int64_t boundary_quantize(torch::Tensor& t, bool e5m2) {
-  SNIP_CHECK(t.scalar_type() == torch::kFloat && t.is_contiguous(), "boundary_quantize: contiguous FP32 expected");
+namespace {
+
+formats::QuantSpec boundary_spec(bool e5m2) {
   formats::QuantSpec spec;
   spec.element = e5m2 ? formats::kE5M2 : formats::kE4M3;
   spec.rule = formats::ScaleRule::kCurrent;
   spec.scale_format = formats::ScaleFormat::kFP32;
   spec.block = formats::BlockShape::tensor();
   spec.rounding = formats::Rounding::kRNE;
+  return spec;
+}
+
+}  // namespace
+
+torch::Tensor boundary_encode(const torch::Tensor& t, bool e5m2) {
+  SNIP_CHECK(t.scalar_type() == torch::kFloat && t.is_contiguous(), "boundary_encode: contiguous FP32 expected");
+  const int64_t cols = t.dim() > 0 ? t.size(-1) : 1;
+  const int64_t n = t.numel(), rows = n / std::max<int64_t>(cols, 1);
+  const formats::QuantizedTensor q =
+      formats::quantize_packed(t.data_ptr<float>(), rows, cols, boundary_spec(e5m2), formats::RoundingKey{});
+  SNIP_CHECK(int64_t(q.data.size()) == n && q.scales.blocks.size() == 1, "boundary_encode: unexpected layout");
+  torch::Tensor out = torch::empty({n + 4}, torch::kUInt8);
+  uint8_t* o = out.data_ptr<uint8_t>();
+  std::memcpy(o, q.data.data(), size_t(n));
+  const uint32_t code = q.scales.blocks[0].code;  // the FP32 bits of the decode scale
+  for (int k = 0; k < 4; ++k) o[n + k] = uint8_t(code >> (8 * k));
+  return out;
+}
+
+void boundary_decode(const torch::Tensor& bytes, bool e5m2, torch::Tensor& out) {
+  SNIP_CHECK(out.scalar_type() == torch::kFloat && out.is_contiguous(), "boundary_decode: contiguous FP32 expected");
+  const int64_t n = out.numel(), cols = out.dim() > 0 ? out.size(-1) : 1, rows = n / std::max<int64_t>(cols, 1);
+  if (bytes.numel() != n + 4)
+    fail("pipeline: an FP8 boundary message of ", bytes.numel(), " bytes, expected ", n + 4, " (", n,
+         " codes and a 4-byte scale)");
+  const uint8_t* p = bytes.data_ptr<uint8_t>();
+  formats::QuantizedTensor q;
+  q.spec = boundary_spec(e5m2);
+  q.rows = rows;
+  q.cols = cols;
+  q.data.assign(p, p + n);
+  uint32_t code = 0;
+  for (int k = 0; k < 4; ++k) code |= uint32_t(p[n + k]) << (8 * k);
+  float d;
+  std::memcpy(&d, &code, 4);
+  formats::ScaleArray& sa = q.scales;
+  sa.block_rows = rows;
+  sa.block_cols = cols;
+  sa.grid_rows = sa.grid_cols = 1;
+  sa.blocks.assign(1, formats::BlockScale{d, d != 0 ? 1.0f / d : 0.0f, code});
+  formats::dequantize(q, out.data_ptr<float>());
+}
+
+int64_t boundary_quantize(torch::Tensor& t, bool e5m2) {
+  SNIP_CHECK(t.scalar_type() == torch::kFloat && t.is_contiguous(), "boundary_quantize: contiguous FP32 expected");
+  const formats::QuantSpec spec = boundary_spec(e5m2);
   const int64_t cols = t.dim() > 0 ? t.size(-1) : 1;
   const int64_t rows = t.numel() / std::max<int64_t>(cols, 1);
   float* p = t.data_ptr<float>();

@@ -32,20 +32,23 @@ struct Boundary {
 
   std::vector<int64_t> shape(const StepContext& c) const { return {c.B, c.T, c.model->cfg.hidden_size}; }
 
-  // `t` [B, T, C] to stage `to`; `gradient` picks E5M2 over E4M3 under fp8.
-  void send(const Tensor& t, int to, int tag, bool gradient, bool quantize) {
-    Tensor buf = t.detach().to(torch::kFloat).contiguous().clone();
-    if (quantize) bytes += dist::boundary_quantize(buf, gradient);
-    else bytes += buf.numel() * 4;
+  // `t` [B, T, C] to stage `to`: FP32, or under fp8 its codes and scale
+  // (E5M2 for a `gradient`, else E4M3; dist::boundary_encode).
+  void send(const Tensor& t, int to, int tag, bool gradient, bool fp8) {
+    Tensor buf = t.detach().to(torch::kFloat).contiguous();
+    buf = fp8 ? dist::boundary_encode(buf, gradient) : buf.clone();
+    bytes += buf.numel() * int64_t(buf.element_size());
     in_flight.push_back(buf);
     sends.push_back(p.pipe->send_async(buf, to, tag));
   }
-  Tensor recv(const StepContext& c, int from, int tag, at::ScalarType dtype) {
-    Tensor buf = torch::empty(shape(c), torch::kFloat);
+  Tensor recv(const StepContext& c, int from, int tag, at::ScalarType dtype, bool gradient, bool fp8) {
+    Tensor out = torch::empty(shape(c), torch::kFloat);
+    Tensor buf = fp8 ? torch::empty({out.numel() + 4}, torch::kUInt8) : out;
     const auto t0 = std::chrono::steady_clock::now();
     p.pipe->recv(buf, from, tag);
     wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    return buf.to(dtype);
+    if (fp8) dist::boundary_decode(buf, gradient, out);
+    return out.to(dtype);
   }
   void finish() {
     for (auto& s : sends) s->wait();
@@ -89,7 +92,7 @@ StepResult pipeline_step(StepContext& c, PipelineContext& p, int64_t step, doubl
     int pass = 0;
     c.controller->set_stats_pass([&](const std::vector<Tensor>& weights) {
       const int tag = kStatsTag + 2 * pass++;
-      Tensor x = first ? ids[0] : io.recv(c, s - 1, tag, act).requires_grad_(true);
+      Tensor x = first ? ids[0] : io.recv(c, s - 1, tag, act, false, false).requires_grad_(true);
       Tensor out = c.model->forward_stage(x, b0, b1, first, last);
       std::vector<Tensor> inputs = weights;
       if (!first) inputs.push_back(x);
@@ -99,7 +102,7 @@ StepResult pipeline_step(StepContext& c, PipelineContext& p, int64_t step, doubl
         g = torch::autograd::grad({loss}, inputs, {}, false, false, /*allow_unused=*/true);
       } else {
         io.send(out, s + 1, tag, false, false);  // the stats step measures at full precision
-        Tensor dy = io.recv(c, s + 1, tag + 1, act);
+        Tensor dy = io.recv(c, s + 1, tag + 1, act, true, false);
         g = torch::autograd::grad({out}, inputs, {dy}, false, false, /*allow_unused=*/true);
       }
       if (!first) io.send(g.back(), s - 1, tag + 1, true, false);
@@ -131,7 +134,7 @@ StepResult pipeline_step(StepContext& c, PipelineContext& p, int64_t step, doubl
       if (first) {
         x_in[i] = ids[i];
       } else {
-        x_in[i] = io.recv(c, s - 1, 2 * m, act).requires_grad_(true);
+        x_in[i] = io.recv(c, s - 1, 2 * m, act, false, p.fp8_boundary).requires_grad_(true);
       }
       out[i] = c.model->forward_stage(x_in[i], b0, b1, first, last);
       if (last) {
@@ -146,7 +149,7 @@ StepResult pipeline_step(StepContext& c, PipelineContext& p, int64_t step, doubl
         (losses[i] / double(M * D)).backward();
         losses[i] = Tensor();
       } else {
-        Tensor dy = io.recv(c, s + 1, 2 * m + 1, act);
+        Tensor dy = io.recv(c, s + 1, 2 * m + 1, act, true, p.fp8_boundary);
         torch::autograd::backward({out[i]}, {dy});
         out[i] = Tensor();
       }

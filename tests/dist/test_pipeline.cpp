@@ -215,6 +215,28 @@ TEST(PipelineBoundary, Fp8CodecSqnrAndBytes) {
   EXPECT_GT(sqnr_db(x, e5), 22.0);
   EXPECT_LT(sqnr_db(x, e5), sqnr_db(x, e4));
   EXPECT_NEAR(e4.abs().max().item<float>(), x.abs().max().item<float>(), 1e-6 * x.abs().max().item<float>());
+  // On the wire: one byte per element + the FP32 scale; decoded bit for bit
+  // as boundary_quantize leaves the sender's tensor.
+  for (bool e5m2 : {false, true}) {
+    const torch::Tensor bytes = boundary_encode(x, e5m2);
+    EXPECT_EQ(bytes.numel(), x.numel() + 4);
+    EXPECT_EQ(bytes.scalar_type(), torch::kUInt8);
+    torch::Tensor back = torch::empty_like(x);
+    boundary_decode(bytes, e5m2, back);
+    EXPECT_EQ(std::memcmp(back.data_ptr(), (e5m2 ? e5 : e4).data_ptr(), size_t(x.numel()) * 4), 0) << e5m2;
+    EXPECT_THROW(boundary_decode(bytes.narrow(0, 0, 10), e5m2, back), UserError);
+  }
+  // Hand-derived: amax 448 gives decode scale 1, so 1.0, -2.5 and 448 are
+  // their own E4M3 codes: 0x38 (0 0111 000), 0xC2 (1 1000 010), 0x7E.
+  const torch::Tensor h = torch::tensor({1.0f, -2.5f, 448.0f});
+  const torch::Tensor hb = boundary_encode(h, false);
+  const uint8_t* hp = hb.data_ptr<uint8_t>();
+  EXPECT_EQ(hp[0], 0x38);
+  EXPECT_EQ(hp[1], 0xC2);
+  EXPECT_EQ(hp[2], 0x7E);
+  float scale;
+  std::memcpy(&scale, hp + 3, 4);
+  EXPECT_EQ(scale, 1.0f);
   torch::Tensor again = e4.clone();
   boundary_quantize(again, false);
   EXPECT_TRUE(torch::equal(again, e4)) << "quantizing the decoded values again changes nothing";

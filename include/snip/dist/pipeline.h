@@ -111,4 +111,16 @@ ZeroPartition owner_partition(const std::vector<std::string>& names, const std::
 /// decodes. Returns the bytes that carry it: one per element + 4.
 int64_t boundary_quantize(torch::Tensor& t, bool e5m2);
 
+/// What travels for dist.boundary_comm = fp8: `t` (FP32, contiguous, any
+/// shape, n elements) quantized as boundary_quantize does, as bytes: a
+/// uint8 tensor [n + 4] = the n E4M3 (or E5M2) codes, one byte each, then
+/// the 4 bytes of the FP32 decode scale, little-endian
+/// (formats::quantize_packed, the reference codec).
+torch::Tensor boundary_encode(const torch::Tensor& t, bool e5m2);
+/// Inverse of boundary_encode into `out` (FP32, contiguous, n elements, the
+/// sender's shape): bit for bit what boundary_quantize leaves in the
+/// sender's tensor (fake_quant.h: the packed and fake-quantized paths agree
+/// but for NaN inputs). Throws UserError when `bytes` is not n + 4 long.
+void boundary_decode(const torch::Tensor& bytes, bool e5m2, torch::Tensor& out);
+
 }  // namespace snip::dist
