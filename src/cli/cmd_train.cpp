@@ -14,6 +14,7 @@
 #include "snip/config/config.h"
 #include "snip/data/data_folder.h"
 #include "snip/io/atomic_file.h"
+#include "snip/io/json.h"
 #include "snip/data/token_client.h"
 #include "snip/hw/platform.h"
 #include "snip/model/hf.h"
@@ -160,6 +161,25 @@ void add_train_commands(CLI::App& app) {
         s.tokens, s.seconds, s.tokens_per_s,
         s.final_train_loss, s.final_val_loss, std::exp(s.final_val_loss), s.best_val_loss, s.run_dir,
         run_contents(s.run_dir));
+    // Pipeline stages: the layout and what it cost (summary.json "pipeline").
+    try {
+      const nlohmann::json sum = io::parse_json(io::read_file((fs::path(s.run_dir) / "summary.json").string()), "summary.json");
+      const nlohmann::json& pp = sum.value("pipeline", nlohmann::json());
+      if (pp.is_object()) {
+        const auto b = pp.at("bounds").get<std::vector<int64_t>>();
+        std::string blocks;
+        for (size_t k = 0; k + 1 < b.size(); ++k) blocks += (k ? " / " : "") + std::to_string(b[k + 1] - b[k]);
+        std::cout << fmt::format(
+            "         pipeline: {} stages x {} replica(s), {}, {} micro-batches, blocks {} | bubble {} (ideal {:.3f}) "
+            "| estimated imbalance {:.3f} | {} bytes per step at the boundaries ({})\n",
+            pp.at("stages").get<int>(), pp.at("replicas").get<int>(), pp.at("schedule").get<std::string>(),
+            pp.at("micro_batches").get<int64_t>(), blocks,
+            pp.at("bubble").is_number() ? fmt::format("{:.3f}", pp.at("bubble").get<double>()) : std::string("-"),
+            pp.at("ideal_bubble").get<double>(), pp.at("stage_imbalance").get<double>(),
+            pp.at("boundary_bytes_per_step").get<int64_t>(), pp.at("boundary_comm").get<std::string>());
+      }
+    } catch (const std::exception&) {  // no summary, or an older one: nothing more to say
+    }
   });
 
   struct EvalArgs {
