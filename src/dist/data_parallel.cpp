@@ -458,7 +458,7 @@ void check_same_weights(Communicator& comm, const std::vector<std::string>& name
     for (size_t r = 1; r < all.size(); ++r)
       if (all[r][k].item<int64_t>() != all[0][k].item<int64_t>()) {
         differs = true;
-        if (first < 0 || first == k) ranks.push_back(int(r));
+        if (first < 0 || first == k) ranks.push_back(comm.world_rank_of(int(r)));
       }
     if (differs) {
       if (first < 0) first = k;
@@ -469,7 +469,7 @@ void check_same_weights(Communicator& comm, const std::vector<std::string>& name
   std::string rs;
   for (size_t i = 0; i < ranks.size(); ++i) rs += (i ? ", " : "") + std::to_string(ranks[i]);
   fail("dist: weights differ across ranks at ", when, ": ", names[size_t(first)], " on rank", ranks.size() > 1 ? "s " : " ",
-       rs, " differs from rank 0 (", differing, " of ", P, " tensors differ; mismatched communication libraries, "
+       rs, " differs from rank ", comm.world_rank_of(0), " (", differing, " of ", P, " tensors differ; mismatched communication libraries, "
        "or a faulty machine)");
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <set>
 #include <sstream>
 #include <unordered_set>
 
@@ -115,6 +116,8 @@ std::vector<int64_t> stage_bounds(const std::string& split, int64_t L, int S, co
   if (split == "even") {
     for (int s = 0; s < S; ++s) counts.push_back(L / S + (s < L % S ? 1 : 0));
   } else {
+    if (!split.empty() && split.back() == ',')
+      fail("dist.stage_split: expected balanced, even or positive block counts such as \"3,2\", got \"", split, "\"");
     std::stringstream ss(split);
     std::string item;
     while (std::getline(ss, item, ',')) {
@@ -150,6 +153,7 @@ std::map<std::string, double> stage_cost_factors(const std::string& spec, const 
     out[o] = f;
   }
   if (spec == "bits") return out;
+  std::set<std::string> seen;
   std::stringstream ss(spec);
   std::string item;
   while (std::getline(ss, item, ',')) {
@@ -159,7 +163,17 @@ std::map<std::string, double> stage_cost_factors(const std::string& spec, const 
     if (eq == std::string::npos || eq == 0 || !end || *end != '\0' || !(v > 0) || !std::isfinite(v))
       fail("dist.stage_cost: expected \"bits\", \"measured\" or a list such as \"fp4=0.25,fp8=0.5,bf16=1\" (factors > 0), got \"",
            spec, "\"");
-    out[item.substr(0, eq)] = v;
+    const std::string name = item.substr(0, eq);
+    if (!seen.insert(name).second)
+      fail("dist.stage_cost: option '", name, "' given twice in \"", spec, "\"");
+    if (name != "bf16") {
+      try {
+        quant::find_recipe(name);
+      } catch (const UserError&) {
+        fail("dist.stage_cost: '", name, "' is not a precision option (a recipe of `snip formats --recipes`, or bf16)");
+      }
+    }
+    out[name] = v;
   }
   return out;
 }

@@ -120,6 +120,7 @@ class GlooCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  int world_rank_of(int r) const override { return world_ranks_[size_t(r)]; }
   std::string backend() const override { return "gloo"; }
 
   void allreduce_sum(std::vector<torch::Tensor>& tensors) override {

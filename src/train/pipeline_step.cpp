@@ -167,7 +167,10 @@ StepResult pipeline_step(StepContext& c, PipelineContext& p, int64_t step, doubl
   if (p.tied) {
     torch::NoGradGuard ng;
     Tensor& w = c.model->model->embed_tokens->weight;
-    if (!w.grad().defined()) w.mutable_grad() = torch::zeros_like(w);  // a middle stage adds nothing
+    // A middle stage adds nothing: zeros every step (its optimizer does not
+    // hold the weight, so nothing else clears the last step's sum).
+    if (!w.grad().defined()) w.mutable_grad() = torch::zeros_like(w);
+    else if (!first && !last) w.mutable_grad().zero_();
     std::vector<Tensor> g{w.mutable_grad()};
     p.pipe->allreduce_sum(g);
   }

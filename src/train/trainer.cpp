@@ -406,6 +406,38 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
                    world.local_size, comm->backend(), world.master_addr, world.master_port);
   }
   const int R = world.size;
+  // Settings every rank must share: the layout, the shapes that travel
+  // between ranks and the micro-batches of a step. A rank started with
+  // others would wait in a collective that never comes (until
+  // dist.timeout_s) or exchange tensors of another size. One all-gather of
+  // their FNV-1a hashes, before any process group of a stage exists.
+  if (comm) {
+    static const char* const kShared[] = {
+        "model.hidden_size", "model.intermediate_size", "model.num_hidden_layers", "model.num_attention_heads",
+        "model.num_key_value_heads", "model.tie_word_embeddings", "model.vocab_size", "train.batch_size",
+        "train.seq_len", "train.grad_accum", "train.zero_stage", "dist.grad_comm", "dist.grad_comm_path",
+        "dist.pipeline_stages", "dist.pipeline_schedule", "dist.micro_batches", "dist.boundary_comm",
+        "dist.stage_split", "dist.stage_boundary", "dist.stage_cost", "dist.rebalance"};
+    auto value_of = [&](const std::string& key) {
+      const auto it = cfg.values().find(key);
+      if (it != cfg.values().end()) return format_option_value(it->second);
+      for (const OptionSpec& o : option_table())
+        if (o.key == key) return format_option_value(o.def);
+      return std::string("?");
+    };
+    std::vector<int64_t> mine;
+    for (const char* k : kShared) {
+      uint64_t h = 1469598103934665603ULL;  // FNV-1a 64
+      for (unsigned char ch : value_of(k)) h = (h ^ ch) * 1099511628211ULL;
+      mine.push_back(int64_t(h));
+    }
+    const std::vector<torch::Tensor> all = comm->allgather(torch::tensor(mine, torch::kLong));
+    for (size_t i = 0; i < mine.size(); ++i)
+      for (int r = 0; r < R; ++r)
+        if (all[size_t(r)][int64_t(i)].item<int64_t>() != all[0][int64_t(i)].item<int64_t>())
+          fail("dist: rank ", r, " was started with another ", kShared[i], " than rank 0 (this rank, ", world.rank,
+               ", has ", value_of(kShared[i]), "); every rank must have the same");
+  }
   // Pipeline stages (dist/pipeline.h): S stages x DP replicas; a step reads
   // DP x accum micro-batches (accum = dist.micro_batches when set).
   const int S = dopt.pipeline_stages;
@@ -419,9 +451,16 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     if (dopt.grad_comm != "fp32")
       fail("dist.grad_comm = ", dopt.grad_comm, " with dist.pipeline_stages = ", S, " is not built (the replicas "
            "of a stage sum their gradients in FP32); use dist.grad_comm = fp32");
-  } else if (dopt.micro_batches > 0 && !quiet) {
-    spdlog::warn("dist.micro_batches = {} has no effect without pipeline stages (train.grad_accum = {} is the "
-                 "micro-batch count)", dopt.micro_batches, tc.grad_accum);
+    if (dopt.stage_boundary.empty())
+      fail("dist.stage_boundary: expected a precision option (e.g. fp8) or none, got \"\"");
+  } else if (!quiet) {
+    if (dopt.micro_batches > 0)
+      spdlog::warn("dist.micro_batches = {} has no effect without pipeline stages (train.grad_accum = {} is the "
+                   "micro-batch count)", dopt.micro_batches, tc.grad_accum);
+    for (const char* k : {"dist.pipeline_schedule", "dist.boundary_comm", "dist.stage_split", "dist.stage_boundary",
+                          "dist.stage_cost", "dist.rebalance"})
+      if (cfg.values().count(k))
+        spdlog::warn("{} has no effect without pipeline stages (dist.pipeline_stages = 1)", k);
   }
   const int DP = R / S;  // data-parallel ranks: R without stages
   // dist.grad_comm (validated here at any world size; used with several ranks).

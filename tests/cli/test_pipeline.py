@@ -9,10 +9,14 @@ unless said):
             model.safetensors byte for byte; rank 1 wrote no file; the bytes
             at the boundaries = 2 directions x M x B·T·C x 4 (hand-computed)
   four      4 stages (M = 4) == 1 process with grad_accum 4, bit for bit;
-            2 stages x 2 replicas == 1 process with grad_accum 4, bit for bit
+            2 stages x 2 replicas == 2 data-parallel ranks with grad_accum
+            2, bit for bit (the replicas group micro-batches as data
+            parallelism does); a parameter perturbed on world rank 3 is named
+            as rank 3 by the stage's weight check
   tied      tied lm_head over 2 stages (the two halves of the embedding
             gradient summed across stages): M = 1 bit for bit, M = 2 within
-            1e-6 relative (the halves are summed in another order)
+            1e-6 relative (the halves are summed in another order); over 4
+            stages (middle stages add zeros) M = 1 bit for bit
   fp8       dist.boundary_comm = fp8: bytes = 2 x M x (B·T·C + 4) per step,
             losses within 1e-3 relative of fp32 boundaries, not equal
   snip      policy snip on 2 stages: the first stats step measures what one
@@ -42,8 +46,11 @@ unless said):
   killed    stage 1's process SIGKILLed: stage 0 stops within 60 s with one
             line naming rank 1
   errors    3 ranks for 2 stages, ZeRO, quantized gradient communication,
-            more stages than blocks, a bad dist.stage_split: one
-            `snip: error:` line, exit 2, on every rank
+            more stages than blocks, a bad dist.stage_split, dist.stage_cost
+            or dist.stage_boundary: one `snip: error:` line, exit 2, on every
+            rank, nothing written; rank 1 started with another
+            dist.micro_batches, dist.pipeline_stages, dist.stage_split or
+            dist.pipeline_schedule: both stop at once naming the setting
 
 usage: test_pipeline.py SNIP_BINARY PREPARED_DATA_DIR [CASE...]
 """
@@ -82,7 +89,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def train(world, run, sets, resume=False, timeout=180, kill=None):
+def train(world, run, sets, resume=False, timeout=180, kill=None, rank_sets=None):
     """`snip train` on `world` ranks (1 = a plain process); [(rc, stdout +
     stderr)] per rank. kill = (rank, seconds): SIGKILL that rank after that long."""
     args = [snip, "train", "--config", cfg, "--run-dir", run] + (["--resume"] if resume else [])
@@ -99,7 +106,10 @@ def train(world, run, sets, resume=False, timeout=180, kill=None):
             env.update({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
                         "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                         "GLOO_SOCKET_IFNAME": "lo"})
-        p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        extra = []
+        for s in (rank_sets or {}).get(r, []):
+            extra += ["--set", s]
+        p = subprocess.Popen(args + extra, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                              start_new_session=True)
         procs.append(p)
         ps.append(p)
@@ -185,22 +195,36 @@ try:
             check(read(os.path.join(one4, "checkpoints/step-6/model.safetensors")) ==
                   read(os.path.join(four, "checkpoints/step-6/model.safetensors")),
                   "four: 4 stages model.safetensors byte for byte")
-        two2 = d("two-by-two")
+        two2, dp2 = d("two-by-two"), d("dp-two")
         if ok("four: 2 stages x 2 replicas", train(4, two2, BASE + ["train.grad_accum=2", "dist.pipeline_stages=2",
-                                                                       "dist.check_interval=1"])):
-            check(same_metrics(one4, two2), "four: 2x2 == 1 process with grad_accum 4 bit for bit",
-                  f"{metrics(one4)[:1]} vs {metrics(two2)[:1]}")
+                                                                       "dist.check_interval=1"])) and \
+           ok("four: 2 data-parallel ranks", train(2, dp2, BASE + ["train.grad_accum=2"])):
+            check(same_metrics(dp2, two2) and read(os.path.join(dp2, "checkpoints/step-6/model.safetensors")) ==
+                  read(os.path.join(two2, "checkpoints/step-6/model.safetensors")),
+                  "four: 2x2 == 2 data-parallel ranks with grad_accum 2, bit for bit",
+                  f"{metrics(dp2)[:1]} vs {metrics(two2)[:1]}")
             check(json.load(open(os.path.join(two2, "summary.json")))["pipeline"]["replicas"] == 2,
                   "four: 2x2 summary says 2 replicas")
+        os.environ.update(SNIP_TEST_PERTURB_RANK="3", SNIP_TEST_PERTURB_STEP="2")
+        try:
+            res = train(4, d("perturbed"), BASE + ["train.grad_accum=2", "dist.pipeline_stages=2",
+                                                   "dist.check_interval=1"])
+        finally:
+            del os.environ["SNIP_TEST_PERTURB_RANK"], os.environ["SNIP_TEST_PERTURB_STEP"]
+        last = [e.strip().splitlines()[-1] for rc, e in res if rc == 2 and e.strip()]
+        check(any("weights differ" in l and "on rank 3 differs from rank 2" in l for l in last),
+              "four: the stage's weight check names world ranks 3 and 2", str(last))
 
     if "tied" in cases:
         tied = ["model.num_hidden_layers=4", "model.tie_word_embeddings=true"]
-        for m, tol in ((1, 0.0), (2, 1e-6)):
-            a, b = d(f"tied-one-{m}"), d(f"tied-two-{m}")
+        for m, tol, stages in ((1, 0.0, 2), (2, 1e-6, 2), (1, 0.0, 4)):
+            a, b = d(f"tied-one-{m}"), d(f"tied-{stages}-{m}")
             if ok(f"tied: 1 process M={m}", train(1, a, tied + [f"train.grad_accum={m}"])) and \
-               ok(f"tied: 2 stages M={m}", train(2, b, tied + [f"train.grad_accum={m}", "dist.pipeline_stages=2"])):
+               ok(f"tied: {stages} stages M={m}", train(stages, b, tied + [f"train.grad_accum={m}",
+                                                                          f"dist.pipeline_stages={stages}"])):
                 check(max_rel(a, b) <= tol and max_rel(a, b, "grad_norm") <= max(tol, 1e-6) * 10,
-                      f"tied: M={m} losses within {tol} relative", f"{max_rel(a, b)}")
+                      f"tied: {stages} stages M={m} losses and norms within {tol} relative",
+                      f"{max_rel(a, b)} {max_rel(a, b, 'grad_norm')}")
 
     if "fp8" in cases:
         a, b = d("fp32-boundary"), d("fp8-boundary")
@@ -330,13 +354,27 @@ try:
                 (2, ["dist.pipeline_stages=2", "dist.grad_comm=fp8"], "dist.grad_comm"),
                 (2, ["dist.pipeline_stages=2", "model.num_hidden_layers=1"], "dist.pipeline_stages"),
                 (2, ["dist.pipeline_stages=2", "dist.stage_split=3,2"], "dist.stage_split"),
-                (2, ["dist.pipeline_stages=2", "dist.stage_cost=fp4:1"], "dist.stage_cost")]:
+                (2, ["dist.pipeline_stages=2", "dist.stage_cost=fp4:1"], "dist.stage_cost"),
+                (2, ["dist.pipeline_stages=2", "dist.stage_cost=fp4=1,fp4=2"], "dist.stage_cost"),
+                (2, ["dist.pipeline_stages=2", "dist.stage_cost=fq4=1"], "dist.stage_cost"),
+                (2, ["dist.pipeline_stages=2", "dist.stage_split=3,1,"], "dist.stage_split"),
+                (2, ["dist.pipeline_stages=2", "dist.stage_boundary="], "dist.stage_boundary")]:
             e = d("errors")
             res = train(world, e, BASE + sets, timeout=60)
             good = all(rc == 2 and err.strip().splitlines()[-1].startswith("snip: error: ") and
                        needle in err.strip().splitlines()[-1] for rc, err in res)
             check(good, f"errors: {sets}", [(rc, err[-300:]) for rc, err in res])
             check(not os.path.exists(os.path.join(e, "checkpoints")), f"errors: {sets}: nothing written")
+        # Ranks started with different pipeline settings stop at once, each naming the setting.
+        for key, other in (("dist.micro_batches", "3"), ("dist.pipeline_stages", "1"), ("dist.stage_split", "2,2"),
+                           ("dist.pipeline_schedule", "gpipe")):
+            e = d("mismatch")
+            t0 = time.time()
+            res = train(2, e, BASE + ["train.grad_accum=2", "dist.pipeline_stages=2", "dist.stage_split=3,1"],
+                        timeout=60, rank_sets={1: [f"{key}={other}"]})
+            good = all(rc == 2 and f"another {key} than rank 0" in err.strip().splitlines()[-1] for rc, err in res)
+            check(good and time.time() - t0 < 30, f"errors: rank 1 with another {key}",
+                  [(rc, err[-300:]) for rc, err in res])
 finally:
     for p in procs:
         if p.poll() is None:

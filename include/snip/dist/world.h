@@ -91,6 +91,9 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  /// The world rank of this communicator's rank `r` (a subgroup's ranks are
+  /// renumbered from 0; messages name world ranks). Identity for the world.
+  virtual int world_rank_of(int r) const { return r; }
   /// "gloo" or "nccl".
   virtual std::string backend() const = 0;
   /// Sums each tensor in place over the ranks (one all-reduce per tensor,
