@@ -34,12 +34,17 @@ int PipelineLayout::stage_of_block(int64_t block) const {
   fail("pipeline: block ", block, " is outside the ", bounds.back(), " blocks");
 }
 
-int PipelineLayout::stage_of_param(const std::string& name) const {
+int64_t block_of(const std::string& name) {
   static const std::string layers = "model.layers.";
-  if (name.rfind(layers, 0) == 0) {
-    const size_t dot = name.find('.', layers.size());
-    return stage_of_block(std::stoll(name.substr(layers.size(), dot - layers.size())));
-  }
+  if (name.rfind(layers, 0) != 0) return -1;
+  const size_t dot = name.find('.', layers.size());
+  const std::string idx = name.substr(layers.size(), dot == std::string::npos ? std::string::npos : dot - layers.size());
+  if (idx.empty() || idx.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(idx);
+}
+
+int PipelineLayout::stage_of_param(const std::string& name) const {
+  if (const int64_t b = block_of(name); b >= 0) return stage_of_block(b);
   if (name == "model.embed_tokens.weight") return 0;
   if (name == "model.norm.weight" || name == "lm_head.weight") return stages - 1;
   fail("pipeline: parameter '", name, "' belongs to no stage");

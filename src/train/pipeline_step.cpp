@@ -187,13 +187,7 @@ StepResult pipeline_step(StepContext& c, PipelineContext& p, int64_t step, doubl
     r.boundary_bytes = int64_t(std::llround(a[2]));
   }
   r.loss = loss_sum / double(M * D);
-  if (!std::isfinite(r.loss) && !c.skip_nonfinite)
-    fail("training diverged: loss is ", r.loss, " at step ", step + 1, " (lower train.lr or raise precision)");
-  if (c.fault) c.fault(step);
-  r.grad_clip = c.grad_clip;
-  if (c.clip_low_precision != 1.0 && c.controller && !c.controller->layers_below_fp8().empty())
-    r.grad_clip = c.grad_clip * c.clip_low_precision;
-  const double max_norm = r.grad_clip > 0 ? r.grad_clip : std::numeric_limits<double>::infinity();
+  const double max_norm = check_loss_and_clip_threshold(c, r, step);
   {
     // clip_grad_norm_'s arithmetic (LibTorch 1.13, norm type 2) on the [P]
     // per-parameter norms of every stage (dist::zero_clip_grad_norm): each

@@ -17,6 +17,18 @@ torch::Tensor to_ids(const std::vector<int32_t>& ids, int64_t B, int64_t T) {
   return torch::from_blob(const_cast<int32_t*>(ids.data()), {B, T}, torch::kInt).to(torch::kLong);
 }
 
+double check_loss_and_clip_threshold(StepContext& c, StepResult& r, int64_t step) {
+  if (!std::isfinite(r.loss) && !c.skip_nonfinite)
+    fail("training diverged: loss is ", r.loss, " at step ", step + 1, " (lower train.lr or raise precision)");
+  if (c.fault) c.fault(step);
+  // train.clip_low_precision: a lower threshold while a layer runs below FP8
+  // (decided at this step's boundary).
+  r.grad_clip = c.grad_clip;
+  if (c.clip_low_precision != 1.0 && c.controller && !c.controller->layers_below_fp8().empty())
+    r.grad_clip = c.grad_clip * c.clip_low_precision;
+  return r.grad_clip > 0 ? r.grad_clip : std::numeric_limits<double>::infinity();
+}
+
 StepResult train_step(StepContext& c, int64_t step, double lr) {
   set_lr(c.optimizer, lr);
   c.model->set_step(c.seed, step);
@@ -90,15 +102,7 @@ StepResult train_step(StepContext& c, int64_t step, double lr) {
     loss_sum = l[0].item<double>();
   }
   r.loss = loss_sum / double(c.grad_accum * R);
-  if (!std::isfinite(r.loss) && !c.skip_nonfinite)
-    fail("training diverged: loss is ", r.loss, " at step ", step + 1, " (lower train.lr or raise precision)");
-  if (c.fault) c.fault(step);
-  // train.clip_low_precision: a lower threshold while a layer runs below FP8
-  // (decided at this step's boundary above).
-  r.grad_clip = c.grad_clip;
-  if (c.clip_low_precision != 1.0 && c.controller && !c.controller->layers_below_fp8().empty())
-    r.grad_clip = c.grad_clip * c.clip_low_precision;
-  const double clip = r.grad_clip > 0 ? r.grad_clip : std::numeric_limits<double>::infinity();
+  const double clip = check_loss_and_clip_threshold(c, r, step);
   // Collective under ZeRO (every rank computes it, whatever the loss); the
   // reduced gradient and loss are the same on every rank, so every rank
   // takes the same branch below.

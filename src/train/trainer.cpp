@@ -376,10 +376,12 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       return c.get_int("dist.pipeline_stages") > 1 && c.get_int("dist.micro_batches") > 0 ? c.get_int("dist.micro_batches")
                                                                                            : c.get_int("train.grad_accum");
     };
-    if (micro(saved) != micro(cfg))
-      fail("--resume: a step has ", micro(cfg), " micro-batches (train.grad_accum, or dist.micro_batches under "
-           "pipeline stages) but ", opts.run_dir, " was trained with ", micro(saved), " (it fixes the data order and "
-           "the tokens per step); resume with that value, or start a new --run-dir");
+    if (micro(saved) != micro(cfg)) {
+      const bool pp = cfg.get_int("dist.pipeline_stages") > 1 && cfg.get_int("dist.micro_batches") > 0;
+      fail("--resume: ", pp ? "dist.micro_batches" : "train.grad_accum", " is ", micro(cfg), " but ", opts.run_dir,
+           " was trained with ", micro(saved), " micro-batches per step (it fixes the data order and the tokens per "
+           "step); resume with that value, or start a new --run-dir");
+    }
     for (const char* key : {"train.seed", "train.batch_size", "train.seq_len"})
       if (saved.get_int(key) != cfg.get_int(key))
         fail("--resume: ", key, " is ", cfg.get_int(key), " but ", opts.run_dir, " was trained with ",
@@ -569,22 +571,38 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     pc.norm_part = dist::owner_partition(names, ps, owner_stage, S);
     stage_part = dist::owner_partition(names, ps, owner_rank, R);
   };
+  // dist.stage_cost = measured: every option's time on this machine (set below).
+  std::map<std::string, double> measured_factors;
+  // The estimated time of each block under `assign` (relative units: FLOPs
+  // x the option's cost factor, dist.stage_cost; a layer without a plan at
+  // factor 1), plus the attention products; and lm_head's, on the last stage.
+  auto block_costs = [&](const std::map<std::string, std::string>& assign) {
+    const double N = double(B * T), C = double(mcfg.hidden_size);
+    std::vector<double> block_cost(size_t(mcfg.num_hidden_layers), 12.0 * N * double(T) * C);
+    std::vector<std::string> options{"bf16"};
+    for (const auto& [item, o] : assign) options.push_back(o);
+    const std::map<std::string, double> f =
+        dopt.stage_cost == "measured" ? measured_factors : dist::stage_cost_factors(dopt.stage_cost, options);
+    auto factor = [&](const std::string& o) {  // an option without a factor costs as BF16
+      const auto it = f.find(o);
+      return it == f.end() ? 1.0 : it->second;
+    };
+    for (const QuantLinear& l : model->linear_layers()) {
+      const int64_t blk = dist::block_of(l->name);
+      const double gemm = 2.0 * N * double(l->in_features) * double(l->out_features);
+      if (assign.empty()) block_cost[size_t(blk)] += 3.0 * gemm;
+      for (const char* g : {"", ":fprop", ":dgrad", ":wgrad"})  // a layer's option, or each GEMM's
+        if (const auto it = assign.find(l->name + g); it != assign.end())
+          block_cost[size_t(blk)] += gemm * factor(it->second) * (*g ? 1.0 : 3.0);
+    }
+    return std::make_pair(block_cost, 6.0 * N * C * double(mcfg.vocab_size));
+  };
   if (S > 1) {
     pipe.emplace();
     PipelineContext& pc = *pipe;
     pc.layout.stages = S;
     pc.layout.replicas = DP;
-    // Estimated time of each block (relative: FLOPs x the option's cost
-    // factor, dist.stage_cost) under the precision the run starts with
-    // (gemm dtype: factor 1), plus the attention products; lm_head on the last stage.
-    const double N = double(B * T), C = double(mcfg.hidden_size);
-    std::vector<double> block_cost(size_t(mcfg.num_hidden_layers), 12.0 * N * double(T) * C);
-    for (const QuantLinear& l : model->linear_layers()) {
-      const std::string& n = l->name;
-      const int64_t blk = std::stoll(n.substr(13, n.find('.', 13) - 13));
-      block_cost[size_t(blk)] += 6.0 * N * double(l->in_features) * double(l->out_features);
-    }
-    const double head = 6.0 * N * C * double(mcfg.vocab_size);
+    const auto [block_cost, head] = block_costs({});  // no plan yet: every layer at factor 1
     pc.layout.bounds = dist::stage_bounds(dopt.stage_split, mcfg.num_hidden_layers, S, block_cost, 0.0, head);
     // A resumed run keeps the split its checkpoint had (a rebalance moved it)
     // when the stage count and the rule are the same.
@@ -627,7 +645,6 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   const dist::ZeroPartition* shard_part = zpart ? &*zpart : pipe ? &stage_part : nullptr;
   // dist.stage_cost = measured: every option's time on this machine (rank
   // 0's measurement, broadcast, so that every rank computes the same split).
-  std::map<std::string, double> measured_factors;
   if (pipe && dopt.stage_cost == "measured") {
     std::vector<std::string> options{"bf16"};
     for (const std::string& o : rc.precision.options)
@@ -650,29 +667,10 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       spdlog::info("pipeline: GEMM cost per option, measured on rank 0 (dist.stage_cost = measured): {}", line);
     }
   }
-  // The estimated time of every stage under the assignment in force
-  // (dist.stage_cost factors; layers without a plan at factor 1): [S],
-  // relative units. And the balanced split for it.
+  // The stages' estimated imbalance under the assignment in force, the
+  // balanced split for it and that split's imbalance.
   auto stage_balance = [&](const std::map<std::string, std::string>& assign) {
-    const double N = double(B * T), C = double(mcfg.hidden_size);
-    std::vector<double> block_cost(size_t(mcfg.num_hidden_layers), 12.0 * N * double(T) * C);
-    std::vector<std::string> options{"bf16"};
-    for (const auto& [item, o] : assign) options.push_back(o);
-    const std::map<std::string, double> f =
-        dopt.stage_cost == "measured" ? measured_factors : dist::stage_cost_factors(dopt.stage_cost, options);
-    for (const QuantLinear& l : model->linear_layers()) {
-      const std::string& n = l->name;
-      const int64_t blk = std::stoll(n.substr(13, n.find('.', 13) - 13));
-      const double gemm = 2.0 * N * double(l->in_features) * double(l->out_features);
-      for (const char* g : {"", ":fprop", ":dgrad", ":wgrad"}) {
-        auto it = assign.find(n + g);
-        if (it == assign.end()) continue;
-        const auto fo = f.find(it->second);  // an option without a factor costs as BF16
-        block_cost[size_t(blk)] += gemm * (fo == f.end() ? 1.0 : fo->second) * (*g ? 1.0 : 3.0);
-      }
-      if (assign.empty()) block_cost[size_t(blk)] += 3.0 * gemm;
-    }
-    const double head = 6.0 * N * C * double(mcfg.vocab_size);
+    const auto [block_cost, head] = block_costs(assign);
     const std::vector<double> now = dist::stage_costs(pipe->layout.bounds, block_cost, 0.0, head);
     const std::vector<int64_t> best = dist::balanced_split(block_cost, S, 0.0, head);
     const std::vector<double> then = dist::stage_costs(best, block_cost, 0.0, head);
@@ -1102,7 +1100,8 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       const std::string bytes = grad_residuals_file(*comm, gcomm, dopt.grad_comm);
       if (writer) extra["grad_residuals.safetensors"] = bytes;
     }
-    sync_weights();  // pipeline stages: rank 0 writes every stage's weights
+    if (!(tc.keep_good > 0 && scheduled && !validated && !eval_step))  // else synced for the validation above
+      sync_weights();  // pipeline stages: rank 0 writes every stage's weights
     if (shard_part) {  // every rank writes its optimizer shard (checkpoint.h)
       const OptimizerShards sh{comm.get(), dist::optimizer_shard_bytes(*optimizer, *shard_part, world.rank),
                                writer ? dist::optimizer_index(*shard_part, zero_stage).dump(2) + "\n" : ""};
@@ -1379,11 +1378,12 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
         dist::check_same_weights(*comm, param_names, params, str_cat("step ", step));
       } else if (dp_comm) {  // the replicas of a stage hold the same stage weights
         std::vector<std::string> names;
-        for (size_t i = 0; i < stage_part.params.size(); ++i)
-          if (pipe->layout.stage_of_param(stage_part.names[i]) == pipe->stage) names.push_back(stage_part.names[i]);
         std::vector<torch::Tensor> mine;
         for (size_t i = 0; i < stage_part.params.size(); ++i)
-          if (pipe->layout.stage_of_param(stage_part.names[i]) == pipe->stage) mine.push_back(stage_part.params[i]);
+          if (pipe->layout.stage_of_param(stage_part.names[i]) == pipe->stage) {
+            names.push_back(stage_part.names[i]);
+            mine.push_back(stage_part.params[i]);
+          }
         dist::check_same_weights(*dp_comm, names, mine, str_cat("step ", step, " (stage ", pipe->stage, ")"));
       }
     }
@@ -1394,7 +1394,8 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       // just written (every rank holds every weight and every stage's
       // quantizer state after it): each rank's AdamW is rebuilt for its new
       // stage's parameters and loads their state from the checkpoint's
-      // shards by name. The numbers do not depend on the split.
+      // shards by name. A step's arithmetic does not depend on the split;
+      // the next plan's stage rows and boundary pins do.
       const std::vector<int64_t> from = pipe->layout.bounds;
       pipe->layout.bounds = pending_bounds;
       pending_bounds.clear();

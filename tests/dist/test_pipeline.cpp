@@ -41,6 +41,9 @@ TEST(PipelineLayout, RanksAndStages) {
   EXPECT_THROW(l.stage_of_param("model.layers.7.mlp.up_proj.weight"), UserError);
   EXPECT_THROW(l.stage_of_param("something.else"), UserError);
   EXPECT_EQ(l.describe(), "0-2 | 3-4");
+  EXPECT_EQ(block_of("model.layers.12.mlp.up_proj"), 12);
+  EXPECT_EQ(block_of("model.layers.x.mlp"), -1);
+  EXPECT_EQ(block_of("model.norm.weight"), -1);
 }
 
 // The smallest largest stage cost over every contiguous split (exhaustive).

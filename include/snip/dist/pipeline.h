@@ -55,6 +55,10 @@ struct PipelineLayout {
   std::string describe() const;
 };
 
+/// The decoder block of a Hugging Face name "model.layers.{i}.…" (i), or -1
+/// for a name outside the blocks.
+int64_t block_of(const std::string& name);
+
 /// `split` (dist.stage_split) for L blocks and S stages: "even" (the first
 /// L mod S stages one block more, as policy::assign_stages), "balanced"
 /// (balanced_split of `block_cost`, with `first_extra` and `last_extra`

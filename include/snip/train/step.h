@@ -119,6 +119,14 @@ struct StepResult {
   int64_t boundary_bytes = -1;
 };
 
+/// The part of a step between the summed gradients and their norm, shared by
+/// train_step and pipeline_step: throws UserError "training diverged" for a
+/// non-finite r.loss (unless ctx.skip_nonfinite), runs ctx.fault, and sets
+/// r.grad_clip (ctx.grad_clip, x clip_low_precision while a layer runs below
+/// FP8). Returns the clipping threshold to use: r.grad_clip, or infinity
+/// when it is 0 (no clipping).
+double check_loss_and_clip_threshold(StepContext& ctx, StepResult& r, int64_t step);
+
 /// Runs optimizer step `step` (0-based: the number of steps completed before
 /// it) at learning rate `lr`. Throws UserError when the loss is not finite
 /// and !skip_nonfinite (nothing is updated then), or when the controller's
