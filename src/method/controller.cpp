@@ -640,12 +640,7 @@ json PrecisionController::state() const {
   json st = {{"policy", policy_}, {"phase", to_string(phase_)}, {"decided_at", decided_at_},
              {"assignments", assign_}};
   st["smoothed"] = smoothed_.layers.empty() ? json(nullptr) : to_json(smoothed_);
-  // Quantizer state (delayed scaling's amax histories), per option.
-  json qs = json::object();
-  for (const auto& [name, q] : quant_)
-    if (q)
-      if (json j = q->state(); !j.is_null()) qs[name] = std::move(j);
-  st["quantizers"] = std::move(qs);
+  st["quantizers"] = quantizer_state();
   // The guard's levers (raise_precision), so a resumed run keeps them.
   st["budget"] = pc_.budget;
   st["smoothing"] = pc_.smoothing;
@@ -709,6 +704,14 @@ void PrecisionController::restore(const json& st, const std::string& what) {
   } catch (const json::exception& e) {
     fail(what, ": malformed precision state (", e.what(), ")");
   }
+}
+
+json PrecisionController::quantizer_state() const {
+  json qs = json::object();  // delayed scaling's amax histories, error-feedback residuals, per option
+  for (const auto& [name, q] : quant_)
+    if (q)
+      if (json j = q->state(); !j.is_null()) qs[name] = std::move(j);
+  return qs;
 }
 
 void PrecisionController::restore_quantizers(const json& qs, const std::string& what) {

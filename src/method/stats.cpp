@@ -191,6 +191,7 @@ struct LayerWork {
   std::shared_ptr<LinearProbe> probe;  // pass A's X; released after pass A
   bool processed = false;                   // pass A's on_dy hook ran
   const void* x_ptr = nullptr;              // pass A's X: storage and shape (siblings share X)
+  size_t group = 0;                         // the first local layer with the same X (its own index if none)
   std::vector<int64_t> x_sizes;
   bool calibrated = false;                  // pass C's on_dy hook ran
   int probed = 0;                           // curvature probes whose on_dy hook ran
@@ -438,9 +439,10 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
         break;
       }
     }
+    work[l].group = g;
     work[l].f[kGroup] = torch::full({}, double(g), dopt);
     for (size_t k = 0; k < l; ++k)
-      if (!is_local(k) || size_t(work[k].f[kGroup].item<double>()) != g) work[l].upstream.push_back(int(k));
+      if (!is_local(k) || work[k].group != g) work[l].upstream.push_back(int(k));
   }
 
   // ---- pass C: one extra backward of pass A's graph with relative noise ξ_l

@@ -550,6 +550,9 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   // (evaluation, samples and checkpoints read them; sync_weights refreshes
   // them from the stages); gradients, AdamW state and activations are the
   // stage's own.
+  // The checkpoint a resume starts from, verified once (CRC of every file).
+  json resume_state;
+  if (!resume_ckpt.empty()) resume_state = verify_checkpoint(resume_ckpt);
   std::optional<PipelineContext> pipe;
   std::unique_ptr<dist::Communicator> pipe_comm, dp_comm;
   dist::ZeroPartition stage_part;  // owner = world rank of (stage, replica 0): checkpoint shards, sync_weights
@@ -607,7 +610,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     // A resumed run keeps the split its checkpoint had (a rebalance moved it)
     // when the stage count and the rule are the same.
     if (!resume_ckpt.empty() && dopt.stage_split == "balanced") {
-      const json saved = verify_checkpoint(resume_ckpt).value("pipeline", json());
+      const json saved = resume_state.value("pipeline", json());
       if (saved.is_object() && saved.value("stages", 0) == S && saved.contains("bounds") &&
           saved["bounds"].get<std::vector<int64_t>>().size() == size_t(S) + 1 &&
           saved["bounds"].get<std::vector<int64_t>>().back() == mcfg.num_hidden_layers)
@@ -694,10 +697,8 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   Guard guard(rc.guard);
 
   int64_t step = 0;
-  json resume_state;
   json loader_base;  // where the run last changed its number of ranks (checkpoint_loader_state); null = never
   if (!resume_ckpt.empty()) {
-    resume_state = verify_checkpoint(resume_ckpt);
     try {
       load_checkpoint_weights(resume_ckpt, model);
     } catch (const UserError& e) {
@@ -933,7 +934,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   // quantizer state (its own stays as it is).
   if (pipe && ctl.active())
     sync_quantizers = [&] {
-      ctl.restore_quantizers(pipeline_quantizer_state(ctl.state()["quantizers"], true), "pipeline quantizer state");
+      ctl.restore_quantizers(pipeline_quantizer_state(ctl.quantizer_state(), true), "pipeline quantizer state");
     };
   auto checkpoint_state = [&] {
     auto ls = loader.state();

@@ -169,6 +169,9 @@ class PrecisionController {
   /// The pass runner of the next stats step under pipeline stages
   /// (StatsOptions::pass_fn); the pipeline step sets it before begin_step.
   void set_stats_pass(std::function<void(const std::vector<torch::Tensor>&)> f) { stats_pass_ = std::move(f); }
+  /// The "quantizers" object of state() alone: per option with some state,
+  /// its delayed-scaling histories and error-feedback residuals.
+  nlohmann::json quantizer_state() const;
   /// Replaces every quantizer's state (delayed-scaling amax histories,
   /// error-feedback residuals) by `qs` (the "quantizers" object of state(),
   /// an option absent = no state). Pipeline stages: every rank gets the
