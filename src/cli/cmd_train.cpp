@@ -18,6 +18,7 @@
 #include "snip/data/token_client.h"
 #include "snip/hw/platform.h"
 #include "snip/model/hf.h"
+#include "snip/model/lora.h"
 #include "snip/train/memory.h"
 #include "snip/train/trainer.h"
 #include "snip/util/error.h"
@@ -264,7 +265,7 @@ void add_train_commands(CLI::App& app) {
 
   struct ExportArgs {
     std::string run_dir, checkpoint, out, dtype = "float32";
-    bool force = false;
+    bool force = false, merge = false;
   };
   auto xa = std::make_shared<ExportArgs>();
   CLI::App* ex = app.add_subcommand("export", "write a checkpoint as a Hugging Face folder "
@@ -273,6 +274,10 @@ void add_train_commands(CLI::App& app) {
   ex->add_option("--checkpoint", xa->checkpoint, "a checkpoint folder");
   ex->add_option("--out", xa->out, "output folder (new or empty; never a checkpoint folder)")->required();
   ex->add_flag("--force", xa->force, "replace config.json, model.safetensors and the tokenizer files in a non-empty --out");
+  ex->add_flag("--merge", xa->merge,
+               "LoRA checkpoints: fold the adapters into the base weights (W + alpha/r B A) and write a plain "
+               "Hugging Face model; without it a LoRA checkpoint is written as a PEFT adapter folder "
+               "(adapter_config.json + adapter_model.safetensors)");
   ex->add_option("--dtype", xa->dtype, "float32 or bfloat16 (also fp32, bf16)")->capture_default_str()->check(
       CLI::IsMember({"float32", "bfloat16", "fp32", "bf16"}));
   ex->callback([xa] {
@@ -283,6 +288,20 @@ void add_train_commands(CLI::App& app) {
       if (ckpt.empty()) fail("no complete checkpoint in ", xa->run_dir, "/checkpoints");
     }
     LlamaForCausalLM model = load_checkpoint_model(ckpt);
+    if (has_lora(model) && !xa->merge) {
+      // A PEFT adapter folder over the base the checkpoint names (checked by SHA-256 in load_checkpoint_model).
+      const json st = verify_checkpoint(ckpt);
+      const LoraCheckpoint b = lora_checkpoint_base(ckpt, st, "checkpoint " + ckpt);
+      export_peft(model, b.config, b.dir, xa->out, xa->force);
+      std::cout << "wrote " << xa->out << "/adapter_config.json and " << xa->out
+                << "/adapter_model.safetensors (PEFT LoRA adapters over " << b.dir
+                << "; snip export --merge writes the merged model)\n";
+      return;
+    }
+    if (xa->merge) {
+      if (!has_lora(model)) fail("--merge: ", ckpt, " holds no LoRA adapters (lora.rank was 0): export it without --merge");
+      merge_lora(model);
+    }
     // The tokenizer goes with the model: the data folder the checkpoint
     // recorded (or the run's data.dir), when it still holds that tokenizer.
     std::optional<HfTokenizer> tok;

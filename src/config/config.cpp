@@ -149,6 +149,23 @@ std::vector<OptionSpec> make_table() {
           "relative GEMM time of each precision option for the stage balance: bits (element bits / 16: FP4 "
           "0.25, FP8 0.5, BF16 1), measured (one quantized layer's forward and backward timed per option on "
           "rank 0 at the start), or a list such as \"fp4=0.25,fp8=0.5,bf16=1\""),
+      // [lora]: SNIP-LoRA fine-tuning of a frozen base (docs/lora.md); on when lora.rank > 0.
+      opt("lora.rank", T::kInt, int64_t{0}, "",
+          "rank r of the low-rank adapters A [r, IN] and B [OUT, r] on every targeted layer; 0 = no adapters "
+          "(full training). With r > 0 the base model (--init-from HF_DIR) is frozen and only the adapters train"),
+      opt("lora.alpha", T::kFloat, 16.0, "",
+          "LoRA alpha: the adapter output is scaled by alpha / rank (Hu et al. 2021, PEFT's lora_alpha)"),
+      opt("lora.dropout", T::kFloat, 0.0, "fraction", "dropout on the adapter's input during training (PEFT's lora_dropout)"),
+      opt("lora.target", T::kString, std::string("*_proj"), "list",
+          "comma-separated globs over Hugging Face layer names that get adapters, e.g. '*.q_proj,*.v_proj'"),
+      opt("lora.init", T::kString, std::string("kaiming"), "",
+          "adapter initialisation: kaiming (A Kaiming-uniform, B zero: the LoRA paper, PEFT's default) or "
+          "gaussian (A ~ N(0, 1/r^2), B zero: PEFT's init_lora_weights='gaussian')"),
+      opt("lora.train_norms", T::kBool, false, "",
+          "also train the RMSNorm weights (exported as PEFT modules_to_save)"),
+      opt("lora.pack_base", T::kBool, true, "",
+          "keep the frozen base's linear weights in their packed plan precision (FP4 codes two per byte plus "
+          "scales, FP8 bytes, BF16) instead of FP32"),
       // [checkpoint]: the rollback baseline (docs/operations.md "The guard").
       opt("checkpoint.keep_good", T::kInt, int64_t{1}, "",
           "also keep the newest N checkpoints that passed validation (finite, validation loss at most "
@@ -322,6 +339,9 @@ std::vector<OptionSpec> make_table() {
       {"precision.smoothing", fraction},
       {"precision.alpha", fraction},
       {"precision.curvature_probes", {0, 64}},
+      {"lora.rank", {0, 65536}},
+      {"lora.alpha", {0, 1e9}},
+      {"lora.dropout", {0, 0.999}},
   };
   const std::vector<std::pair<const char*, std::vector<std::string>>> words = {
       {"train.gemm_dtype", {"bf16", "fp32"}},
@@ -337,6 +357,7 @@ std::vector<OptionSpec> make_table() {
       {"train.gemm_backend", {"auto", "native", "emulated"}},
       {"precision.granularity", {"layer", "gemm"}},
       {"precision.first_order", {"abs", "signed", "drop"}},
+      {"lora.init", {"kaiming", "gaussian"}},
   };
   auto spec = [&](const char* key) -> OptionSpec& {
     for (auto& s : t)
@@ -982,6 +1003,15 @@ RunConfig RunConfig::from(const Config& c) {
   g.smoothing = c.get_float("guard.smoothing");
   g.raise_option = c.get_string("guard.raise_option");
   g.max_rollbacks = c.get_int("guard.max_rollbacks");
+  LoraConfig& l = r.lora;
+  l.rank = c.get_int("lora.rank");
+  l.alpha = c.get_float("lora.alpha");
+  l.dropout = c.get_float("lora.dropout");
+  l.target = split_list(c.get_string("lora.target"));
+  l.init = c.get_string("lora.init");
+  l.train_norms = c.get_bool("lora.train_norms");
+  l.pack_base = c.get_bool("lora.pack_base");
+  if (l.rank > 0 && l.target.empty()) fail("config: lora.target: expected at least one glob, got an empty list");
   return r;
 }
 

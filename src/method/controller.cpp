@@ -504,6 +504,10 @@ void PrecisionController::decide(int64_t s, Phase phase,
       };
       so.all_gather = [c = comm_](const torch::Tensor& t) { return c->allgather(t); };
     }
+    if (frozen_) {  // LoRA: the base does not train (StatsOptions::frozen)
+      so.frozen = true;
+      if (before_stats_) before_stats_();
+    }
     std::unique_ptr<torch::optim::AdamW> gathered;  // ZeRO: every layer's state from its owner
     if (stats_optimizer_) gathered = stats_optimizer_();
     fresh = run_stats_step(layers_, loss_fn, gathered ? *gathered : opt, so, s);

@@ -252,9 +252,24 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
     return loss.reshape({});
   };
   std::vector<AdamState> adam(L);
-  for (size_t l : mine) adam[l] = adam_state(opt, layers[l]->weight, what(l));
+  if (!o.frozen)
+    for (size_t l : mine) adam[l] = adam_state(opt, layers[l]->weight, what(l));
   std::vector<Tensor> local_weights;
   for (size_t l : mine) local_weights.push_back(weights[l]);
+  // A frozen base: its weights ask for gradients while the passes run (each
+  // layer's backward must run to hand over dY), and stop asking after.
+  struct FrozenMark {
+    std::vector<Tensor> w;
+    ~FrozenMark() {
+      for (auto& t : w) t.set_requires_grad(false);
+    }
+  } frozen_mark;
+  if (o.frozen)
+    for (auto& t : local_weights)
+      if (!t.requires_grad()) {
+        t.set_requires_grad(true);
+        frozen_mark.w.push_back(t);
+      }
   // One pass: forward + backward of the micro-batch (no wgrad wanted: the
   // probes compute what they need in the layers' backward).
   auto run_pass = [&](const char* pass) {
@@ -304,7 +319,8 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
     const AdamState& st = adam[l];
     const Tensor wdt = layers[l]->weight;
     const Tensor dWp = dWl.to(wdt.scalar_type());
-    const Tensor u0 = adam_update(st, dWp * o.grad_scale);       // [OUT, IN], param dtype
+    // A frozen base has no update: WD stays 0 (StatsOptions::frozen).
+    const Tensor u0 = o.frozen ? Tensor() : adam_update(st, dWp * o.grad_scale);  // [OUT, IN], param dtype
     for (size_t p = 0; p < n_opt; ++p) {
       const OperandQuantizer* q = quant[p].get();
       auto Q = [&](const Tensor& t, Operand op) {
@@ -328,12 +344,14 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
         Tensor ew = torch::mm(Q(G.t(), Operand::kWgradDY), Q(X.t(), Operand::kWgradX).t());
         ew.sub_(dWl);
         f[kEwSq] = sq_sum(ew);
-        const Tensor g1 = (dWp + ew.to(wdt.scalar_type())) * o.grad_scale;
-        f[kDuSq] = sq_sum(adam_update(st, g1) - u0);
+        if (!o.frozen) {
+          const Tensor g1 = (dWp + ew.to(wdt.scalar_type())) * o.grad_scale;
+          f[kDuSq] = sq_sum(adam_update(st, g1) - u0);
+        }
       }
     }
     // Kept until pass C in the weight's .grad (the scratch run_stats_step() borrows).
-    layers[l]->weight.mutable_grad().copy_(dWp);
+    if (!o.frozen) layers[l]->weight.mutable_grad().copy_(dWp);
     // Identity of X for the upstream sets, then let autograd free it.
     work[l].x_ptr = w.probe->x.data_ptr();
     work[l].x_sizes = w.probe->x.sizes().vec();
@@ -351,13 +369,15 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
     ~GradBackup() {
       torch::NoGradGuard ng;
       for (size_t i = 0; i < w.size(); ++i) {
+        if (kind[i] < 0) continue;
         if (kind[i] == 0) w[i].mutable_grad() = Tensor();
         else if (kind[i] == 1) w[i].mutable_grad().zero_();
         else w[i].mutable_grad().copy_(saved[i]);
       }
     }
   } grads{weights, std::vector<int>(L, 0), std::vector<Tensor>(L)};
-  {
+  if (o.frozen) grads.kind.assign(L, -1);  // a frozen base's .grad is never touched
+  if (!o.frozen) {
     torch::NoGradGuard ng;
     for (size_t l : mine) {
       Tensor& g = weights[l].mutable_grad();
@@ -448,8 +468,9 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
   // ---- pass C: one extra backward of pass A's graph with relative noise ξ_l
   // on every dX that has upstream layers (WD upstream calibration). Each
   // layer's dW + δ = (dY + δdY)ᵀ·X and its update change are computed in its
-  // backward; ξ_l is generated when the layer's dgrad needs it.
-  {
+  // backward; ξ_l is generated when the layer's dgrad needs it. Not for a
+  // frozen base (no weight update to calibrate).
+  if (!o.frozen) {
     std::vector<std::shared_ptr<LinearProbe>> cap(L);
     for (size_t l : mine) {
       cap[l] = std::make_shared<LinearProbe>();
@@ -541,7 +562,7 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
   out.low_option = o.low_option;
   out.reference = o.reference;
   out.first_order = o.first_order;
-  out.alpha = o.alpha;
+  out.alpha = o.frozen ? 1.0 : o.alpha;
   out.ranks = int64_t(std::llround(R));
   // U(l) of every layer from the group ids every stage measured (the same
   // sets as the local ones in one process).
@@ -600,7 +621,7 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
   const double wd_n = out.wd_sum_low > 0 ? out.wd_sum_low : 1.0;
   for (LayerStats& ls : out.layers) {
     for (auto& [name, os] : ls.options) {
-      os.q = o.alpha * os.ld / ld_n + (1.0 - o.alpha) * (os.wd_own + os.wd_upstream) / wd_n;
+      os.q = out.alpha * os.ld / ld_n + (1.0 - out.alpha) * (os.wd_own + os.wd_upstream) / wd_n;
       const double vals[] = {os.ld_first_order, os.ld_curvature, os.ld, os.wd_own, os.wd_upstream, os.q,
                              os.rel_err[Gemm::kFprop], os.rel_err[Gemm::kDgrad], os.rel_err[Gemm::kWgrad], ls.curvature};
       for (double v : vals)

@@ -2,6 +2,9 @@
 // function, each operand through the layer's quantizer hook.
 #include "snip/model/linear.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "snip/model/lora.h"
 #include "snip/model/matmul.h"
 #include "snip/util/error.h"
 
@@ -18,7 +21,11 @@ namespace {
 struct StepPrecision : torch::CustomClassHolder {
   LinearPrecision precision;
   QuantKey key;  // seed, step and layer; the operand is set per call
+  /// The layer's frozen base when it was made for this precision (LoRA):
+  /// the weight operands come from it instead of quantizing `w`.
+  std::shared_ptr<const FrozenWeight> frozen;
 };
+
 
 // t: [rows, K] (a view; made contiguous only when a quantizer runs) -> the
 // GEMM's input [rows, K]: quantized and cast as gemm_operand does (model/matmul.h).
@@ -29,6 +36,12 @@ torch::Tensor q(const StepPrecision& sp, const torch::Tensor& t, Operand op) {
   QuantKey k = sp.key;
   k.operand = op;
   return sp.precision.quantizer->quantize_for_gemm(t.contiguous(), k, dt);
+}
+
+// The GEMM input of weight operand `op` (W [OUT, IN] for fprop, Wᵀ for dgrad).
+torch::Tensor qw(const StepPrecision& sp, const torch::Tensor& w, Operand op) {
+  if (sp.frozen) return sp.frozen->operand(op);
+  return q(sp, op == Operand::kFpropW ? w : w.t(), op);
 }
 
 // a: [M, K], b: [N, K], both GEMM inputs from q() -> a · bᵀ [M, N] with FP32
@@ -47,6 +60,12 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
     sp->precision = l.precision;
     sp->key = l.key_base;
     sp->key.layer = l.layer_index;
+    if (l.frozen && l.frozen->quantizer == sp->precision.quantizer.get() &&
+        l.frozen->gemm_dtype == sp->precision.gemm_dtype)
+      sp->frozen = l.frozen;
+    if (!sp->frozen && w.numel() == 0)
+      fail("layer ", l.name, ": its frozen base weight was released but has no packed form for this precision "
+           "(internal: FrozenBase::sync was not called after a plan change)");
     ctx->saved_data["precision"] = c10::IValue::make_capsule(sp);
     // The layer outlives the graph of the step it runs in; backward reads
     // only its stats-step probes (probe) through this pointer.
@@ -56,7 +75,7 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
       // Identity hook with a narrower GEMM dtype (the BF16 baseline): cast X
       // and W once and keep the casts for dgrad/wgrad, as autograd's own
       // linear on cast operands does (half the saved bytes, no re-casts).
-      const torch::Tensor xc = gemm_operand(x, dt), wc = gemm_operand(w, dt);
+      const torch::Tensor xc = gemm_operand(x, dt), wc = sp->frozen ? sp->frozen->operand(Operand::kFpropW) : gemm_operand(w, dt);
       ctx->save_for_backward({xc, wc});
       ctx->saved_data["cast"] = true;
       return gemm_result(torch::mm(xc, wc.t()), dt, x.scalar_type());
@@ -65,7 +84,7 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
     // reduction dims (blocks differ per GEMM), so the originals are saved.
     ctx->save_for_backward({x, w});
     ctx->saved_data["cast"] = false;
-    return gemm_nt(q(*sp, x, Operand::kFpropX), q(*sp, w, Operand::kFpropW), dt, x.scalar_type());
+    return gemm_nt(q(*sp, x, Operand::kFpropX), qw(*sp, w, Operand::kFpropW), dt, x.scalar_type());
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -95,7 +114,7 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
     }
     if (ctx->needs_input_grad(0)) {
       // dgrad: dX [N, IN] = dY [N, OUT] · W [OUT, IN]; K = OUT, so W goes in as Wᵀ [IN, OUT].
-      dx = gemm_nt(q(*sp, dy, Operand::kDgradDY), q(*sp, w.t(), Operand::kDgradW), dt, dy.scalar_type());
+      dx = gemm_nt(q(*sp, dy, Operand::kDgradDY), qw(*sp, w, Operand::kDgradW), dt, dy.scalar_type());
       if (l.probe && l.probe->input_grad_noise) dx.add_(l.probe->input_grad_noise());
     }
     if (ctx->needs_input_grad(1) && !(l.probe && l.probe->skip_wgrad)) {
@@ -137,10 +156,54 @@ torch::Tensor QuantLinearImpl::forward(const torch::Tensor& x) {
               ", got ", sizes.back());
   const torch::Tensor x2 = x.reshape({-1, in_features});
   if (probe) probe->x = x2.detach();
+  if (weight.numel() == 0 && refreeze &&
+      !(frozen && frozen->quantizer == precision.quantizer.get() && frozen->gemm_dtype == precision.gemm_dtype))
+    refreeze(*this);
   torch::Tensor y = QuantLinearFunction::apply(x2, weight, reinterpret_cast<int64_t>(this));
+  if (lora_rank > 0) {
+    // The adapter in FP32 (model/lora.h): y + (alpha/r) · dropout(x) · Aᵀ · Bᵀ.
+    torch::Tensor xa = x2;
+    if (lora_dropout > 0 && torch::GradMode::is_enabled()) {
+      // Keyed by (seed, step, layer, call within the step): a resumed run
+      // draws the same masks.
+      if (dropout_step_ != key_base.step) dropout_step_ = key_base.step, dropout_calls_ = 0;
+      const uint64_t k = key_base.seed * 0x9E3779B97F4A7C15ull ^ uint64_t(key_base.step) * 0xBF58476D1CE4E5B9ull ^
+                         uint64_t(layer_index) * 0x94D049BB133111EBull ^ uint64_t(dropout_calls_++);
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(k);
+      const torch::Tensor keep =
+          at::bernoulli(torch::full_like(x2, 1.0 - lora_dropout), gen).div_(1.0 - lora_dropout);
+      xa = x2 * keep;
+    }
+    y = y + torch::mm(torch::mm(xa, lora_A.t()), lora_B.t()).mul(lora_scale);
+  }
   if (probe && probe->output_noise) y = y + probe->output_noise();
   sizes.back() = out_features;
   return y.view(sizes);
+}
+
+void QuantLinearImpl::add_lora(const torch::Tensor& a, const torch::Tensor& b, double scale, double dropout) {
+  if (lora_rank > 0) throw std::invalid_argument("QuantLinear " + name + ": already has an adapter");
+  if (a.dim() != 2 || b.dim() != 2 || a.size(1) != in_features || b.size(0) != out_features || a.size(0) != b.size(1) ||
+      a.size(0) < 1)
+    throw std::invalid_argument("QuantLinear " + name + ": adapter shapes must be A [r, IN], B [OUT, r]");
+  lora_rank = a.size(0);
+  lora_scale = scale;
+  lora_dropout = dropout;
+  auto ma = std::make_shared<torch::nn::Module>();
+  auto mb = std::make_shared<torch::nn::Module>();
+  lora_A = ma->register_parameter("weight", a.detach().to(torch::kFloat).clone());
+  lora_B = mb->register_parameter("weight", b.detach().to(torch::kFloat).clone());
+  register_module("lora_A", ma);
+  register_module("lora_B", mb);
+}
+
+void QuantLinearImpl::remove_lora() {
+  if (lora_rank == 0) return;
+  unregister_module("lora_A");
+  unregister_module("lora_B");
+  lora_A = lora_B = torch::Tensor();
+  lora_rank = 0;
+  lora_scale = lora_dropout = 0;
 }
 
 }  // namespace snip

@@ -200,7 +200,11 @@ void LlamaForCausalLMImpl::set_step(uint64_t seed, int64_t step) {
 
 std::vector<std::pair<std::string, torch::Tensor>> LlamaForCausalLMImpl::hf_parameters() const {
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto& p : named_parameters(/*recurse=*/true)) out.emplace_back(p.key(), p.value());
+  for (const auto& p : named_parameters(/*recurse=*/true)) {
+    const std::string& n = p.key();
+    if (n.find(".lora_A.") != std::string::npos || n.find(".lora_B.") != std::string::npos) continue;  // model/lora.h
+    out.emplace_back(n, p.value());
+  }
   return out;
 }
 

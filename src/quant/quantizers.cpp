@@ -87,6 +87,19 @@ class RecipeQuantizer final : public OperandQuantizer {
 
   std::string name() const override { return recipe_.name; }
 
+  std::optional<formats::QuantizedTensor> quantize_packed(const torch::Tensor& t, const QuantKey& key) const override {
+    const bool weight = key.operand == Operand::kFpropW || key.operand == Operand::kDgradW;
+    const formats::QuantSpec& spec = recipe_.operands[size_t(key.operand)];
+    if (!weight || recipe_.error_feedback || spec.rule == formats::ScaleRule::kDelayed ||
+        spec.rounding != formats::Rounding::kRNE || spec.hadamard_size != 0 || spec.is_bf16_passthrough() ||
+        spec.element.bits > 8)
+      return std::nullopt;
+    TORCH_CHECK(t.dim() == 2 && t.device().is_cpu(), "quantize_packed: expected a CPU [rows, K] tensor, got ", t.sizes());
+    const torch::Tensor in = t.to(torch::kFloat).contiguous();
+    formats::RoundingKey rk{key.seed, uint64_t(key.step), uint64_t(key.layer), uint32_t(key.operand)};
+    return formats::quantize_packed(in.data_ptr<float>(), in.size(0), in.size(1), spec, rk);
+  }
+
   // {"recipe": name, "delayed": [{"layer": L, "operand": "fprop.x", "history":
   //   [...], "calls": n, "skipped": n, "since_refresh": n, "scale_amax": a |
   //   null}, ...], "residuals": [{"layer": L, "step": t, "shape": [OUT, IN],

@@ -1,6 +1,8 @@
 // Checkpoints of a run (see checkpoint.h).
 #include "snip/train/checkpoint.h"
 
+#include "snip/model/lora.h"
+
 #include <algorithm>
 #include <filesystem>
 #include <sstream>
@@ -12,6 +14,7 @@
 #include "snip/dist/zero.h"
 #include "snip/hw/platform.h"
 #include "snip/io/atomic_file.h"
+#include "snip/io/json.h"
 #include "snip/io/safetensors.h"
 #include "snip/model/hf.h"
 #include "snip/train/memory.h"
@@ -112,7 +115,10 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCa
   }
   std::vector<std::string> opt_files;
   try {
-    io::write_safetensors((tmp / "model.safetensors").string(), model_to_safetensors(model));
+    // A LoRA run (model/lora.h) keeps its trainable tensors only: the base is
+    // referenced by path and SHA-256 in trainer_state.json ("lora").
+    io::write_safetensors((tmp / "model.safetensors").string(),
+                          has_lora(model) ? trainable_safetensors(model) : model_to_safetensors(model));
     if (shards) {
       io::write_file_atomic((tmp / "optimizer_index.json").string(), shards->index_json);
       opt_files.push_back("optimizer_index.json");
@@ -185,7 +191,57 @@ void load_checkpoint_weights(const std::string& dir, LlamaForCausalLM& model) {
   if (checkpoint_model_config(dir).to_hf_json() != model->cfg.to_hf_json())
     fail("the model in ", cp, " differs from the configured model ([model] options changed)");
   const std::string wp = (fs::path(dir) / "model.safetensors").string();
+  const bool lora_ckpt = fs::exists(fs::path(dir) / "adapter_config.json");
+  if (lora_ckpt != has_lora(model))
+    fail(wp, ": ", lora_ckpt ? "holds LoRA adapters but the run has none (lora.rank = 0)"
+                              : "holds a whole model but the run trains LoRA adapters (lora.rank > 0)");
+  if (lora_ckpt) {
+    io::SafeTensors st = io::read_safetensors(wp);
+    load_adapter_tensors(model, st, wp, st.tensors.size() > lora_parameters(model, false).size());
+    return;
+  }
   load_model_from_safetensors(model, io::read_safetensors(wp), wp);
+}
+
+bool has_lora(LlamaForCausalLM& model) {
+  for (const auto& l : model->linear_layers())
+    if (l->lora_rank > 0) return true;
+  return false;
+}
+
+io::SafeTensors trainable_safetensors(LlamaForCausalLM& model) {
+  io::SafeTensors st;
+  st.metadata["format"] = "pt";
+  for (const auto& p : model->named_parameters(/*recurse=*/true)) {
+    if (!p.value().requires_grad()) continue;
+    const torch::Tensor c = p.value().detach().to(torch::kFloat).contiguous();
+    st.add(p.key(), io::DType::F32, c.sizes().vec(), c.data_ptr());
+  }
+  return st;
+}
+
+LoraCheckpoint lora_checkpoint_base(const std::string& dir, const nlohmann::json& state, const std::string& what) {
+  LoraCheckpoint b;
+  const std::string ap = (fs::path(dir) / "adapter_config.json").string();
+  if (!state.contains("lora") || !state["lora"].is_object() || !state["lora"].contains("base"))
+    fail(what, ": ", dir, "/trainer_state.json has no \"lora\".base (the base model's reference; corrupt?)");
+  const json& ref = state["lora"]["base"];
+  try {
+    b.dir = ref.at("dir").get<std::string>();
+    b.weights = ref.at("weights").get<std::string>();
+    b.sha256 = ref.at("sha256").get<std::string>();
+  } catch (const json::exception&) {
+    fail(what, ": ", dir, "/trainer_state.json: lora.base: expected dir, weights and sha256 strings (corrupt)");
+  }
+  b.config = lora_config_from_peft(io::parse_json(io::read_file(ap), ap), ap);
+  if (!fs::is_regular_file(b.weights))
+    fail(what, ": the base model ", b.weights, " of ", dir, " is missing (the adapters are trained on it)");
+  const std::string now = base_checksum(b.weights);
+  if (now != b.sha256)
+    fail(what, ": the base model ", b.weights, " changed since the run started (SHA-256 ", now.substr(0, 12),
+         "..., the adapters were trained on ", b.sha256.substr(0, 12), "...): refusing to use adapters on "
+         "other weights; restore that file");
+  return b;
 }
 
 void load_optimizer_state(torch::optim::Optimizer& opt, const std::string& bytes, const std::string& what,
@@ -270,6 +326,15 @@ LlamaForCausalLM load_checkpoint_model(const std::string& dir) {
   check_memory(inference_memory(cfg, 0, 0), hw::available_memory_bytes(),
                "checkpoint " + (fs::path(dir) / "config.json").string());
   LlamaForCausalLM m(cfg);
+  if (fs::exists(fs::path(dir) / "adapter_config.json")) {  // LoRA: base from its reference, then the adapters
+    const json st = io::parse_json(io::read_file((fs::path(dir) / "trainer_state.json").string()),
+                                   (fs::path(dir) / "trainer_state.json").string());
+    const LoraCheckpoint b = lora_checkpoint_base(dir, st, "checkpoint " + dir);
+    const HfFolder base = read_hf_folder(b.dir);
+    load_model_from_safetensors(m, io::read_safetensors(b.weights), b.weights, base.config.tie_word_embeddings);
+    attach_lora(m, b.config, 0);
+    freeze_base(m, b.config);
+  }
   load_checkpoint_weights(dir, m);
   return m;
 }

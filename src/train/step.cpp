@@ -42,7 +42,10 @@ StepResult train_step(StepContext& c, int64_t step, double lr) {
   double loss_sum = 0;
   const int R = c.comm ? c.comm->size() : 1, me = c.comm ? c.comm->rank() : 0;
   std::vector<int32_t> in, tg, other_in, other_tg;
-  const std::vector<torch::Tensor> params = c.model->parameters();
+  // The trained parameters (all of them, or a LoRA run's adapters: model/lora.h).
+  std::vector<torch::Tensor> params;
+  for (const auto& p : c.model->parameters())
+    if (p.requires_grad()) params.push_back(p);
   // FP32 buckets all-reduced from autograd hooks during the last backward
   // (dist.overlap; dist/data_parallel.h GradSync). The quantized paths need
   // the shared amax of the whole gradient first: they run after backward.
@@ -76,6 +79,7 @@ StepResult train_step(StepContext& c, int64_t step, double lr) {
         return r;
       }
     }
+    if (m == 0 && c.after_boundary) c.after_boundary();
     torch::Tensor loss = LlamaForCausalLMImpl::loss(c.model(ids), targets);
     if (m == c.grad_accum - 1) {
       if (c.comm) blocked0 = c.comm->blocked_s();

@@ -2,6 +2,8 @@
 // train/step.h; checkpoints train/checkpoint.h; metrics train/metrics.h.
 #include "snip/train/trainer.h"
 
+#include "snip/model/lora.h"
+
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -345,11 +347,22 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   std::optional<HfFolder> init;
   std::vector<std::string> init_notes;
   bool adopted = false;  // some [model] option was taken from the folder's config.json
-  if (!opts.init_from.empty()) {
+  // A LoRA run resumed without --init-from adapts the base its checkpoint
+  // names (trainer_state.json "lora".base.dir; checked by SHA-256 below).
+  std::string init_dir = opts.init_from;
+  if (init_dir.empty() && !resume_ckpt.empty() && fs::exists(fs::path(resume_ckpt) / "adapter_config.json")) {
+    const std::string sp = (fs::path(resume_ckpt) / "trainer_state.json").string();
+    const json st = io::parse_json(io::read_file(sp), sp);
+    if (!st.contains("lora") || !st["lora"].contains("base") || !st["lora"]["base"].contains("dir") ||
+        !st["lora"]["base"]["dir"].is_string())
+      fail("--resume: ", sp, ": expected \"lora\".base.dir, the base model the adapters were trained on (corrupt?)");
+    init_dir = st["lora"]["base"]["dir"].get<std::string>();
+  }
+  if (!init_dir.empty()) {
     try {
-      init = read_hf_folder(opts.init_from);
+      init = read_hf_folder(init_dir);
     } catch (const UserError& e) {
-      fail("--init-from ", e.what());
+      fail(opts.init_from.empty() ? "--resume: the LoRA base " : "--init-from ", e.what());
     }
     const auto set_before = cfg.values();
     init_notes = adopt_hf_config(*init, cfg);
@@ -553,6 +566,49 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   // The checkpoint a resume starts from, verified once (CRC of every file).
   json resume_state;
   if (!resume_ckpt.empty()) resume_state = verify_checkpoint(resume_ckpt);
+  // SNIP-LoRA (model/lora.h, docs/lora.md): the base (--init-from, or on a
+  // resume the checkpoint's reference, checked by SHA-256) frozen, adapters
+  // on lora.target, AdamW over the adapters alone, and the base's linear
+  // weights kept in their plan precision (FrozenBase).
+  std::shared_ptr<FrozenBase> frozen_base;
+  json lora_ref;  // trainer_state.json "lora": the base's reference
+  std::vector<torch::Tensor> lora_trainable;
+  const bool lora_ckpt = !resume_ckpt.empty() && fs::exists(fs::path(resume_ckpt) / "adapter_config.json");
+  if (rc.lora.enabled()) {
+    if (S > 1) fail("lora.rank > 0: pipeline stages (dist.pipeline_stages = ", S, ") are not supported with adapters yet");
+    if (zero_stage > 0) fail("lora.rank > 0: train.zero_stage = ", zero_stage, " is not supported with adapters yet "
+                             "(the optimizer holds the adapters alone; use zero_stage = 0)");
+    std::string base_dir, weights, sha;
+    if (!resume_ckpt.empty()) {
+      if (!lora_ckpt)
+        fail("--resume: ", resume_ckpt, " holds a whole model, not adapters, but lora.rank = ", rc.lora.rank);
+      const LoraCheckpoint b = lora_checkpoint_base(resume_ckpt, resume_state, "--resume");
+      if (!opts.init_from.empty() && fs::weakly_canonical(opts.init_from) != fs::weakly_canonical(b.dir))
+        fail("--init-from ", opts.init_from, ": the run adapts ", b.dir, " (its checkpoints say so); resume without "
+             "--init-from, or with that folder");
+      // The model holds the base already: init is that folder (read above).
+      SNIP_CHECK(init, "LoRA resume without its base folder");
+      base_dir = b.dir, weights = b.weights, sha = b.sha256;
+    } else {
+      if (!init)
+        fail("lora.rank = ", rc.lora.rank, ": the adapters need a base model to adapt: add --init-from HF_DIR "
+             "(e.g. a folder `snip export` wrote)");
+      base_dir = fs::absolute(init->dir).lexically_normal().string();
+      weights = fs::absolute(init->weights_path).lexically_normal().string();
+      sha = base_checksum(weights);
+    }
+    const std::vector<std::string> adapted = attach_lora(model, rc.lora, seed);
+    for (auto& [n, t] : freeze_base(model, rc.lora)) lora_trainable.push_back(t);
+    optimizer = make_optimizer(lora_trainable, tc);
+    frozen_base = std::make_shared<FrozenBase>(weights, rc.lora.pack_base);
+    for (auto l : model->linear_layers())
+      l->refreeze = [fb = frozen_base](QuantLinearImpl& layer) { fb->refreeze(layer); };
+    lora_ref = {{"base", {{"dir", base_dir}, {"weights", weights}, {"sha256", sha}}},
+                {"rank", rc.lora.rank}, {"alpha", rc.lora.alpha}, {"adapted_layers", adapted.size()}};
+  } else if (lora_ckpt) {
+    fail("--resume: ", resume_ckpt, " holds LoRA adapters but lora.rank is 0 (set the [lora] options it was "
+         "trained with)");
+  }
   std::optional<PipelineContext> pipe;
   std::unique_ptr<dist::Communicator> pipe_comm, dp_comm;
   dist::ZeroPartition stage_part;  // owner = world rank of (stage, replica 0): checkpoint shards, sync_weights
@@ -693,6 +749,8 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     ctl.set_pipeline(std::move(stage_of_layer), pipe->stage, dopt.stage_boundary);
   };
   if (pipe) set_controller_stages();
+  if (frozen_base)  // LoRA: loss divergence alone, on the FP32 base read back for the stats step
+    ctl.set_frozen_base([&] { frozen_base->materialize(model->linear_layers()); });
   // The guard (train/guard.h): conditions every step, actions on the run.
   Guard guard(rc.guard);
 
@@ -871,6 +929,23 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   sc.overlap = dopt.overlap;
   sc.skip_nonfinite = guard.enabled();
   sc.clip_low_precision = tc.clip_low_precision;
+  if (frozen_base) {
+    // After each step boundary (a plan may have changed precisions): every
+    // base weight frozen for its precision, the FP32 copies released.
+    sc.after_boundary = [&] { frozen_base->sync(model->linear_layers()); };
+    frozen_base->sync(model->linear_layers());
+    const FrozenMemory fm = frozen_base->memory(model->linear_layers());
+    int64_t n_train = 0;
+    for (const auto& t : lora_trainable) n_train += t.numel();
+    if (!quiet)
+      spdlog::info("lora: rank {}, alpha {} (scale {:.4g}) on {} layers; {} trainable parameters ({:.3f}% of {}); "
+                   "base linear weights {:.2f} MiB in FP32, {:.2f} MiB as stored now ({})",
+                   rc.lora.rank, rc.lora.alpha, rc.lora.scale(), lora_ref["adapted_layers"].get<int64_t>(), n_train,
+                   100.0 * double(n_train) / double(mcfg.num_parameters()), mcfg.num_parameters(),
+                   double(fm.fp32_bytes) / (1 << 20), double(fm.stored_bytes) / (1 << 20),
+                   rc.lora.pack_base ? "packed in the plan's precision from the first plan on" : "lora.pack_base = false");
+    lora_ref["trainable_parameters"] = n_train;
+  }
   gcomm.allgather = dopt.allgather;
   json memory_per_rank;  // bytes each rank holds after this invocation's first step (dist::rank_memory)
   const auto t0 = std::chrono::steady_clock::now();
@@ -956,6 +1031,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     if (zero_stage > 0) st["zero_stage"] = zero_stage;
     if (!loader_base.is_null()) st["loader_base"] = loader_base;
     if (guard.enabled()) st["guard"] = guard.to_json();
+    if (!lora_ref.is_null()) st["lora"] = lora_ref;
     return st;
   };
 
@@ -1097,6 +1173,9 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     json state = checkpoint_state();
     if (!validation.is_null()) state["validation"] = validation;
     std::map<std::string, std::string> extra;
+    if (frozen_base)  // PEFT's adapter_config.json: the checkpoint folder is a PEFT adapter folder too
+      extra["adapter_config.json"] =
+          peft_adapter_config(model, rc.lora, lora_ref["base"]["dir"].get<std::string>()).dump(2) + "\n";
     if (keeps_residuals) {  // every rank's residuals to rank 0, which writes them with the checkpoint
       const std::string bytes = grad_residuals_file(*comm, gcomm, dopt.grad_comm);
       if (writer) extra["grad_residuals.safetensors"] = bytes;
@@ -1468,6 +1547,20 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
                        {"raises", guard.raises}, {"events", guard.events.size()}}},
             {"invocation", {{"start_step", start_step}, {"steps", sum.invocation_steps},
                             {"tokens", sum.invocation_steps * tokens_per_step}, {"seconds", sum.invocation_seconds}}}};
+  if (frozen_base) {
+    // LoRA: what trained, and the base's linear weights as held at the end
+    // (bytes; FP32 = 4 per weight).
+    const FrozenMemory fm = frozen_base->memory(model->linear_layers());
+    s["lora"] = {{"rank", rc.lora.rank}, {"alpha", rc.lora.alpha}, {"scale", rc.lora.scale()},
+                 {"adapted_layers", lora_ref["adapted_layers"]}, {"trainable_parameters", lora_ref["trainable_parameters"]},
+                 {"base", lora_ref["base"]}, {"base_linear_fp32_bytes", fm.fp32_bytes},
+                 {"base_linear_stored_bytes", fm.stored_bytes}, {"base_linear_saved_fraction", fm.saved_fraction()},
+                 {"packed_layers", fm.packed_layers}, {"layers", fm.layers}};
+    if (!quiet)
+      spdlog::info("lora: base linear weights held in {:.2f} MiB instead of {:.2f} MiB in FP32 ({:.1f}% saved, {} of {} "
+                   "layers packed)", double(fm.stored_bytes) / (1 << 20), double(fm.fp32_bytes) / (1 << 20),
+                   100.0 * fm.saved_fraction(), fm.packed_layers, fm.layers);
+  }
   io::write_file_atomic((run / "summary.json").string(), s.dump(2) + "\n");
   write_run_report(opts.run_dir);
   return sum;

@@ -203,6 +203,19 @@ struct GuardConfig {
   int64_t max_rollbacks = 3;
 };
 
+/// [lora] (model/lora.h says what each does): adapters when rank > 0.
+struct LoraConfig {
+  int64_t rank = 0;          ///< r; 0 = no adapters
+  double alpha = 16;         ///< output scale alpha / r
+  double dropout = 0;        ///< fraction of adapter inputs zeroed in training
+  std::vector<std::string> target;  ///< globs over HF layer names
+  std::string init = "kaiming";     ///< "kaiming" or "gaussian"
+  bool train_norms = false;  ///< RMSNorm weights train too
+  bool pack_base = true;     ///< frozen base weights stored packed (model/lora.h FrozenWeight)
+  bool enabled() const { return rank > 0; }
+  double scale() const { return rank > 0 ? alpha / double(rank) : 0.0; }
+};
+
 /// A run's whole configuration, parsed once.
 struct RunConfig {
   ModelConfig model;
@@ -210,6 +223,7 @@ struct RunConfig {
   TrainConfig train;
   PrecisionConfig precision;
   GuardConfig guard;
+  LoraConfig lora;
   /// Checks `cfg` (Config::validate) and parses it. Throws UserError naming
   /// the key for a bad value (e.g. an unknown precision.policy).
   static RunConfig from(const Config& cfg);

@@ -169,6 +169,15 @@ class PrecisionController {
   /// The pass runner of the next stats step under pipeline stages
   /// (StatsOptions::pass_fn); the pipeline step sets it before begin_step.
   void set_stats_pass(std::function<void(const std::vector<torch::Tensor>&)> f) { stats_pass_ = std::move(f); }
+  /// A frozen base (LoRA, model/lora.h): every stats step measures the loss
+  /// divergence alone (StatsOptions::frozen; WD = 0, alpha taken as 1) and
+  /// calls `before_stats` first (which puts the FP32 base weights back into
+  /// the layers: FrozenBase::materialize). Budgets, pins and the schedule
+  /// are unchanged.
+  void set_frozen_base(std::function<void()> before_stats) {
+    frozen_ = true;
+    before_stats_ = std::move(before_stats);
+  }
   /// The "quantizers" object of state() alone: per option with some state,
   /// its delayed-scaling histories and error-feedback residuals.
   nlohmann::json quantizer_state() const;
@@ -262,6 +271,8 @@ class PrecisionController {
   int my_stage_ = 0;
   std::string stage_boundary_;       // "" = no stage-boundary pins
   std::function<void(const std::vector<torch::Tensor>&)> stats_pass_;
+  bool frozen_ = false;                      // set_frozen_base
+  std::function<void()> before_stats_;       // set_frozen_base
   /// Items get their layer's stage (no-op without stages).
   void add_stages(policy::PlanProblem& p) const;
 

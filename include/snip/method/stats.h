@@ -210,6 +210,16 @@ struct StatsOptions {
   /// `weights` are the local layers' weights (autograd inputs whose
   /// gradients are not wanted: the probes compute dW themselves).
   std::function<void(const std::vector<torch::Tensor>& weights)> pass_fn;
+  // ---- a frozen base (LoRA, model/lora.h; docs/lora.md "The method on a frozen base")
+  /// The layers' weights do not train: weight divergence has no meaning (no
+  /// update moves them), so the step measures the loss divergence alone.
+  /// WD is reported as 0, `alpha` is taken as 1 (Q = LD normalised), `opt`
+  /// is not read (it holds no base weight) and no calibration pass runs. The
+  /// weights are marked requires_grad for the passes (so that every layer's
+  /// backward runs and hands over its dY; the probes skip wgrad) and
+  /// unmarked after. The layers' `weight` must hold the FP32 base
+  /// (FrozenBase::materialize).
+  bool frozen = false;
 };
 
 /// One layer at one option.

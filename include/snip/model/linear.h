@@ -30,7 +30,9 @@
 #include <string>
 
 #include <nlohmann/json.hpp>
+#include <optional>
 
+#include "snip/formats/fake_quant.h"
 #include "snip/quant/gemm.h"
 
 namespace snip {
@@ -60,6 +62,18 @@ class OperandQuantizer {
                                           at::ScalarType gemm_dtype) const;
   /// A short name for logs ("fp8", "nvfp4", ...).
   virtual std::string name() const = 0;
+
+  /// The weight operand t ([rows, K] FP32 contiguous: W [OUT, IN] for
+  /// kFpropW, Wᵀ [IN, OUT] for kDgradW) as element codes and block scales
+  /// whose formats::dequantize equals quantize(t, key) bit for bit, for a
+  /// frozen weight stored packed (model/lora.h FrozenWeight). nullopt (the
+  /// default) when the operand's quantization is not a fixed function of t
+  /// (delayed scaling, stochastic rounding, error feedback, a Hadamard
+  /// transform) or not an element format.
+  virtual std::optional<formats::QuantizedTensor> quantize_packed(const torch::Tensor& t, const QuantKey& key) const {
+    (void)t, (void)key;
+    return std::nullopt;
+  }
 
   /// The quantizer's own state that decides later calls (e.g. delayed
   /// scaling's amax histories), as JSON for checkpoints; null when it has
@@ -119,7 +133,11 @@ struct LinearProbe {
   std::function<torch::Tensor()> input_grad_noise;
 };
 
-/// A bias-free linear layer y = x · Wᵀ with explicit fprop/dgrad/wgrad GEMMs.
+struct FrozenWeight;  // model/lora.h
+
+/// A bias-free linear layer y = x · Wᵀ with explicit fprop/dgrad/wgrad GEMMs,
+/// and optionally a LoRA adapter: y = x · Wᵀ + (alpha/r) · dropout(x) · Aᵀ · Bᵀ
+/// (model/lora.h).
 /// Parameter: `weight` [OUT, IN] (Hugging Face name `<layer>.weight`).
 class QuantLinearImpl : public torch::nn::Module {
  public:
@@ -144,6 +162,30 @@ class QuantLinearImpl : public torch::nn::Module {
   /// When set, forward stores X and backward stores dY into it, and its noise
   /// functions inject the curvature and dgrad probes.
   std::shared_ptr<LinearProbe> probe;
+
+  // ---- LoRA (model/lora.h; off unless lora_rank > 0)
+  /// Adds the adapter A [r, IN], B [OUT, r] (copied; submodules "lora_A" and
+  /// "lora_B", parameter "weight" each: HF PEFT names) with output scale
+  /// `scale` (alpha / r) and input dropout `dropout` (fraction). Throws
+  /// std::invalid_argument for mismatched shapes or a second adapter.
+  void add_lora(const torch::Tensor& a, const torch::Tensor& b, double scale, double dropout);
+  /// Removes the adapter (after merge_lora folded it into `weight`).
+  void remove_lora();
+  int64_t lora_rank = 0;    ///< r; 0 = no adapter
+  double lora_scale = 0;    ///< alpha / r
+  double lora_dropout = 0;  ///< fraction of adapter inputs zeroed while gradients are on
+  torch::Tensor lora_A;     ///< [r, IN] FP32
+  torch::Tensor lora_B;     ///< [OUT, r] FP32
+  /// A frozen base weight in the form its precision feeds the GEMMs; used
+  /// when made for the forward's precision (then `weight` may be empty).
+  std::shared_ptr<const FrozenWeight> frozen;
+  /// Called by forward() when `weight` was released and `frozen` was made
+  /// for another precision (a precision change outside the step's sync, e.g.
+  /// by the guard): re-freezes this layer (FrozenBase::refreeze).
+  std::function<void(QuantLinearImpl&)> refreeze;
+
+ private:
+  int64_t dropout_step_ = -1, dropout_calls_ = 0;  // the dropout generator's key within a step
 };
 TORCH_MODULE(QuantLinear);
 

@@ -121,7 +121,8 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   /// Sets the optimizer step and seed used to key stochastic rounding.
   void set_step(uint64_t seed, int64_t step);
 
-  /// Parameters by Hugging Face name (tied lm_head omitted).
+  /// Parameters by Hugging Face name (tied lm_head omitted; LoRA adapters,
+  /// model/lora.h, omitted: lora_parameters has them).
   std::vector<std::pair<std::string, torch::Tensor>> hf_parameters() const;
 
   LlamaModel model{nullptr};

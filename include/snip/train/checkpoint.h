@@ -60,6 +60,7 @@
 
 #include "snip/config/config.h"
 #include "snip/dist/world.h"
+#include "snip/io/safetensors.h"
 #include "snip/model/llama.h"
 #include "snip/train/checkpoint_files.h"  // verify_checkpoint, latest_checkpoint, ...
 
@@ -148,9 +149,30 @@ void load_checkpoint_optimizer(const std::string& dir, const nlohmann::json& sta
                                LlamaForCausalLM& model, const TrainConfig& tc, int64_t step,
                                const dist::ZeroPartition* part = nullptr);
 
+/// True when some linear layer of `model` has a LoRA adapter (model/lora.h).
+bool has_lora(LlamaForCausalLM& model);
+/// The parameters that require grad (a LoRA run's adapters and trained
+/// norms), by model name, F32: a LoRA checkpoint's model.safetensors.
+io::SafeTensors trainable_safetensors(LlamaForCausalLM& model);
+
+/// A LoRA checkpoint's base model (trainer_state.json "lora".base) and its
+/// adapters' configuration (adapter_config.json, PEFT's layout).
+struct LoraCheckpoint {
+  std::string dir;      ///< the base's Hugging Face folder
+  std::string weights;  ///< its model.safetensors
+  std::string sha256;   ///< SHA-256 of that file when the run started
+  LoraConfig config;    ///< rank, alpha, dropout, targets, init, train_norms
+};
+/// Reads and checks the reference: throws UserError "<what>: ..." when it is
+/// missing or malformed, when the base file is gone, or when its SHA-256
+/// differs from the recorded one (the base changed since the run started).
+LoraCheckpoint lora_checkpoint_base(const std::string& dir, const nlohmann::json& state, const std::string& what);
+
 /// A verified checkpoint's model, built from its config.json (for
-/// `snip eval`, `snip export`, `snip sample`). Throws UserError if the folder
-/// is missing, incomplete or corrupt.
+/// `snip eval`, `snip export`, `snip sample`). A LoRA checkpoint gives the
+/// base (checked against its SHA-256) with the adapters attached and loaded
+/// (FP32, not packed). Throws UserError if the folder is missing, incomplete
+/// or corrupt, or its base changed.
 LlamaForCausalLM load_checkpoint_model(const std::string& dir);
 
 }  // namespace snip

@@ -90,6 +90,9 @@ struct StepContext {
   /// train.clip_low_precision: grad_clip is multiplied by this while the
   /// controller runs some layer below FP8 (PrecisionController::layers_below_fp8).
   double clip_low_precision = 1.0;
+  /// Called after the controller's step-boundary hook (LoRA: the frozen base
+  /// re-packed for the precisions now in force, model/lora.h FrozenBase::sync).
+  std::function<void()> after_boundary;
   /// Test-only fault injection (tests of the guard): called with `step` after
   /// the gradients are reduced, before their norm. nullptr = none.
   std::function<void(int64_t)> fault;
