@@ -80,7 +80,6 @@ torch::Tensor FrozenWeight::Stored::decode() const {
   const uint32_t nan_bits = 0x7FC00000u;  // formats::dequantize's canonical NaN
   float nan;
   std::memcpy(&nan, &nan_bits, sizeof nan);
-  const int64_t n = rows * cols;
   // Codes as formats::pack_codes lays them out: two per byte (low nibble
   // first) for bits <= 4, one per byte for bits <= 8.
   for (int64_t r = 0; r < rows; ++r) {
@@ -94,7 +93,6 @@ torch::Tensor FrozenWeight::Stored::decode() const {
       o[i] = (std::isnan(e) || std::isnan(d)) ? nan : e * d;
     }
   }
-  (void)n;
   return out;
 }
 
@@ -333,6 +331,8 @@ io::SafeTensors peft_adapter_tensors(LlamaForCausalLM& model, bool with_norms) {
   return st;
 }
 
+LoraConfig lora_config_from_peft_fields(const nlohmann::json& j, const std::string& what);
+
 void export_peft(LlamaForCausalLM& model, const LoraConfig& cfg, const std::string& base, const std::string& dir,
                  bool force) {
   namespace fs = std::filesystem;
@@ -359,6 +359,14 @@ void export_peft(LlamaForCausalLM& model, const LoraConfig& cfg, const std::stri
 }
 
 LoraConfig lora_config_from_peft(const nlohmann::json& j, const std::string& what) {
+  try {
+    return lora_config_from_peft_fields(j, what);
+  } catch (const nlohmann::json::exception& e) {
+    fail(what, ": a field of the wrong type (", e.what(), ")");
+  }
+}
+
+LoraConfig lora_config_from_peft_fields(const nlohmann::json& j, const std::string& what) {
   if (!j.is_object()) fail(what, ": expected a JSON object");
   auto get = [&](const char* k) -> const nlohmann::json& {
     if (!j.contains(k)) fail(what, ": missing field '", k, "'");

@@ -425,6 +425,16 @@ std::string header_html(const RunData& r, const RunData* ref, const std::vector<
       os << card("boundary bytes", si(num_or_nan(pp, "boundary_bytes_per_step")),
                  "per step, " + esc(pp.value("boundary_comm", std::string("?"))));
     }
+    // SNIP-LoRA (docs/lora.md): what trained, and the frozen base as held.
+    const json lo = r.summary->value("lora", json());
+    if (lo.is_object()) {
+      os << card("adapters", "r = " + fmt("%.0f", num_or_nan(lo, "rank")) + ", alpha " + fmt("%g", num_or_nan(lo, "alpha")),
+                 si(num_or_nan(lo, "trainable_parameters")) + " trainable on " + fmt("%.0f", num_or_nan(lo, "adapted_layers")) +
+                     " layers");
+      os << card("frozen base", fmt("%.1f", 100.0 * num_or_nan(lo, "base_linear_saved_fraction")) + "% saved",
+                 si(num_or_nan(lo, "base_linear_stored_bytes")) + "B held of " +
+                     si(num_or_nan(lo, "base_linear_fp32_bytes")) + "B in FP32 (linear weights)");
+    }
   } else {
     const double steps = cv.step.empty() ? kNaN : cv.step.back();
     os << card("status", "unfinished", "no summary.json");
