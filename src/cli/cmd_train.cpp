@@ -292,7 +292,8 @@ void add_train_commands(CLI::App& app) {
       // A PEFT adapter folder over the base the checkpoint names (checked by SHA-256 in load_checkpoint_model).
       const json st = verify_checkpoint(ckpt);
       const LoraCheckpoint b = lora_checkpoint_base(ckpt, st, "checkpoint " + ckpt);
-      export_peft(model, b.config, b.dir, xa->out, xa->force);
+      export_peft(model, b.config, b.dir, xa->out, xa->force,
+                  xa->dtype == "bfloat16" || xa->dtype == "bf16" ? at::kBFloat16 : at::kFloat);
       std::cout << "wrote " << xa->out << "/adapter_config.json and " << xa->out
                 << "/adapter_model.safetensors (PEFT LoRA adapters over " << b.dir
                 << "; snip export --merge writes the merged model)\n";

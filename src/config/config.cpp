@@ -1012,6 +1012,9 @@ RunConfig RunConfig::from(const Config& c) {
   l.train_norms = c.get_bool("lora.train_norms");
   l.pack_base = c.get_bool("lora.pack_base");
   if (l.rank > 0 && l.target.empty()) fail("config: lora.target: expected at least one glob, got an empty list");
+  if (l.rank > 0 && !(l.alpha > 0))
+    fail("config: lora.alpha: expected a positive number (the adapters' output is scaled by alpha / rank), got ",
+         l.alpha);
   return r;
 }
 

@@ -171,6 +171,10 @@ void export_hf(LlamaForCausalLM& model, const std::string& dir, at::ScalarType d
   if (fs::is_directory(d) && !fs::is_empty(d) && !force)
     fail("--out: ", dir, " is not empty; choose a new folder, or pass --force to replace its config.json, "
          "model.safetensors and tokenizer files");
+  for (const char* f : {"adapter_config.json", "adapter_model.safetensors"})
+    if (fs::exists(d / f))
+      fail("--out: ", dir, " holds LoRA adapters (", f, "); write the model into a folder of its own (PEFT would "
+           "read the folder as one or the other)");
   const bool created = !fs::exists(d);
   io::ensure_writable_dir(dir);
   nlohmann::json cfg = model->cfg.to_hf_json();

@@ -321,12 +321,15 @@ nlohmann::json peft_adapter_config(LlamaForCausalLM& model, const LoraConfig& cf
   return j;
 }
 
-io::SafeTensors peft_adapter_tensors(LlamaForCausalLM& model, bool with_norms) {
+io::SafeTensors peft_adapter_tensors(LlamaForCausalLM& model, bool with_norms, at::ScalarType dtype) {
+  if (dtype != at::kFloat && dtype != at::kBFloat16)
+    throw std::invalid_argument("peft_adapter_tensors: dtype must be float32 or bfloat16");
   io::SafeTensors st;
   st.metadata["format"] = "pt";
   for (const auto& [n, t] : lora_parameters(model, with_norms)) {
-    const torch::Tensor c = t.detach().to(torch::kFloat).contiguous();
-    st.add("base_model.model." + n, io::DType::F32, c.sizes().vec(), c.data_ptr());
+    const torch::Tensor c = t.detach().to(dtype).contiguous();
+    st.add("base_model.model." + n, dtype == at::kFloat ? io::DType::F32 : io::DType::BF16, c.sizes().vec(),
+           c.data_ptr());
   }
   return st;
 }
@@ -334,7 +337,7 @@ io::SafeTensors peft_adapter_tensors(LlamaForCausalLM& model, bool with_norms) {
 LoraConfig lora_config_from_peft_fields(const nlohmann::json& j, const std::string& what);
 
 void export_peft(LlamaForCausalLM& model, const LoraConfig& cfg, const std::string& base, const std::string& dir,
-                 bool force) {
+                 bool force, at::ScalarType dtype) {
   namespace fs = std::filesystem;
   if (dir.empty()) fail("--out: expected a folder name, got an empty string");
   const fs::path d = fs::absolute(dir).lexically_normal();
@@ -344,9 +347,13 @@ void export_peft(LlamaForCausalLM& model, const LoraConfig& cfg, const std::stri
     fail("--out: ", dir, " is a checkpoint folder of a run; export into a folder of its own");
   if (fs::is_directory(d) && !fs::is_empty(d) && !force)
     fail("--out: ", dir, " is not empty; choose a new folder, or pass --force to replace its adapter files");
+  for (const char* f : {"config.json", "model.safetensors"})
+    if (fs::exists(d / f))
+      fail("--out: ", dir, " holds a model (", f, "); write the adapters into a folder of their own (PEFT would "
+           "read the folder as one or the other)");
   const bool created = !fs::exists(d);
   io::ensure_writable_dir(dir);
-  const io::SafeTensors st = peft_adapter_tensors(model, cfg.train_norms);
+  const io::SafeTensors st = peft_adapter_tensors(model, cfg.train_norms, dtype);
   const std::string config = peft_adapter_config(model, cfg, base).dump(2) + "\n";
   try {
     io::write_safetensors((d / "adapter_model.safetensors").string(), st);

@@ -187,6 +187,14 @@ json verify_checkpoint(const std::string& dir) {
     fail("checkpoint ", sp, ": precision: expected an object");
   std::vector<std::string> covered{"model.safetensors", "config.json"};
   for (const std::string& f : checkpoint_optimizer_files(dir)) covered.push_back(f);
+  // The extra files the checkpoint was written with (adapter_config.json,
+  // grad_residuals.safetensors): listed in "crc32", checked the same way.
+  for (auto& [name, v] : st["crc32"].items())
+    if (std::find(covered.begin(), covered.end(), name) == covered.end()) {
+      if (name.empty() || name.find('/') != std::string::npos || name.find("..") != std::string::npos)
+        fail("checkpoint ", sp, ": crc32: unexpected entry \"", name.substr(0, 64), "\" (corrupt)");
+      covered.push_back(name);
+    }
   for (const std::string& fname : covered) {
     const char* f = fname.c_str();
     const std::string p = (fs::path(dir) / f).string();

@@ -220,7 +220,8 @@ io::SafeTensors trainable_safetensors(LlamaForCausalLM& model) {
   return st;
 }
 
-LoraCheckpoint lora_checkpoint_base(const std::string& dir, const nlohmann::json& state, const std::string& what) {
+LoraCheckpoint lora_checkpoint_base(const std::string& dir, const nlohmann::json& state, const std::string& what,
+                                    const std::string& moved_to) {
   LoraCheckpoint b;
   const std::string ap = (fs::path(dir) / "adapter_config.json").string();
   if (!state.contains("lora") || !state["lora"].is_object() || !state["lora"].contains("base"))
@@ -234,11 +235,17 @@ LoraCheckpoint lora_checkpoint_base(const std::string& dir, const nlohmann::json
     fail(what, ": ", dir, "/trainer_state.json: lora.base: expected dir, weights and sha256 strings (corrupt)");
   }
   b.config = lora_config_from_peft(io::parse_json(io::read_file(ap), ap), ap);
+  if (!moved_to.empty()) {
+    b.dir = fs::absolute(moved_to).lexically_normal().string();
+    b.weights = (fs::path(b.dir) / "model.safetensors").string();
+  }
   if (!fs::is_regular_file(b.weights))
-    fail(what, ": the base model ", b.weights, " of ", dir, " is missing (the adapters are trained on it)");
+    fail(what, ": the base model ", b.weights, " of ", dir, " is missing (the adapters are trained on it; moved? "
+         "resume with --init-from NEW_FOLDER: its SHA-256 must be the recorded one)");
   const std::string now = base_checksum(b.weights);
   if (now != b.sha256)
-    fail(what, ": the base model ", b.weights, " changed since the run started (SHA-256 ", now.substr(0, 12),
+    fail(what, ": the base model ", b.weights, (moved_to.empty() ? " changed since the run started" : " is not the "
+         "base the run started from"), " (SHA-256 ", now.substr(0, 12),
          "..., the adapters were trained on ", b.sha256.substr(0, 12), "...): refusing to use adapters on "
          "other weights; restore that file");
   return b;

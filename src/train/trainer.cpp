@@ -358,6 +358,9 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       fail("--resume: ", sp, ": expected \"lora\".base.dir, the base model the adapters were trained on (corrupt?)");
     init_dir = st["lora"]["base"]["dir"].get<std::string>();
   }
+  if (!opts.init_from.empty() && fs::exists(fs::path(opts.init_from) / "adapter_config.json"))
+    fail("--init-from ", opts.init_from, " holds LoRA adapters, not a whole model: write the adapted model with "
+         "`snip export --merge` and start from that folder (or resume the run that trained them)");
   if (!init_dir.empty()) {
     try {
       init = read_hf_folder(init_dir);
@@ -578,17 +581,37 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     if (S > 1) fail("lora.rank > 0: pipeline stages (dist.pipeline_stages = ", S, ") are not supported with adapters yet");
     if (zero_stage > 0) fail("lora.rank > 0: train.zero_stage = ", zero_stage, " is not supported with adapters yet "
                              "(the optimizer holds the adapters alone; use zero_stage = 0)");
+    // The stats step on a frozen base measures LD alone (docs/lora.md).
+    if (rc.precision.needs_stats() && rc.precision.per_gemm)
+      fail("lora.rank > 0: precision.granularity = gemm is not supported with adapters: a frozen base runs no wgrad "
+           "GEMM and the stats step measures the fprop's loss divergence alone (no weight divergence to rank the "
+           "dgrad GEMMs by); use precision.granularity = layer");
+    if (rc.precision.needs_stats() && rc.precision.curvature_probes == 0 && rc.precision.first_order == FirstOrder::kDrop)
+      fail("lora.rank > 0: precision.curvature_probes = 0 with precision.first_order = drop leaves the loss "
+           "divergence, the only measure on a frozen base, at 0 for every layer (every plan would be arbitrary); "
+           "use curvature_probes >= 1 or first_order = abs");
     std::string base_dir, weights, sha;
     if (!resume_ckpt.empty()) {
       if (!lora_ckpt)
         fail("--resume: ", resume_ckpt, " holds a whole model, not adapters, but lora.rank = ", rc.lora.rank);
-      const LoraCheckpoint b = lora_checkpoint_base(resume_ckpt, resume_state, "--resume");
-      if (!opts.init_from.empty() && fs::weakly_canonical(opts.init_from) != fs::weakly_canonical(b.dir))
-        fail("--init-from ", opts.init_from, ": the run adapts ", b.dir, " (its checkpoints say so); resume without "
-             "--init-from, or with that folder");
+      // --init-from on a resume: the same base at another path (its SHA-256 decides).
+      const LoraCheckpoint b = lora_checkpoint_base(resume_ckpt, resume_state, "--resume", opts.init_from);
       // The model holds the base already: init is that folder (read above).
       SNIP_CHECK(init, "LoRA resume without its base folder");
       base_dir = b.dir, weights = b.weights, sha = b.sha256;
+      // What shapes or scales the trained adapters cannot change within the run.
+      const LoraConfig& was = b.config;
+      auto refuse = [&](const char* key, const std::string& now, const std::string& then) {
+        fail("--resume: lora.", key, " is ", now, " but ", opts.run_dir, " was trained with ", then,
+             " (", resume_ckpt, "/adapter_config.json); resume with that value, or start a new --run-dir");
+      };
+      if (was.rank != rc.lora.rank) refuse("rank", std::to_string(rc.lora.rank), std::to_string(was.rank));
+      if (was.alpha != rc.lora.alpha) refuse("alpha", str_cat(rc.lora.alpha), str_cat(was.alpha));
+      if (was.train_norms != rc.lora.train_norms)
+        refuse("train_norms", rc.lora.train_norms ? "true" : "false", was.train_norms ? "true" : "false");
+      if (was.dropout != rc.lora.dropout && !quiet)
+        spdlog::warn("--resume: lora.dropout is {} but {} was trained with {}: the resumed steps will not be "
+                     "bit-identical to an uninterrupted run", rc.lora.dropout, opts.run_dir, was.dropout);
     } else {
       if (!init)
         fail("lora.rank = ", rc.lora.rank, ": the adapters need a base model to adapt: add --init-from HF_DIR "
@@ -598,6 +621,25 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       sha = base_checksum(weights);
     }
     const std::vector<std::string> adapted = attach_lora(model, rc.lora, seed);
+    if (!resume_ckpt.empty()) {
+      // The adapted layers are those of the checkpoint (lora.target may be
+      // spelled otherwise, not select otherwise).
+      const std::string sp = (fs::path(resume_ckpt) / "model.safetensors").string();
+      std::set<std::string> saved;
+      for (const auto& t : io::read_safetensors(sp).tensors)
+        if (t.name.size() > 14 && t.name.compare(t.name.size() - 14, 14, ".lora_A.weight") == 0)
+          saved.insert(t.name.substr(0, t.name.size() - 14));
+      if (saved != std::set<std::string>(adapted.begin(), adapted.end()))
+        fail("--resume: lora.target selects ", adapted.size(), " layers (", adapted.empty() ? "" : adapted.front(),
+             ", ...) but ", resume_ckpt, " holds adapters on ", saved.size(), " (",
+             saved.empty() ? std::string() : *saved.begin(), ", ...); resume with the lora.target it was trained with");
+    }
+    for (auto l : model->linear_layers())
+      if (l->lora_rank > std::min(l->in_features, l->out_features) && !quiet) {
+        spdlog::warn("lora.rank {} is above min(IN, OUT) = {} of {}: such an adapter holds more parameters than a "
+                     "full update of the layer", rc.lora.rank, std::min(l->in_features, l->out_features), l->name);
+        break;
+      }
     for (auto& [n, t] : freeze_base(model, rc.lora)) lora_trainable.push_back(t);
     optimizer = make_optimizer(lora_trainable, tc);
     frozen_base = std::make_shared<FrozenBase>(weights, rc.lora.pack_base);
@@ -943,7 +985,11 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
                    rc.lora.rank, rc.lora.alpha, rc.lora.scale(), lora_ref["adapted_layers"].get<int64_t>(), n_train,
                    100.0 * double(n_train) / double(mcfg.num_parameters()), mcfg.num_parameters(),
                    double(fm.fp32_bytes) / (1 << 20), double(fm.stored_bytes) / (1 << 20),
-                   rc.lora.pack_base ? "packed in the plan's precision from the first plan on" : "lora.pack_base = false");
+                   rc.lora.pack_base ? "packed in each layer's precision, re-packed when a plan changes it"
+                                     : "lora.pack_base = false");
+    if (!quiet && rc.precision.needs_stats())
+      spdlog::info("lora: the stats step measures the loss divergence alone on the frozen base (precision.alpha "
+                   "is not used; docs/lora.md)");
     lora_ref["trainable_parameters"] = n_train;
   }
   gcomm.allgather = dopt.allgather;
@@ -1560,6 +1606,10 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       spdlog::info("lora: base linear weights held in {:.2f} MiB instead of {:.2f} MiB in FP32 ({:.1f}% saved, {} of {} "
                    "layers packed)", double(fm.stored_bytes) / (1 << 20), double(fm.fp32_bytes) / (1 << 20),
                    100.0 * fm.saved_fraction(), fm.packed_layers, fm.layers);
+    if (!quiet && fm.packed_layers < fm.layers && rc.lora.pack_base)
+      spdlog::info("lora: {} layers kept FP32: their precision quantizes W with delayed scaling, stochastic "
+                   "rounding, error feedback or a Hadamard transform, or runs FP32 GEMMs (docs/lora.md)",
+                   fm.layers - fm.packed_layers);
   }
   io::write_file_atomic((run / "summary.json").string(), s.dump(2) + "\n");
   write_run_report(opts.run_dir);

@@ -26,10 +26,16 @@ exported with `snip export` as the base:
             order) and whose weights differ from the base's
   changed   the base's model.safetensors changed after the run started: the
             resume and the export stop with one line naming the file and
-            "changed since the run started", nothing written
+            "changed since the run started", nothing written; the same base
+            moved to another folder resumes with --init-from NEW (bit for
+            bit) and the later checkpoints name the new place
   errors    lora.rank without --init-from; a lora.target glob matching no
             layer; --merge on a checkpoint without adapters; a LoRA checkpoint
-            resumed with lora.rank = 0: one `snip: error:` line each, exit 2
+            resumed with lora.rank = 0; per-GEMM plans; alpha 0; a resume
+            with another lora.alpha, rank, train_norms or target; --init-from
+            a LoRA checkpoint; --merge into a folder of adapters; a
+            checkpoint missing its adapter_config.json: one `snip: error:`
+            line each, exit 2, nothing written
 
 usage: test_lora.py SNIP_BINARY PREPARED_DATA_DIR [CASE...]
 """
@@ -212,6 +218,20 @@ try:
                            os.path.join(tmp, "x")], "changed since the run started", absent=os.path.join(tmp, "x"))
         finally:
             open(w, "wb").write(orig)
+        # The same base moved elsewhere: --init-from NEW resumes (the SHA-256 decides), == uninterrupted.
+        moved = d("moved-base")
+        shutil.copytree(base_hf, moved)
+        os.rename(base_hf, base_hf + ".away")
+        try:
+            rc, out, err = T.run(["train", "--config", lora_cfg, "--run-dir", run, "--resume", "--init-from", moved],
+                                 timeout=300)
+            check(rc == 0 and metrics(run) == m1, "changed: a moved base resumes with --init-from NEW, bit for bit",
+                  err[-400:])
+            st = json.load(open(os.path.join(run, "checkpoints", "step-12", "trainer_state.json")))
+            check(st["lora"]["base"]["dir"] == os.path.abspath(moved), "changed: later checkpoints name the new place",
+                  st["lora"]["base"])
+        finally:
+            os.rename(base_hf + ".away", base_hf)
 
     if "errors" in cases:
         T.expect_error("errors: lora without a base", ["train", "--config", lora_cfg, "--run-dir", d("e1")],
@@ -222,10 +242,36 @@ try:
                        absent=os.path.join(tmp, "e2", "checkpoints"))
         T.expect_error("errors: --merge without adapters", ["export", "--run-dir", os.path.join(tmp, "base"), "--out",
                        d("e3"), "--merge"], "holds no LoRA adapters", absent=os.path.join(tmp, "e3"))
+        T.expect_error("errors: per-GEMM plans on a frozen base",
+                       ["train", "--config", lora_cfg, "--run-dir", d("e5"), "--init-from", base_hf,
+                        "--set", "precision.granularity=gemm"], "granularity = gemm is not supported with adapters")
+        T.expect_error("errors: alpha 0", ["train", "--config", lora_cfg, "--run-dir", d("e6"), "--init-from",
+                       base_hf, "--set", "lora.alpha=0"], "lora.alpha: expected a positive number")
         if m1:
             T.expect_error("errors: a LoRA checkpoint resumed with lora.rank = 0",
                            ["train", "--config", lora_cfg, "--run-dir", run1, "--resume", "--set", "lora.rank=0",
-                            "--set", "train.max_steps=20"], "holds LoRA adapters but lora.rank is 0")
+                            "--set", "train.max_steps=20"], "holds LoRA adapters but lora.rank is 0", untouched=run1)
+            for key, val, needle in (("lora.alpha", "16", "lora.alpha is 16 but"),
+                                     ("lora.rank", "8", "lora.rank is 8 but"),
+                                     ("lora.train_norms", "true", "lora.train_norms is true but"),
+                                     ("lora.target", "*.q_proj", "lora.target selects 2 layers")):
+                T.expect_error(f"errors: resumed with another {key}",
+                               ["train", "--config", lora_cfg, "--run-dir", run1, "--resume", "--set", f"{key}={val}",
+                                "--set", "train.max_steps=20"], needle, untouched=run1)
+            T.expect_error("errors: --init-from a LoRA checkpoint",
+                           ["train", "--config", lora_cfg, "--run-dir", d("e7"), "--init-from",
+                            os.path.join(run1, "checkpoints", "step-12")], "export --merge")
+            mixed = d("mixed")
+            T.run(["export", "--run-dir", run1, "--out", mixed])
+            T.expect_error("errors: --merge into a folder holding adapters",
+                           ["export", "--run-dir", run1, "--out", mixed, "--merge", "--force"], "holds LoRA adapters",
+                           untouched=mixed)
+            broken = d("broken")
+            shutil.copytree(run1, broken)
+            os.remove(os.path.join(broken, "checkpoints", "step-12", "adapter_config.json"))
+            T.expect_error("errors: a checkpoint without its adapter_config.json",
+                           ["export", "--run-dir", broken, "--out", d("e8")], "missing file adapter_config.json",
+                           absent=os.path.join(tmp, "e8"))
 finally:
     shutil.rmtree(tmp, ignore_errors=True)
 T.finish()

@@ -153,16 +153,19 @@ nlohmann::json peft_adapter_config(LlamaForCausalLM& model, const LoraConfig& cf
 
 /// The adapter tensors under PEFT's saved names: "base_model.model." + the
 /// model name (lora_A.weight [r, IN], lora_B.weight [OUT, r], and the norms'
-/// weight [C] with train_norms), F32, metadata {"format": "pt"}.
-io::SafeTensors peft_adapter_tensors(LlamaForCausalLM& model, bool with_norms);
+/// weight [C] with train_norms), F32 (or BF16 with `dtype` at::kBFloat16,
+/// rounded to nearest even), metadata {"format": "pt"}.
+io::SafeTensors peft_adapter_tensors(LlamaForCausalLM& model, bool with_norms, at::ScalarType dtype = at::kFloat);
 
 /// Writes `dir`/adapter_config.json (peft_adapter_config) and
 /// `dir`/adapter_model.safetensors (peft_adapter_tensors) atomically: the
 /// folder PEFT's PeftModel.from_pretrained(base, dir) loads. The folder
 /// rules are export_hf's (model/hf.h): never a checkpoint folder, empty
-/// unless `force`; nothing partial is left when a write fails.
+/// unless `force`, and never a folder holding a model (config.json,
+/// model.safetensors); nothing partial is left when a write fails. Tensors
+/// in `dtype` (float32 or bfloat16).
 void export_peft(LlamaForCausalLM& model, const LoraConfig& cfg, const std::string& base, const std::string& dir,
-                 bool force);
+                 bool force, at::ScalarType dtype = at::kFloat);
 
 /// Reads a PEFT folder's adapter_config.json (as peft_adapter_config writes
 /// it, or as PEFT does) back into a LoraConfig. Throws UserError naming the

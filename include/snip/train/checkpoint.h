@@ -166,7 +166,10 @@ struct LoraCheckpoint {
 /// Reads and checks the reference: throws UserError "<what>: ..." when it is
 /// missing or malformed, when the base file is gone, or when its SHA-256
 /// differs from the recorded one (the base changed since the run started).
-LoraCheckpoint lora_checkpoint_base(const std::string& dir, const nlohmann::json& state, const std::string& what);
+/// `moved_to` (a folder, "" = none): the base was moved there; its
+/// model.safetensors must have the recorded SHA-256, and the result names it.
+LoraCheckpoint lora_checkpoint_base(const std::string& dir, const nlohmann::json& state, const std::string& what,
+                                    const std::string& moved_to = "");
 
 /// A verified checkpoint's model, built from its config.json (for
 /// `snip eval`, `snip export`, `snip sample`). A LoRA checkpoint gives the
