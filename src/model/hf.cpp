@@ -160,8 +160,7 @@ std::vector<std::string> load_model_from_safetensors(LlamaForCausalLM& model, co
   return notes;
 }
 
-void export_hf(LlamaForCausalLM& model, const std::string& dir, at::ScalarType dtype, bool force,
-               const HfTokenizer* tokenizer) {
+bool prepare_export_folder(const std::string& dir, bool force, bool adapters) {
   if (dir.empty()) fail("--out: expected a folder name, got an empty string");
   const fs::path d = fs::absolute(dir).lexically_normal();
   const fs::path name = d.filename().empty() ? d.parent_path().filename() : d.filename();
@@ -169,14 +168,27 @@ void export_hf(LlamaForCausalLM& model, const std::string& dir, at::ScalarType d
   if (fs::exists(d / "trainer_state.json") || name == "checkpoints" || parent.filename() == "checkpoints")
     fail("--out: ", dir, " is a checkpoint folder of a run; export into a folder of its own");
   if (fs::is_directory(d) && !fs::is_empty(d) && !force)
-    fail("--out: ", dir, " is not empty; choose a new folder, or pass --force to replace its config.json, "
-         "model.safetensors and tokenizer files");
-  for (const char* f : {"adapter_config.json", "adapter_model.safetensors"})
+    fail("--out: ", dir, " is not empty; choose a new folder, or pass --force to replace its ",
+         adapters ? "adapter files" : "config.json, model.safetensors and tokenizer files");
+  // A PEFT adapter folder and a model folder never share a place: PEFT and
+  // transformers would read it as one or the other.
+  const std::vector<std::string> other = adapters ? std::vector<std::string>{"config.json", "model.safetensors"}
+                                                  : std::vector<std::string>{"adapter_config.json",
+                                                                             "adapter_model.safetensors"};
+  for (const std::string& f : other)
     if (fs::exists(d / f))
-      fail("--out: ", dir, " holds LoRA adapters (", f, "); write the model into a folder of its own (PEFT would "
-           "read the folder as one or the other)");
+      fail("--out: ", dir, " holds ", adapters ? "a model" : "LoRA adapters", " (", f, "); write the ",
+           adapters ? "adapters" : "model", " into a folder of their own (PEFT would read the folder as one or the "
+           "other)");
   const bool created = !fs::exists(d);
   io::ensure_writable_dir(dir);
+  return created;
+}
+
+void export_hf(LlamaForCausalLM& model, const std::string& dir, at::ScalarType dtype, bool force,
+               const HfTokenizer* tokenizer) {
+  const fs::path d = fs::absolute(dir).lexically_normal();
+  const bool created = prepare_export_folder(dir, force, /*adapters=*/false);
   nlohmann::json cfg = model->cfg.to_hf_json();
   cfg["torch_dtype"] = dtype == at::kBFloat16 ? "bfloat16" : "float32";
   std::string tok_bytes;

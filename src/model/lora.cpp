@@ -147,26 +147,33 @@ std::shared_ptr<const FrozenWeight> freeze_weight(const torch::Tensor& w, const 
 
 // ---- FrozenBase
 
+namespace {
+
+// Layer `l`'s FP32 weight [OUT, IN] from the base file `st` (path `path`),
+// into l.weight.
+void load_base_weight(QuantLinearImpl& l, const io::SafeTensors& st, const std::string& path) {
+  const std::string name = l.name + ".weight";
+  const io::TensorRecord* r = st.find(name);
+  if (!r || r->shape != std::vector<int64_t>{l.out_features, l.in_features})
+    fail("lora base ", path, ": tensor '", name, "' is missing or of another shape than the run's model (the base "
+         "changed under the run?)");
+  const std::vector<float> v = io::decode_to_f32(*r, path + ": tensor '" + name + "'");
+  torch::Tensor t = torch::empty({l.out_features, l.in_features}, torch::kFloat);
+  std::memcpy(t.data_ptr<float>(), v.data(), v.size() * sizeof(float));
+  torch::NoGradGuard ng;
+  l.weight.set_(t);
+}
+
+}  // namespace
+
 void FrozenBase::materialize(const std::vector<QuantLinear>& layers) {
   bool any = false;
   for (const auto& l : layers)
     if (l->weight.numel() == 0) any = true;
   if (!any) return;
   const io::SafeTensors st = io::read_safetensors(path_);
-  torch::NoGradGuard ng;
-  for (auto l : layers) {
-    if (l->weight.numel() != 0) continue;
-    const std::string name = l->name + ".weight";
-    const io::TensorRecord* r = st.find(name);
-    if (!r) fail("lora base ", path_, ": tensor '", name, "' is missing (the base changed under the run?)");
-    if (r->shape != std::vector<int64_t>{l->out_features, l->in_features})
-      fail("lora base ", path_, ": tensor '", name, "' has another shape than the run's model (the base changed "
-           "under the run?)");
-    const std::vector<float> v = io::decode_to_f32(*r, path_ + ": tensor '" + name + "'");
-    torch::Tensor t = torch::empty({l->out_features, l->in_features}, torch::kFloat);
-    std::memcpy(t.data_ptr<float>(), v.data(), v.size() * sizeof(float));
-    l->weight.set_(t);
-  }
+  for (auto l : layers)
+    if (l->weight.numel() == 0) load_base_weight(*l, st, path_);
 }
 
 int FrozenBase::sync(const std::vector<QuantLinear>& layers) {
@@ -190,17 +197,7 @@ int FrozenBase::sync(const std::vector<QuantLinear>& layers) {
 
 void FrozenBase::refreeze(QuantLinearImpl& l) {
   torch::NoGradGuard ng;
-  if (l.weight.numel() == 0) {
-    const io::SafeTensors st = io::read_safetensors(path_);
-    const std::string name = l.name + ".weight";
-    const io::TensorRecord* r = st.find(name);
-    if (!r || r->shape != std::vector<int64_t>{l.out_features, l.in_features})
-      fail("lora base ", path_, ": tensor '", name, "' is missing or of another shape (the base changed under the run?)");
-    const std::vector<float> v = io::decode_to_f32(*r, path_ + ": tensor '" + name + "'");
-    torch::Tensor t = torch::empty({l.out_features, l.in_features}, torch::kFloat);
-    std::memcpy(t.data_ptr<float>(), v.data(), v.size() * sizeof(float));
-    l.weight.set_(t);
-  }
+  if (l.weight.numel() == 0) load_base_weight(l, io::read_safetensors(path_), path_);
   QuantKey key = l.key_base;
   key.layer = l.layer_index;
   l.frozen = freeze_weight(l.weight.detach(), l.precision, key);
@@ -339,20 +336,8 @@ LoraConfig lora_config_from_peft_fields(const nlohmann::json& j, const std::stri
 void export_peft(LlamaForCausalLM& model, const LoraConfig& cfg, const std::string& base, const std::string& dir,
                  bool force, at::ScalarType dtype) {
   namespace fs = std::filesystem;
-  if (dir.empty()) fail("--out: expected a folder name, got an empty string");
   const fs::path d = fs::absolute(dir).lexically_normal();
-  const fs::path name = d.filename().empty() ? d.parent_path().filename() : d.filename();
-  const fs::path parent = d.filename().empty() ? d.parent_path().parent_path() : d.parent_path();
-  if (fs::exists(d / "trainer_state.json") || name == "checkpoints" || parent.filename() == "checkpoints")
-    fail("--out: ", dir, " is a checkpoint folder of a run; export into a folder of its own");
-  if (fs::is_directory(d) && !fs::is_empty(d) && !force)
-    fail("--out: ", dir, " is not empty; choose a new folder, or pass --force to replace its adapter files");
-  for (const char* f : {"config.json", "model.safetensors"})
-    if (fs::exists(d / f))
-      fail("--out: ", dir, " holds a model (", f, "); write the adapters into a folder of their own (PEFT would "
-           "read the folder as one or the other)");
-  const bool created = !fs::exists(d);
-  io::ensure_writable_dir(dir);
+  const bool created = prepare_export_folder(dir, force, /*adapters=*/true);
   const io::SafeTensors st = peft_adapter_tensors(model, cfg.train_norms, dtype);
   const std::string config = peft_adapter_config(model, cfg, base).dump(2) + "\n";
   try {

@@ -574,6 +574,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   // on lora.target, AdamW over the adapters alone, and the base's linear
   // weights kept in their plan precision (FrozenBase).
   std::shared_ptr<FrozenBase> frozen_base;
+  int64_t lora_held_max = 0;  // the most bytes the base's linear weights were held in, over this invocation
   json lora_ref;  // trainer_state.json "lora": the base's reference
   std::vector<torch::Tensor> lora_trainable;
   const bool lora_ckpt = !resume_ckpt.empty() && fs::exists(fs::path(resume_ckpt) / "adapter_config.json");
@@ -974,9 +975,13 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   if (frozen_base) {
     // After each step boundary (a plan may have changed precisions): every
     // base weight frozen for its precision, the FP32 copies released.
-    sc.after_boundary = [&] { frozen_base->sync(model->linear_layers()); };
+    sc.after_boundary = [&] {
+      if (frozen_base->sync(model->linear_layers()) > 0)
+        lora_held_max = std::max(lora_held_max, frozen_base->memory(model->linear_layers()).stored_bytes);
+    };
     frozen_base->sync(model->linear_layers());
     const FrozenMemory fm = frozen_base->memory(model->linear_layers());
+    lora_held_max = fm.stored_bytes;
     int64_t n_train = 0;
     for (const auto& t : lora_trainable) n_train += t.numel();
     if (!quiet)
@@ -1601,6 +1606,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
                  {"adapted_layers", lora_ref["adapted_layers"]}, {"trainable_parameters", lora_ref["trainable_parameters"]},
                  {"base", lora_ref["base"]}, {"base_linear_fp32_bytes", fm.fp32_bytes},
                  {"base_linear_stored_bytes", fm.stored_bytes}, {"base_linear_saved_fraction", fm.saved_fraction()},
+                 {"base_linear_stored_bytes_max", std::max(lora_held_max, fm.stored_bytes)},
                  {"packed_layers", fm.packed_layers}, {"layers", fm.layers}};
     if (!quiet)
       spdlog::info("lora: base linear weights held in {:.2f} MiB instead of {:.2f} MiB in FP32 ({:.1f}% saved, {} of {} "

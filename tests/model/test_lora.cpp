@@ -146,13 +146,13 @@ TEST(Lora, MergedModelEqualsTheAdaptedModel) {
 
 TEST(Lora, PackedBaseDequantizesToTheFakeQuantizedOperandsExactly) {
   // W [OUT, IN] = [64, 128]: awkward values, both GEMM dtypes, fp4 (NVFP4
-  // 1x16 blocks: fprop and dgrad blocks differ) and fp8 (128x128 blocks:
-  // one copy serves both).
+  // 1x16 blocks: fprop and dgrad blocks differ), fp8 (128x128 blocks) and
+  // nvfp4 (16x16 weight blocks): one copy serves both.
   torch::manual_seed(4);
   const Tensor w = torch::randn({64, 128}) * 0.05 + torch::rand({64, 128}) * 1e-3;
   QuantKey key{9, 3, 5, Operand::kFpropW};
   for (const at::ScalarType dt : {at::ScalarType::Undefined, at::kBFloat16}) {
-    for (const std::string recipe : {"fp4", "fp8"}) {
+    for (const std::string recipe : {"fp4", "fp8", "nvfp4"}) {
       const auto q = make_recipe_quantizer(recipe);
       const auto f = freeze_weight(w, LinearPrecision{q, dt}, key);
       ASSERT_TRUE(f) << recipe;
@@ -167,9 +167,12 @@ TEST(Lora, PackedBaseDequantizesToTheFakeQuantizedOperandsExactly) {
       if (recipe == "fp4") {
         EXPECT_FALSE(f->dgrad_is_fprop_t);
         EXPECT_EQ(f->bytes(), (4096 + 512 * 4) + (4096 + 512 * 4));
-      } else {
+      } else if (recipe == "fp8") {
         EXPECT_TRUE(f->dgrad_is_fprop_t);
         EXPECT_EQ(f->bytes(), 8192 + 4);
+      } else {  // nvfp4: 16x16 weight blocks, the same values both ways: one copy, 4 x 8 block scales
+        EXPECT_TRUE(f->dgrad_is_fprop_t);
+        EXPECT_EQ(f->bytes(), 4096 + 4 * 8 * 4);
       }
     }
     // No quantizer: the BF16 cast (2 bytes a weight), or nothing to gain in FP32.

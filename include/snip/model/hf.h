@@ -86,6 +86,13 @@ struct HfTokenizer {
 /// "add_eos_token": false, bos/eos/unk tokens, "model_max_length":
 /// max_position_embeddings, "legacy": true: SentencePiece's own behaviour}),
 /// special_tokens_map.json, and "bos_token_id"/"eos_token_id" in config.json.
+/// The checks export_hf and export_peft (model/lora.h) make on --out
+/// `dir`, then creates it: UserError when it is empty, a checkpoint folder,
+/// not empty without `force`, or holds the other kind of export (a model's
+/// config.json/model.safetensors when writing `adapters`, adapter files
+/// otherwise). Returns whether this call created the folder.
+bool prepare_export_folder(const std::string& dir, bool force, bool adapters);
+
 void export_hf(LlamaForCausalLM& model, const std::string& dir, at::ScalarType dtype = at::kFloat,
                bool force = false, const HfTokenizer* tokenizer = nullptr);
 
