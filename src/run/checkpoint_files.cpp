@@ -188,11 +188,14 @@ json verify_checkpoint(const std::string& dir) {
   std::vector<std::string> covered{"model.safetensors", "config.json"};
   for (const std::string& f : checkpoint_optimizer_files(dir)) covered.push_back(f);
   // The extra files the checkpoint was written with (adapter_config.json,
-  // grad_residuals.safetensors): listed in "crc32", checked the same way.
+  // grad_residuals.safetensors): listed in "crc32", checked the same way
+  // when present. grad_residuals.safetensors alone may be missing: a resume
+  // continues without it, with a warning (dist.grad_comm error feedback).
   for (auto& [name, v] : st["crc32"].items())
     if (std::find(covered.begin(), covered.end(), name) == covered.end()) {
       if (name.empty() || name.find('/') != std::string::npos || name.find("..") != std::string::npos)
         fail("checkpoint ", sp, ": crc32: unexpected entry \"", name.substr(0, 64), "\" (corrupt)");
+      if (name == "grad_residuals.safetensors" && !fs::exists(fs::path(dir) / name)) continue;
       covered.push_back(name);
     }
   for (const std::string& fname : covered) {
