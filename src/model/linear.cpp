@@ -26,7 +26,6 @@ struct StepPrecision : torch::CustomClassHolder {
   std::shared_ptr<const FrozenWeight> frozen;
 };
 
-
 // t: [rows, K] (a view; made contiguous only when a quantizer runs) -> the
 // GEMM's input [rows, K]: quantized and cast as gemm_operand does (model/matmul.h).
 // Without a quantizer, just the cast (no copy when there is none to make).
@@ -60,9 +59,7 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
     sp->precision = l.precision;
     sp->key = l.key_base;
     sp->key.layer = l.layer_index;
-    if (l.frozen && l.frozen->quantizer == sp->precision.quantizer.get() &&
-        l.frozen->gemm_dtype == sp->precision.gemm_dtype)
-      sp->frozen = l.frozen;
+    if (l.frozen && l.frozen->made_for(sp->precision)) sp->frozen = l.frozen;
     if (!sp->frozen && w.numel() == 0)
       fail("layer ", l.name, ": its frozen base weight was released but has no packed form for this precision "
            "(internal: FrozenBase::sync was not called after a plan change)");
@@ -156,9 +153,7 @@ torch::Tensor QuantLinearImpl::forward(const torch::Tensor& x) {
               ", got ", sizes.back());
   const torch::Tensor x2 = x.reshape({-1, in_features});
   if (probe) probe->x = x2.detach();
-  if (weight.numel() == 0 && refreeze &&
-      !(frozen && frozen->quantizer == precision.quantizer.get() && frozen->gemm_dtype == precision.gemm_dtype))
-    refreeze(*this);
+  if (weight.numel() == 0 && refreeze && !(frozen && frozen->made_for(precision))) refreeze(*this);
   torch::Tensor y = QuantLinearFunction::apply(x2, weight, reinterpret_cast<int64_t>(this));
   if (lora_rank > 0) {
     // The adapter in FP32 (model/lora.h): y + (alpha/r) · dropout(x) · Aᵀ · Bᵀ.

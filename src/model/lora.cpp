@@ -180,9 +180,7 @@ int FrozenBase::sync(const std::vector<QuantLinear>& layers) {
   if (!pack_) return 0;  // the FP32 weights stay; the GEMMs quantize them every step, as in full training
   int changed = 0;
   for (auto l : layers) {
-    const bool fits = l->frozen && l->frozen->quantizer == l->precision.quantizer.get() &&
-                      l->frozen->gemm_dtype == l->precision.gemm_dtype;
-    if (fits) continue;
+    if (l->frozen && l->frozen->made_for(l->precision)) continue;
     if (l->weight.numel() == 0) materialize(layers);
     QuantKey key = l->key_base;
     key.layer = l->layer_index;

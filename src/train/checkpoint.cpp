@@ -328,14 +328,12 @@ void load_checkpoint_optimizer(const std::string& dir, const json& state, torch:
 }
 
 LlamaForCausalLM load_checkpoint_model(const std::string& dir) {
-  verify_checkpoint(dir);
+  const json st = verify_checkpoint(dir);
   const LlamaConfig cfg = checkpoint_model_config(dir);
   check_memory(inference_memory(cfg, 0, 0), hw::available_memory_bytes(),
                "checkpoint " + (fs::path(dir) / "config.json").string());
   LlamaForCausalLM m(cfg);
   if (fs::exists(fs::path(dir) / "adapter_config.json")) {  // LoRA: base from its reference, then the adapters
-    const json st = io::parse_json(io::read_file((fs::path(dir) / "trainer_state.json").string()),
-                                   (fs::path(dir) / "trainer_state.json").string());
     const LoraCheckpoint b = lora_checkpoint_base(dir, st, "checkpoint " + dir);
     const HfFolder base = read_hf_folder(b.dir);
     load_model_from_safetensors(m, io::read_safetensors(b.weights), b.weights, base.config.tie_word_embeddings);

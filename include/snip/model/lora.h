@@ -50,6 +50,10 @@ struct FrozenWeight {
   /// dtype); a layer whose precision differs does not use it.
   const OperandQuantizer* quantizer = nullptr;
   at::ScalarType gemm_dtype = at::ScalarType::Undefined;
+  /// True when this was made for precision `p` (the same quantizer and GEMM dtype).
+  bool made_for(const LinearPrecision& p) const {
+    return quantizer == p.quantizer.get() && gemm_dtype == p.gemm_dtype;
+  }
   /// One stored operand [rows, cols]: packed element codes with one FP32
   /// decode scale per block (out = decode(code) x scale, formats::dequantize),
   /// or a plain tensor (BF16 without a quantizer).
