@@ -48,10 +48,13 @@ namespace {
 
 /// One arm of the experiment: "<policy>" or "<policy>-<budget>" (e.g.
 /// "snip-0.75", "uniform-fp4", "none"; an arm named "bf16", the unquantized
-/// policy's name until 2026-12-01, keeps its name and runs policy none).
+/// policy's name until 2026-12-01, keeps its name and runs policy none). A
+/// planning policy followed by "-gemm" ("snip-gemm-0.75") plans per GEMM
+/// (precision.granularity = gemm) instead of per layer.
 struct Arm {
   std::string name, policy;
   double budget = std::nan("");  // NaN = the config's
+  bool per_gemm = false;         // precision.granularity = gemm
 };
 
 Arm parse_arm(const std::string& s) {
@@ -69,7 +72,22 @@ Arm parse_arm(const std::string& s) {
   }
   if (a.policy.empty()) fail("--arms: empty arm name");
   if (a.policy == "bf16") a.policy = "none";
+  const std::string gemm = "-gemm";
+  if (a.policy.size() > gemm.size() && a.policy.compare(a.policy.size() - gemm.size(), gemm.size(), gemm) == 0) {
+    a.policy.resize(a.policy.size() - gemm.size());
+    a.per_gemm = true;
+  }
   return a;
+}
+
+/// The --set assignments that make `arm` (after the experiment's own):
+/// precision.policy, and precision.budget / precision.granularity when the
+/// arm's name gives them.
+std::vector<std::string> arm_sets(const Arm& arm) {
+  std::vector<std::string> v{"precision.policy=" + arm.policy};
+  if (std::isfinite(arm.budget)) v.push_back(fmt::format("precision.budget={}", arm.budget));
+  if (arm.per_gemm) v.push_back("precision.granularity=gemm");
+  return v;
 }
 
 const char* kDefaultArms =
@@ -324,7 +342,10 @@ std::vector<Arm> parse_arm_list(const std::string& list) {
     if (std::isfinite(arm.budget) && (arm.policy == "none" || arm.policy.rfind("uniform-", 0) == 0))
       fail("--arms: '", arm.name, "': policy ", arm.policy, " takes no budget (it plans nothing); write '",
            arm.policy, "'");
-    const auto key = std::make_pair(arm.policy, std::isfinite(arm.budget) ? fmt::format("{}", arm.budget) : "");
+    if (arm.per_gemm && (arm.policy == "none" || arm.policy.rfind("uniform-", 0) == 0))
+      fail("--arms: '", arm.name, "': policy ", arm.policy, " plans nothing, so it has no per-GEMM form");
+    const auto key = std::make_pair(arm.policy + (arm.per_gemm ? "/gemm" : ""),
+                                    std::isfinite(arm.budget) ? fmt::format("{}", arm.budget) : "");
     if (runs.count(key))
       fail("--arms: '", arm.name, "' and '", runs[key], "' are the same run (policy ", arm.policy,
            arm.policy == "none" ? "; bf16 is its old name" : "", "); keep one");
@@ -333,6 +354,22 @@ std::vector<Arm> parse_arm_list(const std::string& list) {
   }
   if (arms.empty()) fail("--arms: expected at least one arm");
   return arms;
+}
+
+/// The seeded runs of one arm (`snip experiment --seeds`): the folders
+/// ARM_DIR/seed-<s> (s a non-negative integer) that hold a config.toml, by
+/// ascending seed. Empty when there are none.
+std::vector<std::pair<int64_t, fs::path>> seed_runs(const fs::path& arm_dir) {
+  std::vector<std::pair<int64_t, fs::path>> v;
+  if (!fs::is_directory(arm_dir)) return v;
+  for (const auto& e : fs::directory_iterator(arm_dir)) {
+    const std::string n = e.path().filename().string();
+    if (!e.is_directory() || n.rfind("seed-", 0) != 0 || n.size() == 5 || n.size() > 23) continue;
+    if (n.find_first_not_of("0123456789", 5) != std::string::npos) continue;
+    if (fs::is_regular_file(e.path() / "config.toml")) v.emplace_back(std::stoll(n.substr(5)), e.path());
+  }
+  std::sort(v.begin(), v.end());
+  return v;
 }
 
 /// --no-train without --arms: the arms trained in OUT (its subfolders named
@@ -344,7 +381,8 @@ std::vector<Arm> arms_in(const fs::path& out) {
   if (!fs::is_directory(out)) fail("--out: ", out.string(), " does not exist (nothing trained yet)");
   std::set<std::string> found;
   for (const auto& e : fs::directory_iterator(out))
-    if (e.is_directory() && fs::is_regular_file(e.path() / "config.toml")) found.insert(e.path().filename().string());
+    if (e.is_directory() && (fs::is_regular_file(e.path() / "config.toml") || !seed_runs(e.path()).empty()))
+      found.insert(e.path().filename().string());
   std::vector<Arm> arms;
   auto take = [&](const std::string& name) {
     if (!found.count(name)) return;
@@ -372,6 +410,7 @@ std::vector<Arm> arms_in(const fs::path& out) {
 /// there), and train.log_interval (only what is printed).
 bool arm_may_differ(const std::string& key, const Arm& x, const Arm& y) {
   if (key == "train.log_interval" || key == "precision.policy" || key == "precision.budget") return true;
+  if (key == "precision.granularity" && (x.per_gemm || y.per_gemm)) return true;
   return key.rfind("precision.", 0) == 0 && (x.policy == "none" || y.policy == "none");
 }
 
@@ -385,20 +424,79 @@ OptionValue option_value(const Config& c, const OptionSpec& o) {
   return {};
 }
 
-/// --no-train: each arm's own resolved configuration, OUT/<arm>/config.toml
-/// (what `snip train` wrote for the arm and trained with), stands instead of
-/// --config and --set. UserError naming the arm folder when it or its
-/// config.toml is missing, when its precision.policy (or, for an arm named
-/// <policy>-<budget>, precision.budget) is not the arm's name's, or when it
-/// differs from the first arm (the reference) in an option no arm sets (the
-/// model, the data, the steps, the schedule: arm_may_differ()).
-void check_trained_arms(const std::vector<Arm>& arms, const fs::path& out) {
-  std::vector<Config> cfgs;
+/// One training run of the experiment: an arm, and with --seeds one of its
+/// seeds. Its folder is OUT/<arm> (no seeds) or OUT/<arm>/seed-<s>, its log
+/// OUT/<arm>.log or OUT/<arm>/seed-<s>.log.
+struct RunSpec {
+  Arm arm;
+  int64_t seed = -1;  ///< -1 = no --seeds (the config's train.seed)
+  fs::path dir, log;
+  /// "snip-0.75" or "snip-0.75 seed 1235": how the console names the run.
+  std::string label() const { return seed < 0 ? arm.name : fmt::format("{} seed {}", arm.name, seed); }
+  /// The --set assignments of the seed: train.seed (initialisation, data
+  /// order, stochastic rounding, dropout) and precision.seed (the random
+  /// policy's draw) both = s. None without --seeds.
+  std::vector<std::string> seed_sets() const {
+    if (seed < 0) return {};
+    return {fmt::format("train.seed={}", seed), fmt::format("precision.seed={}", seed)};
+  }
+};
+
+RunSpec run_spec(const Arm& arm, const fs::path& out, int64_t seed) {
+  RunSpec r{arm, seed, out / arm.name, out / (arm.name + ".log")};
+  if (seed >= 0) {
+    r.dir = out / arm.name / fmt::format("seed-{}", seed);
+    r.log = out / arm.name / fmt::format("seed-{}.log", seed);
+  }
+  return r;
+}
+
+/// The runs on disk of each arm, for --no-train: ARM/seed-<s> folders when
+/// the arm has them (seeded), else ARM itself. UserError when some arms are
+/// seeded and others not, or an arm folder holds both layouts.
+std::vector<RunSpec> trained_runs(const std::vector<Arm>& arms, const fs::path& out) {
+  std::vector<RunSpec> runs;
+  int seeded = -1;
   for (const Arm& arm : arms) {
-    const fs::path dir = out / arm.name, file = dir / "config.toml";
+    const auto sr = seed_runs(out / arm.name);
+    const bool plain = fs::is_regular_file(out / arm.name / "config.toml");
+    if (plain && !sr.empty())
+      fail("--no-train: experiment arm '", arm.name, "': ", (out / arm.name).string(),
+           " holds both a run (config.toml) and seeded runs (seed-<s>/); keep one layout per arm");
+    const int this_seeded = sr.empty() ? 0 : 1;
+    if (seeded >= 0 && this_seeded != seeded && (plain || !sr.empty()))
+      fail("--no-train: experiment arm '", arm.name, "' in ", (out / arm.name).string(), " was trained ",
+           this_seeded ? "with" : "without", " --seeds but arm '", arms.front().name, "' ",
+           this_seeded ? "without" : "with", " them; tabulate them apart (--arms)");
+    if (plain || !sr.empty()) seeded = this_seeded;
+    if (sr.empty()) runs.push_back(run_spec(arm, out, -1));
+    for (const auto& [seed, dir] : sr) runs.push_back(run_spec(arm, out, seed));
+  }
+  return runs;
+}
+
+/// --no-train: each run's own resolved configuration, its config.toml (what
+/// `snip train` wrote for the run and trained with), stands instead of
+/// --config and --set. UserError naming the folder when an arm has no run
+/// or its config.toml is missing, when its precision.policy (or, for an arm
+/// named <policy>-<budget>, precision.budget; for <policy>-gemm-<budget>,
+/// precision.granularity) is not the arm's name's, when a seeded run's
+/// train.seed is not its folder's, or when it differs from the first run
+/// (the reference arm's first) in an option no arm sets (the model, the
+/// data, the steps, the schedule: arm_may_differ(); train.seed and
+/// precision.seed differ between seeds).
+void check_trained_arms(const std::vector<Arm>& arms, const std::vector<RunSpec>& runs, const fs::path& out) {
+  for (const Arm& arm : arms) {
+    const fs::path dir = out / arm.name;
     if (!fs::is_directory(dir))
       fail("--no-train: experiment arm '", arm.name, "': ", dir.string(), " does not exist; train it (snip "
            "experiment without --no-train) or leave it out of --arms");
+  }
+  std::vector<Config> cfgs;
+  for (const RunSpec& run : runs) {
+    const Arm& arm = run.arm;
+    const fs::path& dir = run.dir;
+    const fs::path file = dir / "config.toml";
     if (!fs::is_regular_file(file))
       fail("--no-train: experiment arm '", arm.name, "': ", dir.string(), " holds no config.toml (not a run of "
            "snip train); delete it to retrain the arm, or leave it out of --arms");
@@ -412,18 +510,287 @@ void check_trained_arms(const std::vector<Arm>& arms, const fs::path& out) {
       fail("--no-train: experiment arm '", arm.name, "' in ", dir.string(), " was trained with precision.budget = ",
            format_option_value(c.get_float("precision.budget")), ", not ", format_option_value(arm.budget),
            "; delete it to retrain the arm");
+    if (arm.per_gemm && c.get_string("precision.granularity") != "gemm")
+      fail("--no-train: experiment arm '", arm.name, "' in ", dir.string(),
+           " was trained with precision.granularity = ", c.get_string("precision.granularity"),
+           ", not gemm; delete it to retrain the arm");
+    if (run.seed >= 0 && c.get_int("train.seed") != run.seed)
+      fail("--no-train: experiment arm '", arm.name, "' in ", dir.string(), " was trained with train.seed = ",
+           c.get_int("train.seed"), ", not its folder's ", run.seed, "; delete it to retrain that seed");
     cfgs.push_back(std::move(c));
   }
-  for (size_t i = 1; i < arms.size(); ++i)
+  for (size_t i = 1; i < runs.size(); ++i)
     for (const OptionSpec& o : option_table()) {
-      if (arm_may_differ(o.key, arms[i], arms[0])) continue;
+      if (arm_may_differ(o.key, runs[i].arm, runs[0].arm)) continue;
+      if (runs[i].seed >= 0 && (o.key == "train.seed" || o.key == "precision.seed")) continue;
       const OptionValue v = option_value(cfgs[i], o), ref = option_value(cfgs[0], o);
       if (!(v == ref))
-        fail("--no-train: experiment arm '", arms[i].name, "' in ", (out / arms[i].name).string(),
-             " was trained with ", o.key, " = ", format_option_value(v), " but arm '", arms[0].name, "' in ",
-             (out / arms[0].name).string(), " with ", format_option_value(ref),
+        fail("--no-train: experiment arm '", runs[i].arm.name, "' in ", runs[i].dir.string(),
+             " was trained with ", o.key, " = ", format_option_value(v), " but arm '", runs[0].arm.name, "' in ",
+             runs[0].dir.string(), " with ", format_option_value(ref),
              ": not one experiment; tabulate them apart (--arms, --out), or delete that arm's folder to retrain it");
     }
+}
+
+auto num(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+/// The chart's y range: from the first evaluation after 20% of the run, the
+/// part where the arms differ.
+void zoom_y(const std::vector<report::Series>& series, report::LineChartOptions& lo) {
+  for (const auto& s : series)
+    for (size_t k = 0; k < s.x.size(); ++k) {
+      const double hi = k < s.y_hi.size() && std::isfinite(s.y_hi[k]) ? s.y_hi[k] : s.y[k];
+      if (s.x[k] >= 0.2 * s.x.back() && std::isfinite(hi)) lo.y_max = std::isfinite(lo.y_max) ? std::max(lo.y_max, hi) : hi;
+    }
+}
+
+report::LineChartOptions val_chart_options() {
+  report::LineChartOptions lo;
+  lo.id = "val_loss";
+  lo.title = "Validation loss per arm";
+  lo.x_label = "step";
+  lo.y_label = "validation loss (nats/token)";
+  lo.width = 900;
+  lo.height = 460;
+  return lo;
+}
+
+/// Writes OUT/results.{md,json,csv} and OUT/val_loss.svg for an experiment
+/// without seeds (one run per arm) and prints the table.
+void write_results(const std::vector<Arm>& arms, const fs::path& out) {
+  std::vector<ArmResult> res;
+  for (const Arm& arm : arms) res.push_back(collect(arm, out / arm.name));
+  const double ref = res.front().val;
+  for (auto& r : res)
+    if (r.done && std::isfinite(ref) && ref != 0) r.gap_pct = 100.0 * (r.val - ref) / ref;
+  std::ostringstream md;
+  md << "| arm | policy | budget | final val loss | gap to " << res.front().arm.name
+     << (res.front().arm.policy == "none" && !res.front().gemm_dtype.empty() ? " (" + res.front().gemm_dtype + " GEMMs)" : "")
+     << " | FP4 FLOPs share | wall time | tokens/s |\n|---|---|---|---|---|---|---|---|\n";
+  json jr = json::array();
+  std::ostringstream csv;
+  csv << "arm,policy,gemm_dtype,budget,final_val_loss,gap_pct,fp4_share,seconds,tokens_per_s,steps\n";
+  for (const auto& r : res) {
+    md << "| " << r.arm.name << " | " << r.policy_label() << " | " << cell(r.arm.budget, "{:.2f}") << " | "
+       << (r.done ? cell(r.val, "{:.4f}") : "not trained") << " | " << cell(r.gap_pct, "{:+.2f}%") << " | "
+       << cell(r.fp4_share, "{:.3f}") << " | " << (std::isfinite(r.seconds) ? fmt_minutes(r.seconds) : "-")
+       << " | " << cell(r.tokens_per_s, "{:.0f}") << " |\n";
+    jr.push_back({{"arm", r.arm.name}, {"policy", r.arm.policy}, {"gemm_dtype", r.gemm_dtype},
+                  {"budget", num(r.arm.budget)},
+                  {"trained", r.done}, {"final_val_loss", num(r.val)}, {"gap_pct", num(r.gap_pct)},
+                  {"fp4_share", num(r.fp4_share)}, {"seconds", num(r.seconds)},
+                  {"tokens_per_s", num(r.tokens_per_s)}, {"steps", r.steps}});
+    csv << r.arm.name << "," << r.arm.policy << "," << r.gemm_dtype << "," << cell(r.arm.budget, "{}") << "," << cell(r.val, "{}") << ","
+        << cell(r.gap_pct, "{}") << "," << cell(r.fp4_share, "{}") << "," << cell(r.seconds, "{}") << ","
+        << cell(r.tokens_per_s, "{}") << "," << r.steps << "\n";
+  }
+  md << "\nFP4 FLOPs share: mean over all steps (warmup and the final high-precision phase included). "
+        "Wall time: training steps incl. stats steps, evaluation excluded.\n";
+  // The chart: every arm's validation-loss curve.
+  std::vector<report::Series> series;
+  for (size_t i = 0; i < res.size(); ++i) {
+    const auto& r = res[i];
+    if (!r.done || r.curves.val_step.empty()) continue;
+    // 8 palette colours; the reference arm and arms past the 8th are dashed
+    // (those with another colour than the reference's).
+    series.push_back({r.arm.name, r.curves.val_step, r.curves.val_loss,
+                      report::series_color(i < 8 ? i : (i + 3) % 8), i == 0 || i >= 8});
+  }
+  report::LineChartOptions lo = val_chart_options();
+  zoom_y(series, lo);
+  if (!fs::exists(out)) fail("--out: ", out.string(), " does not exist (nothing trained yet)");
+  io::write_file_atomic((out / "results.md").string(), md.str());
+  io::write_file_atomic((out / "results.json").string(), jr.dump(2) + "\n");
+  io::write_file_atomic((out / "results.csv").string(), csv.str());
+  io::write_file_atomic((out / "val_loss.svg").string(), report::svg_line_chart(series, lo) + "\n");
+  std::cout << md.str() << "\nwritten: " << (out / "results.md").string() << ", results.json, results.csv, "
+            << "val_loss.svg\n";
+}
+
+/// One arm over its seeds.
+struct SeededArm {
+  Arm arm;
+  std::vector<int64_t> seeds;      ///< the finished runs' seeds, ascending
+  std::vector<ArmResult> runs;     ///< the finished runs, by seed
+  SampleSummary val;               ///< final validation loss over the seeds (nats/token)
+  double fp4_share = std::nan(""), seconds = std::nan(""), tokens_per_s = std::nan("");  ///< means over seeds
+  double gap_pct = std::nan("");   ///< 100 (mean - reference mean) / reference mean
+  std::string gemm_dtype;
+  /// The final validation loss of `seed`'s run (NaN when not trained).
+  double val_of(int64_t seed) const {
+    for (size_t i = 0; i < seeds.size(); ++i)
+      if (seeds[i] == seed) return runs[i].val;
+    return std::nan("");
+  }
+};
+
+/// A paired comparison: arm a minus arm b over the seeds both trained.
+struct Paired {
+  std::string a, b;
+  std::vector<int64_t> seeds;
+  std::vector<double> diffs;  ///< val(a, s) - val(b, s), nats/token
+  MeanInterval ci;            ///< mean of diffs, 95% Student-t interval (n-1 df)
+};
+
+Paired paired(const SeededArm& a, const SeededArm& b) {
+  Paired p{a.arm.name, b.arm.name, {}, {}, {}};
+  for (int64_t s : a.seeds) {
+    const double x = a.val_of(s), y = b.val_of(s);
+    if (std::isfinite(x) && std::isfinite(y)) p.seeds.push_back(s), p.diffs.push_back(x - y);
+  }
+  p.ci = t_interval(p.diffs, 0.95);
+  return p;
+}
+
+std::string seed_list(const std::vector<int64_t>& seeds) {
+  std::string t;
+  for (size_t i = 0; i < seeds.size(); ++i) t += (i ? ", " : "") + std::to_string(seeds[i]);
+  return t;
+}
+
+/// Writes OUT/results.{md,json,csv} and OUT/val_loss.svg for an experiment
+/// with seeds (every finished OUT/<arm>/seed-<s> run of each arm) and prints
+/// the tables: per arm the mean, sample standard deviation and per-seed
+/// values of the final validation loss; the noise floor (the reference
+/// arm's standard deviation); paired comparisons (same seed, A minus B)
+/// with a 95% Student-t interval for every arm against the reference and
+/// every snip arm against every other arm that is not snip. The CSV holds
+/// one row per run (the raw numbers). The chart: each arm's mean curve and
+/// a band of ± one standard deviation over its seeds.
+void write_seeded_results(const std::vector<Arm>& arms, const fs::path& out) {
+  std::vector<SeededArm> res;
+  for (const Arm& arm : arms) {
+    SeededArm a;
+    a.arm = arm;
+    for (const auto& [seed, dir] : seed_runs(out / arm.name)) {
+      ArmResult r = collect(arm, dir);
+      if (!r.done) continue;
+      a.seeds.push_back(seed);
+      a.runs.push_back(std::move(r));
+    }
+    std::vector<double> v, share, secs, tps;
+    for (const auto& r : a.runs) {
+      v.push_back(r.val), share.push_back(r.fp4_share), secs.push_back(r.seconds), tps.push_back(r.tokens_per_s);
+      if (a.gemm_dtype.empty()) a.gemm_dtype = r.gemm_dtype;
+    }
+    a.val = summarize(v);
+    a.fp4_share = summarize(share).mean;
+    a.seconds = summarize(secs).mean;
+    a.tokens_per_s = summarize(tps).mean;
+    res.push_back(std::move(a));
+  }
+  const SeededArm& ref = res.front();
+  for (auto& a : res)
+    if (a.val.n && ref.val.n && ref.val.mean != 0) a.gap_pct = 100.0 * (a.val.mean - ref.val.mean) / ref.val.mean;
+  const std::string ref_label =
+      ref.arm.name + (ref.arm.policy == "none" && !ref.gemm_dtype.empty() ? " (" + ref.gemm_dtype + " GEMMs)" : "");
+
+  std::vector<Paired> cmp;
+  auto is_snip = [](const SeededArm& a) { return a.arm.policy == "snip"; };
+  for (size_t i = 1; i < res.size(); ++i) cmp.push_back(paired(res[i], ref));
+  for (size_t i = 1; i < res.size(); ++i)
+    for (size_t j = 1; j < res.size(); ++j)
+      if (i != j && is_snip(res[i]) && !is_snip(res[j])) cmp.push_back(paired(res[i], res[j]));
+
+  std::ostringstream md;
+  md << fmt::format("Noise floor: the reference arm {} over {} seed{} ({}): final validation loss {} ± {} "
+                    "(mean ± sample standard deviation, nats/token; {} of the mean).\n\n",
+                    ref_label, ref.val.n, ref.val.n == 1 ? "" : "s", seed_list(ref.seeds), cell(ref.val.mean, "{:.4f}"),
+                    cell(ref.val.sd, "{:.4f}"),
+                    std::isfinite(ref.val.sd) ? fmt::format("{:.2f}%", 100 * ref.val.sd / ref.val.mean) : "-");
+  md << "| arm | policy | budget | seeds | final val loss (mean) | sd | per seed | gap to " << ref_label
+     << " | FP4 FLOPs share | wall time | tokens/s |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
+  json jarms = json::array();
+  std::ostringstream csv;
+  csv << "arm,policy,granularity,gemm_dtype,budget,seed,final_val_loss,fp4_share,seconds,tokens_per_s,steps\n";
+  for (const auto& a : res) {
+    std::string per;
+    for (size_t i = 0; i < a.runs.size(); ++i) per += (i ? ", " : "") + cell(a.runs[i].val, "{:.4f}");
+    const std::string policy = a.arm.policy == "none" && !a.gemm_dtype.empty() ? "none (" + a.gemm_dtype + " GEMMs)"
+                               : a.arm.per_gemm ? a.arm.policy + " (per GEMM)" : a.arm.policy;
+    md << "| " << a.arm.name << " | " << policy << " | " << cell(a.arm.budget, "{:.2f}") << " | " << a.val.n << " | "
+       << (a.val.n ? cell(a.val.mean, "{:.4f}") : "not trained") << " | " << cell(a.val.sd, "{:.4f}") << " | "
+       << (per.empty() ? "-" : per) << " | " << cell(a.gap_pct, "{:+.2f}%") << " | " << cell(a.fp4_share, "{:.3f}")
+       << " | " << (std::isfinite(a.seconds) ? fmt_minutes(a.seconds) : "-") << " | "
+       << cell(a.tokens_per_s, "{:.0f}") << " |\n";
+    json jruns = json::array();
+    for (size_t i = 0; i < a.runs.size(); ++i) {
+      const auto& r = a.runs[i];
+      jruns.push_back({{"seed", a.seeds[i]}, {"final_val_loss", num(r.val)}, {"fp4_share", num(r.fp4_share)},
+                       {"seconds", num(r.seconds)}, {"tokens_per_s", num(r.tokens_per_s)}, {"steps", r.steps}});
+      csv << a.arm.name << "," << a.arm.policy << "," << (a.arm.per_gemm ? "gemm" : "layer") << "," << r.gemm_dtype
+          << "," << cell(a.arm.budget, "{}") << "," << a.seeds[i] << "," << cell(r.val, "{}") << ","
+          << cell(r.fp4_share, "{}") << "," << cell(r.seconds, "{}") << "," << cell(r.tokens_per_s, "{}") << ","
+          << r.steps << "\n";
+    }
+    jarms.push_back({{"arm", a.arm.name}, {"policy", a.arm.policy}, {"granularity", a.arm.per_gemm ? "gemm" : "layer"},
+                     {"gemm_dtype", a.gemm_dtype}, {"budget", num(a.arm.budget)}, {"seeds", a.seeds},
+                     {"n", a.val.n}, {"mean", num(a.val.mean)}, {"sd", num(a.val.sd)}, {"gap_pct", num(a.gap_pct)},
+                     {"fp4_share", num(a.fp4_share)}, {"seconds", num(a.seconds)},
+                     {"tokens_per_s", num(a.tokens_per_s)}, {"runs", jruns}});
+  }
+  md << "\nFP4 FLOPs share, wall time, tokens/s: means over the seeds (the share over all steps, warmup and the "
+        "final high-precision phase included; wall time: training steps incl. stats steps, evaluation excluded).\n\n";
+  md << "Paired comparisons: A minus B in final validation loss over the seeds both arms trained (the same seed "
+        "gives both arms the same initialisation and data order), the mean difference with its 95% Student-t "
+        "interval (n-1 degrees of freedom; needs n >= 2), and the mean in units of the noise floor. \"A lower\" "
+        "or \"A higher\" when the interval excludes 0; \"not resolved\" otherwise.\n\n";
+  md << "| A | B | seeds | mean A - B | 95% interval | / noise floor | verdict |\n|---|---|---|---|---|---|---|\n";
+  json jcmp = json::array();
+  for (const auto& p : cmp) {
+    const double floors = std::isfinite(ref.val.sd) && ref.val.sd > 0 ? p.ci.summary.mean / ref.val.sd : std::nan("");
+    const char* verdict = p.ci.sign() < 0 ? "A lower" : p.ci.sign() > 0 ? "A higher" : "not resolved";
+    md << "| " << p.a << " | " << p.b << " | " << p.seeds.size() << " | " << cell(p.ci.summary.mean, "{:+.4f}")
+       << " | " << (std::isfinite(p.ci.lo) ? fmt::format("[{:+.4f}, {:+.4f}]", p.ci.lo, p.ci.hi) : "-") << " | "
+       << cell(floors, "{:+.1f}") << " | " << verdict << " |\n";
+    jcmp.push_back({{"a", p.a}, {"b", p.b}, {"seeds", p.seeds}, {"differences", p.diffs},
+                    {"mean", num(p.ci.summary.mean)}, {"sd", num(p.ci.summary.sd)}, {"lo", num(p.ci.lo)},
+                    {"hi", num(p.ci.hi)}, {"level", p.ci.level}, {"interval", "student-t"},
+                    {"noise_floors", num(floors)}, {"verdict", verdict}});
+  }
+  const json jr = {{"seeded", true},
+                   {"reference", ref.arm.name},
+                   {"noise_floor", {{"arm", ref.arm.name}, {"n", ref.val.n}, {"mean", num(ref.val.mean)},
+                                    {"sd", num(ref.val.sd)}}},
+                   {"arms", jarms},
+                   {"paired", jcmp}};
+
+  // The chart: per arm, the mean curve over the evaluation steps every seed
+  // has, and a ± 1 sd band.
+  std::vector<report::Series> series;
+  for (size_t i = 0; i < res.size(); ++i) {
+    const auto& a = res[i];
+    if (a.runs.empty() || a.runs.front().curves.val_step.empty()) continue;
+    report::Series s(fmt::format("{} (n={})", a.arm.name, a.runs.size()), {}, {},
+                     report::series_color(i < 8 ? i : (i + 3) % 8), i == 0 || i >= 8);
+    const auto& steps0 = a.runs.front().curves.val_step;
+    for (size_t k = 0; k < steps0.size(); ++k) {
+      std::vector<double> v;
+      for (const auto& r : a.runs) {
+        const auto& st = r.curves.val_step;
+        const auto it = std::find(st.begin(), st.end(), steps0[k]);
+        if (it != st.end()) v.push_back(r.curves.val_loss[size_t(it - st.begin())]);
+      }
+      if (v.size() != a.runs.size()) continue;
+      const SampleSummary m = summarize(v);
+      s.x.push_back(steps0[k]);
+      s.y.push_back(m.mean);
+      if (a.runs.size() >= 2) {
+        s.y_lo.push_back(m.mean - m.sd);
+        s.y_hi.push_back(m.mean + m.sd);
+      }
+    }
+    series.push_back(std::move(s));
+  }
+  report::LineChartOptions lo = val_chart_options();
+  lo.title = "Validation loss per arm: mean over seeds, band ± 1 standard deviation";
+  zoom_y(series, lo);
+  io::write_file_atomic((out / "results.md").string(), md.str());
+  io::write_file_atomic((out / "results.json").string(), jr.dump(2) + "\n");
+  io::write_file_atomic((out / "results.csv").string(), csv.str());
+  io::write_file_atomic((out / "val_loss.svg").string(), report::svg_line_chart(series, lo) + "\n");
+  std::cout << md.str() << "\nwritten: " << (out / "results.md").string() << ", results.json, results.csv, "
+            << "val_loss.svg\n";
 }
 
 }  // namespace
@@ -434,6 +801,7 @@ void add_experiment_commands(CLI::App& app) {
     std::vector<std::string> sets;
     bool no_train = false;
     double progress_s = 15;
+    int64_t seeds = 0;  // 0 = not given: one run per arm, OUT/<arm>
   };
   auto a = std::make_shared<ExpArgs>();
   CLI::App* ex = app.add_subcommand(
@@ -447,11 +815,17 @@ void add_experiment_commands(CLI::App& app) {
       ->capture_default_str();
   CLI::Option* arms_opt =
       ex->add_option("--arms", a->arms,
-                     "comma-separated arms: <policy> or <policy>-<budget>, e.g. snip-0.75, uniform-fp4, none "
-                     "(the first arm is the reference of the gap column; with --no-train the default is the "
-                     "arms found in OUT)")
+                     "comma-separated arms: <policy> or <policy>-<budget>, e.g. snip-0.75, uniform-fp4, none; "
+                     "<policy>-gemm-<budget> plans per GEMM (the first arm is the reference of the gap column; "
+                     "with --no-train the default is the arms found in OUT)")
           ->capture_default_str();
   ex->add_option("--set", a->sets, "override one option of every arm: section.key=value (repeatable)");
+  ex->add_option("--seeds", a->seeds,
+                 "train each arm with N seeds S, S+1, ..., S+N-1 (S = the config's train.seed; each run sets "
+                 "train.seed and precision.seed to its seed) in OUT/<arm>/seed-<s>/, and tabulate every seed "
+                 "trained in OUT: mean, standard deviation, per-seed values, paired comparisons with 95% "
+                 "intervals")
+      ->check(CLI::Range(int64_t{1}, int64_t{1000}));
   ex->add_flag("--no-train", a->no_train,
                "only tabulate the arms already trained in OUT, each with its own OUT/<arm>/config.toml "
                "(--config and --set are not needed)");
@@ -463,17 +837,23 @@ void add_experiment_commands(CLI::App& app) {
   ex->callback([a, arms_opt] {
     const fs::path out(a->out);
     std::vector<Arm> arms;
+    std::vector<RunSpec> runs;
     if (a->no_train) {
-      // Re-tabulate: each arm's own config.toml, no --config or --set needed;
-      // recipes from a recipe file as each arm trained with them (its recipes.json).
+      // Re-tabulate: each run's own config.toml, no --config or --set needed;
+      // recipes from a recipe file as each run trained with them (its recipes.json).
       if (fs::is_directory(out))
-        for (const auto& e : fs::directory_iterator(out))
+        for (const auto& e : fs::directory_iterator(out)) {
           if (fs::is_regular_file(e.path() / "recipes.json"))
             quant::register_recipe_copy((e.path() / "recipes.json").string());
+          for (const auto& sr : seed_runs(e.path()))
+            if (fs::is_regular_file(sr.second / "recipes.json"))
+              quant::register_recipe_copy((sr.second / "recipes.json").string());
+        }
       arms = arms_opt->count() > 0 ? parse_arm_list(a->arms) : arms_in(out);
-      check_trained_arms(arms, out);
-      if (!a->config.empty() || !a->sets.empty())
-        spdlog::info("--no-train: each arm's own {} is used; --config and --set are not read",
+      runs = trained_runs(arms, out);
+      check_trained_arms(arms, runs, out);
+      if (!a->config.empty() || !a->sets.empty() || a->seeds > 0)
+        spdlog::info("--no-train: each run's own {} is used; --config, --set and --seeds are not read",
                      (out / "<arm>" / "config.toml").string());
     } else {
       if (a->config.empty())
@@ -497,17 +877,37 @@ void add_experiment_commands(CLI::App& app) {
         const std::string key = st.substr(0, st.find('='));
         if (key == "precision.policy" || key == "precision.budget" || key == "precision.recipe")
           fail("--set ", st, ": ", key, " is set by each arm (--arms policy-budget); remove it");
+        if (key == "precision.granularity")
+          for (const Arm& arm : arms)
+            if (arm.per_gemm) fail("--set ", st, ": arm '", arm.name, "' sets precision.granularity itself; remove it");
+        if (key == "precision.seed" && a->seeds > 0)
+          fail("--set ", st, ": with --seeds each run's precision.seed is its seed; remove it");
+      }
+      for (const Arm& arm : arms) {
+        if (a->seeds == 0) {
+          if (!seed_runs(out / arm.name).empty())
+            fail("experiment arm '", arm.name, "': ", (out / arm.name).string(), " holds runs trained with --seeds; "
+                 "give --seeds, or use another --out");
+          runs.push_back(run_spec(arm, out, -1));
+        } else {
+          if (fs::is_regular_file(out / arm.name / "config.toml"))
+            fail("experiment arm '", arm.name, "': ", (out / arm.name).string(), " holds a run trained without "
+                 "--seeds; use another --out, or tabulate it without --seeds");
+          const int64_t s0 = base.get_int("train.seed");
+          for (int64_t k = 0; k < a->seeds; ++k) runs.push_back(run_spec(arm, out, s0 + k));
+        }
       }
     }
-    // An arm already in OUT must have been trained with the configuration
+    // A run already in OUT must have been trained with the configuration
     // asked for now; otherwise its numbers would silently answer another question.
-    for (const Arm& arm : arms) {
-      if (a->no_train) break;  // check_trained_arms did it, from the arms' own files
-      const fs::path saved = out / arm.name / "config.toml";
+    for (const RunSpec& run : runs) {
+      if (a->no_train) break;  // check_trained_arms did it, from the runs' own files
+      const Arm& arm = run.arm;
+      const fs::path saved = run.dir / "config.toml";
       if (!fs::exists(saved)) continue;
       Config want = base, have;
-      want.set("precision.policy", arm.policy, "--arms");
-      if (std::isfinite(arm.budget)) want.set("precision.budget", arm.budget, "--arms");
+      for (const auto& st : run.seed_sets()) want.set_override(st);
+      for (const auto& st : arm_sets(arm)) want.set_override(st);
       have.load_toml_file(saved.string());
       for (const auto& [key, v] : want.values()) {
         // For the unquantized arm the other precision options change nothing.
@@ -517,7 +917,7 @@ void add_experiment_commands(CLI::App& app) {
         if (key == "train.log_interval") continue;  // only what is printed
         const auto it = have.values().find(key);
         if (it == have.values().end() || !(it->second == v))
-          fail("experiment arm '", arm.name, "' in ", (out / arm.name).string(), " was trained with ", key, " = ",
+          fail("experiment arm '", run.label(), "' in ", run.dir.string(), " was trained with ", key, " = ",
                it == have.values().end() ? std::string("(unset)") : format_option_value(it->second),
                ", the configuration now says ", format_option_value(v),
                "; use another --out, or delete that folder to retrain the arm");
@@ -526,39 +926,40 @@ void add_experiment_commands(CLI::App& app) {
     if (!a->no_train) io::ensure_writable_dir(a->out);
     const auto t0 = std::chrono::steady_clock::now();
     const bool tty = isatty(STDERR_FILENO);
-    std::vector<double> arm_seconds;  // wall time of each arm trained afresh in this call (the ETA's estimate)
-    for (size_t i = 0; i < arms.size() && !a->no_train; ++i) {
-      const Arm& arm = arms[i];
-      const fs::path dir = out / arm.name;
-      const std::string log = (out / (arm.name + ".log")).string();
+    std::vector<double> arm_seconds;  // wall time of each run trained afresh in this call (the ETA's estimate)
+    for (size_t i = 0; i < runs.size() && !a->no_train; ++i) {
+      const RunSpec& run = runs[i];
+      const fs::path& dir = run.dir;
+      const std::string log = run.log.string();
       if (fs::exists(dir / "summary.json")) {
-        std::cerr << fmt::format("[{}/{}] {}: already trained ({})\n", i + 1, arms.size(), arm.name, dir.string());
+        std::cerr << fmt::format("[{}/{}] {}: already trained ({})\n", i + 1, runs.size(), run.label(), dir.string());
         continue;
       }
       std::vector<std::string> args{"train", "--run-dir", dir.string()};
       if (fs::exists(dir) && !fs::exists(dir / "checkpoints")) {
         // Stopped before its first checkpoint (killed, diverged): nothing to resume.
         std::cerr << fmt::format("[{}/{}] {}: {} holds no checkpoint (stopped early); training it afresh\n", i + 1,
-                                 arms.size(), arm.name, dir.string());
+                                 runs.size(), run.label(), dir.string());
         fs::remove_all(dir);
       }
       const bool resume = fs::exists(dir / "checkpoints");
       if (resume) {
         args.push_back("--resume");
       } else {
+        if (run.seed >= 0) fs::create_directories(dir.parent_path());
         args.insert(args.end(), {"--config", a->config});
         for (const auto& s : a->sets) args.insert(args.end(), {"--set", s});
-        args.insert(args.end(), {"--set", "precision.policy=" + arm.policy});
-        if (std::isfinite(arm.budget)) args.insert(args.end(), {"--set", fmt::format("precision.budget={}", arm.budget)});
+        for (const auto& s : run.seed_sets()) args.insert(args.end(), {"--set", s});
+        for (const auto& s : arm_sets(run.arm)) args.insert(args.end(), {"--set", s});
       }
-      std::cerr << fmt::format("[{}/{}] {}: {} (log: {})\n", i + 1, arms.size(), arm.name,
+      std::cerr << fmt::format("[{}/{}] {}: {} (log: {})\n", i + 1, runs.size(), run.label(),
                                resume ? "resuming" : "training", log);
       int64_t arms_after = 0;  // still to train after this one
-      for (size_t j = i + 1; j < arms.size(); ++j) arms_after += !fs::exists(out / arms[j].name / "summary.json");
-      // The arm's progress, from the progress lines its trainer appends to the log.
+      for (size_t j = i + 1; j < runs.size(); ++j) arms_after += !fs::exists(runs[j].dir / "summary.json");
+      // The run's progress, from the progress lines its trainer appends to the log.
       LogFollower follow(log, fs::exists(log) ? fs::file_size(log) : 0);
-      ArmProgress progress(fmt::format("[{}/{}] {}", i + 1, arms.size(), arm.name), tty, a->progress_s, arms_after,
-                           arm_seconds);
+      ArmProgress progress(fmt::format("[{}/{}] {}", i + 1, runs.size(), run.label()), tty, a->progress_s,
+                           arms_after, arm_seconds);
       const auto ts = std::chrono::steady_clock::now();
       const int rc = run_self(args, log, [&] { follow.poll([&](const std::string& l) { progress.on_line(l); }); });
       progress.finish();
@@ -568,79 +969,22 @@ void add_experiment_commands(CLI::App& app) {
         std::ifstream in(log);
         for (std::string line; std::getline(in, line);)
           if (!line.empty()) last = line;
-        fail("experiment arm '", arm.name, "' failed (exit ", rc, "): ", last, " (see ", log, ")");
+        fail("experiment arm '", run.label(), "' failed (exit ", rc, "): ", last, " (see ", log, ")");
       }
       if (!resume) arm_seconds.push_back(arm_s);
-      const ArmResult r = collect(arm, dir);
-      std::cerr << fmt::format("[{}/{}] {}: val {:.4f} in {} (experiment so far {})\n", i + 1, arms.size(),
-                               arm.name, r.val, fmt_minutes(arm_s),
+      const ArmResult r = collect(run.arm, dir);
+      std::cerr << fmt::format("[{}/{}] {}: val {:.4f} in {} (experiment so far {})\n", i + 1, runs.size(),
+                               run.label(), r.val, fmt_minutes(arm_s),
                                fmt_minutes(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
     }
-
-    // The table.
-    std::vector<ArmResult> res;
-    for (const Arm& arm : arms) res.push_back(collect(arm, out / arm.name));
-    const double ref = res.front().val;
-    for (auto& r : res)
-      if (r.done && std::isfinite(ref) && ref != 0) r.gap_pct = 100.0 * (r.val - ref) / ref;
-    std::ostringstream md;
-    md << "| arm | policy | budget | final val loss | gap to " << res.front().arm.name
-       << (res.front().arm.policy == "none" && !res.front().gemm_dtype.empty() ? " (" + res.front().gemm_dtype + " GEMMs)" : "")
-       << " | FP4 FLOPs share | wall time | tokens/s |\n|---|---|---|---|---|---|---|---|\n";
-    json jr = json::array();
-    std::ostringstream csv;
-    csv << "arm,policy,gemm_dtype,budget,final_val_loss,gap_pct,fp4_share,seconds,tokens_per_s,steps\n";
-    for (const auto& r : res) {
-      md << "| " << r.arm.name << " | " << r.policy_label() << " | " << cell(r.arm.budget, "{:.2f}") << " | "
-         << (r.done ? cell(r.val, "{:.4f}") : "not trained") << " | " << cell(r.gap_pct, "{:+.2f}%") << " | "
-         << cell(r.fp4_share, "{:.3f}") << " | " << (std::isfinite(r.seconds) ? fmt_minutes(r.seconds) : "-")
-         << " | " << cell(r.tokens_per_s, "{:.0f}") << " |\n";
-      auto num = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
-      jr.push_back({{"arm", r.arm.name}, {"policy", r.arm.policy}, {"gemm_dtype", r.gemm_dtype},
-                    {"budget", num(r.arm.budget)},
-                    {"trained", r.done}, {"final_val_loss", num(r.val)}, {"gap_pct", num(r.gap_pct)},
-                    {"fp4_share", num(r.fp4_share)}, {"seconds", num(r.seconds)},
-                    {"tokens_per_s", num(r.tokens_per_s)}, {"steps", r.steps}});
-      csv << r.arm.name << "," << r.arm.policy << "," << r.gemm_dtype << "," << cell(r.arm.budget, "{}") << "," << cell(r.val, "{}") << ","
-          << cell(r.gap_pct, "{}") << "," << cell(r.fp4_share, "{}") << "," << cell(r.seconds, "{}") << ","
-          << cell(r.tokens_per_s, "{}") << "," << r.steps << "\n";
-    }
-    md << "\nFP4 FLOPs share: mean over all steps (warmup and the final high-precision phase included). "
-          "Wall time: training steps incl. stats steps, evaluation excluded.\n";
-    // The chart: every arm's validation-loss curve.
-    std::vector<report::Series> series;
-    for (size_t i = 0; i < res.size(); ++i) {
-      const auto& r = res[i];
-      if (!r.done || r.curves.val_step.empty()) continue;
-      // 8 palette colours; the reference arm and arms past the 8th are dashed
-      // (those with another colour than the reference's).
-      series.push_back({r.arm.name, r.curves.val_step, r.curves.val_loss,
-                        report::series_color(i < 8 ? i : (i + 3) % 8), i == 0 || i >= 8});
-    }
-    report::LineChartOptions lo;
-    lo.id = "val_loss";
-    lo.title = "Validation loss per arm";
-    lo.x_label = "step";
-    lo.y_label = "validation loss (nats/token)";
-    lo.width = 900;
-    lo.height = 460;
-    // Zoom on the part where the arms differ: from the first evaluation after 20% of the run.
-    for (const auto& s : series)
-      for (size_t k = 0; k < s.x.size(); ++k)
-        if (s.x[k] >= 0.2 * s.x.back() && std::isfinite(s.y[k]))
-          lo.y_max = std::isfinite(lo.y_max) ? std::max(lo.y_max, s.y[k]) : s.y[k];
-    if (!fs::exists(out)) fail("--out: ", out.string(), " does not exist (nothing trained yet)");
-    io::write_file_atomic((out / "results.md").string(), md.str());
-    io::write_file_atomic((out / "results.json").string(), jr.dump(2) + "\n");
-    io::write_file_atomic((out / "results.csv").string(), csv.str());
-    io::write_file_atomic((out / "val_loss.svg").string(), report::svg_line_chart(series, lo) + "\n");
-    std::cout << md.str() << "\nwritten: " << (out / "results.md").string() << ", results.json, results.csv, "
-              << "val_loss.svg\n";
+    const bool seeded = a->no_train ? (!runs.empty() && runs.front().seed >= 0) : a->seeds > 0;
+    if (seeded) write_seeded_results(arms, out);
+    else write_results(arms, out);
   });
 
   struct CorrArgs {
     std::string run, out, option = "fp4", layers, replot, predictor = "q";
-    int64_t step = -1, steps = 20, eval_batches = -1;
+    int64_t step = -1, steps = 20, eval_batches = -1, repeats = 1;
   };
   auto c = std::make_shared<CorrArgs>();
   CLI::App* co = app.add_subcommand(
@@ -653,6 +997,12 @@ void add_experiment_commands(CLI::App& app) {
   co->add_option("--option", c->option, "option the studied layer runs")->capture_default_str();
   co->add_option("--layers", c->layers, "comma-separated glob patterns of layers to study (default: all)");
   co->add_option("--eval-batches", c->eval_batches, "validation micro-batches (default: the run's)");
+  co->add_option("--repeats", c->repeats,
+                 "R: run the baseline and every layer R times (repeat r: stochastic-rounding seed train.seed + r, "
+                 "the K steps' data r*K steps further on) and correlate the mean change; R >= 2 adds standard "
+                 "errors and 95% bootstrap intervals of the correlations")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{100}));
   co->add_option("--out", c->out, "results folder (default: RUN/correlation, or the --replot file's folder)");
   co->add_option("--replot", c->replot, "no training: re-plot a correlation.json with another --predictor");
   co->add_option("--predictor", c->predictor,
@@ -675,6 +1025,7 @@ void add_experiment_commands(CLI::App& app) {
       o.steps = c->steps;
       o.option = c->option;
       o.eval_batches = c->eval_batches;
+      o.repeats = c->repeats;
       o.out_dir = out_dir.empty() ? (fs::path(c->run) / "correlation").string() : out_dir;
       out_dir = o.out_dir;
       std::stringstream ss(c->layers);
@@ -694,9 +1045,10 @@ void add_experiment_commands(CLI::App& app) {
     report::ScatterOptions so;
     so.id = "correlation";
     so.title = fmt::format("{} vs measured loss change", c->predictor);
-    so.subtitle = fmt::format("{} layers, {} alone for {} steps from step {}: Pearson {:.3f}, Spearman {:.3f}",
-                              r.layers.size(), r.option, r.steps, r.step, pearson(x, dv),
-                              spearman(x, dv));
+    so.subtitle = fmt::format("{} layers, {} alone for {} steps from step {}{}: Pearson {:.3f}, Spearman {:.3f}",
+                              r.layers.size(), r.option, r.steps, r.step,
+                              r.repeats > 1 ? fmt::format(", mean of {} repeats", r.repeats) : std::string(),
+                              pearson(x, dv), spearman(x, dv));
     so.x_label = "predicted " + c->predictor + " (stats step)";
     so.y_label = "measured delta val loss (nats/token)";
     so.show_labels = r.layers.size() <= 40;
@@ -706,18 +1058,27 @@ void add_experiment_commands(CLI::App& app) {
     io::ensure_writable_dir(out_dir);
     const std::string svg_path = (fs::path(out_dir) / file).string();
     io::write_file_atomic(svg_path, report::svg_scatter(pts, so) + "\n");
-    std::cout << fmt::format("{:<44} {:>10} {:>10} {:>10} {:>12}\n", "layer", "Q", "LD", "WD", "dval");
+    const bool rep = r.repeats > 1;
+    std::cout << fmt::format("{:<44} {:>10} {:>10} {:>10} {:>12}{}\n", "layer", "Q", "LD", "WD", "dval",
+                             rep ? fmt::format(" {:>10}", "se") : std::string());
     for (const auto& l : r.layers)
-      std::cout << fmt::format("{:<44} {:>10.4g} {:>10.4g} {:>10.4g} {:>+12.5f}\n", l.name, l.q, l.ld, l.wd,
-                               l.delta_val);
-    std::cout << fmt::format("\nbaseline (unquantized) val {:.5f} after {} steps from step {}\n", r.base_val_loss, r.steps,
-                             r.step);
-    std::cout << "predictor vs measured dval:      Pearson   Spearman\n";
-    if (r.correlations.empty())  // --replot: the chosen predictor only
+      std::cout << fmt::format("{:<44} {:>10.4g} {:>10.4g} {:>10.4g} {:>+12.5f}{}\n", l.name, l.q, l.ld, l.wd,
+                               l.delta_val, rep ? fmt::format(" {:>10.5f}", l.delta_val_se) : std::string());
+    std::cout << fmt::format("\nbaseline (unquantized) val {:.5f} after {} steps from step {}{}\n", r.base_val_loss,
+                             r.steps, r.step, rep ? fmt::format(" (mean of {} repeats)", r.repeats) : std::string());
+    if (!c->replot.empty() && rep) add_bootstrap_intervals(r);
+    if (!r.correlations.count(c->predictor))  // --replot: the chosen predictor too
       r.correlations[c->predictor] = {{"pearson", pearson(x, dv)}, {"spearman", spearman(x, dv)}};
-    for (const auto& [k, m] : r.correlations)
-      if (k.find("/train") == std::string::npos)
-        std::cout << fmt::format("  {:<28} {:>9.3f} {:>10.3f}\n", k, m.at("pearson"), m.at("spearman"));
+    std::cout << "predictor vs measured dval:      Pearson   Spearman"
+              << (rep ? "   (95% bootstrap intervals)" : "") << "\n";
+    for (const auto& [k, m] : r.correlations) {
+      if (k.find("/train") != std::string::npos) continue;
+      std::string ci;
+      if (m.count("pearson_lo"))
+        ci = fmt::format("   P [{:.2f}, {:.2f}]  S [{:.2f}, {:.2f}]", m.at("pearson_lo"), m.at("pearson_hi"),
+                         m.at("spearman_lo"), m.at("spearman_hi"));
+      std::cout << fmt::format("  {:<28} {:>9.3f} {:>10.3f}{}\n", k, m.at("pearson"), m.at("spearman"), ci);
+    }
     std::cout << fmt::format("\nwritten: {}", svg_path);
     if (c->replot.empty()) std::cout << fmt::format(", {}/correlation.json, correlation.csv ({:.0f} s)", out_dir, r.seconds);
     std::cout << "\n";

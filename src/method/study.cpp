@@ -41,6 +41,7 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
   using clock = std::chrono::steady_clock;
   const auto t_start = clock::now();
   if (o.steps < 1) fail("--steps: expected >= 1 training steps per arm, got ", o.steps);
+  if (o.repeats < 1) fail("--repeats: expected >= 1 repeats, got ", o.repeats);
   const fs::path run(o.run_dir);
   if (!fs::is_regular_file(run / "config.toml"))
     fail("--run: ", (run / "config.toml").string(), " does not exist (expected a run of `snip train`)");
@@ -137,6 +138,7 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
   res.step = step0;
   res.steps = o.steps;
   res.option = o.option;
+  res.repeats = o.repeats;
 
   // After every cheap check, before hours of training: the output folder.
   if (!o.out_dir.empty()) io::ensure_writable_dir(o.out_dir);
@@ -162,11 +164,12 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
     loader.restore(loader0);
   }
 
-  // 2./3. K training steps per arm.
-  auto run_arm = [&](QuantLinear* only) -> std::pair<double, double> {
+  // 2./3. K training steps per arm; repeat r: SR seed + r, data r·K steps on.
+  auto run_arm = [&](QuantLinear* only, int64_t r) -> std::pair<double, double> {
     reset();
+    for (int64_t k = 0; k < r * o.steps * accum; ++k) loader.next(in, tg);
     if (only) (*only)->precision = LinearPrecision{quant, gemm};
-    StepContext sc{model, *opt, loader, B, T, accum, tc.grad_clip, seed, nullptr};
+    StepContext sc{model, *opt, loader, B, T, accum, tc.grad_clip, seed + uint64_t(r), nullptr};
     double train_sum = 0;
     for (int64_t k = 0; k < o.steps; ++k) train_sum += train_step(sc, step0 + k, lr_of(step0 + k)).loss;
     const double v = evaluate(model, val_bin, B, T, eval_batches);
@@ -174,11 +177,18 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
     return {v, train_sum / double(o.steps)};
   };
   auto t0 = clock::now();
-  std::tie(res.base_val_loss, res.base_train_loss) = run_arm(nullptr);
+  std::vector<double> base_train;
+  for (int64_t r = 0; r < o.repeats; ++r) {
+    const auto [v, t] = run_arm(nullptr, r);
+    res.base_val_losses.push_back(v);
+    base_train.push_back(t);
+  }
+  res.base_val_loss = summarize(res.base_val_losses).mean;
+  res.base_train_loss = summarize(base_train).mean;
   if (!o.quiet)
-    spdlog::info("baseline (unquantized, {} steps from step {}): val {:.5f}, train {:.5f} ({:.1f} s per arm)", o.steps,
-                 step0, res.base_val_loss, res.base_train_loss,
-                 std::chrono::duration<double>(clock::now() - t0).count());
+    spdlog::info("baseline (unquantized, {} steps from step {}, {} repeat{}): val {:.5f}, train {:.5f} ({:.1f} s per arm)",
+                 o.steps, step0, o.repeats, o.repeats == 1 ? "" : "s", res.base_val_loss, res.base_train_loss,
+                 std::chrono::duration<double>(clock::now() - t0).count() / double(o.repeats));
   for (size_t i = 0; i < studied.size(); ++i) {
     QuantLinear& l = studied[i];
     CorrelationLayer cl;
@@ -191,12 +201,25 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
     cl.q = os.q, cl.ld = os.ld, cl.wd = os.wd_own + os.wd_upstream;
     cl.ld_first_order = os.ld_first_order, cl.ld_curvature = os.ld_curvature, cl.wd_own = os.wd_own, cl.wd_upstream = os.wd_upstream;
     cl.rel_err_fprop = os.rel_err[Gemm::kFprop];
-    std::tie(cl.val_loss, cl.train_loss) = run_arm(&l);
-    cl.delta_val = cl.val_loss - res.base_val_loss;
-    cl.delta_train = cl.train_loss - res.base_train_loss;
+    std::vector<double> vals, trains, dts;
+    for (int64_t r = 0; r < o.repeats; ++r) {
+      const auto [v, t] = run_arm(&l, r);
+      vals.push_back(v);
+      trains.push_back(t);
+      cl.delta_val_repeats.push_back(v - res.base_val_losses[size_t(r)]);
+      dts.push_back(t - base_train[size_t(r)]);
+    }
+    cl.val_loss = summarize(vals).mean;
+    cl.train_loss = summarize(trains).mean;
+    const SampleSummary dv = summarize(cl.delta_val_repeats), dt = summarize(dts);
+    cl.delta_val = dv.mean;
+    cl.delta_train = dt.mean;
+    cl.delta_val_se = dv.se();
+    cl.delta_train_se = dt.se();
     if (!o.quiet)
-      spdlog::info("[{}/{}] {}: Q {:.4g}  measured dval {:+.5f} dtrain {:+.5f}", i + 1, studied.size(), cl.name,
-                   cl.q, cl.delta_val, cl.delta_train);
+      spdlog::info("[{}/{}] {}: Q {:.4g}  measured dval {:+.5f}{} dtrain {:+.5f}", i + 1, studied.size(), cl.name,
+                   cl.q, cl.delta_val, o.repeats > 1 ? fmt::format(" (se {:.5f})", cl.delta_val_se) : std::string(),
+                   cl.delta_train);
     res.layers.push_back(cl);
   }
   model->set_precision(LinearPrecision{nullptr, gemm});
@@ -214,6 +237,7 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
     res.correlations[name] = {{"pearson", pearson(x, dv)}, {"spearman", spearman(x, dv)}};
     res.correlations[name + "/train"] = {{"pearson", pearson(x, dt)}, {"spearman", spearman(x, dt)}};
   }
+  if (o.repeats >= 2) add_bootstrap_intervals(res);
   res.seconds = std::chrono::duration<double>(clock::now() - t_start).count();
 
   if (!o.out_dir.empty()) {
@@ -223,15 +247,34 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
     j["checkpoint"] = ckpt;
     io::write_file_atomic((fs::path(o.out_dir) / "correlation.json").string(), j.dump(2) + "\n");
     std::ostringstream csv;
-    csv << "layer,q,ld,wd,ld_first_order,ld_curvature,wd_own,wd_upstream,rel_err_fprop,val_loss,train_loss,delta_val,delta_train\n";
+    csv << "layer,q,ld,wd,ld_first_order,ld_curvature,wd_own,wd_upstream,rel_err_fprop,val_loss,train_loss,delta_val,"
+           "delta_train,delta_val_se,delta_train_se";
+    for (int64_t r = 0; r < res.repeats; ++r) csv << ",delta_val_r" << r;
+    csv << "\n";
     csv.precision(10);
-    for (const auto& c : res.layers)
+    for (const auto& c : res.layers) {
       csv << c.name << "," << c.q << "," << c.ld << "," << c.wd << "," << c.ld_first_order << "," << c.ld_curvature << ","
           << c.wd_own << "," << c.wd_upstream << "," << c.rel_err_fprop << "," << c.val_loss << "," << c.train_loss << ","
-          << c.delta_val << "," << c.delta_train << "\n";
+          << c.delta_val << "," << c.delta_train << "," << c.delta_val_se << "," << c.delta_train_se;
+      for (double d : c.delta_val_repeats) csv << "," << d;
+      csv << "\n";
+    }
     io::write_file_atomic((fs::path(o.out_dir) / "correlation.csv").string(), csv.str());
   }
   return res;
+}
+
+void add_bootstrap_intervals(CorrelationResult& r) {
+  std::vector<double> dv;
+  for (const auto& c : r.layers) dv.push_back(c.delta_val);
+  for (const auto& name : kBootstrapPredictors) {
+    const std::vector<double> x = predictor_values(r, name);
+    const BootstrapInterval p = bootstrap_interval(x, dv, pearson), s = bootstrap_interval(x, dv, spearman);
+    auto& m = r.correlations[name];
+    m["pearson"] = p.value;
+    m["spearman"] = s.value;
+    m["pearson_lo"] = p.lo, m["pearson_hi"] = p.hi, m["spearman_lo"] = s.lo, m["spearman_hi"] = s.hi;
+  }
 }
 
 std::vector<double> predictor_values(const CorrelationResult& r, const std::string& name) {
@@ -274,6 +317,9 @@ CorrelationResult correlation_from_json(const json& j, const std::string& what) 
     r.option = j.at("option").get<std::string>();
     r.base_val_loss = j.at("base_val_loss").get<double>();
     r.base_train_loss = j.at("base_train_loss").get<double>();
+    r.repeats = j.value("repeats", int64_t{1});
+    r.base_val_losses = j.contains("base_val_losses") ? j.at("base_val_losses").get<std::vector<double>>()
+                                                      : std::vector<double>{r.base_val_loss};
     for (const json& l : j.at("layers")) {
       CorrelationLayer c;
       c.name = l.at("name").get<std::string>();
@@ -285,6 +331,12 @@ CorrelationResult correlation_from_json(const json& j, const std::string& what) 
                {"train_loss", &CorrelationLayer::train_loss}, {"delta_val", &CorrelationLayer::delta_val},
                {"delta_train", &CorrelationLayer::delta_train}})
         c.*f = l.at(k).get<double>();
+      // Written since --repeats (2026-12-02); older files have one repeat.
+      for (auto [k, f] : std::initializer_list<std::pair<const char*, double CorrelationLayer::*>>{
+               {"delta_val_se", &CorrelationLayer::delta_val_se}, {"delta_train_se", &CorrelationLayer::delta_train_se}})
+        if (l.contains(k) && l.at(k).is_number()) c.*f = l.at(k).get<double>();
+      if (l.contains("delta_val_repeats")) c.delta_val_repeats = l.at("delta_val_repeats").get<std::vector<double>>();
+      else c.delta_val_repeats = {c.delta_val};
       r.layers.push_back(c);
     }
   } catch (const json::exception& e) {
@@ -299,11 +351,15 @@ json to_json(const CorrelationResult& r) {
     layers.push_back({{"name", c.name}, {"q", c.q}, {"ld", c.ld}, {"wd", c.wd}, {"ld_first", c.ld_first_order},
                       {"ld_second", c.ld_curvature}, {"wd_own", c.wd_own}, {"wd_up", c.wd_upstream},
                       {"rel_err_fprop", c.rel_err_fprop}, {"val_loss", c.val_loss}, {"train_loss", c.train_loss},
-                      {"delta_val", c.delta_val}, {"delta_train", c.delta_train}});
+                      {"delta_val", c.delta_val}, {"delta_train", c.delta_train},
+                      {"delta_val_se", std::isfinite(c.delta_val_se) ? json(c.delta_val_se) : json(nullptr)},
+                      {"delta_train_se", std::isfinite(c.delta_train_se) ? json(c.delta_train_se) : json(nullptr)},
+                      {"delta_val_repeats", c.delta_val_repeats}});
   json corr = json::object();
   for (const auto& [k, m] : r.correlations)
     for (const auto& [kk, v] : m) corr[k][kk] = std::isfinite(v) ? json(v) : json(nullptr);
-  return {{"step", r.step}, {"steps", r.steps}, {"option", r.option}, {"base_val_loss", r.base_val_loss},
+  return {{"step", r.step}, {"steps", r.steps}, {"option", r.option}, {"repeats", r.repeats},
+          {"base_val_losses", r.base_val_losses}, {"base_val_loss", r.base_val_loss},
           {"base_train_loss", r.base_train_loss}, {"layers", layers}, {"correlations", corr},
           {"seconds", r.seconds}};
 }

@@ -444,7 +444,11 @@ std::string svg_line_chart(const std::vector<Series>& series_in, const LineChart
     c.x.resize(std::min(s.x.size(), s.y.size()));
     c.y.resize(c.x.size());
     if (c.color.empty()) c.color = series_color(i);
-    if (c.x.size() > o.max_points) downsample_minmax(c.x, c.y, o.max_points);
+    if (c.y_lo.size() != c.x.size() || c.y_hi.size() != c.x.size()) c.y_lo.clear(), c.y_hi.clear();
+    if (c.x.size() > o.max_points) {  // a band is dropped with downsampling (it would not match the points)
+      downsample_minmax(c.x, c.y, o.max_points);
+      c.y_lo.clear(), c.y_hi.clear();
+    }
     series.push_back(std::move(c));
   }
   const PlotRect r = line_chart_plot_rect(series, o);
@@ -463,6 +467,10 @@ std::string svg_line_chart(const std::vector<Series>& series_in, const LineChart
       xmx = std::max(xmx, s.x[k]);
       ymn = std::min(ymn, s.y[k]);
       ymx = std::max(ymx, s.y[k]);
+      if (k < s.y_lo.size() && std::isfinite(s.y_lo[k]) && std::isfinite(s.y_hi[k])) {
+        ymn = std::min(ymn, s.y_lo[k]);
+        ymx = std::max(ymx, s.y_hi[k]);
+      }
     }
   if (series.empty()) {
     Axis ax{0, 1, false, r.left, r.right}, ay{0, 1, false, r.bottom, r.top};
@@ -495,6 +503,18 @@ std::string svg_line_chart(const std::vector<Series>& series_in, const LineChart
   os << "<defs><clipPath id=\"" << clip << "\"><rect x=\"" << f2(r.left - 2) << "\" y=\"" << f2(r.top - 2)
      << "\" width=\"" << f2(r.right - r.left + 4) << "\" height=\"" << f2(r.bottom - r.top + 4) << "\"/></clipPath></defs>";
   os << "<g class=\"series-group\" clip-path=\"url(#" << clip << ")\" fill=\"none\" stroke-linejoin=\"round\" stroke-linecap=\"round\">";
+  for (const Series& s : series) {  // bands first, under every line
+    if (s.y_lo.empty()) continue;
+    std::string up, down;
+    for (size_t k = 0; k < s.x.size(); ++k) {
+      if (!ax.plottable(s.x[k]) || !std::isfinite(s.y_lo[k]) || !std::isfinite(s.y_hi[k])) continue;
+      up += (up.empty() ? "M" : " L") + f2(ax.map(s.x[k])) + "," + f2(ay.map(s.y_hi[k]));
+      down = " L" + f2(ax.map(s.x[k])) + "," + f2(ay.map(s.y_lo[k])) + down;
+    }
+    if (up.empty()) continue;
+    os << "<path class=\"band\" data-series=\"" << xml_escape(s.name) << "\" d=\"" << up << down
+       << " Z\" fill=\"" << s.color << "\" fill-opacity=\"0.15\" stroke=\"none\"/>";
+  }
   std::ostringstream marks;  // drawn over every line
   auto marker = [&](const Series& s, size_t k) {
     marks << "<circle class=\"marker\" data-series=\"" << xml_escape(s.name) << "\" data-x=\"" << g6(s.x[k])

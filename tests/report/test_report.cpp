@@ -180,6 +180,33 @@ TEST(Svg, LineChartPointsMapToPlotCorners) {
   EXPECT_EQ(svg.find("http://", 30), std::string::npos);  // only the xmlns
 }
 
+TEST(Svg, LineChartBandIsAPolygonUnderTheLine) {
+  // Same frame as LineChartPointsMapToPlotCorners: x 1..3 -> 64..740, y 0..1 -> 292..56.
+  // Band hi (0.5, 1, 1) -> y 174, 56, 56; lo (0, 0, 0.5) -> 292, 292, 174; out along hi, back along lo.
+  LineChartOptions o;
+  o.title = "t";
+  o.y_min = 0;
+  o.y_max = 1;
+  Series s{"a", {1, 2, 3}, {0.25, 0.5, 0.75}};
+  s.y_lo = {0, 0, 0.5};
+  s.y_hi = {0.5, 1, 1};
+  const std::string svg = svg_line_chart({s}, o);
+  EXPECT_EQ(count(svg, "class=\"band\""), 1u);
+  EXPECT_EQ(first_attr(svg, "band", "d"),
+            "M64.00,174.00 L402.00,56.00 L740.00,56.00 L740.00,174.00 L402.00,292.00 L64.00,292.00 Z");
+  EXPECT_LT(svg.find("class=\"band\""), svg.find("class=\"series\""));  // drawn under the line
+  // A band of the wrong length is no band; the automatic y range holds the band.
+  s.y_lo = {0};
+  EXPECT_EQ(count(svg_line_chart({s}, o), "class=\"band\""), 0u);
+  Series w{"w", {1, 2}, {1, 1}};
+  w.y_lo = {-3, 0};
+  w.y_hi = {2, 9};
+  LineChartOptions auto_y;
+  const std::string a = svg_line_chart({w}, auto_y);
+  EXPECT_NE(a.find(">-4<"), std::string::npos);  // ticks reach below -3 and above 9
+  EXPECT_NE(a.find(">10<"), std::string::npos);
+}
+
 TEST(Svg, LineChartSeriesCountColoursAndDashes) {
   LineChartOptions o;
   const std::string svg = svg_line_chart({Series{"run", {1, 2}, {3, 4}}, Series{"ref", {1, 2}, {3.5, 4.5}, "", true},
@@ -400,6 +427,58 @@ TEST(Report, Correlations) {
   EXPECT_NEAR(spearman({1, 1, 2}, {1, 2, 3}), std::sqrt(3.0) / 2, 1e-12);
   EXPECT_TRUE(std::isnan(pearson({1}, {1})));
   EXPECT_TRUE(std::isnan(pearson({1, 1}, {1, 2})));
+}
+
+TEST(Report, SeedStatistics) {
+  // Hand-derived: {1, 2, 3, 6}: mean 3, squares 4+1+0+9 = 14, sd = sqrt(14/3).
+  const snip::SampleSummary s = snip::summarize({1, 2, kNaN, 3, 6});
+  EXPECT_EQ(s.n, 4u);
+  EXPECT_DOUBLE_EQ(s.mean, 3.0);
+  EXPECT_NEAR(s.sd, std::sqrt(14.0 / 3.0), 1e-15);
+  EXPECT_NEAR(s.se(), std::sqrt(14.0 / 3.0) / 2, 1e-15);
+  EXPECT_TRUE(std::isnan(snip::summarize({5}).sd));
+  EXPECT_TRUE(std::isnan(snip::summarize({}).mean));
+  // Student t quantiles from the published tables (e.g. NIST/SEMATECH e-Handbook 1.3.6.7.2).
+  EXPECT_NEAR(snip::t_quantile(0.975, 1), 12.706, 5e-4);
+  EXPECT_NEAR(snip::t_quantile(0.975, 2), 4.303, 5e-4);
+  EXPECT_NEAR(snip::t_quantile(0.975, 4), 2.776, 5e-4);
+  EXPECT_NEAR(snip::t_quantile(0.975, 30), 2.042, 5e-4);
+  EXPECT_NEAR(snip::t_quantile(0.95, 10), 1.812, 5e-4);
+  EXPECT_NEAR(snip::t_quantile(0.025, 2), -4.303, 5e-4);
+  EXPECT_TRUE(std::isnan(snip::t_quantile(1.0, 3)));
+  EXPECT_TRUE(std::isnan(snip::t_quantile(0.5, 0)));
+  // {1, 2, 3}: mean 2, sd 1, half-width t(0.975, 2) / sqrt(3) = 4.302653 / 1.732051 = 2.484138.
+  const snip::MeanInterval m = snip::t_interval({1, 2, 3});
+  EXPECT_NEAR(m.lo, 2 - 2.484138, 1e-6);
+  EXPECT_NEAR(m.hi, 2 + 2.484138, 1e-6);
+  EXPECT_EQ(m.sign(), 0);
+  EXPECT_EQ(snip::t_interval({-5, -6, -5.5}).sign(), -1);  // half-width 1.24 < 5.5
+  EXPECT_EQ(snip::t_interval({5, 6, 5.5}).sign(), 1);
+  EXPECT_EQ(snip::t_interval({5}).sign(), 0);  // n < 2: no interval, no verdict
+  EXPECT_TRUE(std::isnan(snip::t_interval({5}).lo));
+}
+
+TEST(Report, BootstrapIntervalOfACorrelation) {
+  // A perfect linear relation stays perfect in every resample that has two
+  // distinct x (the others give NaN and are dropped): [1, 1].
+  const std::vector<double> x{1, 2, 3, 4, 5, 6, 7, 8}, y{3, 5, 7, 9, 11, 13, 15, 17};
+  const snip::BootstrapInterval b = snip::bootstrap_interval(x, y, pearson, 500);
+  EXPECT_DOUBLE_EQ(b.value, 1.0);
+  EXPECT_NEAR(b.lo, 1.0, 1e-12);
+  EXPECT_NEAR(b.hi, 1.0, 1e-12);
+  EXPECT_GT(b.resamples, 490);
+  // Noisy data: the interval is ordered, holds the point estimate here, and
+  // is reproducible for a seed; another seed moves it a little.
+  const std::vector<double> n{2, 1, 4, 3, 6, 8, 5, 7};
+  const snip::BootstrapInterval c = snip::bootstrap_interval(x, n, spearman, 2000, 0.95, 7);
+  EXPECT_LE(c.lo, c.value);
+  EXPECT_GE(c.hi, c.value);
+  EXPECT_LT(c.lo, c.hi);
+  EXPECT_LE(c.hi, 1.0);
+  const snip::BootstrapInterval d = snip::bootstrap_interval(x, n, spearman, 2000, 0.95, 7);
+  EXPECT_EQ(c.lo, d.lo);
+  EXPECT_EQ(c.hi, d.hi);
+  EXPECT_TRUE(std::isnan(snip::bootstrap_interval({1, 2}, {1, 2}, pearson).value));  // fewer than 3 pairs
 }
 
 TEST(Report, ReadMetricsToleratesTornLineAndResumedTail) {

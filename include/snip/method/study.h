@@ -13,7 +13,15 @@
 //      layer l quantized at `option` (all three GEMMs), then v_l and t_l.
 //      measured Δval_l = v_l − v_0, Δtrain_l = t_l − t_0 (nats/token).
 // Everything is deterministic (same data, same stochastic-rounding keys), so
-// Δ_l is the effect of quantizing l alone, not run-to-run noise.
+// Δ_l is the effect of quantizing l alone, not run-to-run noise. But one
+// K-step window is one trajectory: a perturbation of any layer moves the
+// loss by a chaotic amount of the same size as small effects. Repeats
+// (options.repeats = R > 1) average that out: repeat r (0 .. R−1) runs the
+// baseline and every layer arm again with stochastic-rounding seed
+// train.seed + r and the K steps' data taken r·K steps further along the
+// run's data order (repeat 0 is the single study); Δ_l is the mean of the R
+// per-repeat differences (each against its own repeat's baseline), reported
+// with its standard error sd/√R.
 //
 // Correlations: Pearson (linear) and Spearman (Pearson of average ranks, ties
 // share their mean rank; report::pearson / report::spearman, report.h) between the measured Δval and each predictor: Q, LD,
@@ -22,12 +30,17 @@
 // same measured parts (LD = max(0, F + ½·max(c,0)·||e||²), normalised by its
 // sum over the studied layers, likewise WD; Q = α·LDn + (1−α)·WDn).
 //
+// With R >= 2 each correlation of a predictor named in kBootstrapPredictors
+// also gets a 95% percentile-bootstrap interval (2000 resamples of the
+// layers, statistics.h bootstrap_interval).
+//
 // Output (OUT = options.out_dir): OUT/correlation.json (every number, the
 // command's options and the correlation grid), OUT/correlation.csv (one row
 // per layer), written atomically.
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -46,7 +59,12 @@ struct CorrelationOptions {
   int64_t eval_batches = -1;  ///< validation micro-batches; -1 = the run's train.eval_batches
   std::string out_dir;        ///< where the results go ("" = nowhere)
   bool quiet = false;         ///< no progress lines
+  int64_t repeats = 1;        ///< R: repeats of the baseline and every layer arm (header comment), >= 1
 };
+
+/// The predictors whose correlations get bootstrap intervals (R >= 2).
+inline const std::vector<std::string> kBootstrapPredictors = {"q", "ld", "wd", "rel_err_fprop", "ld[drop]",
+                                                              "q[drop,a=0.5]", "q[drop,a=0.75]"};
 
 /// One studied layer.
 struct CorrelationLayer {
@@ -56,17 +74,26 @@ struct CorrelationLayer {
   double wd_own = 0, wd_upstream = 0;                 ///< fractions
   double rel_err_fprop = 0;                     ///< ||e_fprop||/||Y|| at `option`
   double val_loss = 0, train_loss = 0;          ///< after / over the K steps (nats/token)
-  double delta_val = 0, delta_train = 0;        ///< minus the baseline (nats/token)
+  double delta_val = 0, delta_train = 0;        ///< minus the baseline, mean over repeats (nats/token)
+  /// Standard errors of delta_val / delta_train over the repeats (sd/√R;
+  /// NaN for R = 1).
+  double delta_val_se = std::numeric_limits<double>::quiet_NaN(),
+         delta_train_se = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> delta_val_repeats;        ///< Δval of each repeat (R values; nats/token)
 };
 
 /// What correlation_study() found.
 struct CorrelationResult {
   int64_t step = 0, steps = 0;
   std::string option;
-  double base_val_loss = 0, base_train_loss = 0;  ///< the all-BF16 arm (nats/token)
+  int64_t repeats = 1;
+  double base_val_loss = 0, base_train_loss = 0;  ///< the all-BF16 arm, mean over repeats (nats/token)
+  std::vector<double> base_val_losses;            ///< the all-BF16 arm's val loss in each repeat
   std::vector<CorrelationLayer> layers;
   /// predictor name ("q", "ld", "wd", "rel_err_fprop", "q[abs,a=0.5]", ...) ->
-  /// {"pearson", "spearman"} against delta_val, and "<name>/train" against delta_train.
+  /// {"pearson", "spearman"} against delta_val, and "<name>/train" against delta_train;
+  /// with R >= 2, for kBootstrapPredictors also "pearson_lo", "pearson_hi",
+  /// "spearman_lo", "spearman_hi" (95% percentile bootstrap).
   std::map<std::string, std::map<std::string, double>> correlations;
   double seconds = 0;  ///< wall time of the study
 };
@@ -81,6 +108,12 @@ nlohmann::json to_json(const CorrelationResult& r);
 /// Inverse of to_json (layers and base losses; correlations recomputed by the
 /// caller). Throws UserError naming `what` for a malformed file.
 CorrelationResult correlation_from_json(const nlohmann::json& j, const std::string& what);
+/// Adds 95% percentile-bootstrap intervals (statistics.h
+/// bootstrap_interval: 2000 resamples of the layers, seed 1) of Pearson and
+/// Spearman against delta_val to r.correlations for every predictor of
+/// kBootstrapPredictors (keys pearson_lo/hi, spearman_lo/hi; pearson and
+/// spearman themselves are (re)computed too).
+void add_bootstrap_intervals(CorrelationResult& r);
 /// The values of one predictor per studied layer: "q", "ld", "wd", "wd_own",
 /// "rel_err_fprop", "ld[abs|signed|drop]" or "q[<first_order>,a=<α>]" (the
 /// grid of the header comment, any α in [0, 1]). Throws UserError for an

@@ -69,6 +69,12 @@ struct Series {
   /// steps: filled for a solid series, hollow (white fill) for a dashed one.
   /// Lone points get one whether or not this is set.
   bool markers = false;
+  /// An optional band around the line (e.g. ± one standard deviation over
+  /// seeds): y_lo[k] and y_hi[k] at x[k], same length as x, drawn as a
+  /// filled polygon (<path class="band">, the series' colour at fill-opacity
+  /// 0.15) under every line. Empty = no band; points with a non-finite end
+  /// are left out of the band.
+  std::vector<double> y_lo, y_hi;
 
   Series() = default;
   Series(std::string name_, std::vector<double> x_, std::vector<double> y_, std::string color_ = "",
