@@ -544,6 +544,18 @@ void zoom_y(const std::vector<report::Series>& series, report::LineChartOptions&
     }
 }
 
+/// Writes OUT/results.md, .json, .csv and val_loss.svg (atomically) and
+/// prints the table and the files' names.
+void write_result_files(const fs::path& out, const std::string& md, const json& j, const std::string& csv,
+                        const std::string& svg) {
+  io::write_file_atomic((out / "results.md").string(), md);
+  io::write_file_atomic((out / "results.json").string(), j.dump(2) + "\n");
+  io::write_file_atomic((out / "results.csv").string(), csv);
+  io::write_file_atomic((out / "val_loss.svg").string(), svg + "\n");
+  std::cout << md << "\nwritten: " << (out / "results.md").string() << ", results.json, results.csv, "
+            << "val_loss.svg\n";
+}
+
 report::LineChartOptions val_chart_options() {
   report::LineChartOptions lo;
   lo.id = "val_loss";
@@ -599,12 +611,7 @@ void write_results(const std::vector<Arm>& arms, const fs::path& out) {
   report::LineChartOptions lo = val_chart_options();
   zoom_y(series, lo);
   if (!fs::exists(out)) fail("--out: ", out.string(), " does not exist (nothing trained yet)");
-  io::write_file_atomic((out / "results.md").string(), md.str());
-  io::write_file_atomic((out / "results.json").string(), jr.dump(2) + "\n");
-  io::write_file_atomic((out / "results.csv").string(), csv.str());
-  io::write_file_atomic((out / "val_loss.svg").string(), report::svg_line_chart(series, lo) + "\n");
-  std::cout << md.str() << "\nwritten: " << (out / "results.md").string() << ", results.json, results.csv, "
-            << "val_loss.svg\n";
+  write_result_files(out, md.str(), jr, csv.str(), report::svg_line_chart(series, lo));
 }
 
 /// One arm over its seeds.
@@ -653,8 +660,9 @@ std::string seed_list(const std::vector<int64_t>& seeds) {
 /// the tables: per arm the mean, sample standard deviation and per-seed
 /// values of the final validation loss; the noise floor (the reference
 /// arm's standard deviation); paired comparisons (same seed, A minus B)
-/// with a 95% Student-t interval for every arm against the reference and
-/// every snip arm against every other arm that is not snip. The CSV holds
+/// with a 95% Student-t interval for every arm against the reference, every
+/// snip arm against every uniform arm and every heuristic at its budget,
+/// and a per-GEMM arm against its per-layer twin. The CSV holds
 /// one row per run (the raw numbers). The chart: each arm's mean curve and
 /// a band of ± one standard deviation over its seeds.
 void write_seeded_results(const std::vector<Arm>& arms, const fs::path& out) {
@@ -686,11 +694,22 @@ void write_seeded_results(const std::vector<Arm>& arms, const fs::path& out) {
       ref.arm.name + (ref.arm.policy == "none" && !ref.gemm_dtype.empty() ? " (" + ref.gemm_dtype + " GEMMs)" : "");
 
   std::vector<Paired> cmp;
+  // Every arm against the reference; every snip arm against each other arm
+  // that plans nothing (uniform) or plans at its budget (the heuristics at
+  // the same FP4 budget); a per-GEMM arm against its per-layer twin.
   auto is_snip = [](const SeededArm& a) { return a.arm.policy == "snip"; };
+  auto same_budget = [](const Arm& x, const Arm& y) {
+    return !std::isfinite(y.budget) || (std::isfinite(x.budget) && x.budget == y.budget);
+  };
   for (size_t i = 1; i < res.size(); ++i) cmp.push_back(paired(res[i], ref));
   for (size_t i = 1; i < res.size(); ++i)
-    for (size_t j = 1; j < res.size(); ++j)
-      if (i != j && is_snip(res[i]) && !is_snip(res[j])) cmp.push_back(paired(res[i], res[j]));
+    for (size_t j = 1; j < res.size(); ++j) {
+      const Arm &x = res[i].arm, &y = res[j].arm;
+      if (i == j || !is_snip(res[i])) continue;
+      const bool twin = x.per_gemm && !y.per_gemm && x.policy == y.policy && same_budget(x, y) &&
+                        std::isfinite(y.budget);
+      if ((!is_snip(res[j]) && same_budget(x, y)) || twin) cmp.push_back(paired(res[i], res[j]));
+    }
 
   std::ostringstream md;
   md << fmt::format("Noise floor: the reference arm {} over {} seed{} ({}): final validation loss {} ± {} "
@@ -785,12 +804,7 @@ void write_seeded_results(const std::vector<Arm>& arms, const fs::path& out) {
   report::LineChartOptions lo = val_chart_options();
   lo.title = "Validation loss per arm: mean over seeds, band ± 1 standard deviation";
   zoom_y(series, lo);
-  io::write_file_atomic((out / "results.md").string(), md.str());
-  io::write_file_atomic((out / "results.json").string(), jr.dump(2) + "\n");
-  io::write_file_atomic((out / "results.csv").string(), csv.str());
-  io::write_file_atomic((out / "val_loss.svg").string(), report::svg_line_chart(series, lo) + "\n");
-  std::cout << md.str() << "\nwritten: " << (out / "results.md").string() << ", results.json, results.csv, "
-            << "val_loss.svg\n";
+  write_result_files(out, md.str(), jr, csv.str(), report::svg_line_chart(series, lo));
 }
 
 }  // namespace

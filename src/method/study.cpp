@@ -227,12 +227,7 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
   // Correlations.
   std::vector<double> dv, dt;
   for (const auto& cl : res.layers) dv.push_back(cl.delta_val), dt.push_back(cl.delta_train);
-  std::vector<std::string> names = {"q", "ld", "wd", "wd_own", "rel_err_fprop"};
-  for (const std::string fo : {"abs", "signed", "drop"}) {
-    names.push_back("ld[" + fo + "]");
-    for (const char* a : {"0", "0.25", "0.5", "0.75", "1"}) names.push_back("q[" + fo + ",a=" + a + "]");
-  }
-  for (const auto& name : names) {
+  for (const auto& name : predictor_names()) {
     const std::vector<double> x = predictor_values(res, name);
     res.correlations[name] = {{"pearson", pearson(x, dv)}, {"spearman", spearman(x, dv)}};
     res.correlations[name + "/train"] = {{"pearson", pearson(x, dt)}, {"spearman", spearman(x, dt)}};
@@ -264,10 +259,19 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
   return res;
 }
 
+std::vector<std::string> predictor_names() {
+  std::vector<std::string> names = {"q", "ld", "wd", "wd_own", "rel_err_fprop"};
+  for (const std::string fo : {"abs", "signed", "drop"}) {
+    names.push_back("ld[" + fo + "]");
+    for (const char* a : {"0", "0.25", "0.5", "0.75", "1"}) names.push_back("q[" + fo + ",a=" + a + "]");
+  }
+  return names;
+}
+
 void add_bootstrap_intervals(CorrelationResult& r) {
   std::vector<double> dv;
   for (const auto& c : r.layers) dv.push_back(c.delta_val);
-  for (const auto& name : kBootstrapPredictors) {
+  for (const auto& name : predictor_names()) {
     const std::vector<double> x = predictor_values(r, name);
     const BootstrapInterval p = bootstrap_interval(x, dv, pearson), s = bootstrap_interval(x, dv, spearman);
     auto& m = r.correlations[name];

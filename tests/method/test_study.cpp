@@ -88,6 +88,41 @@ TEST(CorrelationStudy, BaselineReproducesTheRunAndLayersMove) {
   for (std::string line; std::getline(csv, line);) ++lines;
   EXPECT_EQ(lines, 9);
 
+  // Repeats (issue 16): repeat 0 is the study above bit for bit; repeat 1
+  // trains on the next 4 steps' data with another SR seed (its own
+  // baseline); the layer's change is the mean of the two, its standard
+  // error sd/sqrt(2) = |d0 - d1| / 2.
+  co.repeats = 2;
+  co.out_dir = o.run_dir + "/corr2";
+  const CorrelationResult r2 = correlation_study(co);
+  ASSERT_EQ(r2.base_val_losses.size(), 2u);
+  EXPECT_EQ(r2.base_val_losses[0], r.base_val_loss);
+  EXPECT_NE(r2.base_val_losses[1], r.base_val_loss);  // other data
+  ASSERT_EQ(r2.layers.size(), r.layers.size());
+  std::vector<double> dv2;
+  for (size_t i = 0; i < r2.layers.size(); ++i) {
+    const auto& l = r2.layers[i];
+    SCOPED_TRACE(l.name);
+    ASSERT_EQ(l.delta_val_repeats.size(), 2u);
+    EXPECT_EQ(l.delta_val_repeats[0], r.layers[i].delta_val);
+    EXPECT_DOUBLE_EQ(l.delta_val, (l.delta_val_repeats[0] + l.delta_val_repeats[1]) / 2);
+    EXPECT_NEAR(l.delta_val_se, std::abs(l.delta_val_repeats[0] - l.delta_val_repeats[1]) / 2, 1e-15);
+    EXPECT_EQ(l.q, r.layers[i].q);  // one prediction
+    dv2.push_back(l.delta_val);
+  }
+  const auto& m = r2.correlations.at("q");
+  EXPECT_DOUBLE_EQ(m.at("pearson"), pearson(q, dv2));
+  EXPECT_LE(m.at("pearson_lo"), m.at("pearson_hi"));
+  EXPECT_LE(m.at("spearman_lo"), m.at("spearman_hi"));
+  EXPECT_EQ(r.correlations.at("q").count("pearson_lo"), 0u);  // one repeat: no interval
+  const CorrelationResult back2 = correlation_from_json(json::parse(to_json(r2).dump()), "round trip");
+  EXPECT_EQ(back2.repeats, 2);
+  EXPECT_EQ(back2.layers[0].delta_val_repeats, r2.layers[0].delta_val_repeats);
+  EXPECT_EQ(back2.layers[0].delta_val_se, r2.layers[0].delta_val_se);
+  co.repeats = 0;
+  EXPECT_NE(test::error_of([&] { correlation_study(co); }).find("--repeats: expected >= 1"), std::string::npos);
+  co.repeats = 1;
+
   co.layers = {"*.nothing"};
   EXPECT_NE(test::error_of([&] { correlation_study(co); }).find("--layers: pattern '*.nothing' matches no"),
             std::string::npos);

@@ -30,8 +30,7 @@
 // same measured parts (LD = max(0, F + ½·max(c,0)·||e||²), normalised by its
 // sum over the studied layers, likewise WD; Q = α·LDn + (1−α)·WDn).
 //
-// With R >= 2 each correlation of a predictor named in kBootstrapPredictors
-// also gets a 95% percentile-bootstrap interval (2000 resamples of the
+// With R >= 2 each correlation of a predictor (predictor_names()) also gets a 95% percentile-bootstrap interval (2000 resamples of the
 // layers, statistics.h bootstrap_interval).
 //
 // Output (OUT = options.out_dir): OUT/correlation.json (every number, the
@@ -62,9 +61,6 @@ struct CorrelationOptions {
   int64_t repeats = 1;        ///< R: repeats of the baseline and every layer arm (header comment), >= 1
 };
 
-/// The predictors whose correlations get bootstrap intervals (R >= 2).
-inline const std::vector<std::string> kBootstrapPredictors = {"q", "ld", "wd", "rel_err_fprop", "ld[drop]",
-                                                              "q[drop,a=0.5]", "q[drop,a=0.75]"};
 
 /// One studied layer.
 struct CorrelationLayer {
@@ -92,7 +88,7 @@ struct CorrelationResult {
   std::vector<CorrelationLayer> layers;
   /// predictor name ("q", "ld", "wd", "rel_err_fprop", "q[abs,a=0.5]", ...) ->
   /// {"pearson", "spearman"} against delta_val, and "<name>/train" against delta_train;
-  /// with R >= 2, for kBootstrapPredictors also "pearson_lo", "pearson_hi",
+  /// with R >= 2 also "pearson_lo", "pearson_hi",
   /// "spearman_lo", "spearman_hi" (95% percentile bootstrap).
   std::map<std::string, std::map<std::string, double>> correlations;
   double seconds = 0;  ///< wall time of the study
@@ -108,10 +104,14 @@ nlohmann::json to_json(const CorrelationResult& r);
 /// Inverse of to_json (layers and base losses; correlations recomputed by the
 /// caller). Throws UserError naming `what` for a malformed file.
 CorrelationResult correlation_from_json(const nlohmann::json& j, const std::string& what);
+/// The predictors the study correlates, in order: q, ld, wd, wd_own,
+/// rel_err_fprop, then per first-order rule (abs, signed, drop) ld[rule] and
+/// q[rule,a=α] for α in 0, 0.25, 0.5, 0.75, 1.
+std::vector<std::string> predictor_names();
 /// Adds 95% percentile-bootstrap intervals (statistics.h
 /// bootstrap_interval: 2000 resamples of the layers, seed 1) of Pearson and
 /// Spearman against delta_val to r.correlations for every predictor of
-/// kBootstrapPredictors (keys pearson_lo/hi, spearman_lo/hi; pearson and
+/// predictor_names() (keys pearson_lo/hi, spearman_lo/hi; pearson and
 /// spearman themselves are (re)computed too).
 void add_bootstrap_intervals(CorrelationResult& r);
 /// The values of one predictor per studied layer: "q", "ld", "wd", "wd_own",
