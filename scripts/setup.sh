@@ -17,6 +17,7 @@ packages=(
   libsentencepiece-dev sentencepiece      # tokenizer
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libcpp-httplib-dev
   zlib1g-dev libssl-dev                   # checkpoint CRC32, SHA-256 of data inputs
+  libboost-dev                            # Boost.Math headers: Student-t quantiles of the experiment statistics
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch                           # the float64 reference model of the golden test; torchrun
   libgloo-dev                             # Gloo headers for LibTorch's c10d ProcessGroupGloo (src/dist)
