@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The evidence study of docs/results.md section 8 (issue 16): every arm of the
+# The evidence study of docs/results.md section 5 (issue 16): every arm of the
 # comparison with several seeds, and the correlation study with repeats, in
 # the regime of configs/study.toml (a 4-bit option with one FP32 scale per
 # tensor, which measurably hurts). Two jobs at a time (each run uses one
