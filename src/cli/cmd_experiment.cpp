@@ -267,6 +267,13 @@ class ArmProgress {
   double last_shown_ = 0;
 };
 
+/// " (bf16 GEMMs)" after the unquantized policy when its GEMM dtype is known
+/// (summary.json "gemm_dtype"), else "": "none" alone does not say what the
+/// baseline computed in.
+std::string gemm_note(const Arm& arm, const std::string& gemm_dtype) {
+  return arm.policy == "none" && !gemm_dtype.empty() ? " (" + gemm_dtype + " GEMMs)" : "";
+}
+
 struct ArmResult {
   Arm arm;
   bool done = false;
@@ -275,12 +282,8 @@ struct ArmResult {
   int64_t steps = 0;
   std::string gemm_dtype;  // summary.json "gemm_dtype": bf16 or fp32 ("" if absent)
   report::RunCurves curves;
-  /// The policy as the table shows it: the unquantized policy with its GEMM
-  /// dtype ("none (bf16 GEMMs)"), since "none" alone does not say what the
-  /// baseline computed in.
-  std::string policy_label() const {
-    return arm.policy == "none" && !gemm_dtype.empty() ? "none (" + gemm_dtype + " GEMMs)" : arm.policy;
-  }
+  /// The policy as the table shows it: "none (bf16 GEMMs)" (gemm_note), or the policy.
+  std::string policy_label() const { return arm.policy + gemm_note(arm, gemm_dtype); }
 };
 
 ArmResult collect(const Arm& arm, const fs::path& dir) {
@@ -456,7 +459,8 @@ RunSpec run_spec(const Arm& arm, const fs::path& out, int64_t seed) {
 /// seeded and others not, or an arm folder holds both layouts.
 std::vector<RunSpec> trained_runs(const std::vector<Arm>& arms, const fs::path& out) {
   std::vector<RunSpec> runs;
-  int seeded = -1;
+  int seeded = -1;           // the layout of the first arm with runs: 1 seeded, 0 not
+  std::string layout_arm;    // that arm
   for (const Arm& arm : arms) {
     const auto sr = seed_runs(out / arm.name);
     const bool plain = fs::is_regular_file(out / arm.name / "config.toml");
@@ -466,9 +470,9 @@ std::vector<RunSpec> trained_runs(const std::vector<Arm>& arms, const fs::path& 
     const int this_seeded = sr.empty() ? 0 : 1;
     if (seeded >= 0 && this_seeded != seeded && (plain || !sr.empty()))
       fail("--no-train: experiment arm '", arm.name, "' in ", (out / arm.name).string(), " was trained ",
-           this_seeded ? "with" : "without", " --seeds but arm '", arms.front().name, "' ",
+           this_seeded ? "with" : "without", " --seeds but arm '", layout_arm, "' ",
            this_seeded ? "without" : "with", " them; tabulate them apart (--arms)");
-    if (plain || !sr.empty()) seeded = this_seeded;
+    if ((plain || !sr.empty()) && seeded < 0) seeded = this_seeded, layout_arm = arm.name;
     if (sr.empty()) runs.push_back(run_spec(arm, out, -1));
     for (const auto& [seed, dir] : sr) runs.push_back(run_spec(arm, out, seed));
   }
@@ -577,8 +581,7 @@ void write_results(const std::vector<Arm>& arms, const fs::path& out) {
     if (r.done && std::isfinite(ref) && ref != 0) r.gap_pct = 100.0 * (r.val - ref) / ref;
   std::ostringstream md;
   md << "| arm | policy | budget | final val loss | gap to " << res.front().arm.name
-     << (res.front().arm.policy == "none" && !res.front().gemm_dtype.empty() ? " (" + res.front().gemm_dtype + " GEMMs)" : "")
-     << " | FP4 FLOPs share | wall time | tokens/s |\n|---|---|---|---|---|---|---|---|\n";
+     << gemm_note(res.front().arm, res.front().gemm_dtype) << " | FP4 FLOPs share | wall time | tokens/s |\n|---|---|---|---|---|---|---|---|\n";
   json jr = json::array();
   std::ostringstream csv;
   csv << "arm,policy,gemm_dtype,budget,final_val_loss,gap_pct,fp4_share,seconds,tokens_per_s,steps\n";
@@ -690,8 +693,7 @@ void write_seeded_results(const std::vector<Arm>& arms, const fs::path& out) {
   const SeededArm& ref = res.front();
   for (auto& a : res)
     if (a.val.n && ref.val.n && ref.val.mean != 0) a.gap_pct = 100.0 * (a.val.mean - ref.val.mean) / ref.val.mean;
-  const std::string ref_label =
-      ref.arm.name + (ref.arm.policy == "none" && !ref.gemm_dtype.empty() ? " (" + ref.gemm_dtype + " GEMMs)" : "");
+  const std::string ref_label = ref.arm.name + gemm_note(ref.arm, ref.gemm_dtype);
 
   std::vector<Paired> cmp;
   // Every arm against the reference; every snip arm against each other arm
@@ -725,8 +727,7 @@ void write_seeded_results(const std::vector<Arm>& arms, const fs::path& out) {
   for (const auto& a : res) {
     std::string per;
     for (size_t i = 0; i < a.runs.size(); ++i) per += (i ? ", " : "") + cell(a.runs[i].val, "{:.4f}");
-    const std::string policy = a.arm.policy == "none" && !a.gemm_dtype.empty() ? "none (" + a.gemm_dtype + " GEMMs)"
-                               : a.arm.per_gemm ? a.arm.policy + " (per GEMM)" : a.arm.policy;
+    const std::string policy = a.arm.policy + gemm_note(a.arm, a.gemm_dtype) + (a.arm.per_gemm ? " (per GEMM)" : "");
     md << "| " << a.arm.name << " | " << policy << " | " << cell(a.arm.budget, "{:.2f}") << " | " << a.val.n << " | "
        << (a.val.n ? cell(a.val.mean, "{:.4f}") : "not trained") << " | " << cell(a.val.sd, "{:.4f}") << " | "
        << (per.empty() ? "-" : per) << " | " << cell(a.gap_pct, "{:+.2f}%") << " | " << cell(a.fp4_share, "{:.3f}")

@@ -35,16 +35,23 @@ inline std::vector<double> ranks(const std::vector<double>& v) {
   return r;
 }
 
-/// Pearson correlation of x and y over the pairs (x[k], y[k]) where both are
-/// finite (k < min(x.size(), y.size())); NaN with fewer than 2 such pairs or
-/// zero variance. Unitless, in [-1, 1].
-inline double pearson(const std::vector<double>& x, const std::vector<double>& y) {
-  std::vector<double> a, b;
+/// The pairs (x[k], y[k]), k < min(x.size(), y.size()), where both are
+/// finite, appended to a and b in order.
+inline void finite_pairs(const std::vector<double>& x, const std::vector<double>& y, std::vector<double>& a,
+                         std::vector<double>& b) {
   for (size_t k = 0; k < std::min(x.size(), y.size()); ++k)
     if (std::isfinite(x[k]) && std::isfinite(y[k])) {
       a.push_back(x[k]);
       b.push_back(y[k]);
     }
+}
+
+/// Pearson correlation of x and y over the pairs (x[k], y[k]) where both are
+/// finite (k < min(x.size(), y.size())); NaN with fewer than 2 such pairs or
+/// zero variance. Unitless, in [-1, 1].
+inline double pearson(const std::vector<double>& x, const std::vector<double>& y) {
+  std::vector<double> a, b;
+  finite_pairs(x, y, a, b);
   if (a.size() < 2) return std::numeric_limits<double>::quiet_NaN();
   const double n = double(a.size());
   const double ma = std::accumulate(a.begin(), a.end(), 0.0) / n, mb = std::accumulate(b.begin(), b.end(), 0.0) / n;
@@ -62,11 +69,7 @@ inline double pearson(const std::vector<double>& x, const std::vector<double>& y
 /// rank) over the same finite pairs.
 inline double spearman(const std::vector<double>& x, const std::vector<double>& y) {
   std::vector<double> a, b;
-  for (size_t k = 0; k < std::min(x.size(), y.size()); ++k)
-    if (std::isfinite(x[k]) && std::isfinite(y[k])) {
-      a.push_back(x[k]);
-      b.push_back(y[k]);
-    }
+  finite_pairs(x, y, a, b);
   return pearson(ranks(a), ranks(b));
 }
 
@@ -151,8 +154,7 @@ inline BootstrapInterval bootstrap_interval(const std::vector<double>& x, const 
                                             int resamples = 2000, double level = 0.95, uint64_t seed = 1) {
   BootstrapInterval b;
   std::vector<double> a, c;
-  for (size_t k = 0; k < std::min(x.size(), y.size()); ++k)
-    if (std::isfinite(x[k]) && std::isfinite(y[k])) a.push_back(x[k]), c.push_back(y[k]);
+  finite_pairs(x, y, a, c);
   if (a.size() < 3) return b;
   b.value = f(a, c);
   std::mt19937_64 rng(seed);
