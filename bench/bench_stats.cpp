@@ -41,7 +41,7 @@ namespace {
 // data pointer as the DataPtr context, so raw_allocate() works too.
 class CountingAllocator final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) override {
     void* p = nullptr;
     if (n > 0 && posix_memalign(&p, 64, n) != 0) throw std::bad_alloc();
     {
@@ -53,6 +53,9 @@ class CountingAllocator final : public c10::Allocator {
     return c10::DataPtr(p, p, &release, c10::Device(c10::DeviceType::CPU));
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
   int64_t peak() const {
     std::lock_guard<std::mutex> g(mu_);
     return peak_;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The main job: set up, prepare the Brown Corpus, train the tiny Llama on it
-# in runs/tiny. Idempotent: setup and data preparation skip what is done; a
+# The main job: set up, prepare the King James Bible (Debian's bible-kjv-text),
+# train the tiny Llama on it in runs/tiny. Idempotent: setup and data preparation skip what is done; a
 # finished runs/tiny is reported, not retrained; an interrupted one resumes.
 #
 # usage: scripts/run.sh [extra `snip train` arguments, e.g. --set train.max_steps=100]
@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh snip   # only what the main job runs (snip and snip-data); scripts/test.sh builds the rest
 build="${SNIP_BUILD_DIR:-build}"
-"$build/snip" data prepare --corpus brown --out data/brown
+"$build/snip" data prepare --corpus kjv --out data/kjv
 run=runs/tiny
 if [ $# -gt 0 ]; then
   exec "$build/snip" train --config configs/tiny.toml --run-dir "runs/tiny-$(date +%Y%m%d-%H%M%S)" "$@"

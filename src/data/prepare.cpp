@@ -23,6 +23,7 @@
 #include "rng.h"
 #include "snip/data/brown.h"
 #include "snip/data/corpus.h"
+#include "snip/data/debian_corpus.h"
 #include "snip/data/shard.h"
 #include "snip/data/tokenizer.h"
 #include "snip/io/atomic_file.h"
@@ -142,6 +143,16 @@ void remove_stale_staging(const std::string& out_dir, const std::function<void(c
   }
 }
 
+// The key's name of a built-in corpus: the package it comes from, with its
+// version (a Debian update of the text re-prepares the data); null for none.
+json corpus_key(const std::string& corpus) {
+  if (corpus.empty()) return nullptr;
+  if (corpus == "brown") return kBrownPackage;
+  const std::string pkg = corpus == "kjv" ? "bible-kjv-text" : kWordnetPackage;
+  const std::string v = debian_package_version(pkg);
+  return "debian:" + pkg + (v.empty() ? "" : "=" + v);
+}
+
 // The sources an up-to-date key names: the corpus, then the --input paths
 // ("brown", "notes.txt, more/").
 std::string sources_of(const json& key) {
@@ -197,7 +208,7 @@ std::string check_up_to_date(const std::string& out_dir, const json& key, Prepar
 
 
 std::string default_prepare_dir(const std::vector<std::string>& inputs, const std::string& corpus) {
-  if (inputs.empty()) return "data/" + (corpus.empty() ? std::string("brown") : corpus);
+  if (inputs.empty()) return "data/" + (corpus.empty() ? std::string("kjv") : corpus);
   fs::path p = fs::path(inputs.front()).lexically_normal();
   if (p.filename().empty()) p = p.parent_path();  // "texts/" -> "texts"
   std::string name = p.stem().string();
@@ -213,9 +224,10 @@ PrepareSummary prepare_data(const PrepareOptions& opt, const PrepareProgress& pr
   };
 
   // ---- validate options (nothing touched on disk yet)
-  if (opt.corpus != "" && opt.corpus != "brown")
-    fail("corpus: expected \"brown\" or none, got \"", opt.corpus, "\"");
-  if (opt.corpus.empty() && opt.inputs.empty()) fail("no corpus given: pass --input PATH (repeatable) or --corpus brown");
+  if (opt.corpus != "" && opt.corpus != "kjv" && opt.corpus != "wordnet" && opt.corpus != "brown")
+    fail("corpus: expected \"kjv\", \"wordnet\", \"brown\" or none, got \"", opt.corpus, "\"");
+  if (opt.corpus.empty() && opt.inputs.empty())
+    fail("no corpus given: pass --input PATH (repeatable) or --corpus kjv|wordnet|brown");
   if (opt.out_dir.empty()) fail("out_dir: expected a folder path, got an empty string");
   if (!(opt.val_fraction >= 0.0 && opt.val_fraction < 1.0))
     fail("val_fraction: expected a fraction in [0, 1), got ", opt.val_fraction);
@@ -243,7 +255,7 @@ PrepareSummary prepare_data(const PrepareOptions& opt, const PrepareProgress& pr
                                 {"character_coverage", kCharacterCoverage}, {"byte_fallback", true}}}};
   }
   const json key = {{"version", kMetaVersion},
-                    {"corpus", opt.corpus.empty() ? json(nullptr) : json(kBrownPackage)},
+                    {"corpus", corpus_key(opt.corpus)},
                     {"inputs", key_inputs},
                     {"tokenizer", key_tokenizer},
                     {"val_fraction", opt.val_fraction},
@@ -293,6 +305,17 @@ PrepareSummary prepare_data(const PrepareOptions& opt, const PrepareProgress& pr
   // ---- read documents
   auto t0 = Clock::now();
   std::vector<std::string> docs;
+  if (opt.corpus == "kjv" || opt.corpus == "wordnet") {
+    const bool kjv = opt.corpus == "kjv";
+    SourceSummary s{opt.corpus, kjv ? "bible -f Gen1:1-Rev22:21" : kWordnetDir, 0, 0, 0};
+    for (auto& d : kjv ? read_kjv() : read_wordnet()) {
+      ++s.documents;
+      s.bytes += d.size();
+      docs.push_back(std::move(d));
+    }
+    s.files = kjv ? 1 : 4;
+    summary.sources.push_back(s);
+  }
   if (opt.corpus == "brown") {
     const std::string dir = ensure_brown(opt.cache_dir);
     SourceSummary s{"brown", dir, 0, 0, 0};

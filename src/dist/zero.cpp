@@ -152,7 +152,7 @@ void broadcast_from_owners(Communicator& comm, const ZeroPartition& part) {
 
 bool get_adam_entry(const torch::optim::AdamW& opt, const torch::Tensor& param, AdamEntry& out) {
   // LibTorch keys the state by the TensorImpl address (optim/adamw.cpp).
-  const auto it = opt.state().find(c10::guts::to_string(param.unsafeGetTensorImpl()));
+  const auto it = opt.state().find(param.unsafeGetTensorImpl());
   if (it == opt.state().end()) return false;
   const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
   out.exp_avg = s.exp_avg();
@@ -166,7 +166,7 @@ void set_adam_entry(torch::optim::AdamW& opt, const torch::Tensor& param, const 
   s->step(e.step);
   s->exp_avg(e.exp_avg.clone());
   s->exp_avg_sq(e.exp_avg_sq.clone());
-  opt.state()[c10::guts::to_string(param.unsafeGetTensorImpl())] = std::move(s);
+  opt.state()[param.unsafeGetTensorImpl()] = std::move(s);
 }
 
 std::string optimizer_shard_name(int rank) { return "optimizer-rank" + std::to_string(rank) + ".safetensors"; }

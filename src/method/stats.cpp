@@ -101,7 +101,7 @@ AdamState adam_state(const torch::optim::AdamW& opt, const Tensor& param, const 
   s.eps = o->eps();
   s.amsgrad = o->amsgrad();
   // LibTorch keys the state by the TensorImpl address (optim/adamw.cpp).
-  auto it = opt.state().find(c10::guts::to_string(impl));
+  auto it = opt.state().find(const_cast<c10::TensorImpl*>(impl));
   if (it != opt.state().end()) {
     const auto& st = static_cast<const torch::optim::AdamWParamState&>(*it->second);
     s.m = st.exp_avg();
@@ -328,21 +328,31 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
         QuantKey key{layers[l]->key_base.seed, step, layers[l]->layer_index, op};
         return q->quantize(t.contiguous(), key);
       };
+      // e = Q(a)·Q(b)ᵀ − ref. An option that leaves both operands of a GEMM
+      // unchanged (an identity quantizer) has no error there by definition:
+      // e = 0 exactly, the product not recomputed (a second GEMM over copied
+      // operands, in another layout, differs from the first in the last bits).
+      auto gemm_error = [](const Tensor& a, const Tensor& qa, const Tensor& b, const Tensor& qb, const Tensor& ref) {
+        auto same = [](const Tensor& t, const Tensor& q) { return q.is_same(t) || torch::equal(q, t); };
+        if (same(a, qa) && same(b, qb)) return torch::zeros_like(ref);
+        Tensor e = torch::mm(qa, qb.t());
+        e.sub_(ref);  // in place: one temporary of ref's shape, not two
+        return e;
+      };
       Tensor* f = &w.f[kNumCommon + kNumPerOption * p];
       {
-        Tensor ef = torch::mm(Q(X, Operand::kFpropX), Q(W, Operand::kFpropW).t());
-        ef.sub_(Y);  // in place: one [T, OUT] temporary, not two
+        const Tensor ef = gemm_error(X, Q(X, Operand::kFpropX), W, Q(W, Operand::kFpropW), Y);  // [T, OUT]
         f[kGe] = inner_sum(G, ef);
         f[kEfSq] = sq_sum(ef);
       }
       {
-        Tensor ed = torch::mm(Q(G, Operand::kDgradDY), Q(W.t(), Operand::kDgradW).t());
-        ed.sub_(dX);
+        const Tensor Wt = W.t();
+        const Tensor ed = gemm_error(G, Q(G, Operand::kDgradDY), Wt, Q(Wt, Operand::kDgradW), dX);  // [T, IN]
         f[kEdSq] = sq_sum(ed);
       }
       {
-        Tensor ew = torch::mm(Q(G.t(), Operand::kWgradDY), Q(X.t(), Operand::kWgradX).t());
-        ew.sub_(dWl);
+        const Tensor Gt = G.t(), Xt = X.t();
+        const Tensor ew = gemm_error(Gt, Q(Gt, Operand::kWgradDY), Xt, Q(Xt, Operand::kWgradX), dWl);  // [OUT, IN]
         f[kEwSq] = sq_sum(ew);
         if (!o.frozen) {
           const Tensor g1 = (dWp + ew.to(wdt.scalar_type())) * o.grad_scale;

@@ -1,6 +1,8 @@
 // GEMMs in BF16 with FP32 accumulation (see matmul.h).
 #include "snip/model/matmul.h"
 
+#include "snip/hw/capabilities.h"
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -98,8 +100,18 @@ BackendChoice resolve(Bf16GemmBackend b) {
     if (std::strcmp(e, "emulated") == 0) return {false, "SNIP_BF16_GEMM=emulated"};
     fail("environment variable SNIP_BF16_GEMM=", e, ": expected native or emulated (or unset for auto)");
   }
-  if (libtorch_bf16_gemm_accumulates_fp32()) return {true, "auto: LibTorch's BF16 matmul accumulates in FP32 here"};
-  return {false, "auto: LibTorch's BF16 matmul accumulates in BF16 here (no AVX512-BF16/AMX path)"};
+  if (!libtorch_bf16_gemm_accumulates_fp32())
+    return {false, "auto: LibTorch's BF16 matmul accumulates in BF16 here (no AVX512-BF16/AMX path)"};
+  // LibTorch 2.x's oneDNN also accumulates BF16 GEMMs in FP32 on CPUs
+  // without BF16 units (AVX2, AVX-512 without AVX512_BF16), widening BF16
+  // to FP32 in registers: exact, but ~8x slower than the FP32 GEMM of the
+  // emulation (snip doctor, AMD EPYC Zen 3, LibTorch 2.11). Native only
+  // where the CPU has BF16 dot products.
+  const hw::CpuInfo& cpu = hw::capabilities().cpu;
+  if (cpu.avx512_bf16 || cpu.amx_bf16 || cpu.arm_bf16)
+    return {true, "auto: LibTorch's BF16 matmul accumulates in FP32 on this CPU's BF16 units"};
+  return {false, "auto: LibTorch's BF16 matmul accumulates in FP32 but this CPU has no BF16 units "
+                 "(AVX512_BF16/AMX-BF16): the emulation's FP32 GEMMs are faster"};
 }
 
 std::mutex g_backend_mu;

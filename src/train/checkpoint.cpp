@@ -284,7 +284,7 @@ void load_optimizer_state(torch::optim::Optimizer& opt, const std::string& bytes
     // like the parameter, finite, exp_avg_sq >= 0, and step in [1, step].
     for (size_t pi = 0; pi < g.params().size(); ++pi) {
       const torch::Tensor& p = g.params()[pi];
-      const auto it = opt.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+      const auto it = opt.state().find(p.unsafeGetTensorImpl());
       if (it == opt.state().end()) continue;  // never stepped (no gradient yet)
       const auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(it->second.get());
       if (!s) continue;  // another optimizer: only AdamW's state is checked

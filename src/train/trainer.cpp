@@ -249,6 +249,25 @@ double evaluate(LlamaForCausalLM& model, const std::string& val_path, int64_t B,
   return sum_eval_losses(eval_batch_losses(model, val_path, B, T, batches, coverage, 0, 1));
 }
 
+EvalBatch first_eval_batch(LlamaForCausalLM& model, const std::string& val_path, int64_t B, int64_t T) {
+  torch::NoGradGuard ng;
+  QuantStateFreeze freeze;
+  data::TokenLoader val(val_path, int(B), int(T), 0);
+  if (int64_t(val.vocab_size()) > model->cfg.vocab_size)
+    fail(val_path, ": vocabulary ", val.vocab_size(), " is larger than the model's ", model->cfg.vocab_size,
+         " (data prepared with another tokenizer?)");
+  const uint64_t b = std::min<uint64_t>(uint64_t(B), val.num_windows());
+  std::vector<int32_t> in, tg, bin;
+  for (uint64_t k = 0; k < b; ++k) {
+    val.window(k, in, tg);
+    bin.insert(bin.end(), in.begin(), in.end());
+  }
+  EvalBatch e;
+  e.input_ids = to_ids(bin, b, T);
+  e.logits = model(e.input_ids).to(torch::kFloat).contiguous();
+  return e;
+}
+
 namespace {
 
 // SIGINT/SIGTERM during training (issue 18, item 4): the first one asks the

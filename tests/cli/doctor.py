@@ -49,12 +49,24 @@ if flags:  # x86: the ISA flags are /proc/cpuinfo's
 check("logical_cpus", cpu["logical_cpus"] == os.cpu_count(), f"{cpu['logical_cpus']} vs {os.cpu_count()}")
 check("vendor", cpu["vendor"] not in ("", "unknown"), cpu["vendor"])
 check("libtorch version", d["libtorch"]["version"].split(".")[0].isdigit(), d["libtorch"]["version"])
+# The LibTorch of the venv's torch wheel (requirements.txt), CUDA built in.
+import torch  # noqa: E402  (the venv's python runs this test)
+check("libtorch is the wheel's", d["libtorch"]["version"] == torch.__version__.split("+")[0],
+      f'{d["libtorch"]["version"]} vs torch {torch.__version__}')
+check("cuda built", d["libtorch"]["cuda_built"] is (torch.version.cuda is not None), str(d["libtorch"]))
+blas = d["libtorch"].get("blas")
+check("libtorch blas", blas == "mkl" if torch.backends.mkl.is_available() else blas not in (None, "", "unknown"),
+      str(blas))
 for key in ["cuda_built", "gloo", "nccl", "mpi", "intra_op_threads"]:
     check(f"libtorch.{key}", key in d["libtorch"], "missing")
 check("intra-op threads", d["libtorch"]["intra_op_threads"] == os.cpu_count(), str(d["libtorch"]["intra_op_threads"]))
 
 bf = d["bf16_gemm"]
-want_backend = "native" if bf["libtorch_accumulates_fp32"] else "emulated"
+# auto: native only where LibTorch's BF16 GEMM accumulates in FP32 *and* the
+# CPU has BF16 dot products (/proc/cpuinfo: avx512_bf16, amx_bf16; Arm bf16);
+# LibTorch 2.x's oneDNN path on other CPUs is exact but slower than the emulation.
+bf16_units = bool(flags) and ("avx512_bf16" in flags or "amx_bf16" in flags)
+want_backend = "native" if bf["libtorch_accumulates_fp32"] and bf16_units else "emulated"
 if os.environ.get("SNIP_BF16_GEMM") in ("native", "emulated"):
     want_backend = os.environ["SNIP_BF16_GEMM"]
 check("bf16 backend", bf["backend"] == want_backend, f"{bf}")

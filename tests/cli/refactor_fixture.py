@@ -2,7 +2,7 @@
 """The refactor fixture: numbers that a change of code layout must not move.
 
 Runs the real `snip` binary on the micro model (the same shapes as
-tests/core/test_util.h) on Brown with a 512-piece BPE, 40 steps each, one
+tests/core/test_util.h) on the KJV with a 512-piece BPE, 40 steps each, one
 thread, under every precision path the trainer has:
 
   bf16            precision.policy = bf16, nothing quantized
@@ -26,9 +26,10 @@ deltas (correlation.json).
                  after applying the faults fixed since the recording
                  (expected_after_fixes, each checked independently)
 
-Floating-point results depend on the CPU's kernels (OpenBLAS and oneDNN pick
-AVX2 or AVX-512 paths), so the fixture holds one entry per machine key
-(LibTorch version + vector ISA). A machine with no entry skips (exit 77,
+Floating-point results depend on the CPU's kernels (MKL and oneDNN pick
+AVX2 or AVX-512 paths; BF16 GEMMs are native only with AVX512_BF16), so the
+fixture holds one entry per machine key (the torch wheel's version + vector
+ISA). A machine with no entry skips (exit 77,
 CTest SKIP_RETURN_CODE) and says how to record one, from a commit before the
 change being proven.
 """
@@ -79,13 +80,13 @@ def machine_key():
     flags = cpu_flags()
     isa = "avx512bf16" if "avx512_bf16" in flags else "avx512" if "avx512f" in flags else \
         "avx2" if "avx2" in flags else "other"
-    torch_version = "unknown"
+    # The LibTorch snip is built on is the venv's torch wheel (requirements.txt):
+    # this script runs with that venv's Python (SNIP_PYTHON).
     try:
-        out = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "libtorch1.13"], capture_output=True, text=True)
-        if out.returncode == 0 and out.stdout:
-            torch_version = "libtorch-" + out.stdout.strip()
-    except OSError:
-        pass
+        import torch
+        torch_version = "torch-" + torch.__version__
+    except ImportError:
+        torch_version = "unknown"
     return f"{torch_version}/{isa}"
 
 
@@ -219,7 +220,7 @@ def main():
     if a.check and key not in fixture.get("machines", {}):
         print(f"refactor_fixture: SKIP: no entry for machine key '{key}' in {path} (entries: "
               f"{sorted(fixture.get('machines', {}))}); record one at a commit before the change: "
-              f"tests/cli/refactor_fixture.py --snip build/snip --data build/test-data/brown512 --record {path}")
+              f"tests/cli/refactor_fixture.py --snip build/snip --data build/test-data/kjv512 --record {path}")
         sys.exit(77)
     workdir = tempfile.mkdtemp(prefix="snip-fixture-")
     try:

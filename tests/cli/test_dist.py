@@ -253,8 +253,10 @@ try:
             with open(os.path.join(run, "plans", n)) as f:
                 p = json.load(f)
             if p["phase"] == "plan":
-                shares.append(p["fp4_share"])
-        check(shares and all(0.4 < x <= 0.5 for x in shares), "snip: the plans are rank 0's (budget 0.5)", str(shares))
+                shares.append((p["fp4_share"], p.get("budget")))
+        # Rank 0's budget (FP4 share >= 0.5, to the planner's 1e-9), not rank 1's 0.25.
+        check(shares and all(x >= 0.5 - 1e-9 and b == 0.5 for x, b in shares),
+              "snip: the plans are rank 0's (budget 0.5)", str(shares))
 
     if "checksum" in cases:
         run = os.path.join(tmp, "corrupt")

@@ -1,5 +1,5 @@
-// Shared by the LibTorch tests: the prepared Brown data (CTest fixture
-// prepare_brown512, BPE vocabulary 512) and a micro model that trains on it in
+// Shared by the LibTorch tests: the prepared KJV data (CTest fixture
+// prepare_kjv512, BPE vocabulary 512) and a micro model that trains on it in
 // about a second on one thread.
 #pragma once
 
@@ -18,7 +18,7 @@
 
 namespace snip::test {
 
-inline const std::string kBrown512 = std::string(SNIP_BINARY_DIR) + "/test-data/brown512";
+inline const std::string kKjv512 = std::string(SNIP_BINARY_DIR) + "/test-data/kjv512";
 
 /// ~0.1M parameters: C=64, L=2, NH=4, NKV=2, F=172; B=8, T=64; one thread.
 inline Config micro_config() {
@@ -41,7 +41,7 @@ eval_batches = 8
 log_interval = 1000
 threads = 1
 )", "micro");
-  c.set("data.dir", kBrown512, "test");
+  c.set("data.dir", kKjv512, "test");
   return c;
 }
 

@@ -329,7 +329,7 @@ TEST_F(PrepareErrors, BadOptions) {
   EXPECT_NE(run(o).find("no corpus given"), std::string::npos);
   o = small_options(t_);
   o.corpus = "wiki";
-  EXPECT_NE(run(o).find("corpus: expected \"brown\""), std::string::npos);
+  EXPECT_NE(run(o).find("corpus: expected \"kjv\", \"wordnet\", \"brown\" or none"), std::string::npos);
   o = small_options(t_);
   o.tokenizer_model = t_ / "corpus/doc000.txt";
   EXPECT_NE(run(o).find("not a SentencePiece model"), std::string::npos);
@@ -349,7 +349,7 @@ TEST(CliDataPrepare, HelpShowsDefaults) {
   CLI::App app("snip");
   cli::add_data_commands(app);
   const std::string help = app.get_subcommand("data")->get_subcommand("prepare")->help();
-  for (const char* s : {"--input", "--corpus", "brown", "data/brown", "--tokenizer", "8192", "0.01", "1234",
+  for (const char* s : {"--input", "--corpus", "kjv", "wordnet", "brown", "data/CORPUS", "--tokenizer", "8192", "0.01", "1234",
                         "--text-field", "data/cache"})
     EXPECT_NE(help.find(s), std::string::npos) << s << "\n" << help;
 }

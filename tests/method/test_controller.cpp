@@ -27,12 +27,12 @@ namespace {
 using test::fresh_dir;
 using test::micro_config;
 using test::read_metrics;
-const std::string& kData = test::kBrown512;
+const std::string& kData = test::kKjv512;
 
 json read_json(const std::string& path) { return json::parse(io::read_file(path)); }
 
 #define REQUIRE_DATA() \
-  if (!fs::exists(kData + "/train.bin")) GTEST_SKIP() << "no prepared Brown data at " << kData
+  if (!fs::exists(kData + "/train.bin")) GTEST_SKIP() << "no prepared KJV data at " << kData
 
 // The micro config with a policy and an explicit schedule in steps.
 Config policy_config(const std::string& policy, int64_t max_steps, int64_t warmup, int64_t interval) {

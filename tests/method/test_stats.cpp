@@ -168,7 +168,7 @@ TEST(StatsWdOwn, EqualsTheDifferenceOfTwoRealAdamWSteps) {
     // Snapshot of everything run_stats_step() must leave alone.
     w.mutable_grad() = torch::randn_like(w);  // a caller's accumulated gradient
     const Tensor w0 = w.detach().clone(), grad0 = w.grad().clone();
-    const std::string skey = c10::guts::to_string(w.unsafeGetTensorImpl());
+    void* const skey = w.unsafeGetTensorImpl();
     const bool had_state = opt.state().count(skey) > 0;
     ASSERT_EQ(had_state, c.warm_steps > 0);
     Tensor m0, v0, vmax0;
@@ -210,7 +210,7 @@ TEST(StatsWdOwn, EqualsTheDifferenceOfTwoRealAdamWSteps) {
         st->exp_avg(m0.clone());
         st->exp_avg_sq(v0.clone());
         if (c.amsgrad) st->max_exp_avg_sq(vmax0.clone());
-        o2.state()[c10::guts::to_string(p.unsafeGetTensorImpl())] = std::move(st);
+        o2.state()[p.unsafeGetTensorImpl()] = std::move(st);
       }
       p.mutable_grad() = grad.clone();
       o2.step();

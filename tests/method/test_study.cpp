@@ -26,7 +26,7 @@ namespace {
 using test::fresh_dir;
 
 #define REQUIRE_DATA() \
-  if (!fs::exists(test::kBrown512 + "/train.bin")) GTEST_SKIP() << "no prepared Brown data"
+  if (!fs::exists(test::kKjv512 + "/train.bin")) GTEST_SKIP() << "no prepared KJV data"
 
 }  // namespace
 

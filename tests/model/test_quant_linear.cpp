@@ -167,7 +167,7 @@ TEST(QuantLinear, QuantizerRefusesTensorsOffTheCpu) {
 }
 
 TEST(QuantTraining, TinyModelTrainsWithLowPrecisionRecipes) {
-  if (!fs::exists(test::kBrown512 + "/train.bin")) GTEST_SKIP() << "no prepared data";
+  if (!fs::exists(test::kKjv512 + "/train.bin")) GTEST_SKIP() << "no prepared data";
   for (const std::string recipe : {"fp8", "fp4", "mxfp4", "nvfp4"}) {
     SCOPED_TRACE(recipe);
     Config c = test::micro_config();

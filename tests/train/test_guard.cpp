@@ -258,7 +258,7 @@ TEST(GuardMetrics, ResumeKeepsRolledBackHistory) {
 namespace {
 
 void require_data() {
-  if (!fs::exists(test::kBrown512 + "/train.bin")) GTEST_SKIP() << "no prepared Brown data";
+  if (!fs::exists(test::kKjv512 + "/train.bin")) GTEST_SKIP() << "no prepared KJV data";
 }
 
 // Every checkpoint of RUN holds finite weights.

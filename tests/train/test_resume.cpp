@@ -35,7 +35,7 @@ using test::read_metrics;
 // Straight vs killed-after-3-and-resumed, and evaluation-free; `c` has
 // max_steps etc. set by the caller.
 void expect_exact_resume(Config c, const std::string& tag) {
-  if (!fs::exists(test::kBrown512 + "/train.bin")) GTEST_SKIP() << "no prepared Brown data";
+  if (!fs::exists(test::kKjv512 + "/train.bin")) GTEST_SKIP() << "no prepared KJV data";
   c.set("train.checkpoint_interval", int64_t{2}, "test");
   c.set("train.keep_checkpoints", int64_t{0}, "test");
   c.set("train.eval_interval", int64_t{1}, "test");
@@ -125,7 +125,7 @@ INSTANTIATE_TEST_SUITE_P(All, ResumeEveryPolicy,
 // has one entry per (layer, operand) quantized so far, each with the
 // recorded amaxes; a corrupted entry is refused on resume with one line.
 TEST(ResumeState, CheckpointCarriesAmaxHistoriesAndRefusesBadOnes) {
-  if (!fs::exists(test::kBrown512 + "/train.bin")) GTEST_SKIP() << "no prepared Brown data";
+  if (!fs::exists(test::kKjv512 + "/train.bin")) GTEST_SKIP() << "no prepared KJV data";
   Config c = test::micro_config();
   c.set("train.max_steps", int64_t{4}, "test");
   c.set("train.checkpoint_interval", int64_t{2}, "test");
@@ -175,7 +175,7 @@ TEST(ResumeState, CheckpointCarriesAmaxHistoriesAndRefusesBadOnes) {
 // The configuration may drop an option between invocations: its state is
 // dropped with a warning (as a changed policy is), not refused.
 TEST(ResumeState, StateOfAnOptionNoLongerConfiguredIsDropped) {
-  if (!fs::exists(test::kBrown512 + "/train.bin")) GTEST_SKIP() << "no prepared Brown data";
+  if (!fs::exists(test::kKjv512 + "/train.bin")) GTEST_SKIP() << "no prepared KJV data";
   Config c = test::micro_config();
   c.set("train.max_steps", int64_t{2}, "test");
   c.set("train.checkpoint_interval", int64_t{2}, "test");

@@ -85,11 +85,11 @@ TEST(Sample, BadArgumentsAreClearErrors) {
 }
 
 TEST(TokenizerClient, RoundTripThroughSnipData) {
-  const std::string tok = test::kBrown512 + "/tokenizer.model";
+  const std::string tok = test::kKjv512 + "/tokenizer.model";
   const std::string prog = std::string(SNIP_BINARY_DIR) + "/snip-data";
-  if (!fs::exists(tok) || !fs::exists(prog)) GTEST_SKIP() << "no prepared Brown data or snip-data";
+  if (!fs::exists(tok) || !fs::exists(prog)) GTEST_SKIP() << "no prepared KJV data or snip-data";
   const data::TokenizerClient c(prog, tok);
-  const auto meta = nlohmann::json::parse(io::read_file(test::kBrown512 + "/meta.json"));
+  const auto meta = nlohmann::json::parse(io::read_file(test::kKjv512 + "/meta.json"));
   const auto ids = c.encode("The jury said it did find that the city", /*bos=*/true);
   ASSERT_GT(ids.size(), 2u);
   EXPECT_EQ(ids[0], meta.at("bos_id").get<int>());
@@ -97,6 +97,6 @@ TEST(TokenizerClient, RoundTripThroughSnipData) {
   EXPECT_EQ(c.encode("The jury said it did find that the city", false),
             std::vector<int32_t>(ids.begin() + 1, ids.end()));
   EXPECT_EQ(c.decode(ids), "The jury said it did find that the city");  // BOS decodes to nothing
-  const data::TokenizerClient bad(prog, test::kBrown512 + "/missing.model");
+  const data::TokenizerClient bad(prog, test::kKjv512 + "/missing.model");
   EXPECT_NE(test::error_of([&] { bad.encode("x", false); }).find("data encode failed"), std::string::npos);
 }

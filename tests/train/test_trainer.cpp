@@ -1,5 +1,5 @@
 // The trainer on real text (the Brown Corpus, prepared by the CTest fixture
-// `prepare_brown512`: BPE vocabulary 512): the loss decreases, resume is
+// `prepare_kjv512`: BPE vocabulary 512): the loss decreases, resume is
 // exact, and bad input fails with one clear error leaving nothing behind.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -27,10 +27,10 @@ namespace {
 using test::fresh_dir;
 using test::micro_config;
 using test::read_metrics;
-const std::string& kData = test::kBrown512;
+const std::string& kData = test::kKjv512;
 
 void require_data() {
-  if (!fs::exists(kData + "/train.bin")) GTEST_SKIP() << "no prepared Brown data at " << kData;
+  if (!fs::exists(kData + "/train.bin")) GTEST_SKIP() << "no prepared KJV data at " << kData;
 }
 
 // Runs f, expects a UserError whose message contains `needle` and is one line.

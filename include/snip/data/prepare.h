@@ -63,7 +63,7 @@ inline constexpr int kMaxVocab = 1 << 22;
 /// Options of prepare_data (the flags of `snip data prepare`).
 struct PrepareOptions {
   std::vector<std::string> inputs;       ///< text files, folders or .jsonl files
-  std::string corpus;                    ///< "brown" or "" (none)
+  std::string corpus;                    ///< "kjv", "wordnet", "brown" or "" (none); debian_corpus.h, brown.h
   std::string out_dir;                   ///< output folder (created if needed)
   std::string tokenizer_model;           ///< existing tokenizer.model, or "" to train one
   int vocab_size = 8192;                 ///< pieces of a trained tokenizer, in [kMinTrainedVocab,
@@ -78,7 +78,7 @@ struct PrepareOptions {
   bool force = false;
 };
 
-/// The default output folder for `snip data prepare`: "data/brown" for the
+/// The default output folder for `snip data prepare`: "data/kjv" for the
 /// built-in corpus, else "data/<name>" from the first input's file or folder
 /// name without extension ("data/corpus" for ~/texts/corpus.jsonl).
 std::string default_prepare_dir(const std::vector<std::string>& inputs, const std::string& corpus);

@@ -4,14 +4,15 @@
 // to BF16 once (METHOD.md section 1: "GEMMs accumulate in FP32, outputs are
 // stored BF16").
 //
-// LibTorch 1.13's BF16 matmul does that only where oneDNN takes BF16 GEMMs
-// (CPUs with AVX512-BW/VL/DQ); elsewhere (AVX2-only CPUs such as AMD Zen 2/3)
-// its fallback kernel accumulates in BF16: a K = 4096 product then has ~7%
-// relative error instead of ~0.1%, training loses ~0.36 nats on the micro
-// model, and it is ~18x slower than FP32. There the BF16 GEMM is emulated
-// exactly: BF16-rounded operands held in FP32 (every BF16 value is an FP32
-// value, every product of two is exact in FP32), an FP32 GEMM, one rounding
-// of the result to BF16. Equal to the hardware's result up to summation order.
+// LibTorch 2.11 (the PyPI wheel) takes BF16 GEMMs through oneDNN on every
+// x86 CPU and accumulates in FP32, but only CPUs with BF16 dot products
+// (AVX512_BF16, AMX-BF16) run them fast: on AVX2 the BF16 operands are
+// widened in registers and the GEMM is ~8x slower than the FP32 one.
+// (LibTorch 1.13's fallback on AVX2 even accumulated in BF16: ~7% relative
+// error at K = 4096.) Without BF16 units the BF16 GEMM is emulated exactly:
+// BF16-rounded operands held in FP32 (every BF16 value is an FP32 value,
+// every product of two is exact in FP32), an FP32 GEMM, one rounding of the
+// result to BF16. Equal to the hardware's result up to summation order.
 #pragma once
 
 #include <torch/torch.h>
@@ -24,7 +25,8 @@ namespace snip {
 /// matmul (oneDNN/AMX/AVX512-BF16 where present), kEmulated = FP32 GEMMs on
 /// BF16-rounded operands, result rounded to BF16 (the same numerics up to
 /// summation order), kAuto = native where the probe finds that LibTorch's BF16
-/// matmul accumulates in FP32, else emulated.
+/// matmul accumulates in FP32 and the CPU has BF16 units (AVX512_BF16,
+/// AMX-BF16, Arm BF16), else emulated.
 enum class Bf16GemmBackend { kAuto, kNative, kEmulated };
 
 /// "auto" | "native" | "emulated" -> the backend; throws std::invalid_argument
@@ -51,9 +53,10 @@ bool libtorch_bf16_gemm_accumulates_fp32();
 bool native_bf16_gemm();
 
 /// Why native_bf16_gemm() is what it is, for logs and snip doctor:
-/// "train.gemm_backend = native", "SNIP_BF16_GEMM=emulated", "auto: LibTorch's
-/// BF16 matmul accumulates in FP32 here" or "auto: LibTorch's BF16 matmul
-/// accumulates in BF16 here (no AVX512-BF16/AMX path)".
+/// "train.gemm_backend = native", "SNIP_BF16_GEMM=emulated", or for auto
+/// "auto: LibTorch's BF16 matmul accumulates in FP32 on this CPU's BF16
+/// units", "... accumulates in FP32 but this CPU has no BF16 units ..." or
+/// "... accumulates in BF16 here ...".
 std::string bf16_gemm_reason();
 
 /// t rounded to BF16 precision (round to nearest even) and held in t's dtype:

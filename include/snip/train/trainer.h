@@ -132,5 +132,17 @@ struct EvalCoverage {
 double evaluate(LlamaForCausalLM& model, const std::string& val_path, int64_t batch, int64_t seq,
                 int64_t batches, EvalCoverage* coverage = nullptr);
 
+/// The first micro-batch evaluate() reads, and what the model makes of it:
+/// `input_ids` [b, T] int64 (windows 0..b-1 of the shard, b = min(batch,
+/// windows)) and `logits` [b, T, V] float32, from the same forward pass as
+/// evaluate() (no gradients, quantizer state frozen). For checking snip's
+/// numerics against another implementation (`snip eval --logits-out`, the
+/// transformers tests in tests/clients). Throws UserError as evaluate().
+struct EvalBatch {
+  torch::Tensor input_ids;  ///< [b, T] int64
+  torch::Tensor logits;     ///< [b, T, V] float32
+};
+EvalBatch first_eval_batch(LlamaForCausalLM& model, const std::string& val_path, int64_t batch, int64_t seq);
+
 
 }  // namespace snip
