@@ -1,5 +1,5 @@
-#!/usr/bin/python3
-"""Plain PyTorch eager training throughput of snip's tiny Llama: the baseline.
+#!/usr/bin/env python3
+"""Plain PyTorch training throughput of snip's tiny Llama, eager and torch.compile: the baselines.
 
 It measures how many training tokens per second ordinary PyTorch eager code
 reaches on the model of configs/tiny.toml: the same shapes, initialisation,
@@ -7,11 +7,13 @@ batch, loss, optimizer and gradient clipping as snip, with no snip code
 involved. docs/benchmarks.md quotes snip's tokens/s (bench/bench_train, `snip
 train`) as a ratio to this number, measured on the same machine.
 
-    OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 bench/torch_eager.py \
-        [--mode fp32|bf16|both] [--steps 20] [--warmup 3] [--threads T] [--json]
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/torch_eager.py \
+        [--mode fp32|bf16|both] [--compile] [--steps 20] [--warmup 3] [--threads T] [--json]
 
-Run it with Debian's interpreter (python3-torch 1.13.1); a pyenv `python3`
-first on PATH may not see that torch.
+Run it with the project's venv (the PyTorch whose LibTorch snip is built on,
+requirements.txt). --compile wraps the model in torch.compile (Inductor's
+default mode, C++ code for the CPU); its warm-up steps include compilation,
+which is not timed.
 
 Model (HF LlamaForCausalLM semantics, like src/model/llama.cpp): vocab 8192,
 hidden 256, intermediate 688 (SwiGLU), 4 layers, 8 query heads, 4 KV heads
@@ -146,9 +148,10 @@ class Llama(nn.Module):
         return F.linear(self.norm(h), self.embed_tokens.weight)  # tied lm_head
 
 
-def run(mode, steps, warmup, threads):
+def run(mode, steps, warmup, threads, compiled=False):
     torch.manual_seed(0)
     model = Llama()
+    fwd = torch.compile(model) if compiled else model
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
@@ -159,7 +162,7 @@ def run(mode, steps, warmup, threads):
 
     def step():
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=(mode == "bf16")):
-            logits = model(ids)
+            logits = fwd(ids)
             loss = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
@@ -175,7 +178,7 @@ def run(mode, steps, warmup, threads):
     seconds = time.perf_counter() - t0
     if not math.isfinite(loss):
         sys.exit("torch_eager.py: loss is %r in mode %s" % (loss, mode))
-    return {"mode": mode, "tokens_per_s": steps * BATCH * SEQ / seconds,
+    return {"mode": mode, "compiled": compiled, "tokens_per_s": steps * BATCH * SEQ / seconds,
             "step_s": seconds / steps, "steps": steps, "threads": threads,
             "torch_version": torch.__version__, "seconds": seconds}
 
@@ -188,9 +191,12 @@ def main():
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                     help="torch.set_num_threads (default: all cores)")
     ap.add_argument("--json", action="store_true", help="one JSON object per mode")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (warm-up >= 1 compiles it)")
     args = ap.parse_args()
     if args.steps < 1 or args.warmup < 0 or args.threads < 1:
         ap.error("--steps and --threads must be >= 1, --warmup >= 0")
+    if args.compile and args.warmup < 1:
+        ap.error("--compile needs --warmup >= 1 (the first step compiles)")
     torch.set_num_threads(args.threads)
 
     n_params = sum(p.numel() for p in Llama().parameters())  # tied: embedding counted once
@@ -198,13 +204,14 @@ def main():
         print("torch-eager: tiny Llama, %d parameters (%.2fM), batch %dx%d, %d threads, torch %s"
               % (n_params, n_params / 1e6, BATCH, SEQ, args.threads, torch.__version__))
     for mode in (["fp32", "bf16"] if args.mode == "both" else [args.mode]):
-        r = run(mode, args.steps, args.warmup, args.threads)
+        r = run(mode, args.steps, args.warmup, args.threads, args.compile)
         if args.json:
-            print(json.dumps({k: r[k] for k in ("mode", "tokens_per_s", "step_s", "steps",
+            print(json.dumps({k: r[k] for k in ("mode", "compiled", "tokens_per_s", "step_s", "steps",
                                                 "threads", "torch_version")}))
         else:
-            print("torch-eager %s: %.2f s for %d steps, %.0f tokens/s (step %.2f s)"
-                  % (mode, r["seconds"], r["steps"], r["tokens_per_s"], r["step_s"]))
+            print("torch-%s %s: %.2f s for %d steps, %.0f tokens/s (step %.2f s)"
+                  % ("compile" if args.compile else "eager", mode, r["seconds"], r["steps"], r["tokens_per_s"],
+                     r["step_s"]))
         sys.stdout.flush()
 
 

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Training throughput of the tiny config under each precision, side by side.
 
 One run on one machine measures, in this order:
@@ -6,18 +6,20 @@ One run on one machine measures, in this order:
     under bf16 (the baseline), fp32 GEMMs, precision.recipe = fp8, fp4, mxfp4
     and nvfp4 (every layer, every step), and precision.policy = snip at budget
     0.75 (stats steps and plans included, BF16 warmup 2 steps, no final phase);
-  - plain PyTorch eager on the same model (bench/torch_eager.py) in FP32 and
-    in BF16 autocast.
+  - plain PyTorch on the same model (bench/torch_eager.py), eager and
+    torch.compile, each in FP32 and in BF16 autocast, with the torch of the
+    venv (the one snip's LibTorch comes from).
 and prints a Markdown table: tokens/s, step time relative to snip's BF16
-step, and snip's tokens/s as a ratio to PyTorch eager. Tokens/s of a snip arm
+step, and each arm's tokens/s as a ratio to PyTorch eager FP32 and to
+torch.compile FP32. Tokens/s of a snip arm
 is measured from the run's metrics.jsonl between step `--skip` and the last
 step (elapsed_s is wall time since the run started, so stats steps and plan
 solves are counted; the final evaluation and checkpoint are not).
 
-    OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 bench/train_throughput.py \
-        [--snip build/snip] [--data data/brown] [--steps 40] [--skip 5] [--eager-steps 10] [--json OUT]
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/train_throughput.py \
+        [--snip build/snip] [--data data/kjv] [--steps 40] [--skip 5] [--eager-steps 10] [--json OUT]
 
-Needs the prepared Brown data (`scripts/run.sh` or `snip data prepare`).
+Needs the prepared KJV data (`scripts/run.sh` or `snip data prepare`).
 docs/benchmarks.md records its output with the machine it ran on.
 """
 
@@ -59,9 +61,10 @@ def snip_arm(snip, config, data, steps, skip, extra, tmp, name):
     return tokens / (last["elapsed_s"] - first["elapsed_s"]), share
 
 
-def eager(mode, steps, warmup, here):
-    r = subprocess.run(["/usr/bin/python3", os.path.join(here, "torch_eager.py"), "--mode", mode,
-                        "--steps", str(steps), "--warmup", str(warmup), "--json"], capture_output=True, text=True)
+def eager(mode, steps, warmup, here, compiled=False):
+    r = subprocess.run([sys.executable, os.path.join(here, "torch_eager.py"), "--mode", mode,
+                        "--steps", str(steps), "--warmup", str(warmup), "--json"] + (["--compile"] if compiled else []),
+                       capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"train_throughput: torch_eager.py --mode {mode} failed:\n{r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])["tokens_per_s"]
@@ -73,7 +76,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--snip", default=os.path.join(root, "build", "snip"))
     ap.add_argument("--config", default=os.path.join(root, "configs", "tiny.toml"))
-    ap.add_argument("--data", default=os.path.join(root, "data", "brown"))
+    ap.add_argument("--data", default=os.path.join(root, "data", "kjv"))
     ap.add_argument("--steps", type=int, default=40, help="steps per snip arm (default 40)")
     ap.add_argument("--skip", type=int, default=5, help="first steps not timed (default 5)")
     ap.add_argument("--eager-steps", type=int, default=10, help="timed PyTorch eager steps per mode (default 10)")
@@ -104,21 +107,25 @@ def main():
             print(f"snip {name} ...", file=sys.stderr, flush=True)
             tps, share = snip_arm(a.snip, a.config, a.data, a.steps, a.skip, extra, tmp, name)
             results.append({"arm": f"snip {name}", "tokens_per_s": tps, "fp4_share": share})
-    print("torch eager fp32 ...", file=sys.stderr, flush=True)
-    e32 = eager("fp32", a.eager_steps, 2, here)
-    print("torch eager bf16 autocast ...", file=sys.stderr, flush=True)
-    e16 = eager("bf16", a.bf16_eager_steps, 1, here)  # ~25 s a step on CPUs without AVX512-BF16
-    results.append({"arm": "PyTorch eager fp32", "tokens_per_s": e32})
-    results.append({"arm": "PyTorch eager bf16 autocast", "tokens_per_s": e16})
+    base_arms = {}
+    for compiled in (False, True):
+        kind = "torch.compile" if compiled else "eager"
+        for mode, steps in (("fp32", a.eager_steps), ("bf16", a.bf16_eager_steps)):
+            print(f"torch {kind} {mode} ...", file=sys.stderr, flush=True)
+            # BF16 autocast is slow on CPUs without AVX512-BF16: fewer steps
+            base_arms[(compiled, mode)] = eager(mode, steps, 2 if mode == "fp32" or compiled else 1, here, compiled)
+            results.append({"arm": f"PyTorch {kind} {mode}" + (" autocast" if mode == "bf16" else ""),
+                            "tokens_per_s": base_arms[(compiled, mode)]})
     base = results[0]["tokens_per_s"]
-    print(f"| run | tokens/s | step time vs snip bf16 | vs PyTorch eager fp32 | vs PyTorch eager bf16 |")
+    e32, c32 = base_arms[(False, "fp32")], base_arms[(True, "fp32")]
+    print(f"| run | tokens/s | step time vs snip bf16 | vs PyTorch eager fp32 | vs torch.compile fp32 |")
     print(f"|---|---:|---:|---:|---:|")
     for r in results:
         t = r["tokens_per_s"]
         r["step_time_vs_bf16"] = base / t
         r["vs_eager_fp32"] = t / e32
-        r["vs_eager_bf16"] = t / e16
-        print(f"| {r['arm']} | {t:,.0f} | {base / t:.2f}x | {t / e32:.2f}x | {t / e16:.2f}x |")
+        r["vs_compile_fp32"] = t / c32
+        print(f"| {r['arm']} | {t:,.0f} | {base / t:.2f}x | {t / e32:.2f}x | {t / c32:.2f}x |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=2)

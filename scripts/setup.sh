@@ -20,6 +20,7 @@ cd "$(dirname "$0")/.."
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
   python3 python3-venv                    # makes .venv (LibTorch comes from its torch wheel)
+  libopenblas-dev                         # FP32 GEMMs on AMD CPUs (src/model/blas.cpp; the wheel's MKL is slower there)
   coinor-libcbc-dev                       # MILP solver for the precision planner
   libsentencepiece-dev sentencepiece      # tokenizer
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libcpp-httplib-dev

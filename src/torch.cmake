@@ -25,4 +25,7 @@ foreach(dep snip_formats snip_recipes snip_io snip_tokens snip_policy snip_repor
     target_link_libraries(snip_torch PUBLIC ${dep})
   endif()
 endforeach()
+# OpenBLAS (Debian's libopenblas-dev): the FP32 GEMMs of src/model/blas.cpp.
+find_library(SNIP_OPENBLAS_LIBRARY openblas REQUIRED)
+target_link_libraries(snip_torch PUBLIC ${SNIP_OPENBLAS_LIBRARY})
 target_precompile_headers(snip_torch PRIVATE <torch/torch.h> <nlohmann/json.hpp>)

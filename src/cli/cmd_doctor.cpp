@@ -30,6 +30,7 @@
 #include "snip/hw/capabilities.h"
 #include "snip/model/linear.h"
 #include "snip/model/llama.h"
+#include "snip/model/blas.h"
 #include "snip/model/matmul.h"
 #include "snip/quant/quantizers.h"
 #include "snip/quant/recipe.h"
@@ -88,7 +89,7 @@ double measure_gflops(const Timed& t, double min_s) {
   const Operand ob = t.dgrad ? Operand::kDgradW : Operand::kFpropW;
   double s;
   if (t.p == hw::GemmPrecision::kFp32) {
-    s = seconds_per_call([&] { return torch::mm(a, w.t()); }, min_s);
+    s = seconds_per_call([&] { return fp32_mm(a, w.t()); }, min_s);  // what snip's layers run
   } else {
     s = seconds_per_call(
         [&] {
@@ -243,6 +244,7 @@ void run_doctor(const DoctorOpts& o) {
   }
   const bool lt_fp32 = libtorch_bf16_gemm_accumulates_fp32();
   const bool native = native_bf16_gemm();
+  out["fp32_gemm"] = {{"backend", openblas_fp32_gemm() ? "openblas" : "libtorch"}, {"reason", fp32_gemm_reason()}};
   out["bf16_gemm"] = {{"libtorch_accumulates_fp32", lt_fp32},
                       {"backend", native ? "native" : "emulated"},
                       {"reason", bf16_gemm_reason()}};
@@ -315,6 +317,11 @@ void run_doctor(const DoctorOpts& o) {
     notes.push_back("BF16 GEMMs are emulated: LibTorch's own BF16 kernel accumulates in BF16 on this CPU (no "
                     "AVX512-BF16/AMX path) and is ~100x slower than FP32; snip runs the same numerics as FP32 GEMMs "
                     "on BF16-rounded operands (train.gemm_backend = auto)");
+  if (!native && lt_fp32)
+    notes.push_back("BF16 GEMMs are emulated: LibTorch's BF16 kernel accumulates in FP32 here but this CPU has no "
+                    "BF16 dot products (AVX512_BF16/AMX-BF16), so it widens BF16 in registers and runs several times "
+                    "slower than FP32; snip runs the same numerics as FP32 GEMMs on BF16-rounded operands "
+                    "(train.gemm_backend = auto; compare the bf16 row with train.gemm_backend = native)");
   notes.push_back(fmt::format("throughput is measured for {} s per row on a machine that may be busy: compare rows of "
                               "one run, and raise --min-time for steadier numbers", o.min_time));
   if (native && !lt_fp32)
@@ -396,7 +403,9 @@ void run_doctor(const DoctorOpts& o) {
               << ", kernels " << lt["cpu_capability"].get<std::string>() << "\n";
     std::cout << "  gpus       " << caps.gpu_probe << "\n";
     std::cout << "  bf16 gemm  " << (native ? "native" : "emulated (FP32 GEMMs on BF16-rounded operands)") << ": "
-              << bf16_gemm_reason() << "\n\n";
+              << bf16_gemm_reason() << "\n";
+    std::cout << "  fp32 gemm  " << (openblas_fp32_gemm() ? "OpenBLAS cblas_sgemm" : "LibTorch (torch::mm)") << ": "
+              << fp32_gemm_reason() << "\n\n";
     std::cout << fmt::format("CPU support matrix (GEMM [{}, {}] x [{}, {}], quantization of both operands included)\n", kM, kK, kK, kN);
     std::cout << fmt::format("  {:<9} {:<17} {:>9} {:>8}  {}\n", "precision", "support", "GFLOP/s", "vs bf16", "how");
     for (const json& r : rows)

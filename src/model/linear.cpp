@@ -5,6 +5,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "snip/model/lora.h"
+#include "snip/model/blas.h"
 #include "snip/model/matmul.h"
 #include "snip/util/error.h"
 
@@ -47,7 +48,7 @@ torch::Tensor qw(const StepPrecision& sp, const torch::Tensor& w, Operand op) {
 // accumulation (model/matmul.h), as `out` (the activation dtype). Strided
 // views are fine: the GEMM reads transposed operands without copies.
 torch::Tensor gemm_nt(const torch::Tensor& a, const torch::Tensor& b, at::ScalarType dtype, at::ScalarType out) {
-  return gemm_result(torch::mm(a, b.t()), dtype, out);
+  return gemm_result(fp32_mm(a, b.t()), dtype, out);
 }
 
 struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunction> {
@@ -75,7 +76,7 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
       const torch::Tensor xc = gemm_operand(x, dt), wc = sp->frozen ? sp->frozen->operand(Operand::kFpropW) : gemm_operand(w, dt);
       ctx->save_for_backward({xc, wc});
       ctx->saved_data["cast"] = true;
-      return gemm_result(torch::mm(xc, wc.t()), dt, x.scalar_type());
+      return gemm_result(fp32_mm(xc, wc.t()), dt, x.scalar_type());
     }
     // With a quantizer, backward re-quantizes the originals along its own
     // reduction dims (blocks differ per GEMM), so the originals are saved.
@@ -101,12 +102,12 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
     if (ctx->saved_data["cast"].toBool()) {  // x, w are the GEMM-dtype casts from forward
       const torch::Tensor dyc = gemm_operand(dy, dt);
       if (ctx->needs_input_grad(0)) {
-        dx = gemm_result(torch::mm(dyc, w), dt, dy.scalar_type());  // dgrad [N, IN]
+        dx = gemm_result(fp32_mm(dyc, w), dt, dy.scalar_type());  // dgrad [N, IN]
         if (l.probe && l.probe->input_grad_noise) dx.add_(l.probe->input_grad_noise());
       }
       // wgrad [OUT, IN] as (Xᵀ·dY)ᵀ: oneDNN is faster with the long N dim of X leading.
       if (ctx->needs_input_grad(1) && !(l.probe && l.probe->skip_wgrad))
-        dw = gemm_result(torch::mm(x.t(), dyc).t().contiguous(), dt, dy.scalar_type());
+        dw = gemm_result(fp32_mm(x.t(), dyc).t().contiguous(), dt, dy.scalar_type());
       return {dx, dw, torch::Tensor()};
     }
     if (ctx->needs_input_grad(0)) {

@@ -2,6 +2,7 @@
 #include "snip/model/matmul.h"
 
 #include "snip/hw/capabilities.h"
+#include "snip/model/blas.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -172,8 +173,12 @@ torch::Tensor gemm_result(const torch::Tensor& y, at::ScalarType dtype, at::Scal
 }
 
 torch::Tensor matmul_in(const torch::Tensor& a, const torch::Tensor& b, at::ScalarType dtype) {
-  if (!narrower(a, dtype)) return torch::matmul(a, b);
-  return gemm_result(torch::matmul(gemm_operand(a, dtype), gemm_operand(b, dtype)), dtype, a.scalar_type());
+  // A 2-D b (the tied lm_head) takes snip/model/blas.h's FP32 GEMM.
+  auto mm = [&](const torch::Tensor& x, const torch::Tensor& y) {
+    return y.dim() == 2 ? fp32_mm_autograd(x, y) : torch::matmul(x, y);
+  };
+  if (!narrower(a, dtype)) return mm(a, b);
+  return gemm_result(mm(gemm_operand(a, dtype), gemm_operand(b, dtype)), dtype, a.scalar_type());
 }
 
 }  // namespace snip

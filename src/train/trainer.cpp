@@ -2,6 +2,8 @@
 // train/step.h; checkpoints train/checkpoint.h; metrics train/metrics.h.
 #include "snip/train/trainer.h"
 
+#include "snip/model/blas.h"
+
 #include "snip/model/lora.h"
 
 #include <spdlog/spdlog.h>
@@ -172,7 +174,9 @@ void write_run_report(const std::string& run_dir) {
 }  // namespace
 
 void set_threads(int64_t threads) {
-  torch::set_num_threads(threads > 0 ? int(threads) : int(std::max(1u, std::thread::hardware_concurrency())));
+  const int n = threads > 0 ? int(threads) : int(std::max(1u, std::thread::hardware_concurrency()));
+  torch::set_num_threads(n);
+  set_openblas_threads(n);  // the FP32 GEMMs of snip/model/blas.h
 }
 
 at::ScalarType gemm_dtype_of(const TrainConfig& t) { return t.gemm_bf16 ? at::kBFloat16 : at::kFloat; }
