@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "snip/model/blas.h"
 #include "snip/model/matmul.h"
 
 using namespace snip;
@@ -32,9 +33,11 @@ TEST(Bf16Gemm, AccumulatesInFp32AndRoundsTheResultOnce) {
   // Batched operands (the attention products) take the same path.
   const torch::Tensor q = torch::randn({2, 3, 16, 1024}), k = torch::randn({2, 3, 1024, 16});
   EXPECT_LT(rel_err_vs_exact(q, k, matmul_in(q, k, at::kBFloat16)), 1.0 / 256);
-  // Undefined or the operand's own dtype: a plain matmul.
-  EXPECT_TRUE(torch::equal(matmul_in(a, b, at::ScalarType::Undefined), torch::matmul(a, b)));
-  EXPECT_TRUE(torch::equal(matmul_in(a, b, at::kFloat), torch::matmul(a, b)));
+  // Undefined or the operand's own dtype: a plain FP32 GEMM (a 2-D b: snip's
+  // FP32 GEMM of snip/model/blas.h; batched: torch::matmul).
+  EXPECT_TRUE(torch::equal(matmul_in(a, b, at::ScalarType::Undefined), fp32_mm(a, b)));
+  EXPECT_TRUE(torch::equal(matmul_in(a, b, at::kFloat), fp32_mm(a, b)));
+  EXPECT_TRUE(torch::equal(matmul_in(q, k, at::kFloat), torch::matmul(q, k)));
 }
 
 TEST(Bf16Gemm, OperandsAreRoundedToNearestEven) {

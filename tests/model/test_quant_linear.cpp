@@ -8,6 +8,7 @@
 
 #include <filesystem>
 
+#include "snip/model/blas.h"
 #include "snip/model/llama.h"
 #include "snip/quant/quantizers.h"
 #include "snip/train/trainer.h"
@@ -57,11 +58,13 @@ TEST(QuantLinear, EveryRecipeEqualsReferenceQuantizeThenMatmul) {
 
     QuantKey k{11, 5, 3, Operand::kFpropX};
     const torch::Tensor X = x.detach(), W = l->weight.detach();
-    torch::Tensor y_ref = torch::mm(ref_q(r, Operand::kFpropX, X, k), ref_q(r, Operand::kFpropW, W, k).t());
+    // The layer's own FP32 GEMM (snip/model/blas.h): the same kernel, so the
+    // quantized operands alone decide the bits.
+    torch::Tensor y_ref = fp32_mm(ref_q(r, Operand::kFpropX, X, k), ref_q(r, Operand::kFpropW, W, k).t());
     torch::Tensor dx_ref =
-        torch::mm(ref_q(r, Operand::kDgradDY, dy, k), ref_q(r, Operand::kDgradW, W.t(), k).t());
+        fp32_mm(ref_q(r, Operand::kDgradDY, dy, k), ref_q(r, Operand::kDgradW, W.t(), k).t());
     torch::Tensor dw_ref =
-        torch::mm(ref_q(r, Operand::kWgradDY, dy.t(), k), ref_q(r, Operand::kWgradX, X.t(), k).t());
+        fp32_mm(ref_q(r, Operand::kWgradDY, dy.t(), k), ref_q(r, Operand::kWgradX, X.t(), k).t());
     EXPECT_TRUE(torch::equal(y, y_ref));
     EXPECT_TRUE(torch::equal(x.grad(), dx_ref));
     EXPECT_TRUE(torch::equal(l->weight.grad(), dw_ref));
