@@ -5,7 +5,8 @@ transformers' files opened by snip (pinned versions: requirements.txt).
             multi-head with an untied lm_head, another rope_theta, a BF16
             export), `snip export`ed, loaded with
             AutoModelForCausalLM.from_pretrained: its logits on snip's first
-            validation micro-batch equal `snip eval --logits-out`'s (FP32,
+            validation micro-batch equal `snip eval --logits-out`'s of the
+            run's checkpoint (of the folder itself for the BF16 export) (FP32,
             relative to the largest logit: within 1e-5); AutoTokenizer gives
             the ids of snip's tokenizer (`snip data encode`) on KJV text
   init      save_pretrained of a randomly initialised LlamaForCausalLM
@@ -103,7 +104,11 @@ def test_export_loads_in_transformers_with_snips_logits(snip_bin, data_dir, tmp_
     hf = tmp_path / "hf"
     dtype = ["--dtype", "bfloat16"] if shape == "bf16-export" else []
     run_snip(snip_bin, "export", "--run-dir", tmp_path / "run", "--out", hf, *dtype)
-    ids, ours = snip_logits(snip_bin, ["--checkpoint", hf], data_dir, tmp_path / "logits.safetensors")
+    # The run's own checkpoint (FP32 GEMMs), not the exported folder: an export
+    # that changed a weight would otherwise agree with itself. A BF16 export
+    # rounds every weight, so there snip reads the folder it wrote.
+    src = ["--checkpoint", hf] if shape == "bf16-export" else ["--run-dir", tmp_path / "run"]
+    ids, ours = snip_logits(snip_bin, src, data_dir, tmp_path / "logits.safetensors")
     model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
     assert type(model).__name__ == "LlamaForCausalLM"
     c = model.config
