@@ -29,7 +29,7 @@ deltas (correlation.json).
 Floating-point results depend on the CPU's kernels (MKL and oneDNN pick
 AVX2 or AVX-512 paths; BF16 GEMMs are native only with AVX512_BF16), so the
 fixture holds one entry per machine key (the torch wheel's version + vector
-ISA). A machine with no entry skips (exit 77,
+ISA: amx, avx512bf16, avx512 or avx2). A machine with no entry skips (exit 77,
 CTest SKIP_RETURN_CODE) and says how to record one, from a commit before the
 change being proven.
 """
@@ -78,8 +78,10 @@ ARMS = {
 
 def machine_key():
     flags = cpu_flags()
-    isa = "avx512bf16" if "avx512_bf16" in flags else "avx512" if "avx512f" in flags else \
-        "avx2" if "avx2" in flags else "other"
+    # AMX (Sapphire Rapids and later) has its own BF16 GEMM kernels in
+    # oneDNN, which may round differently from AVX512-BF16 ones (Zen 4).
+    isa = "amx" if "amx_bf16" in flags else "avx512bf16" if "avx512_bf16" in flags else \
+        "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "other"
     # The LibTorch snip is built on is the venv's torch wheel (requirements.txt):
     # this script runs with that venv's Python (SNIP_PYTHON).
     try:
