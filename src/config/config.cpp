@@ -14,6 +14,7 @@
 #include <sstream>
 #include <toml++/toml.h>
 
+#include "snip/io/toml.h"
 #include "snip/util/error.h"
 
 namespace snip {
@@ -413,103 +414,6 @@ const char* type_name(OptionType t) {
 }
 
 
-/// Deepest nesting a configuration may have: tables from headers and dotted
-/// keys, arrays and inline tables together. snip's options are section.key
-/// (2), list options arrays (3).
-constexpr size_t kMaxTomlDepth = 64;
-
-/// toml++ builds and destroys nested tables recursively and bounds only the
-/// nesting of arrays and inline tables, not the parts of a dotted key: a
-/// header [a.a. ... .a] of 31,287 parts overflowed the stack (SIGSEGV). A
-/// lexical pass over `text` bounds the depth before toml++ sees it: per
-/// statement, the dotted parts of its key (after its table header's) plus
-/// the arrays and inline tables open around it. Strings and comments are
-/// skipped; syntax errors are left to toml++ (the bound only over-counts).
-void check_toml_depth(const std::string& text, const std::string& what) {
-  struct Open {
-    bool inline_table;  // else an array
-    size_t depth;       // depth of the values inside
-    bool in_key;        // inline table: reading a key (after '{' or ',')
-    size_t key_parts;   // inline table: parts of the key being read
-  };
-  std::vector<Open> open;
-  size_t line = 1, header_depth = 0, key_parts = 1;
-  bool line_start = true, in_key = true, in_header = false;
-  auto check = [&](size_t depth) {
-    if (depth > kMaxTomlDepth)
-      fail(what, ":", line, ": expected tables, dotted keys, arrays and inline tables nested at most ", kMaxTomlDepth,
-           " deep, got more");
-  };
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (c == '\n') {
-      ++line;
-      if (open.empty()) line_start = in_key = true, key_parts = 1, in_header = false;
-      continue;
-    }
-    if (c == '#') {  // comment to the end of the line
-      while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
-      continue;
-    }
-    if (c == '"' || c == '\'') {  // strings: basic (escapes) or literal, one- or multi-line
-      const bool multi = text.compare(i, 3, std::string(3, c)) == 0;
-      i += multi ? 3 : 1;
-      for (; i < text.size(); ++i) {
-        if (text[i] == '\n') ++line;
-        if (c == '"' && text[i] == '\\') {
-          ++i;
-          if (i < text.size() && text[i] == '\n') ++line;
-        } else if (text[i] == c && (!multi || text.compare(i, 3, std::string(3, c)) == 0)) {
-          if (multi) {  // a closing """ may follow up to two quotes of the content
-            i += 2;
-            for (int extra = 0; extra < 2 && i + 1 < text.size() && text[i + 1] == c; ++extra) ++i;
-          }
-          break;
-        }
-      }
-      line_start = false;
-      continue;
-    }
-    if (c == ' ' || c == '\t' || c == '\r') continue;
-    const size_t base = open.empty() ? header_depth : open.back().depth;
-    if (open.empty() && line_start && c == '[') {  // a table header: [a.b] or [[a.b]]
-      in_header = true;
-      header_depth = 1;
-      line_start = false;
-      continue;
-    }
-    line_start = false;
-    if (in_header) {
-      if (c == '.') check(++header_depth);
-      else if (c == '[') check(++header_depth);  // [[array of tables]]
-      continue;
-    }
-    if (!open.empty() && open.back().inline_table && open.back().in_key) {
-      if (c == '.') check(base + ++open.back().key_parts);
-      else if (c == '=') open.back().in_key = false;
-      else if (c == '}') open.pop_back();
-      continue;
-    }
-    if (open.empty() && in_key) {
-      if (c == '.') check(base + ++key_parts);
-      else if (c == '=') in_key = false;
-      continue;
-    }
-    // A value: arrays and inline tables open here.
-    const size_t here = open.empty() ? base + key_parts
-                        : open.back().inline_table ? base + open.back().key_parts
-                                                   : base;
-    if (c == '[' || c == '{') {
-      check(here + 1);
-      open.push_back(Open{c == '{', here + 1, c == '{', 1});
-    } else if ((c == ']' || c == '}') && !open.empty()) {
-      open.pop_back();
-    } else if (c == ',' && !open.empty() && open.back().inline_table) {
-      open.back().in_key = true;
-      open.back().key_parts = 1;
-    }
-  }
-}
 }  // namespace
 
 const std::vector<OptionSpec>& option_table() {
@@ -601,6 +505,12 @@ const OptionValue& Config::raw(const std::string& key) const {
   return s->def;
 }
 
+bool Config::differs_from_default(const std::string& key) const {
+  const OptionSpec* s = find_spec(key);
+  SNIP_CHECK(s != nullptr, "no option named ", key);
+  return !(raw(key) == s->def);
+}
+
 bool Config::get_bool(const std::string& key) const { return std::get<bool>(raw(key)); }
 int64_t Config::get_int(const std::string& key) const { return std::get<int64_t>(raw(key)); }
 double Config::get_float(const std::string& key) const { return std::get<double>(raw(key)); }
@@ -636,7 +546,7 @@ void Config::set(const std::string& key, const OptionValue& v, const std::string
 }
 
 void Config::load_toml_string(const std::string& text, const std::string& what) {
-  check_toml_depth(text, what);
+  io::check_toml_depth(text, what);
   toml::table tbl;
   try {
     tbl = toml::parse(text, what);
@@ -840,7 +750,7 @@ std::map<std::string, std::string> read_toml_display(const std::string& path) {
   if (!in) fail(path, ": cannot be read: ", std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
-  check_toml_depth(ss.str(), path);
+  io::check_toml_depth(ss.str(), path);
   toml::table tbl;
   try {
     tbl = toml::parse(ss.str(), path);

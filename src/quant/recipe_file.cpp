@@ -4,11 +4,10 @@
 
 #include <filesystem>
 #include <map>
-#include <sstream>
-
-#include <toml++/toml.h>
 
 #include "snip/io/atomic_file.h"
+#include "snip/io/json.h"
+#include "snip/io/toml.h"
 #include "snip/util/error.h"
 
 namespace snip::quant {
@@ -133,21 +132,6 @@ Recipe parse_one(const std::string& name, const json& e, const std::string& wher
   return r;
 }
 
-// TOML -> the same JSON tree (toml++'s JSON formatter keeps integers, floats,
-// booleans, strings, tables and arrays apart).
-json toml_to_json(const std::string& text, const std::string& where) {
-  toml::table tbl;
-  try {
-    tbl = toml::parse(text, where);
-  } catch (const toml::parse_error& e) {
-    fail(where, ":", e.source().begin.line, ":", e.source().begin.column, ": TOML syntax error: ",
-         std::string(e.description()));
-  }
-  std::ostringstream ss;
-  ss << toml::json_formatter{tbl};
-  return json::parse(ss.str());
-}
-
 }  // namespace
 
 json RecipeFile::resolved() const {
@@ -158,14 +142,12 @@ json RecipeFile::resolved() const {
 
 RecipeFile parse_recipe_file_text(const std::string& text, const std::string& format, const std::string& where) {
   json j;
+  // The project's guarded readers: bounded nesting, each key once, finite
+  // numbers, one-line errors (io/json.h, io/toml.h).
   if (format == "toml") {
-    j = toml_to_json(text, where);
+    j = io::parse_toml_as_json(text, where);
   } else if (format == "json") {
-    try {
-      j = json::parse(text);
-    } catch (const json::parse_error& e) {
-      fail(where, ": JSON syntax error: ", e.what());
-    }
+    j = io::parse_json(text, where);
   } else {
     fail(where, ": expected a .toml or .json recipe file, got format '", format, "'");
   }
@@ -205,12 +187,7 @@ RecipeFile register_recipe_file(const std::string& path) {
 }
 
 std::vector<std::string> register_recipe_copy(const std::string& path) {
-  json j;
-  try {
-    j = json::parse(io::read_file(path));
-  } catch (const std::exception& e) {
-    fail(path, ": expected the resolved recipes a run wrote (", e.what(), ")");
-  }
+  const json j = io::parse_json(io::read_file(path), path);
   if (!j.is_object() || !j.contains("recipes") || !j["recipes"].is_array())
     fail(path, ": recipes: expected a list of recipes");
   std::vector<Recipe> rs;

@@ -220,6 +220,18 @@ bad("no_delayed", RECIPES.replace('rule = "delayed"', 'rule = "current"'),
 bad("json_bad", '{"recipes": {"w4a8ef": {"all": {}, "weights": {"rounding": "up"}}}}',
     "recipe 'w4a8ef': weights.rounding", ext=".json")
 bad("yaml", "x", "precision.recipe_file: expected a .toml or .json file", ext=".yaml")
+# The guarded readers every other file goes through (io/json.h, io/toml.h):
+# no crash on deep nesting, no internal error on overflow, each key once,
+# finite numbers only.
+bad("json_deep", '{"recipes": ' + "[" * 100000 + "]" * 100000 + "}", "expected at most 128 nested arrays/objects",
+    ext=".json")
+bad("toml_deep_header", "[" + ".".join(["a"] * 40000) + "]\n", "nested at most 64 deep")
+bad("json_overflow", '{"recipes": {"d8": {"all": {"element": "e4m3", "rule": "delayed", "amax_history_len": 1e309}}}}',
+    "expected a number a double can hold", ext=".json")
+bad("json_duplicate", '{"recipes": {"x8": {"all": {"element": "e4m3"}, "all": {"element": "e2m1"}}}}',
+    "expected each key once, got \"all\" twice", ext=".json")
+bad("toml_nan", RECIPES.replace('description = "test:', 'description = nan\nnote = "test:'),
+    "recipes.w4a8ef.description: expected a finite number, got nan")
 T.expect_error("missing file", ["train", "--config", cfg, "--run-dir", os.path.join(tmp, "bad-missing"), "--set",
                                 "precision.recipe_file=" + os.path.join(tmp, "nope.toml")],
                "does not exist", absent=os.path.join(tmp, "bad-missing"))

@@ -2,8 +2,9 @@
 # Runs one libFuzzer target of the fuzz build for SECONDS (docs/robustness.md).
 #
 # usage: tests/fuzz/run.sh TARGET SECONDS [libFuzzer options ...]
-#   TARGET: safetensors, cost_table, plan_file, recipe, config_toml,
-#           config_set, shard, data_meta, data_folder, checkpoint, hf_config
+#   TARGET: safetensors, cost_table, plan_file, recipe, recipe_file,
+#           config_toml, config_set, shard, data_meta, data_folder,
+#           checkpoint, hf_config
 #           (tests/fuzz/targets.cmake)
 # env:    SNIP_FUZZ_BUILD (default build/fuzz: scripts/setup.sh makes it)
 #
@@ -28,7 +29,7 @@ dict=()
 case "$target" in
   safetensors | cost_table | plan_file | recipe | data_meta | data_folder | checkpoint | hf_config)
     dict=(-dict="$here/json.dict") ;;
-  config_toml | config_set) dict=(-dict="$here/toml.dict") ;;
+  config_toml | config_set | recipe_file) dict=(-dict="$here/toml.dict") ;;
 esac
 mkdir -p "$work" "$artifacts"
 log="$(mktemp)"

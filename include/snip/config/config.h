@@ -89,6 +89,11 @@ class Config {
   /// Keys explicitly set by a file or an override (not defaults).
   const std::map<std::string, OptionValue>& values() const { return values_; }
 
+  /// True when `key` holds a value other than its option's default (set or
+  /// not: a resolved config.toml lists every option, so "set" alone says
+  /// nothing after a resume). Throws std::logic_error (SNIP_CHECK) for an unknown key.
+  bool differs_from_default(const std::string& key) const;
+
   /// The resolved configuration as TOML text, with each option's help and unit
   /// as a comment; loading it back gives an equal Config.
   std::string to_toml() const;
