@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "snip/formats/fake_quant.h"
+#include "snip/formats/hadamard.h"
 #include "snip/formats/scaling.h"
 #include "snip/model/matmul.h"
 #include "snip/quant/recipe.h"
@@ -243,6 +244,8 @@ class RecipeQuantizer final : public OperandQuantizer {
   // or Wᵀ [IN, OUT] (dgrad.w), FP32 contiguous. Per layer, with Q_f the
   // fprop.w quantization of this recipe:
   //   step t's first weight call:  v = W_t + r_t,  r_{t+1} = v - Q_f(v)   (r_0 = 0)
+  //   (with a Hadamard transform R on fprop.w, Q_f(v) is taken back to W's
+  //   domain first: r_{t+1} = v - Q(v·R)·Rᵀ; see unrotated())
   //   every weight call of step t: fprop.w -> Q_f(W_t + r_t), dgrad.w -> Q_dgrad.w((W_t + r_t)ᵀ)
   // so the residual advances once per optimizer step (key.step), however many
   // micro-batches and dgrad uses there are, and is measured against fprop's
@@ -267,7 +270,7 @@ class RecipeQuantizer final : public OperandQuantizer {
       QuantKey kf = key;
       kf.operand = Operand::kFpropW;
       const torch::Tensor qf = quantize_plain(v, kf);
-      e.next = v - qf;  // r_{t+1}
+      e.next = v - unrotated(qf, recipe_.operands[size_t(Operand::kFpropW)]);  // r_{t+1}, in W's own domain
       if (fprop) return qf;
       r = e.used;
     } else {
@@ -278,6 +281,20 @@ class RecipeQuantizer final : public OperandQuantizer {
     }
     const torch::Tensor v = w + r;  // W_t + r_t [OUT, IN]
     return quantize_plain((fprop ? v : v.t()).contiguous(), key);
+  }
+
+  // Q_f(v) in v's own domain: with a Hadamard transform on fprop.w,
+  // fake_quantize returns Q(v·R), the operand the GEMM reads (rows of W
+  // rotated along IN); the residual needs Q(v·R)·Rᵀ ≈ v, so that v - it is
+  // the quantization error of v and not v minus a rotated copy of itself.
+  // q: [OUT, IN] FP32 contiguous; returned as is without a transform.
+  static torch::Tensor unrotated(const torch::Tensor& q, const formats::QuantSpec& spec) {
+    if (spec.hadamard_size == 0) return q;
+    torch::Tensor back = q.clone();
+    const std::vector<float> signs = formats::hadamard_signs(spec.hadamard_size, spec.hadamard_seed);
+    formats::hadamard_rows_inverse(back.data_ptr<float>(), back.size(0), back.size(1), spec.hadamard_size,
+                                   signs.data());
+    return back;
   }
 
   // One layer's error-feedback state.
