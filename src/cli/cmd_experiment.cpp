@@ -31,6 +31,7 @@
 #include "snip/quant/recipe_file.h"
 #include "snip/method/study.h"
 #include "snip/io/atomic_file.h"
+#include "snip/io/dir_lock.h"
 #include "snip/io/json.h"
 #include "snip/report/report.h"
 #include "snip/report/svg.h"
@@ -952,7 +953,11 @@ void add_experiment_commands(CLI::App& app) {
       }
       std::vector<std::string> args{"train", "--run-dir", dir.string()};
       if (fs::exists(dir) && !fs::exists(dir / "checkpoints")) {
-        // Stopped before its first checkpoint (killed, diverged): nothing to resume.
+        // Stopped before its first checkpoint (killed, diverged): nothing to
+        // resume. Or still training there: a trainer holds the folder's lock
+        // (io::DirLock), and this refuses, naming its process, before
+        // deleting anything.
+        const io::DirLock in_use(dir.string(), fmt::format("experiment arm '{}': run directory", run.label()));
         std::cerr << fmt::format("[{}/{}] {}: {} holds no checkpoint (stopped early); training it afresh\n", i + 1,
                                  runs.size(), run.label(), dir.string());
         fs::remove_all(dir);

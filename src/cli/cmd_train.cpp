@@ -59,7 +59,10 @@ std::string run_contents(const std::string& run_dir) {
   for (const char* d : {"checkpoints", "plans", "stats"}) {
     if (!fs::is_directory(r / d)) continue;
     size_t n = 0;
-    for (const auto& e : fs::directory_iterator(r / d)) n += e.path().filename().string().rfind("step-", 0) == 0;
+    if (std::string(d) == "checkpoints")  // complete ones only (not a step-N.tmp a write left)
+      n = complete_checkpoints((r / d).string(), /*warn=*/false).size();
+    else
+      for (const auto& e : fs::directory_iterator(r / d)) n += e.path().filename().string().rfind("step-", 0) == 0;
     add(fmt::format("{}/ ({})", d, n));
   }
   return out;

@@ -58,6 +58,10 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
     ckpt = latest_checkpoint(o.run_dir);
     if (ckpt.empty()) fail("--run: no complete checkpoint in ", (run / "checkpoints").string());
   }
+  if (rc.lora.enabled() || fs::exists(fs::path(ckpt) / "adapter_config.json"))
+    fail("--run: ", o.run_dir, " trains LoRA adapters (lora.rank = ", rc.lora.rank, "): snip correlate studies full "
+         "training only (write the adapted model with `snip export --merge`, train from it with --init-from, and "
+         "study that run)");
   const json st = verify_checkpoint(ckpt);
   const int64_t step0 = st.at("step").get<int64_t>();
   if (o.option == "bf16" || o.option == "none")
@@ -76,7 +80,15 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
   const fs::path data_dir(rc.data.dir);
   const std::string train_bin = (data_dir / "train.bin").string(), val_bin = (data_dir / "val.bin").string();
   if (!fs::exists(train_bin)) fail("data.dir: ", train_bin, " does not exist (the run's data is needed)");
-  const int64_t B = tc.batch_size, T = tc.seq_len, accum = tc.grad_accum;
+  // One step of the run in one process: the micro-batches of every rank of
+  // the run (train.grad_accum, or dist.micro_batches under pipeline stages,
+  // times the data-parallel ranks), which is the same step bit for bit
+  // (docs/distributed.md) and where the checkpoint's loader position is.
+  const int64_t ranks = st.value("data_parallel", st.value("world_size", int64_t{1}));
+  const int64_t run_accum = st.contains("pipeline") ? st["pipeline"].value("micro_batches", tc.grad_accum) : tc.grad_accum;
+  if (ranks < 1 || run_accum < 1)
+    fail("--run: ", ckpt, ": world_size/data_parallel and micro-batches must be >= 1 (corrupt trainer_state.json?)");
+  const int64_t B = tc.batch_size, T = tc.seq_len, accum = run_accum * ranks;
   const uint64_t seed = uint64_t(tc.seed);
   const int64_t eval_batches = o.eval_batches >= 0 ? o.eval_batches : tc.eval_batches;
   auto lr_of = [&](int64_t step) { return lr_at(step, tc.max_steps, tc.warmup_steps, tc.lr, tc.min_lr_ratio); };

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <regex>
 #include <set>
 
@@ -37,7 +38,11 @@ std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::str
   const fs::path root(root_dir);
   std::vector<std::pair<int64_t, std::string>> all;
   if (!fs::is_directory(root)) return all;
-  const std::regex re("step-([0-9]+)"), tmp("step-[0-9]+\\.tmp");
+  // step-N, or step-N.old: the checkpoint save_checkpoint set aside to put a
+  // rewritten step-N in its place, which counts while no complete step-N is
+  // there (a process killed between the two renames).
+  const std::regex re("step-([0-9]+)(\\.old)?"), tmp("step-[0-9]+\\.tmp");
+  std::map<int64_t, std::string> kept, aside;
   for (auto& e : fs::directory_iterator(root)) {
     std::smatch m;
     const std::string n = e.path().filename().string();
@@ -52,13 +57,14 @@ std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::str
       else if (!fs::exists(e.path() / "trainer_state.json"))
         why = "it has no trainer_state.json (not a complete checkpoint)";
       else
-        all.emplace_back(int64_t(v), e.path().string());
+        (m[2].matched ? aside : kept)[int64_t(v)] = e.path().string();
     } else if (!(e.is_directory() && std::regex_match(n, tmp)) && n != "last_good.json" && n != "good.json") {
       why = "it is not a checkpoint folder step-N";
     }
     if (why && warn) spdlog::warn("ignoring {}: {}", e.path().string(), why);
   }
-  std::sort(all.begin(), all.end());
+  for (const auto& [step, dir] : aside) kept.emplace(step, dir);  // only where no complete step-N is
+  for (const auto& [step, dir] : kept) all.emplace_back(step, dir);
   return all;
 }
 
@@ -146,12 +152,20 @@ json verify_checkpoint(const std::string& dir) {
   const uint64_t step = unsigned_at(st, "step", "");
   if (step > uint64_t(std::numeric_limits<int64_t>::max()))
     fail("checkpoint ", sp, ": step: ", step, " is out of range [0, 2^63)");
-  if (fs::path(dir).filename().string() != "step-" + std::to_string(step))
+  const std::string folder = fs::path(dir).filename().string(), want = "step-" + std::to_string(step);
+  if (folder != want && folder != want + ".old")  // .old: set aside by a rewrite (complete_checkpoints)
     fail("checkpoint ", sp, ": holds step ", step, " but its folder is ", fs::path(dir).filename().string());
   if (!st.contains("loader")) fail("checkpoint ", sp, ": missing the 'loader' object");
   unsigned_at(st["loader"], "epoch", "loader.");
   unsigned_at(st["loader"], "cursor", "loader.");
   unsigned_at(st, "seed", "");
+  if (st.contains("tokens") && unsigned_at(st, "tokens", "") > uint64_t(std::numeric_limits<int64_t>::max()))
+    fail("checkpoint ", sp, ": tokens: out of range [0, 2^63)");
+  if (st.contains("rollback_record") && !(st["rollback_record"].is_object() &&
+                                          st["rollback_record"].contains("step") &&
+                                          st["rollback_record"]["step"].is_number_unsigned() &&
+                                          st["rollback_record"].value("rollback_to", json()) == json(step)))
+    fail("checkpoint ", sp, ": rollback_record: expected the record of a rollback to step ", step);
   if (st.contains("elapsed_s") &&
       !(st["elapsed_s"].is_number() && std::isfinite(st["elapsed_s"].get<double>()) && st["elapsed_s"].get<double>() >= 0))
     fail("checkpoint ", sp, ": elapsed_s: expected a finite number of seconds >= 0");
@@ -253,8 +267,10 @@ std::string last_good_checkpoint(const std::string& run_dir) {
   if (!fs::is_regular_file(marker)) return "";
   const json j = json::parse(io::read_file(marker.string()), nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("step") || !j["step"].is_number_unsigned()) return "";
-  const fs::path d = root / ("step-" + std::to_string(j["step"].get<uint64_t>()));
-  return fs::exists(d / "trainer_state.json") ? d.string() : "";
+  const int64_t step = int64_t(j["step"].get<uint64_t>());
+  for (const auto& [s, dir] : complete_checkpoints(root.string(), /*warn=*/false))
+    if (s == step) return dir;
+  return "";
 }
 
 }  // namespace snip

@@ -3,8 +3,14 @@
 
 #include "snip/model/lora.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <regex>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -45,6 +51,15 @@ void write_good_steps(const fs::path& root, const std::vector<int64_t>& steps) {
   io::write_file_atomic((root / "good.json").string(), json{{"steps", steps}}.dump() + "\n");
 }
 
+// Test-only (tests/cli/rollback_crash.py): SNIP_TEST_KILL names a point of
+// a checkpoint rewrite where this process sends itself SIGKILL, as kill -9
+// would: "rewrite-writing" (new files half written), "rewrite-aside" (the old
+// step-N renamed aside, the new one not yet in place).
+void test_kill_point(bool rewrite, const char* point) {
+  const char* k = std::getenv("SNIP_TEST_KILL");
+  if (rewrite && k && std::strcmp(k, point) == 0) ::kill(::getpid(), SIGKILL);
+}
+
 }  // namespace
 
 std::vector<int64_t> good_checkpoint_steps(const std::string& run_dir) {
@@ -67,6 +82,7 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCa
   const fs::path root = fs::path(run_dir) / "checkpoints";
   const fs::path final_dir = root / ("step-" + std::to_string(step));
   const fs::path tmp = root / ("step-" + std::to_string(step) + ".tmp");
+  const bool rewrite = fs::exists(final_dir);  // the guard's rollback writes its target again
   dist::Communicator* comm = shards ? shards->comm : nullptr;
   const int me = comm ? comm->rank() : 0;
   auto remove_tmp = [&] {
@@ -119,6 +135,7 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCa
     // referenced by path and SHA-256 in trainer_state.json ("lora").
     io::write_safetensors((tmp / "model.safetensors").string(),
                           has_lora(model) ? trainable_safetensors(model) : model_to_safetensors(model));
+    test_kill_point(rewrite, "rewrite-writing");
     if (shards) {
       io::write_file_atomic((tmp / "optimizer_index.json").string(), shards->index_json);
       opt_files.push_back("optimizer_index.json");
@@ -144,8 +161,21 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCa
     io::write_file_atomic((tmp / "trainer_state.json").string(), st.dump(2) + "\n");
     write_checkpoint_manifest(tmp.string(), opt_files);
     io::fsync_dir(tmp.string());
-    fs::remove_all(final_dir);
+    // A rewrite of step-N (the guard's rollback writes its target again) sets
+    // the old one aside before the new one takes its name: killed between the
+    // two renames, the run still has step-N.old, which complete_checkpoints
+    // reads as step N. Never remove the old one first: it may be the run's
+    // only good checkpoint. An old one already aside with no step-N beside it
+    // is that checkpoint, and stays until the new step-N is in place.
+    const fs::path aside = root / ("step-" + std::to_string(step) + ".old");
+    if (fs::exists(final_dir)) {
+      fs::remove_all(aside);
+      io::rename_atomic(final_dir.string(), aside.string());
+      test_kill_point(rewrite, "rewrite-aside");
+    }
     io::rename_atomic(tmp.string(), final_dir.string());
+    std::error_code ec;
+    fs::remove_all(aside, ec);
   } catch (...) {
     remove_tmp();
     throw;
@@ -169,6 +199,29 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCa
         fs::remove_all(all[i].second);
   }
   return final_dir.string();
+}
+
+std::vector<std::string> remove_unfinished_checkpoints(const std::string& run_dir) {
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  std::vector<std::string> gone;
+  if (!fs::is_directory(root)) return gone;
+  const auto complete = complete_checkpoints(root.string(), /*warn=*/false);
+  auto in_use = [&](const fs::path& p) {
+    for (const auto& [s, dir] : complete)
+      if (fs::path(dir) == p) return true;
+    return false;
+  };
+  const std::regex unfinished("step-[0-9]+\\.(tmp|old)");
+  std::vector<fs::path> doomed;
+  for (const auto& e : fs::directory_iterator(root))
+    if (e.is_directory() && std::regex_match(e.path().filename().string(), unfinished) && !in_use(e.path()))
+      doomed.push_back(e.path());
+  std::sort(doomed.begin(), doomed.end());
+  for (const fs::path& p : doomed) {
+    fs::remove_all(p);
+    gone.push_back(p.string());
+  }
+  return gone;
 }
 
 std::vector<int64_t> discard_checkpoints_after(const std::string& run_dir, int64_t step) {

@@ -18,7 +18,7 @@ namespace snip {
 
 using json = nlohmann::json;
 
-MetricsLog::MetricsLog(const std::string& path, int64_t resume_step) : path_(path) {
+MetricsLog::MetricsLog(const std::string& path, int64_t resume_step, const json& rollback_record) : path_(path) {
   std::string kept;
   if (resume_step >= 0) {
     // What the resumed run keeps must be what it wrote: one record per step
@@ -72,6 +72,28 @@ MetricsLog::MetricsLog(const std::string& path, int64_t resume_step) : path_(pat
     int64_t last = -1;
     for (size_t i = 0; i < recs.size(); ++i)
       if (recs[i].at == resume_step) last = int64_t(i);
+    // A checkpoint the guard's rollback rewrote carries the rollback's record
+    // (step s, "rollback_to": resume_step), appended only after the rewrite:
+    // when it is not the last record that leaves the run at resume_step, the
+    // run was killed in between, and the record joins the file after the
+    // stretch's step s - 1, as the uninterrupted run wrote it.
+    if (rollback_record.is_object() && rollback_record.value("rollback_to", int64_t{-1}) == resume_step &&
+        rollback_record.contains("step") && rollback_record["step"].is_number_integer()) {
+      const int64_t s = rollback_record["step"].get<int64_t>();
+      const bool there = last >= 0 && recs[size_t(last)].r == rollback_record;
+      if (!there) {
+        int64_t before = -1;  // the last record after which the run was at step s - 1
+        for (size_t i = 0; i < recs.size(); ++i)
+          if (recs[i].at == s - 1) before = int64_t(i);
+        if (before < 0)
+          fail(path, ": holds no record of step ", s - 1, ", before the rollback at step ", s, " that the checkpoint "
+               "of step ", resume_step, " records (records missing; the file is corrupt)");
+        recs.resize(size_t(before) + 1);
+        recs.push_back({rollback_record.dump(), rollback_record, resume_step});
+        last = int64_t(recs.size()) - 1;
+        spdlog::info("{}: the rollback record of step {} was not written before the run stopped: written now", path, s);
+      }
+    }
     if (resume_step > 0 && last < 0) {
       if (exists && !recs.empty())
         fail(path, ": holds no record of step ", resume_step, " (the run resumes there; records missing, the file "

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <ctime>
 #include <chrono>
@@ -355,6 +356,27 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     resume_ckpt = latest_checkpoint(opts.run_dir);
     if (resume_ckpt.empty() && !fs::is_regular_file(run / "config.toml"))
       fail("--resume: no complete checkpoint in ", (run / "checkpoints").string());
+    if (resume_ckpt.empty() && fs::is_directory(run / "checkpoints")) {
+      // A run stopped before its first checkpoint starts again from step 0
+      // (the same steps again). One that wrote or began a checkpoint and has
+      // none now lost it: starting again would rewrite its metrics.jsonl.
+      std::vector<std::string> names;
+      for (const auto& e : fs::directory_iterator(run / "checkpoints")) names.push_back(e.path().filename().string());
+      std::sort(names.begin(), names.end());
+      std::string trace;
+      for (const std::string& n : names)
+        if (n.rfind("step-", 0) == 0) {
+          trace = (run / "checkpoints" / n).string() + " is an unfinished checkpoint";
+          break;
+        }
+      for (const char* marker : {"last_good.json", "good.json"})
+        if (trace.empty() && fs::exists(run / "checkpoints" / marker))
+          trace = (run / "checkpoints" / marker).string() + " names checkpoints that are gone";
+      if (!trace.empty())
+        fail("--resume: ", opts.run_dir, " has no complete checkpoint but ", trace, ": refusing to start it again "
+             "from step 0 (that would erase its metrics.jsonl); keep the folder for inspection and train into "
+             "another --run-dir");
+    }
   } else if (fs::exists(run / "metrics.jsonl") || fs::exists(run / "checkpoints")) {
     fail("run directory ", opts.run_dir, " already holds a run; continue it with --resume, or choose "
          "another --run-dir (or delete it)");
@@ -500,7 +522,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
                    "micro-batch count)", dopt.micro_batches, tc.grad_accum);
     for (const char* k : {"dist.pipeline_schedule", "dist.boundary_comm", "dist.stage_split", "dist.stage_boundary",
                           "dist.stage_cost", "dist.rebalance"})
-      if (cfg.values().count(k))
+      if (cfg.differs_from_default(k))  // a resume's config.toml lists every option, defaults included
         spdlog::warn("{} has no effect without pipeline stages (dist.pipeline_stages = 1)", k);
   }
   const int DP = R / S;  // data-parallel ranks: R without stages
@@ -907,7 +929,11 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   if (writer) {
     io::ensure_writable_dir(opts.run_dir);
     if (!lock) lock = std::make_unique<io::DirLock>(opts.run_dir, "run directory");
-    metrics.emplace((run / "metrics.jsonl").string(), opts.resume ? step : -1);  // checks what it reads back first
+    for (const std::string& gone : remove_unfinished_checkpoints(opts.run_dir))
+      spdlog::info("removed {}: a checkpoint write that did not finish", gone);
+    // checks what it reads back first
+    metrics.emplace((run / "metrics.jsonl").string(), opts.resume ? step : -1,
+                    resume_ckpt.empty() ? json() : resume_state.value("rollback_record", json()));
     io::write_file_atomic((run / "config.toml").string(), cfg.to_toml());
     if (std::string w = quant::record_run_recipes(opts.run_dir, recipe_file, opts.resume); !w.empty()) spdlog::warn(w);
   }
@@ -933,6 +959,11 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
 
   const bool tty = !quiet && isatty(STDERR_FILENO);
   const int64_t tokens_per_step = B * T * accum * DP;
+  // Tokens trained on the trajectory that leads to the weights (a rollback
+  // returns to its checkpoint's count), counted step by step: a resume on
+  // another number of ranks changes tokens_per_step. Checkpoints before this
+  // count was recorded: step x today's tokens per step.
+  int64_t tokens_trained = resume_ckpt.empty() ? 0 : resume_state.value("tokens", step * tokens_per_step);
   const int64_t warmup = tc.warmup_steps;
   // The /metrics endpoint (monitor/exporter.h), fed the record of each step.
   const std::unique_ptr<monitor::Exporter> exporter = monitor::start_exporter(
@@ -1085,9 +1116,13 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     sync_quantizers = [&] {
       ctl.restore_quantizers(pipeline_quantizer_state(ctl.quantizer_state(), true), "pipeline quantizer state");
     };
+  // The record of a rollback while its target is written again (the rewrite
+  // carries it: MetricsLog).
+  json rollback_record;
   auto checkpoint_state = [&] {
     auto ls = loader.state();
-    json st = {{"step", step}, {"loader", {{"epoch", ls.epoch}, {"cursor", ls.cursor}}}, {"seed", seed},
+    json st = {{"step", step}, {"tokens", tokens_trained},
+               {"loader", {{"epoch", ls.epoch}, {"cursor", ls.cursor}}}, {"seed", seed},
                {"val_loss", std::isfinite(last_val) ? json(last_val) : json(nullptr)},
                {"elapsed_s", elapsed0 + elapsed()}, {"resumed_at", resumed_at},
                {"data", {{"dir", fs::absolute(data_dir).lexically_normal().string()},
@@ -1106,6 +1141,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     if (!loader_base.is_null()) st["loader_base"] = loader_base;
     if (guard.enabled()) st["guard"] = guard.to_json();
     if (!lora_ref.is_null()) st["lora"] = lora_ref;
+    if (!rollback_record.is_null()) st["rollback_record"] = rollback_record;
     return st;
   };
 
@@ -1203,6 +1239,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     loader_base = {{"step", to}, {"windows", now}};
     const int64_t from = step;
     step = to;
+    tokens_trained = st.value("tokens", to * tokens_per_step);
     last_val = st.contains("val_loss") && st["val_loss"].is_number() ? st["val_loss"].get<double>() : std::nan("");
     while (!recent.empty() && recent.back().first > to) recent.pop_back();
     while (!val_hist.empty() && val_hist.back().first > to) val_hist.pop_back();
@@ -1293,6 +1330,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     step_started_ns = 0;
     ++step;
     ++steps_done;
+    tokens_trained += tokens_per_step;
     if (steps_done == 1) {
       // Measured from the tensors held (parameters, allocated .grad, AdamW m and v).
       const dist::RankMemory m = dist::rank_memory(params, *optimizer);
@@ -1483,16 +1521,25 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       rec["val_loss"] = last_val;
       rec["val_ppl"] = std::exp(last_val);
     }
+    if (rolled_back) {
+      // step-k is written again with what the guard did (its count, the
+      // raised budget, the loader position past the skipped data) before the
+      // rollback's record: the rename of the new step-k commits the rollback.
+      // Killed before it, the run resumes from the old step-k as the run
+      // before the rollback (and meets the same rollback again); killed
+      // after it, as the rolled-back run, and the resume writes the record
+      // the new step-k carries if it is not in metrics.jsonl yet.
+      rollback_record = rec;
+      write_checkpoint(true, false, &rollback_checkpoint);
+      rollback_record = nullptr;
+      // Test-only (tests/cli/rollback_crash.py): kill -9 between the two.
+      if (const char* k = std::getenv("SNIP_TEST_KILL"); k && std::string(k) == "rewrite-before-record")
+        ::kill(::getpid(), SIGKILL);
+    }
     if (metrics) metrics->append(rec);
     if (exporter) {
       exporter->update(rec);
       exporter->set_guard_state(int(guard.state));
-    }
-    if (rolled_back) {
-      // step-k is written again with what the guard did (its count, the
-      // raised budget, the loader position past the skipped data), after the
-      // rollback record: a crash from here resumes the rolled-back run.
-      write_checkpoint(true, false, &rollback_checkpoint);
     }
     if (!stop_reason.empty())
       fail("guard: stopped at step ", step, ": ", stop_reason, " (lower train.lr or raise the precision; "
@@ -1581,7 +1628,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   TrainSummary sum;
   sum.run_dir = opts.run_dir;
   sum.steps = step;
-  sum.tokens = step * tokens_per_step;
+  sum.tokens = tokens_trained;
   sum.invocation_seconds = elapsed();
   sum.seconds = elapsed0 + sum.invocation_seconds;
   sum.tokens_per_s = sum.seconds > 0 ? double(sum.tokens) / sum.seconds : 0;

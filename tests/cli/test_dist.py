@@ -221,6 +221,23 @@ try:
               "exact: overlapped and after-backward metrics equal bit for bit")
         check(all(r.get("comm_s", -1) >= 0 and r.get("step_s", 0) > 0 for r in m2 + m3),
               "exact: step_s and comm_s recorded", str(m2[0]))
+        # snip correlate on a 2-rank checkpoint: the study runs a step of every
+        # rank's micro-batches in one process, so it equals the study of the
+        # 1-rank grad_accum 2 run bit for bit (it refused it as "corrupt" before).
+        studies = {}
+        for name, src in (("one", one), ("two", two_rank_run)):
+            out = os.path.join(tmp, f"corr-{name}")
+            p = subprocess.run([snip, "correlate", "--run", src, "--step", "4", "--steps", "2", "--layers",
+                                "layers.0.mlp.*", "--out", out], capture_output=True, text=True, timeout=300)
+            check(p.returncode == 0, f"exact: snip correlate on the {name}-rank run", p.stderr[-800:])
+            if p.returncode == 0:
+                with open(os.path.join(out, "correlation.json")) as f:
+                    c = json.load(f)
+                studies[name] = (c["base_val_loss"], c["base_train_loss"],
+                                 [(l["name"], l["q"], l["ld"], l["wd"], l["val_loss"], l["train_loss"])
+                                  for l in c["layers"]])
+        check(len(studies) == 2 and studies["one"] == studies["two"] and len(studies["one"][2]) == 3,
+              "exact: correlate of the 2-rank run equals the 1-rank grad_accum 2 run's", str(studies)[:600])
         # Resume on another world size: tests/cli/test_zero.py (case reshard).
 
     if "snip" in cases:

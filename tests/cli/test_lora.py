@@ -258,6 +258,10 @@ try:
                 T.expect_error(f"errors: resumed with another {key}",
                                ["train", "--config", lora_cfg, "--run-dir", run1, "--resume", "--set", f"{key}={val}",
                                 "--set", "train.max_steps=20"], needle, untouched=run1)
+            T.expect_error("errors: snip correlate on a LoRA run says LoRA is not supported",
+                           ["correlate", "--run", run1, "--steps", "1", "--out", d("e8")],
+                           "trains LoRA adapters (lora.rank = 4): snip correlate studies full training only",
+                           untouched=run1)
             T.expect_error("errors: --init-from a LoRA checkpoint",
                            ["train", "--config", lora_cfg, "--run-dir", d("e7"), "--init-from",
                             os.path.join(run1, "checkpoints", "step-12")], "export --merge")

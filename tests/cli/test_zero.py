@@ -226,6 +226,11 @@ try:
             ok(f"reshard: {os.path.basename(src)} 2 -> 1 rank", res)
             check("re-sharded by parameter name" in res[0][1] + res[0][2], "reshard: 2 -> 1 says so", res[0][1][-400:])
             ends[src] = (model(d, 8), numbers(d))
+            with open(os.path.join(d, "summary.json")) as f:
+                tokens = json.load(f)["tokens"]
+            # B = 2 sequences of T = 16 tokens per rank and step (micro_toml)
+            check(tokens == 4 * (2 * 2 * 16) + 4 * (2 * 16),
+                  "reshard: 2 -> 1 counts the tokens trained (4 steps on 2 ranks, then 4 on 1): 384", str(tokens))
             with open(os.path.join(d, "checkpoints", "step-8", "trainer_state.json")) as f:
                 st = json.load(f)
             check(st.get("loader_base", {}).get("step") == 4 and "world_size" not in st,
@@ -241,6 +246,11 @@ try:
             ok(f"reshard: 1 -> 2 ranks, stage {stage}",
                run_ranks(2, train + ["--run-dir", d, "--resume", "--set", f"train.zero_stage={stage}"]))
             ends[stage] = (model(d, 8), numbers(d))
+            with open(os.path.join(d, "summary.json")) as f:
+                tokens = json.load(f)["tokens"]
+            check(tokens == 4 * (2 * 16) + 4 * (2 * 2 * 16),
+                  f"reshard: 1 -> 2 (stage {stage}) counts the tokens trained (4 steps on 1 rank, then 4 on 2): 384",
+                  str(tokens))
         check(ends[0] == ends[1] and len(ends[0][1]) == 8, "reshard: 1 -> 2 under stage 0 and stage 1 continue identically")
 
     if "stats" in cases:

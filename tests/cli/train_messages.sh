@@ -72,6 +72,14 @@ check "resume from zero" "$tmp/err2" "has no checkpoint yet: starting it from st
 "$snip" train --run-dir "$tmp/gd" --resume --set train.max_steps=3 --set train.gemm_dtype=fp32 >"$tmp/out5" 2>"$tmp/err5" || { fail=$((fail + 1)); cat "$tmp/err5" >&2; }
 cat "$tmp/out5" >>"$tmp/err5"
 check "resume with another gemm dtype warns" "$tmp/err5" "--resume: train.gemm_dtype is fp32 but $tmp/gd was trained with bf16: the resumed steps will not be bit-identical" 1
+# The resolved config.toml lists every option: a resume warns only of what
+# differs from the defaults, as the first start did (there: none).
+check "resume: no warning of pipeline options never set" "$tmp/err5" "has no effect" 0
+"$snip" train --config "$tmp/m.toml" --set train.max_steps=1 --set dist.stage_split=1 --run-dir "$tmp/split" >"$tmp/out6" 2>"$tmp/err6" || fail=$((fail + 1))
+"$snip" train --run-dir "$tmp/split" --resume --set train.max_steps=2 >>"$tmp/out6" 2>>"$tmp/err6" || fail=$((fail + 1))
+cat "$tmp/out6" >>"$tmp/err6"
+check "a pipeline option set without stages warns at start and at resume" "$tmp/err6" "dist.stage_split has no effect without pipeline stages" 2
+check "and no other pipeline option" "$tmp/err6" "has no effect" 2
 
 # A second trainer on a folder in use gets one line naming the first.
 "$snip" train --config "$tmp/m.toml" --set train.max_steps=1000000 --set train.log_interval=1000000 --set train.eval_interval=1000000 --run-dir "$tmp/busy" >/dev/null 2>&1 &

@@ -77,7 +77,9 @@ namespace snip {
 /// the last-good one and those in good.json are never deleted). Throws
 /// UserError, writing nothing, when a parameter is not finite. Returns the
 /// folder's path. Throws UserError when a write fails (disk full, unwritable); nothing partial is
-/// left then. `extra_files` (file name -> bytes) are written into the same
+/// left then. Rewriting an existing step-N (after a rollback) renames the old
+/// one to step-N.old first and deletes it only once the new one is in place:
+/// at every instant one complete checkpoint of step N exists (complete_checkpoints). `extra_files` (file name -> bytes) are written into the same
 /// folder before trainer_state.json, inside the same atomic rename, with their
 /// CRC-32 in its "crc32" (e.g. grad_residuals.safetensors, dist.grad_comm).
 ///
@@ -115,6 +117,14 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCa
 /// The steps RUN/checkpoints/good.json lists, ascending ({} when it is
 /// absent or unreadable).
 std::vector<int64_t> good_checkpoint_steps(const std::string& run_dir);
+
+/// Deletes what a write cut short left under RUN/checkpoints: step-N.tmp
+/// folders, and step-N.old folders beside a complete step-N (the rewrite
+/// finished but for the clean-up). A step-N.old that complete_checkpoints
+/// reads as step N stays. Returns the folders deleted, in name order. Only
+/// the run folder's lock holder may call it (a writing process keeps its
+/// step-N.tmp until it renames it).
+std::vector<std::string> remove_unfinished_checkpoints(const std::string& run_dir);
 
 /// The guard's rollback to step `step`: deletes RUN's complete checkpoints
 /// after `step` (an abandoned trajectory, which --resume must not pick as the

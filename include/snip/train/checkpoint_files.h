@@ -22,10 +22,14 @@ uint32_t crc32_of(const std::string& bytes);
 uint32_t file_crc32(const std::string& path);
 
 /// The complete checkpoints under the folder `checkpoints_dir` (folders
-/// step-N holding a trainer_state.json), oldest first, as (N, path). With
-/// `warn`, every other entry (a stray folder, a step number past 2^63 - 1, a
-/// step-N without trainer_state.json) is named in a warning and ignored;
-/// step-N.tmp folders (a write cut short) and last_good.json are expected.
+/// step-N holding a trainer_state.json), oldest first, as (N, path). A
+/// complete step-N.old (the checkpoint save_checkpoint renames aside before
+/// it puts a rewritten step-N in its place) stands for step N while no
+/// complete step-N is there: a process killed between the two renames loses
+/// no checkpoint. With `warn`, every other entry (a stray folder, a step
+/// number past 2^63 - 1, a step-N without trainer_state.json) is named in a
+/// warning and ignored; step-N.tmp folders (a write cut short), good.json and
+/// last_good.json are expected.
 std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::string& checkpoints_dir, bool warn);
 
 /// The model shape `dir`/config.json describes (LlamaConfig::from_hf_json).
@@ -57,7 +61,11 @@ std::vector<std::string> checkpoint_optimizer_files(const std::string& dir);
 /// number or null, precision an object, data (when present) an object with
 /// "tokenizer_sha256" (64 hex digits), "dir" and, when present, "val_sha256"
 /// (64 lower-case hex digits), resumed_at (when present) an ascending list
-/// of steps in [0, step]. Older checkpoints lack val_sha256 and resumed_at:
+/// of steps in [0, step], tokens (when present; tokens trained up to step)
+/// a non-negative integer, rollback_record (when present; the record of the
+/// guard's rollback that rewrote this checkpoint) an object with an integer
+/// step and rollback_to equal to step. Older checkpoints lack val_sha256,
+/// resumed_at and tokens:
 /// unknown, not an error. Throws UserError naming the file and
 /// what is wrong (missing, corrupt JSON, checksum mismatch, bad field).
 nlohmann::json verify_checkpoint(const std::string& dir);
@@ -86,8 +94,8 @@ std::string checkpoint_data_dir(const nlohmann::json& state);
 /// Path of the newest complete checkpoint of RUN ("" if none).
 std::string latest_checkpoint(const std::string& run_dir);
 
-/// Path of the checkpoint RUN/checkpoints/last_good.json names ("" if none,
-/// or if that folder no longer exists).
+/// Path of the checkpoint RUN/checkpoints/last_good.json names, as
+/// complete_checkpoints finds it ("" if none, or if it no longer exists).
 std::string last_good_checkpoint(const std::string& run_dir);
 
 }  // namespace snip

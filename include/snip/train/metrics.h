@@ -26,8 +26,12 @@ class MetricsLog {
   /// step k, train/guard.h) is followed by step k + 1 again: the rolled-back
   /// records stay in the file as history, and the file is cut after the last
   /// record that leaves the run at resume_step. A missing file is a warning
-  /// (its records are lost).
-  MetricsLog(const std::string& path, int64_t resume_step);
+  /// (its records are lost). `rollback_record`: the "rollback_record" of the
+  /// checkpoint the run resumes from (a rollback's rewrite of its target,
+  /// written before the record itself): when the file does not hold it as
+  /// its last record at resume_step, it is put after the record of its step
+  /// - 1 (a UserError when there is none).
+  MetricsLog(const std::string& path, int64_t resume_step, const nlohmann::json& rollback_record = nullptr);
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;

@@ -24,7 +24,7 @@
 //                              optimizer.pt (LibTorch archive of AdamW state;
 //                              under ZeRO optimizer_index.json and one
 //                              optimizer-rank<r>.safetensors per rank),
-//                              trainer_state.json (step, loader position,
+//                              trainer_state.json (step, tokens trained, loader position,
 //                              RNG state, file checksums, and "precision": the
 //                              controller's plan, smoothed stats and phase)
 //   RUN/summary.json           the end-of-run summary, over the whole run
@@ -62,7 +62,9 @@ namespace snip {
 /// The whole run, every invocation of a resumed one included.
 struct TrainSummary {
   int64_t steps = 0;              ///< optimizer steps completed
-  int64_t tokens = 0;             ///< training tokens of those steps
+  int64_t tokens = 0;             ///< training tokens of those steps, counted as trained (a resume on
+                                  ///< another number of ranks changes the tokens per step; a rollback
+                                  ///< returns to its checkpoint's count): trainer_state.json "tokens"
   double seconds = 0;             ///< training wall time over every invocation, seconds
   double tokens_per_s = 0;        ///< tokens / seconds
   double final_train_loss = 0;    ///< mean loss of the last min(10, steps) steps, nats/token

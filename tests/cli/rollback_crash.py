@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""A process killed (SIGKILL, as kill -9) while the guard's rollback rewrites
+its target checkpoint loses nothing, through the real binary.
+
+The run: micro model, 12 steps, a checkpoint every 4 steps with only the
+newest kept (train.keep_checkpoints = 1), and an Inf injected into a
+gradient at step 6 (SNIP_TEST_FAULT), which makes the guard roll back to
+step-4 and write step-4 again. SNIP_TEST_KILL kills the process at one point
+of that rewrite:
+  rewrite-writing        the new step-4's files half written (step-4.tmp)
+  rewrite-aside          the old step-4 renamed to step-4.old, the new one
+                         not yet in its place
+  rewrite-before-record  the new step-4 in place, the rollback's record not
+                         yet in metrics.jsonl
+After each, a complete checkpoint of step 4 must still be there, and
+`--resume` must end with the same metrics.jsonl records (steps, losses,
+grad norms, the rollback) and summary as the run that was never killed: in
+the first two cases the run resumes from the old step-4 and meets the same
+rollback again; in the third it resumes as the rolled-back run and writes
+the missing record. No step-N.tmp or step-N.old is left behind.
+
+A resume that finds no complete checkpoint but an unfinished one, or
+last_good.json naming one that is gone, refuses (exit 2, one line) and
+changes nothing.
+
+usage: rollback_crash.py SNIP_BINARY PREPARED_DATA_DIR
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from clitest import Checks, micro_toml  # noqa: E402
+
+snip, data = sys.argv[1], sys.argv[2]
+tmp = tempfile.mkdtemp(prefix="snip-rollback-crash-")
+T = Checks(snip)
+check = T.check
+
+cfg = os.path.join(tmp, "m.toml")
+micro_toml(cfg, data, "max_steps = 12\ncheckpoint_interval = 4\nkeep_checkpoints = 1\neval_interval = 4\n"
+           "eval_batches = 1\nsample_tokens = 0\nlog_interval = 1")
+
+
+def train(run, env_extra, resume=False):
+    env = dict(os.environ)
+    env.pop("SNIP_TEST_FAULT", None)
+    env.pop("SNIP_TEST_KILL", None)
+    env.update(env_extra)
+    args = [snip, "train", "--run-dir", run] + (["--resume"] if resume else ["--config", cfg])
+    p = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+    return p.returncode, p.stderr
+
+
+def records(run):
+    with open(os.path.join(run, "metrics.jsonl")) as f:
+        return [json.loads(l) for l in f if l.strip()]
+
+
+def trajectory(run):
+    """What must not depend on a kill: per record its step, loss, grad norm,
+    validation loss, skipped flag and rollback target."""
+    return [(r["step"], r["loss"], r["grad_norm"], r.get("val_loss"), r.get("skipped", False), r.get("rollback_to"))
+            for r in records(run)]
+
+
+def checkpoint_entries(run):
+    return sorted(os.listdir(os.path.join(run, "checkpoints")))
+
+
+FAULT = {"SNIP_TEST_FAULT": "grad-inf@6"}
+
+ref = os.path.join(tmp, "ref")
+rc, err = train(ref, FAULT)
+check(rc == 0, "reference run", err[-2000:])
+want = trajectory(ref)
+rolled = [r for r in want if r[5] is not None]
+check(len(rolled) == 1 and rolled[0][0] == 6 and rolled[0][5] == 4, "reference: one rollback, at step 6 to step 4",
+      str(rolled))
+with open(os.path.join(ref, "summary.json")) as f:
+    ref_summary = json.load(f)
+check(ref_summary["guard"]["rollbacks"] == 1 and ref_summary["steps"] == 12, "reference summary",
+      json.dumps(ref_summary["guard"]))
+
+for point, resume_env in (("rewrite-writing", FAULT), ("rewrite-aside", FAULT), ("rewrite-before-record", {})):
+    run = os.path.join(tmp, point)
+    rc, err = train(run, dict(FAULT, SNIP_TEST_KILL=point))
+    check(rc == -signal.SIGKILL, f"{point}: killed by SIGKILL", f"rc={rc} {err[-1500:]}")
+    entries = checkpoint_entries(run)
+    complete = [e for e in entries if e in ("step-4", "step-4.old")
+                and os.path.isfile(os.path.join(run, "checkpoints", e, "trainer_state.json"))]
+    check(len(complete) >= 1, f"{point}: a complete checkpoint of step 4 survives the kill", str(entries))
+    if point == "rewrite-aside":
+        check("step-4" not in entries and "step-4.old" in entries and "step-4.tmp" in entries,
+              f"{point}: killed between the two renames", str(entries))
+    # Killed before the new step-4 took its name, the run is the run before
+    # the rollback and meets the same Inf again; after it, the rolled-back run.
+    rc, err = train(run, resume_env, resume=True)
+    check(rc == 0, f"{point}: --resume finishes the run", err[-2000:])
+    if rc != 0:
+        continue
+    check("has no checkpoint yet" not in err, f"{point}: --resume did not start from step 0", err[-1000:])
+    got = trajectory(run)
+    check(got == want, f"{point}: metrics.jsonl equals the uninterrupted run's record for record",
+          f"\n got {got}\nwant {want}")
+    with open(os.path.join(run, "summary.json")) as f:
+        s = json.load(f)
+    check(s["guard"]["rollbacks"] == 1 and s["steps"] == 12 and s["final_val_loss"] == ref_summary["final_val_loss"],
+          f"{point}: summary (1 rollback, 12 steps, the same final validation loss)",
+          json.dumps({k: s[k] for k in ("steps", "guard", "final_val_loss")}))
+    left = [e for e in checkpoint_entries(run) if e.endswith(".tmp") or e.endswith(".old")]
+    check(not left, f"{point}: no unfinished checkpoint left", str(checkpoint_entries(run)))
+
+# No complete checkpoint, but an unfinished one, or markers naming lost ones
+# (the state the old rewrite left when killed between its delete and its
+# rename): refused, where a run stopped before its first checkpoint starts
+# again from step 0.
+lost = os.path.join(tmp, "lost")
+shutil.copytree(ref, lost)
+for e in checkpoint_entries(lost):
+    if e.startswith("step-"):
+        shutil.rmtree(os.path.join(lost, "checkpoints", e))
+os.makedirs(os.path.join(lost, "checkpoints", "step-8.tmp"))
+T.expect_error("resume without a checkpoint but an unfinished one", ["train", "--run-dir", lost, "--resume"],
+               "has no complete checkpoint but " + os.path.join(lost, "checkpoints", "step-8.tmp") +
+               " is an unfinished checkpoint", untouched=lost)
+shutil.rmtree(os.path.join(lost, "checkpoints", "step-8.tmp"))
+T.expect_error("resume without a checkpoint but last_good.json", ["train", "--run-dir", lost, "--resume"],
+               "last_good.json names checkpoints that are gone", untouched=lost)
+
+shutil.rmtree(tmp, ignore_errors=True)
+T.finish()
