@@ -1,4 +1,4 @@
-// `snip experiment` (the comparison of METHOD.md section 8: every policy on
+// `snip experiment` (the comparison of docs/method.md section 7: every policy on
 // the same model, seed and data) and `snip correlate` (the correlation study,
 // core/study.h).
 #include <fcntl.h>
@@ -921,6 +921,9 @@ void add_experiment_commands(CLI::App& app) {
       const Arm& arm = run.arm;
       const fs::path saved = run.dir / "config.toml";
       if (!fs::exists(saved)) continue;
+      // A trainer still writing there is named first (its lock), before any
+      // advice about the folder's configuration.
+      { const io::DirLock probe(run.dir.string(), fmt::format("experiment arm '{}': run directory", run.label())); }
       Config want = base, have;
       for (const auto& st : run.seed_sets()) want.set_override(st);
       for (const auto& st : arm_sets(arm)) want.set_override(st);
@@ -1009,7 +1012,7 @@ void add_experiment_commands(CLI::App& app) {
   auto c = std::make_shared<CorrArgs>();
   CLI::App* co = app.add_subcommand(
       "correlate",
-      "correlation study (METHOD.md section 8): from one checkpoint, quantize one layer at a time for K steps and "
+      "correlation study (docs/method.md section 7): from one checkpoint, quantize one layer at a time for K steps and "
       "correlate the measured loss change with the stats step's predicted Q");
   co->add_option("--run", c->run, "a run of `snip train` (its config, data and checkpoints)");
   co->add_option("--step", c->step, "checkpoint step (default: the newest)");

@@ -1,4 +1,4 @@
-// cmd_plan.cpp: `snip plan`, the offline precision planner (METHOD.md
+// cmd_plan.cpp: `snip plan`, the offline precision planner (docs/method.md
 // section 4; user doc: docs/planner.md).
 //
 //   snip plan --costs FILE --budget B [--per-gemm] [--pin GLOB=OPTION ...]

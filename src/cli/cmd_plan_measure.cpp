@@ -2,7 +2,7 @@
 // --init-from HF_DIR --data DIR` (commands.h, PlanMeasure). LibTorch, so it
 // lives apart from cmd_plan.cpp, which test_policy compiles without LibTorch.
 //
-// What it measures is what `snip train` measures at a re-plan (METHOD.md
+// What it measures is what `snip train` measures at a re-plan (docs/method.md
 // section 3; snip/method/stats.h): every quantizable layer of the model at
 // every option of precision.options, on one micro-batch of --stats-batch
 // sequences of train.seq_len tokens, the first of DIR/train.bin in the

@@ -100,8 +100,8 @@ void add_train_commands(CLI::App& app) {
   train->add_option("--run-dir", args->run_dir, "run directory (default: runs/<config file stem>)");
   train->add_flag("--resume", args->resume, "continue from the run directory's newest checkpoint");
   train->add_flag("--allow-other-tokenizer", args->allow_other_tokenizer,
-                  "with --resume: continue although data.dir's tokenizer is not the one the checkpoint was "
-                  "trained with");
+                  "with --resume or --init-from: train although data.dir's tokenizer is not the one the "
+                  "checkpoint was trained with, or the --init-from folder's tokenizer.model");
   train->add_option("--init-from", args->init_from, "initialise weights from a Hugging Face folder "
                                                     "(config.json + model.safetensors)");
   train->add_option("--nproc-per-node", args->nproc_per_node,

@@ -79,7 +79,7 @@ std::vector<OptionSpec> make_table() {
       opt("train.grad_clip", T::kFloat, 1.0, "", "max global gradient L2 norm; 0 = off"),
       opt("train.clip_low_precision", T::kFloat, 1.0, "fraction",
           "factor on train.grad_clip while any layer runs below FP8 (a GEMM operand with fewer than 8 element "
-          "bits, e.g. fp4); METHOD.md section 7 suggests 0.5-0.7; 1 = the same threshold"),
+          "bits, e.g. fp4); docs/operations.md suggests 0.5-0.7; 1 = the same threshold"),
       opt("train.zero_stage", T::kInt, int64_t{0}, "",
           "several ranks: 0 = plain data parallel, 1 = AdamW state sharded over the ranks (ZeRO-1), "
           "2 = also the reduced gradients (ZeRO-2); docs/distributed.md"),
@@ -137,7 +137,7 @@ std::vector<OptionSpec> make_table() {
           "how activations and their gradients cross stage boundaries: fp32, or fp8 (activations E4M3, "
           "gradients E5M2, one FP32 per-tensor scale each, packed bytes on the wire)"),
       opt("dist.stage_boundary", T::kString, std::string("fp8"), "",
-          "precision option pinned on the first and last quantized layer of every pipeline stage (METHOD.md "
+          "precision option pinned on the first and last quantized layer of every pipeline stage (docs/method.md "
           "section 4), or none"),
       opt("dist.stage_split", T::kString, std::string("balanced"), "",
           "how blocks are split into stages: balanced (equal estimated stage time, counting the precision), "
@@ -224,7 +224,7 @@ std::vector<OptionSpec> make_table() {
           "TOML or JSON file of named recipes (operand roles activations/weights/gradients, error_feedback, "
           "compensation_freq; docs/formats.md \"Recipe files\"), registered beside the built-in ones so "
           "their names work in every precision option; relative to the working directory; empty = none"),
-      // [precision]: the adaptive method (METHOD.md sections 3-6; docs/planner.md "In training").
+      // [precision]: the adaptive method (docs/method.md sections 3-6; docs/planner.md "In training").
       opt("precision.policy", T::kString, std::string("none"), "",
           "who chooses each layer's precision: none (no quantization: every GEMM in train.gemm_dtype; bf16 is an old name for it), uniform-<recipe> (any recipe, e.g. "
           "uniform-fp8, uniform-mxfp4), snip (stats + ILP), min-rel-err, layer-type, first-last-fp8, random"),
@@ -262,7 +262,7 @@ std::vector<OptionSpec> make_table() {
           "4-bit recipe such as mxfp4; must be in precision.options"),
       opt("precision.granularity", T::kString, std::string("layer"), "",
           "what one plan decision covers: layer (all three GEMMs of a linear layer) or gemm (fprop, dgrad and "
-          "wgrad separately, METHOD.md section 2)"),
+          "wgrad separately, docs/method.md section 2)"),
       opt("precision.first_order", T::kString, std::string("drop"), "",
           "first-order term of the loss divergence: drop (curvature term only; best in the correlation study, "
           "docs/results.md), abs (|<g,e>|) or signed (<g,e>)"),

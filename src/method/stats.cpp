@@ -1,4 +1,4 @@
-// The stats step (METHOD.md section 3): local GEMM errors per layer and
+// The stats step (docs/method.md section 3): local GEMM errors per layer and
 // option, reduced to LD, WD and Q. Formulas and their sources: stats.h.
 #include "snip/method/nonfinite.h"
 #include "snip/method/stats.h"

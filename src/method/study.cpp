@@ -1,4 +1,4 @@
-// The correlation study of METHOD.md section 8 (see study.h).
+// The correlation study of docs/method.md section 7 (see study.h).
 #include "snip/hw/platform.h"
 #include "snip/train/memory.h"
 #include "snip/method/study.h"
@@ -52,8 +52,11 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
   const TrainConfig& tc = rc.train;
   std::string ckpt;
   if (o.step >= 0) {
-    ckpt = (run / "checkpoints" / ("step-" + std::to_string(o.step))).string();
-    if (!fs::is_directory(ckpt)) fail("--step: ", ckpt, " does not exist (list ", (run / "checkpoints").string(), ")");
+    for (const auto& [s, dir] : complete_checkpoints((run / "checkpoints").string(), /*warn=*/false))
+      if (s == o.step) ckpt = dir;  // step-N, or step-N.old standing for it
+    if (ckpt.empty())
+      fail("--step: ", (run / "checkpoints" / ("step-" + std::to_string(o.step))).string(), " does not exist (list ",
+           (run / "checkpoints").string(), ")");
   } else {
     ckpt = latest_checkpoint(o.run_dir);
     if (ckpt.empty()) fail("--run: no complete checkpoint in ", (run / "checkpoints").string());

@@ -65,7 +65,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   const int64_t rep = nh / nkv;
   const torch::Tensor qg = q.reshape({B, nkv, rep * T, hd});
   // The two attention products run in `bmm_dtype` (BF16 in the BF16
-  // baseline: METHOD.md section 1 keeps them BF16); scores, mask and softmax
+  // baseline: docs/method.md section 1 keeps them BF16); scores, mask and softmax
   // stay in the activation dtype.
   torch::Tensor att = matmul_in(qg, k.transpose(-2, -1), bmm_dtype);
   // Causal mask as an additive [T, T] bias (0 on/below the diagonal, -inf

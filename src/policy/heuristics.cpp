@@ -1,4 +1,4 @@
-// heuristics.cpp: the baselines of METHOD.md section 6 (min-rel-err,
+// heuristics.cpp: the baselines of docs/method.md section 6 (min-rel-err,
 // layer-type, first-last-fp8, random, uniform), at the same budget and pins
 // as the ILP. See planner.h for the shared fill rule.
 #include <algorithm>

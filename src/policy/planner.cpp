@@ -1,4 +1,4 @@
-// planner.cpp: validation, feasibility, the ILP (METHOD.md section 4) and the
+// planner.cpp: validation, feasibility, the ILP (docs/method.md section 4) and the
 // Pareto sweep. See planner.h for the model and the exactness argument.
 #include <algorithm>
 #include <cctype>

@@ -239,7 +239,7 @@ class RecipeQuantizer final : public OperandQuantizer {
     return out;
   }
 
-  // Error feedback on the weight operand (Recipe::error_feedback; METHOD.md
+  // Error feedback on the weight operand (Recipe::error_feedback; docs/method.md
   // section 7, docs/formats.md "Error feedback"). in: W [OUT, IN] (fprop.w)
   // or Wᵀ [IN, OUT] (dgrad.w), FP32 contiguous. Per layer, with Q_f the
   // fprop.w quantization of this recipe:

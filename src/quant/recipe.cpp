@@ -60,14 +60,14 @@ std::vector<Recipe> builtin_recipes() {
   v.push_back(make("fp8",
                    "E4M3; X and dY in 1x128 tiles, W in 128x128 blocks; FP32 power-of-two "
                    "scales (TE Float8BlockScaling, no saturation); RNE (DeepSeek-V3 layout, "
-                   "METHOD.md 1)",
+                   "docs/method.md section 1)",
                    [](Operand op) {
                      return spec(kE4M3, ScaleRule::kCurrent, ScaleFormat::kFP32Pow2,
                                  is_weight(op) ? BlockShape::square(128) : BlockShape::tile(128));
                    }));
   v.push_back(make("fp4",
                    "E2M1 with NVFP4 scaling (1x16 blocks, E4M3 block scale, FP32 tensor "
-                   "scale); RNE for X and W, stochastic rounding for dY (METHOD.md 1)",
+                   "scale); RNE for X and W, stochastic rounding for dY (docs/method.md section 1)",
                    [](Operand op) {
                      return spec(kE2M1, ScaleRule::kTwoLevel, ScaleFormat::kE4M3,
                                  BlockShape::tile(16),
@@ -257,6 +257,17 @@ nlohmann::json to_json(const Recipe& r) {
   return j;
 }
 
+void check_recipe_description(const std::string& d, const std::string& where) {
+  const bool control = std::any_of(d.begin(), d.end(), [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return u < 0x20 || u == 0x7f;
+  });
+  if (d.size() > kMaxRecipeDescription || control)
+    fail(where, ": description: expected one line of at most ", kMaxRecipeDescription,
+         " bytes without control characters, got ", d.size() > kMaxRecipeDescription
+             ? str_cat(d.size(), " bytes") : std::string("a control character"));
+}
+
 Recipe recipe_from_json(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object()) fail(where, ": expected an object, got ", j.type_name());
   Recipe r;
@@ -265,6 +276,7 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& where) {
     if (key == "name" || key == "description") {
       if (!it->is_string()) fail(where, ".", key, ": expected a string, got ", it->dump());
       (key == "name" ? r.name : r.description) = it->get<std::string>();
+      if (key == "description") check_recipe_description(r.description, where);
     } else if (key == "error_feedback") {
       if (!it->is_boolean()) fail(where, ".error_feedback: expected true or false, got ", it->dump());
       r.error_feedback = it->get<bool>();

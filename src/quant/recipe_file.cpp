@@ -62,6 +62,7 @@ Recipe parse_one(const std::string& name, const json& e, const std::string& wher
     if (key == "description") {
       if (!v.is_string()) fail(where, ": description: expected a string, got ", v.dump());
       r.description = v.get<std::string>();
+      check_recipe_description(r.description, where);
     } else if (key == "error_feedback") {
       if (!v.is_boolean()) fail(where, ": error_feedback: expected true or false, got ", v.dump());
       r.error_feedback = v.get<bool>();

@@ -41,7 +41,7 @@ std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::str
   // step-N, or step-N.old: the checkpoint save_checkpoint set aside to put a
   // rewritten step-N in its place, which counts while no complete step-N is
   // there (a process killed between the two renames).
-  const std::regex re("step-([0-9]+)(\\.old)?"), tmp("step-[0-9]+\\.tmp");
+  const std::regex re("step-([0-9]+)(\\.old)?"), tmp("step-[0-9]+\\.tmp"), atomic_tmp(".+\\.tmp\\.[0-9]+");
   std::map<int64_t, std::string> kept, aside;
   for (auto& e : fs::directory_iterator(root)) {
     std::smatch m;
@@ -58,7 +58,8 @@ std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::str
         why = "it has no trainer_state.json (not a complete checkpoint)";
       else
         (m[2].matched ? aside : kept)[int64_t(v)] = e.path().string();
-    } else if (!(e.is_directory() && std::regex_match(n, tmp)) && n != "last_good.json" && n != "good.json") {
+    } else if (!(e.is_directory() && std::regex_match(n, tmp)) && !(e.is_regular_file() && std::regex_match(n, atomic_tmp)) &&
+               n != "last_good.json" && n != "good.json") {
       why = "it is not a checkpoint folder step-N";
     }
     if (why && warn) spdlog::warn("ignoring {}: {}", e.path().string(), why);

@@ -51,10 +51,26 @@ void write_good_steps(const fs::path& root, const std::vector<int64_t>& steps) {
   io::write_file_atomic((root / "good.json").string(), json{{"steps", steps}}.dump() + "\n");
 }
 
+// The rollback target markers after checkpoint `step` was written as one:
+// last_good.json names it; with keep_good > 0, good.json lists it among the
+// newest keep_good good ones.
+void mark_good(const fs::path& root, int64_t step, int64_t keep_good) {
+  io::write_file_atomic((root / "last_good.json").string(), json{{"step", step}}.dump() + "\n");
+  if (keep_good > 0) {
+    std::vector<int64_t> good = read_good_steps(root);
+    good.erase(std::remove(good.begin(), good.end(), step), good.end());
+    good.push_back(step);
+    if (int64_t(good.size()) > keep_good) good.erase(good.begin(), good.end() - keep_good);
+    write_good_steps(root, good);
+  }
+}
+
 // Test-only (tests/cli/rollback_crash.py): SNIP_TEST_KILL names a point of
 // a checkpoint rewrite where this process sends itself SIGKILL, as kill -9
 // would: "rewrite-writing" (new files half written), "rewrite-aside" (the old
-// step-N renamed aside, the new one not yet in place).
+// step-N renamed aside, the new one not yet in place); and, for any
+// checkpoint, "before-marker@N" (step-N in place, last_good.json not yet
+// naming it).
 void test_kill_point(bool rewrite, const char* point) {
   const char* k = std::getenv("SNIP_TEST_KILL");
   if (rewrite && k && std::strcmp(k, point) == 0) ::kill(::getpid(), SIGKILL);
@@ -154,6 +170,10 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCa
     io::write_file_atomic((tmp / "config.json").string(), model->cfg.to_hf_json().dump(2) + "\n");
     for (const auto& [name, bytes] : extra_files) io::write_file_atomic((tmp / name).string(), bytes);
     json st = state;
+    // Whether this checkpoint is a rollback target (last_good.json names it
+    // after the rename): recorded in it too, so that a resume can mark it
+    // when a kill came between the rename and the marker (tidy_checkpoints).
+    st["rollback_target"] = keep_rule.good;
     std::vector<std::string> covered{"model.safetensors", "config.json"};
     covered.insert(covered.end(), opt_files.begin(), opt_files.end());
     for (const std::string& f : covered) st["crc32"][f] = file_crc32((tmp / f).string());
@@ -180,16 +200,10 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCa
     remove_tmp();
     throw;
   }
-  std::vector<int64_t> good = read_good_steps(root);
-  if (keep_rule.good) {
-    io::write_file_atomic((root / "last_good.json").string(), json{{"step", step}}.dump() + "\n");
-    if (keep_rule.keep_good > 0) {
-      good.erase(std::remove(good.begin(), good.end(), step), good.end());
-      good.push_back(step);
-      if (int64_t(good.size()) > keep_rule.keep_good) good.erase(good.begin(), good.end() - keep_rule.keep_good);
-      write_good_steps(root, good);
-    }
-  }
+  if (const char* k = std::getenv("SNIP_TEST_KILL"); k && std::string(k) == "before-marker@" + std::to_string(step))
+    ::kill(::getpid(), SIGKILL);  // test-only: step-N in place, last_good.json not yet naming it
+  if (keep_rule.good) mark_good(root, step, keep_rule.keep_good);
+  const std::vector<int64_t> good = read_good_steps(root);
   if (keep > 0) {  // drop the oldest complete checkpoints beyond `keep`, never a good one or the last good one
     const std::string lg = last_good_checkpoint(run_dir);
     const auto all = complete_checkpoints(root.string(), /*warn=*/false);
@@ -201,27 +215,53 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCa
   return final_dir.string();
 }
 
-std::vector<std::string> remove_unfinished_checkpoints(const std::string& run_dir) {
+std::vector<std::string> tidy_checkpoints(const std::string& run_dir, int64_t keep_good) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
-  std::vector<std::string> gone;
-  if (!fs::is_directory(root)) return gone;
-  const auto complete = complete_checkpoints(root.string(), /*warn=*/false);
+  std::vector<std::string> done;
+  if (!fs::is_directory(root)) return done;
+  // Cut short: step-N.tmp folders, a step-N.old beside a complete step-N,
+  // and the temporary files of an atomic write (NAME.tmp.PID).
+  const std::regex unfinished("step-[0-9]+\\.(tmp|old)"), atomic_tmp(".+\\.tmp\\.[0-9]+");
+  std::vector<std::pair<int64_t, std::string>> complete = complete_checkpoints(root.string(), /*warn=*/false);
   auto in_use = [&](const fs::path& p) {
     for (const auto& [s, dir] : complete)
       if (fs::path(dir) == p) return true;
     return false;
   };
-  const std::regex unfinished("step-[0-9]+\\.(tmp|old)");
   std::vector<fs::path> doomed;
-  for (const auto& e : fs::directory_iterator(root))
-    if (e.is_directory() && std::regex_match(e.path().filename().string(), unfinished) && !in_use(e.path()))
+  for (const auto& e : fs::directory_iterator(root)) {
+    const std::string n = e.path().filename().string();
+    if ((e.is_directory() && std::regex_match(n, unfinished) && !in_use(e.path())) ||
+        (e.is_regular_file() && std::regex_match(n, atomic_tmp)))
       doomed.push_back(e.path());
+  }
   std::sort(doomed.begin(), doomed.end());
   for (const fs::path& p : doomed) {
     fs::remove_all(p);
-    gone.push_back(p.string());
+    done.push_back("removed " + p.string() + ": a write that did not finish");
   }
-  return gone;
+  // A step-N.old standing for step N (killed between a rewrite's renames)
+  // takes its name back.
+  for (auto& [s, dir] : complete) {
+    const fs::path d(dir), want = root / ("step-" + std::to_string(s));
+    if (d == want) continue;
+    io::rename_atomic(d.string(), want.string());
+    done.push_back("renamed " + d.string() + " to " + want.string() + ": a rewrite that did not finish");
+    dir = want.string();
+  }
+  // The newest checkpoint was written as a rollback target but the markers
+  // do not name it (killed between its rename and last_good.json).
+  if (!complete.empty()) {
+    const auto& [s, dir] = complete.back();
+    const json st = io::parse_json(io::read_file((fs::path(dir) / "trainer_state.json").string()),
+                                   (fs::path(dir) / "trainer_state.json").string());
+    const std::string lg = last_good_checkpoint(run_dir);
+    if (st.value("rollback_target", false) && fs::path(lg) != fs::path(dir)) {
+      mark_good(root, s, keep_good);
+      done.push_back("marked " + dir + " as the last good checkpoint: the run stopped before it could");
+    }
+  }
+  return done;
 }
 
 std::vector<int64_t> discard_checkpoints_after(const std::string& run_dir, int64_t step) {

@@ -357,18 +357,11 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     if (resume_ckpt.empty() && !fs::is_regular_file(run / "config.toml"))
       fail("--resume: no complete checkpoint in ", (run / "checkpoints").string());
     if (resume_ckpt.empty() && fs::is_directory(run / "checkpoints")) {
-      // A run stopped before its first checkpoint starts again from step 0
-      // (the same steps again). One that wrote or began a checkpoint and has
-      // none now lost it: starting again would rewrite its metrics.jsonl.
-      std::vector<std::string> names;
-      for (const auto& e : fs::directory_iterator(run / "checkpoints")) names.push_back(e.path().filename().string());
-      std::sort(names.begin(), names.end());
+      // A run stopped before its first complete checkpoint (a step-N.tmp at
+      // most) starts again from step 0: the same steps again. One whose
+      // markers name checkpoints lost them: starting again would rewrite its
+      // metrics.jsonl.
       std::string trace;
-      for (const std::string& n : names)
-        if (n.rfind("step-", 0) == 0) {
-          trace = (run / "checkpoints" / n).string() + " is an unfinished checkpoint";
-          break;
-        }
       for (const char* marker : {"last_good.json", "good.json"})
         if (trace.empty() && fs::exists(run / "checkpoints" / marker))
           trace = (run / "checkpoints" / marker).string() + " names checkpoints that are gone";
@@ -377,7 +370,9 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
              "from step 0 (that would erase its metrics.jsonl); keep the folder for inspection and train into "
              "another --run-dir");
     }
-  } else if (fs::exists(run / "metrics.jsonl") || fs::exists(run / "checkpoints")) {
+  } else if ((fs::exists(run / "metrics.jsonl") && !fs::is_empty(run / "metrics.jsonl")) ||
+             fs::exists(run / "checkpoints")) {
+    // (an empty metrics.jsonl alone: a start killed before its first step)
     fail("run directory ", opts.run_dir, " already holds a run; continue it with --resume, or choose "
          "another --run-dir (or delete it)");
   }
@@ -427,6 +422,30 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       fail(e.what(), " (with [model] options taken from ", init->config_path, " by --init-from)");
     }
   }();
+  if (!quiet) {
+    // Settings the chosen policy never reads are said once, not silently
+    // dropped: under none every precision option (nothing is quantized);
+    // the stats step's options where no stats step runs; the FP4 budget
+    // under a uniform policy (one option everywhere). precision.seed is left
+    // out: `snip experiment --seeds` sets it for every arm.
+    const PrecisionConfig& pc = rc.precision;
+    std::vector<std::string> unread;
+    for (const OptionSpec& o : option_table()) {
+      const std::string& k = o.key;
+      if (k.rfind("precision.", 0) != 0 || k == "precision.policy" || k == "precision.recipe" ||
+          k == "precision.recipe_file" || k == "precision.seed" || !cfg.differs_from_default(k))
+        continue;
+      const bool stats_only = k == "precision.smoothing" || k == "precision.alpha" || k == "precision.first_order" ||
+                              k == "precision.curvature_probes";
+      if (pc.policy == Policy::kNone || (stats_only && !pc.needs_stats()) ||
+          (pc.policy == Policy::kUniform && k == "precision.budget"))
+        unread.push_back(k + " = " + format_option_value(cfg.values().at(k)));  // set: it differs from the default
+    }
+    if (!unread.empty())
+      spdlog::warn("{} {} no effect under precision.policy = {}{}", fmt::join(unread, ", "),
+                   unread.size() == 1 ? "has" : "have", pc.policy_name(),
+                   pc.policy == Policy::kNone ? " (nothing is quantized; choose a policy, e.g. snip)" : "");
+  }
   if (opts.resume && fs::is_regular_file(run / "config.toml")) {
     // What fixes the data order and the tokens of a step cannot change
     // within a run (its position and token counts would be wrong).
@@ -567,6 +586,27 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     fail("--init-from ", init->config_path, ": vocab_size ", init->config.vocab_size,
          " is smaller than the tokenizer's vocabulary ", shard_vocab, " (", train_bin,
          "): the model has no embedding for its larger token ids");
+  // --init-from: the ids mean the pieces of the model's tokenizer. A folder
+  // that ships its tokenizer.model (`snip export` writes it, as Hugging Face
+  // model folders do) is checked against the data's, as `snip eval` and
+  // `snip plan --init-from` check it.
+  if (init && !opts.init_from.empty() && resume_ckpt.empty()) {
+    const fs::path tok = fs::path(init->dir) / "tokenizer.model";
+    if (!fs::is_regular_file(tok)) {
+      init_notes.push_back(str_cat(init->dir, " has no tokenizer.model: whether data.dir was tokenized by the "
+                                   "model's tokenizer cannot be checked"));
+    } else if (const std::string sha = data::sha256_hex(io::read_file(tok.string()));
+               sha != data_info.tokenizer_sha256) {
+      if (!opts.allow_other_tokenizer)
+        fail("--init-from ", init->dir, ": data.dir ", data_dir.string(), " was tokenized with another tokenizer "
+             "(SHA-256 ", data_info.tokenizer_sha256.substr(0, 12), "...) than the model (", tok.string(), ": ",
+             sha.substr(0, 12), "...): the token ids would mean other pieces; prepare the data with the model's "
+             "tokenizer (snip data prepare --tokenizer ", tok.string(), "), or pass --allow-other-tokenizer");
+      if (!quiet)
+        spdlog::warn("--allow-other-tokenizer: training {} on data tokenized by another tokenizer than its own",
+                     init->dir);
+    }
+  }
   if (init && init->config.vocab_size > shard_vocab)
     init_notes.push_back(str_cat("vocab_size ", init->config.vocab_size, " (", init->config_path,
                                  ") is larger than the tokenizer's vocabulary ", shard_vocab,
@@ -929,8 +969,8 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   if (writer) {
     io::ensure_writable_dir(opts.run_dir);
     if (!lock) lock = std::make_unique<io::DirLock>(opts.run_dir, "run directory");
-    for (const std::string& gone : remove_unfinished_checkpoints(opts.run_dir))
-      spdlog::info("removed {}: a checkpoint write that did not finish", gone);
+    for (const std::string& line : tidy_checkpoints(opts.run_dir, tc.keep_good)) spdlog::info("checkpoints: {}", line);
+    if (!resume_ckpt.empty() && !fs::exists(resume_ckpt)) resume_ckpt = latest_checkpoint(opts.run_dir);  // renamed
     // checks what it reads back first
     metrics.emplace((run / "metrics.jsonl").string(), opts.resume ? step : -1,
                     resume_ckpt.empty() ? json() : resume_state.value("rollback_record", json()));

@@ -3,8 +3,10 @@
 training, through the real binaries: with `snip train --run-dir OUT/none`
 running (before its first checkpoint), `snip experiment --out OUT --arms
 none` stops with one line naming the trainer's process (exit 2), and the
-trainer's folder and process are untouched. Once the trainer is gone, the
-same experiment trains the arm afresh.
+trainer's folder and process are untouched; with a trainer started under
+another configuration too (the process is named before the configuration
+is compared). Once the trainer is gone, the same experiment trains the arm
+afresh.
 
 usage: experiment_lock.py SNIP_BINARY PREPARED_DATA_DIR
 """
@@ -51,6 +53,23 @@ try:
     time.sleep(1.0)
     check(os.path.exists(metrics) and os.path.getsize(metrics) > n0 > 0,
           "the trainer's metrics.jsonl is still there and growing", f"{n0} bytes before")
+finally:
+    trainer.kill()
+    trainer.wait()
+
+# A trainer started with another configuration: its process is named before
+# any advice about the folder's configuration ("delete that folder").
+shutil.rmtree(out)
+os.makedirs(out)
+trainer = subprocess.Popen([snip, "train", "--config", cfg, "--run-dir", run, "--set", "precision.policy=none",
+                            "--set", "train.eval_batches=2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+t0 = time.time()
+while time.time() - t0 < 120 and trainer.poll() is None and not os.path.exists(os.path.join(run, "config.toml")):
+    time.sleep(0.05)
+try:
+    rc, _, err = T.run(["experiment", "--config", cfg, "--out", out, "--arms", "none"], timeout=120)
+    check(rc == 2 and f"in use by process {trainer.pid}" in err and "delete that folder" not in err,
+          "another configuration: the experiment names the trainer's process first", f"rc={rc} {err[-800:]!r}")
 finally:
     trainer.kill()
     trainer.wait()

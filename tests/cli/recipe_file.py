@@ -230,6 +230,10 @@ bad("json_overflow", '{"recipes": {"d8": {"all": {"element": "e4m3", "rule": "de
     "expected a number a double can hold", ext=".json")
 bad("json_duplicate", '{"recipes": {"x8": {"all": {"element": "e4m3"}, "all": {"element": "e2m1"}}}}',
     "expected each key once, got \"all\" twice", ext=".json")
+bad("description_two_lines", RECIPES.replace('description = "test:', 'description = "line one\\nline two, test:'),
+    "recipe 'w4a8ef': description: expected one line of at most 500 bytes without control characters")
+bad("description_huge", RECIPES.replace('description = "test:', 'description = "' + "x" * 600 + ' test:'),
+    "description: expected one line of at most 500 bytes without control characters, got 6")
 bad("toml_nan", RECIPES.replace('description = "test:', 'description = nan\nnote = "test:'),
     "recipes.w4a8ef.description: expected a finite number, got nan")
 T.expect_error("missing file", ["train", "--config", cfg, "--run-dir", os.path.join(tmp, "bad-missing"), "--set",

@@ -19,9 +19,12 @@ the first two cases the run resumes from the old step-4 and meets the same
 rollback again; in the third it resumes as the rolled-back run and writes
 the missing record. No step-N.tmp or step-N.old is left behind.
 
-A resume that finds no complete checkpoint but an unfinished one, or
-last_good.json naming one that is gone, refuses (exit 2, one line) and
-changes nothing.
+Also: killed after a checkpoint took its name but before last_good.json
+named it, the resume marks it (SNIP_TEST_KILL=before-marker@N); `snip
+correlate --step N` reads a step-N.old; a start killed before its first
+step (an empty metrics.jsonl) or during its first checkpoint (a step-N.tmp)
+starts again; a resume that finds no complete checkpoint but last_good.json
+naming one refuses (exit 2, one line) and changes nothing.
 
 usage: rollback_crash.py SNIP_BINARY PREPARED_DATA_DIR
 """
@@ -53,7 +56,7 @@ def train(run, env_extra, resume=False):
     env.update(env_extra)
     args = [snip, "train", "--run-dir", run] + (["--resume"] if resume else ["--config", cfg])
     p = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
-    return p.returncode, p.stderr
+    return p.returncode, p.stdout + p.stderr  # spdlog's lines go to stdout, errors to stderr
 
 
 def records(run):
@@ -115,6 +118,57 @@ for point, resume_env in (("rewrite-writing", FAULT), ("rewrite-aside", FAULT), 
     left = [e for e in checkpoint_entries(run) if e.endswith(".tmp") or e.endswith(".old")]
     check(not left, f"{point}: no unfinished checkpoint left", str(checkpoint_entries(run)))
 
+# Killed after a checkpoint took its name but before last_good.json named
+# it: the resume marks it (it records "rollback_target"), so the rollback at
+# step 10 returns to step 8 as in the uninterrupted run, not to step 4.
+FAULT10 = {"SNIP_TEST_FAULT": "grad-inf@10"}
+ref10 = os.path.join(tmp, "ref10")
+rc, err = train(ref10, FAULT10)
+check(rc == 0 and [r[5] for r in trajectory(ref10) if r[5] is not None] == [8], "reference: a rollback to step 8",
+      err[-800:])
+marker = os.path.join(tmp, "before-marker")
+rc, err = train(marker, dict(FAULT10, SNIP_TEST_KILL="before-marker@8"))
+check(rc == -signal.SIGKILL, "before-marker: killed by SIGKILL", f"rc={rc} {err[-800:]}")
+with open(os.path.join(marker, "checkpoints", "last_good.json")) as f:
+    check(json.load(f)["step"] == 4, "before-marker: last_good.json still names step 4")
+rc, err = train(marker, FAULT10, resume=True)
+check(rc == 0 and "as the last good checkpoint" in err, "before-marker: --resume marks step 8", err[-1500:])
+check(trajectory(marker) == trajectory(ref10), "before-marker: metrics.jsonl equals the uninterrupted run's",
+      f"\n got {trajectory(marker)}\nwant {trajectory(ref10)}")
+
+# snip correlate --step 4 finds a step-4.old standing for step 4.
+aside = os.path.join(tmp, "aside-again")
+rc, err = train(aside, dict(FAULT, SNIP_TEST_KILL="rewrite-aside"))
+check(rc == -signal.SIGKILL and "step-4.old" in checkpoint_entries(aside), "aside again: killed between the renames")
+rc, out, err = T.run(["correlate", "--run", aside, "--step", "4", "--steps", "1", "--layers", "layers.0.mlp.*",
+                      "--out", os.path.join(tmp, "corr-aside")], timeout=300)
+check(rc == 0, "correlate --step 4 reads step-4.old", err[-800:])
+rc, err = train(aside, FAULT, resume=True)
+check(rc == 0 and "renamed" in err and "step-4.old" not in checkpoint_entries(aside),
+      "aside again: the resume gives step-4.old its name back", f"{checkpoint_entries(aside)} {err[-800:]}")
+
+# A start killed before its first step leaves an empty metrics.jsonl: a new
+# start in that folder is not refused as "already holds a run".
+early = os.path.join(tmp, "early")
+os.makedirs(early)
+open(os.path.join(early, "metrics.jsonl"), "w").close()
+rc, err = train(early, {})
+check(rc == 0, "a folder holding only an empty metrics.jsonl starts afresh", err[-800:])
+
+# A run killed while its first checkpoint was written (a step-N.tmp, no
+# markers) starts again from step 0 and ends as the uninterrupted run.
+first = os.path.join(tmp, "first-tmp")
+shutil.copytree(ref, first)
+for e in checkpoint_entries(first):
+    p = os.path.join(first, "checkpoints", e)
+    shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
+os.makedirs(os.path.join(first, "checkpoints", "step-4.tmp"))
+os.remove(os.path.join(first, "summary.json"))
+rc, err = train(first, FAULT, resume=True)
+check(rc == 0 and trajectory(first) == want and "step-4.tmp" not in checkpoint_entries(first),
+      "only an unfinished first checkpoint: --resume starts from step 0 and ends as the uninterrupted run",
+      err[-800:])
+
 # No complete checkpoint, but an unfinished one, or markers naming lost ones
 # (the state the old rewrite left when killed between its delete and its
 # rename): refused, where a run stopped before its first checkpoint starts
@@ -125,12 +179,9 @@ for e in checkpoint_entries(lost):
     if e.startswith("step-"):
         shutil.rmtree(os.path.join(lost, "checkpoints", e))
 os.makedirs(os.path.join(lost, "checkpoints", "step-8.tmp"))
-T.expect_error("resume without a checkpoint but an unfinished one", ["train", "--run-dir", lost, "--resume"],
-               "has no complete checkpoint but " + os.path.join(lost, "checkpoints", "step-8.tmp") +
-               " is an unfinished checkpoint", untouched=lost)
-shutil.rmtree(os.path.join(lost, "checkpoints", "step-8.tmp"))
 T.expect_error("resume without a checkpoint but last_good.json", ["train", "--run-dir", lost, "--resume"],
-               "last_good.json names checkpoints that are gone", untouched=lost)
+               "has no complete checkpoint but " + os.path.join(lost, "checkpoints", "last_good.json") +
+               " names checkpoints that are gone", untouched=lost)
 
 shutil.rmtree(tmp, ignore_errors=True)
 T.finish()

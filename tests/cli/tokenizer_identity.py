@@ -105,5 +105,20 @@ refused("HF folder on another tokenizer's data", ["eval", "--checkpoint", hf, "-
         "was tokenized with another tokenizer")
 refused("HF folder without --data", ["eval", "--checkpoint", hf], "give the data to evaluate on with --data")
 
+# snip train --init-from checks the folder's tokenizer.model against the
+# data's, as eval does (it trained silently to a loss worse than a uniform
+# guess before).
+refused("init-from on another tokenizer's data",
+        ["train", "--config", cfg, "--run-dir", os.path.join(tmp, "ft-other"), "--init-from", hf,
+         "--set", f"data.dir={other}"], "was tokenized with another tokenizer")
+check(not os.path.exists(os.path.join(tmp, "ft-other", "metrics.jsonl")), "init-from refusal writes no run")
+rc, out, err = run("train", "--config", cfg, "--run-dir", os.path.join(tmp, "ft-allowed"), "--init-from", hf,
+                   "--set", f"data.dir={other}", "--allow-other-tokenizer")
+check(rc == 0 and "--allow-other-tokenizer: training" in out + err, "init-from --allow-other-tokenizer warns and trains",
+      f"rc={rc} {err[-400:]!r}")
+rc, out, err = run("train", "--config", cfg, "--run-dir", os.path.join(tmp, "ft-same"), "--init-from", hf)
+check(rc == 0 and "another tokenizer" not in out + err, "init-from on the model's own data trains without a word",
+      f"rc={rc} {err[-400:]!r}")
+
 shutil.rmtree(tmp, ignore_errors=True)
 T.finish()

@@ -81,6 +81,18 @@ cat "$tmp/out6" >>"$tmp/err6"
 check "a pipeline option set without stages warns at start and at resume" "$tmp/err6" "dist.stage_split has no effect without pipeline stages" 2
 check "and no other pipeline option" "$tmp/err6" "has no effect" 2
 
+# Settings the policy never reads are said once: under the default policy
+# none, a budget and a pin; under uniform-fp8, the budget; under snip, nothing.
+"$snip" train --config "$tmp/m.toml" --set train.max_steps=1 --set precision.recipe=none --set precision.budget=0.3 --set "precision.pins=*.down_proj=fp8" --run-dir "$tmp/unread" >"$tmp/out7" 2>"$tmp/err7" || { fail=$((fail + 1)); cat "$tmp/err7" >&2; }
+cat "$tmp/out7" >>"$tmp/err7"
+check "unread settings under none" "$tmp/err7" "warning: precision.budget = 0.3, precision.pins = '\*.down_proj=fp8' have no effect under precision.policy = none" 1
+"$snip" train --config "$tmp/m.toml" --set train.max_steps=1 --set precision.recipe=none --set precision.policy=uniform-fp8 --set precision.budget=0.3 --run-dir "$tmp/unread2" >"$tmp/out8" 2>"$tmp/err8" || { fail=$((fail + 1)); cat "$tmp/err8" >&2; }
+cat "$tmp/out8" >>"$tmp/err8"
+check "unread budget under uniform" "$tmp/err8" "warning: precision.budget = 0.3 has no effect under precision.policy = uniform-fp8$" 1
+"$snip" train --config "$tmp/m.toml" --set train.max_steps=1 --set precision.recipe=none --set precision.policy=snip --set precision.budget=0.3 --set "precision.pins=*.down_proj=fp8" --run-dir "$tmp/read" >"$tmp/out9" 2>"$tmp/err9" || { fail=$((fail + 1)); cat "$tmp/err9" >&2; }
+cat "$tmp/out9" >>"$tmp/err9"
+check "nothing unread under snip" "$tmp/err9" "no effect under precision.policy" 0
+
 # A second trainer on a folder in use gets one line naming the first.
 "$snip" train --config "$tmp/m.toml" --set train.max_steps=1000000 --set train.log_interval=1000000 --set train.eval_interval=1000000 --run-dir "$tmp/busy" >/dev/null 2>&1 &
 first=$!

@@ -174,7 +174,21 @@ TEST(RecipeFile, FileLevelErrors) {
   EXPECT_EQ(msg("{}", "json").rfind("f: recipes: expected at least one recipe", 0), 0u);
   EXPECT_EQ(msg(R"({"recipes": {}, "recipe": 1})", "json"), "f: recipe: unknown key (expected recipes)");
   EXPECT_EQ(msg("[recipes.x\n", "toml").rfind("f:1:", 0), 0u) << msg("[recipes.x\n", "toml");
-  EXPECT_EQ(msg("{", "json").rfind("f: JSON syntax error", 0), 0u);
+  // The guarded readers (io::parse_json, io::parse_toml_as_json): syntax,
+  // a key twice, non-finite numbers, each one line naming the file.
+  EXPECT_EQ(msg("{", "json").rfind("f: expected valid JSON, got a syntax error", 0), 0u) << msg("{", "json");
+  EXPECT_NE(msg(R"({"recipes": {"x8": {"all": {"element": "e4m3"}, "all": {"element": "e2m1"}}}})", "json")
+                .find("expected each key once, got \"all\" twice"),
+            std::string::npos)
+      << msg(R"({"recipes": {"x8": {"all": {}, "all": {}}}})", "json");
+  EXPECT_EQ(msg("[recipes.x]\ndescription = nan\n", "toml"),
+            "f: recipes.x.description: expected a finite number, got nan");
+  EXPECT_EQ(msg("[recipes.x]\ndescription = 1979-05-27\n", "toml"),
+            "f: recipes.x.description: expected a string, number, boolean, table or array, got a date/time");
+  EXPECT_EQ(msg("[recipes.x]\ndescription = \"two\\nlines\"\n[recipes.x.all]\n", "toml").rfind(
+                "f: recipe 'x': description: expected one line of at most 500 bytes without control characters", 0),
+            0u)
+      << msg("[recipes.x]\ndescription = \"two\\nlines\"\n[recipes.x.all]\n", "toml");
   EXPECT_EQ(msg("", "yaml").rfind("f: expected a .toml or .json", 0), 0u);
   // Names: a built-in is refused, and so is text the option lists cannot hold.
   EXPECT_EQ(msg(R"({"recipes": {"fp8": {"all": {}}}})", "json"),

@@ -11,7 +11,7 @@
 // S.1..1.1..1 is NaN (E4M3: 2^m - 2).
 // Sources: OCP 8-bit Floating Point Specification (OFP8) rev 1.0 (E4M3, E5M2);
 // OCP Microscaling Formats (MX) v1.0 section 5.3 (E2M1, E2M3, E3M2); E1M2 is
-// the 4-bit format with bias 1 of the SNIP paper / METHOD.md section 7.
+// the 4-bit format with bias 1 of the SNIP paper / docs/operations.md.
 #pragma once
 
 #include "snip/formats/element_format.h"

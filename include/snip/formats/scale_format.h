@@ -19,7 +19,7 @@
 //
 // FP32 restricted to powers of two ("FP32-pow2"): d = 2^k, k in [-126, 127],
 // so that x * (1/d) and e * d are exact: the fake-quantized value equals what
-// a GEMM with FP32 accumulation computes from codes and scales (METHOD.md 1).
+// a GEMM with FP32 accumulation computes from codes and scales (docs/method.md 1).
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,8 @@
-// snip/method/controller.h: the method inside `snip train` (METHOD.md sections
+// snip/method/controller.h: the method inside `snip train` (docs/method.md sections
 // 3-6): which precision option every quantizable linear layer runs, decided
 // at step boundaries.
 //
-// Granularity (precision.granularity, METHOD.md section 2): "layer" (one
+// Granularity (precision.granularity, docs/method.md section 2): "layer" (one
 // option for the three GEMMs of a layer; plan items are layer names) or
 // "gemm" (plan items "<layer>:fprop", ":dgrad", ":wgrad", each 1/3 of the
 // layer's FLOPs; the stats step's per-GEMM cost table gives fprop α·LDn,
@@ -26,7 +26,7 @@
 //   plan steps  p_0 = W, p_{k+1} = p_k + max(1, round(I0 + (I1−I0)·p_k/S)),
 //               all < E (the interval grows linearly over the run);
 //   s >= E      final phase: every layer runs final_precision (pins ignored).
-//   With METHOD.md's defaults for a 100k-step run (W = 5k, I0 = 20k, I1 = 100k):
+//   With docs/method.md's defaults for a 100k-step run (W = 5k, I0 = 20k, I1 = 100k):
 //   plans at 5k, 29k, 72.2k (intervals 24k, 43.2k); all FP8 from 90k.
 //
 // At a plan step, by policy:

@@ -1,4 +1,4 @@
-// snip/method/stats.h: the stats step (METHOD.md section 3). Per quantizable
+// snip/method/stats.h: the stats step (docs/method.md section 3). Per quantizable
 // layer and candidate option p, the local quantization errors of the layer's
 // three GEMMs on the real operands of one micro-batch, reduced to a loss
 // divergence LD, a weight divergence WD and the planner's quality loss Q.
@@ -37,7 +37,7 @@
 //          noise ε_l on every layer (LinearProbe::output_noise); the
 //          backward asks autograd for dL/dε_l = g_l(ε) only (no wgrad GEMMs).
 //
-// Formulas (source: METHOD.md section 3 unless said otherwise)
+// Formulas (source: docs/method.md section 3 unless said otherwise)
 //
 //  Relative errors  rel_fprop = ||e_fprop||/||Y||, rel_dgrad = ||e_dgrad||/||dX||,
 //                   rel_wgrad = ||e_wgrad||/||dW|| (Frobenius; 0/0 = 0). The cost
@@ -75,7 +75,7 @@
 //              gradients and cancels. g is grad_scale·(dW or dW+e_wgrad).
 //              Nothing is written to the optimizer or the weights.
 //
-//  WD upstream (this project's estimator; METHOD.md leaves it open)
+//  WD upstream (this project's estimator; docs/method.md leaves it open)
 //              A dgrad error at layer l enters dX_l, flows backward and moves
 //              the gradients, hence the AdamW updates, of every layer k
 //              upstream of l. Backward is linear in the injected gradient

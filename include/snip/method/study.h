@@ -1,4 +1,4 @@
-// snip/method/study.h: the correlation study of METHOD.md section 8: does the
+// snip/method/study.h: the correlation study of docs/method.md section 7: does the
 // stats step's predicted quality loss Q_l(fp4) rank layers the way training
 // does?
 //
@@ -25,7 +25,7 @@
 //
 // Correlations: Pearson (linear) and Spearman (Pearson of average ranks, ties
 // share their mean rank; report::pearson / report::spearman, report.h) between the measured Δval and each predictor: Q, LD,
-// WD, and the grid of open choices of METHOD.md section 3 — first-order term
+// WD, and the grid of open choices of docs/method.md section 3 — first-order term
 // abs | signed | drop × α ∈ {0, 0.25, 0.5, 0.75, 1} — recomputed from the
 // same measured parts (LD = max(0, F + ½·max(c,0)·||e||²), normalised by its
 // sum over the studied layers, likewise WD; Q = α·LDn + (1−α)·WDn).

@@ -5,7 +5,7 @@
 // out_features.
 //
 // The layer's three GEMMs are explicit in a custom autograd function
-// (METHOD.md section 1):
+// (docs/method.md section 1):
 //
 //   fprop  Y  = X  · Wᵀ     X [N, IN],  W [OUT, IN]   reduction dim K = IN
 //   dgrad  dX = dY · W      dY [N, OUT], W [OUT, IN]  reduction dim K = OUT
@@ -112,7 +112,7 @@ struct LinearPrecision {
   at::ScalarType gemm_dtype = at::ScalarType::Undefined;
 };
 
-/// What a layer records for the stats step (METHOD.md section 3) while
+/// What a layer records for the stats step (docs/method.md section 3) while
 /// QuantLinearImpl::probe is set: the real operands of one step.
 struct LinearProbe {
   torch::Tensor x;   ///< [N, IN] input of the last forward (detached)
@@ -158,7 +158,7 @@ class QuantLinearImpl : public torch::nn::Module {
   LinearPrecision precision;
   QuantKey key_base;     ///< seed and step; layer and operand are filled per call
 
-  // ---- stats-step probes (off unless set; see METHOD.md section 3)
+  // ---- stats-step probes (off unless set; see docs/method.md section 3)
   /// When set, forward stores X and backward stores dY into it, and its noise
   /// functions inject the curvature and dgrad probes.
   std::shared_ptr<LinearProbe> probe;

@@ -1,7 +1,7 @@
 // snip/model/matmul.h: GEMMs "in BF16" as BF16 hardware runs them (NVIDIA
 // tensor cores, Intel AMX/AVX512-BF16 through oneDNN): operands rounded to
 // BF16 (round to nearest even), products summed in FP32, the result rounded
-// to BF16 once (METHOD.md section 1: "GEMMs accumulate in FP32, outputs are
+// to BF16 once (docs/method.md section 1: "GEMMs accumulate in FP32, outputs are
 // stored BF16").
 //
 // LibTorch 2.11 (the PyPI wheel) takes BF16 GEMMs through oneDNN on every

@@ -141,7 +141,7 @@ std::vector<LinearLayerShape> llama_linear_layers(int n_layers, int64_t hidden,
                                                   int n_kv_heads,
                                                   int64_t tokens_per_step);
 
-/// The conservative opt-in pin preset of METHOD.md section 4 for a model
+/// The conservative opt-in pin preset of docs/method.md section 4 for a model
 /// whose last block has index `last_block`: "*.down_proj=fp8",
 /// "*.v_proj=fp8", "layers.<last>.mlp.*=fp8". Caps the FP4 share at about
 /// 0.70 on TinyLlama shapes.

@@ -1,5 +1,5 @@
 // snip/policy/milp.h: the one small interface the planner talks to a mixed
-// integer linear program solver through (METHOD.md section 4: "solve with a
+// integer linear program solver through (docs/method.md section 4: "solve with a
 // real MILP solver ... keep the solver behind one small interface").
 //
 // A MilpModel is a plain value: binary variables x_j in {0,1}, a linear

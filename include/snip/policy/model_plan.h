@@ -70,7 +70,7 @@ struct Transfer {
 /// the first block maps to the first, the last to the last; j = 0 when
 /// Lt = 1), and its FLOPs from its own shape. Every Q is then multiplied by
 /// one factor `scale` so that Σ_target Q(low_option) = 1, the stats step's
-/// normalisation (METHOD.md section 3; one factor for all layers and
+/// normalisation (docs/method.md section 3; one factor for all layers and
 /// options, so no plan changes); scale = 1 when that sum is 0 or the low
 /// option is absent. A per-GEMM source gives per-GEMM entries ("gemms",
 /// each GEMM's FLOPs 2·T·IN·OUT), a per-layer source layer entries.

@@ -1,16 +1,16 @@
-// snip/policy/planner.h: the precision planner (METHOD.md sections 2, 4, 6).
+// snip/policy/planner.h: the precision planner (docs/method.md sections 2, 4, 6).
 //
 // Vocabulary
 //   item      what receives one precision option: a layer (per-layer
 //             granularity, the paper's) or one GEMM of a layer (per-GEMM
-//             granularity: fprop, dgrad, wgrad; METHOD.md section 2).
+//             granularity: fprop, dgrad, wgrad; docs/method.md section 2).
 //   option    a precision recipe name ("fp4", "fp8", "bf16", or any other).
 //   low       the option whose FLOPs the share budget counts ("fp4" default).
 //   F_i       FLOPs per training step of item i (a GEMM: 2*T*in*out).
 //   Q_i(p)    quality loss of item i at option p (dimensionless, >= 0).
 //   share     Σ_i F_i·[i runs low] / Σ_i F_i, a fraction in [0,1].
 //
-// The integer linear program (METHOD.md section 4), x_{i,p} binary:
+// The integer linear program (docs/method.md section 4), x_{i,p} binary:
 //   minimise    Σ_i Σ_p Q_i(p) x_{i,p}
 //   subject to  Σ_p x_{i,p} = 1                             every item i
 //               share budget:  Σ_i F_i x_{i,low} >= b Σ_i F_i
@@ -129,7 +129,7 @@ inline constexpr size_t kMilpMaxFreeItems = 2000;
 /// Default of PlanOptions::max_core_vars.
 inline constexpr size_t kMckpMaxCoreVars = 20000;
 
-/// Granularity of the choice (METHOD.md section 2).
+/// Granularity of the choice (docs/method.md section 2).
 enum class Granularity { layer, gemm };
 /// "layer" or "gemm".
 const char* to_string(Granularity g);
@@ -165,7 +165,7 @@ struct Budget {
   //            uniform FP8" with the default costs).
   double value = 0.75;
   // Relative cost of one FLOP at each option (dimensionless). Used by cost
-  // budgets and to report plan cost; defaults after METHOD.md section 4.
+  // budgets and to report plan cost; defaults after docs/method.md section 4.
   std::map<std::string, double> cost_per_flop = {
       {"fp4", 1.0}, {"fp8", 2.0}, {"bf16", 4.0}};
 
@@ -216,7 +216,7 @@ struct PlanOptions {
   // item). With a share budget: stage share >= b; cost: stage cost <= C.
   bool per_stage_budget = false;
   // Non-empty: pin the first and last layer of every stage to this option
-  // (METHOD.md section 4 uses "fp8"). Needs item.stage >= 0 on every item.
+  // (docs/method.md section 4 uses "fp8"). Needs item.stage >= 0 on every item.
   std::string stage_boundary_option;
   std::string solver = "cbc";   // make_milp_solver name
   PlanMethod method = PlanMethod::automatic;  // see PlanMethod
@@ -364,7 +364,7 @@ std::vector<ParetoPoint> sweep(const PlanProblem& problem,
                                const std::vector<double>& budgets);
 
 // ---------------------------------------------------------------------------
-// Heuristic baselines (METHOD.md section 6), at the same budget and pins.
+// Heuristic baselines (docs/method.md section 6), at the same budget and pins.
 //
 // Every ordered heuristic starts with every free item at its "high" option
 // (PlanOptions::high_option, see there) and switches free items that offer
@@ -380,7 +380,7 @@ PlanResult heuristic_min_rel_err(const PlanProblem& problem, const PlanOptions& 
 
 /// Default layer-type order of heuristic_layer_type: MLP up-projections
 /// first, then attention projections, down_proj last (the practice of
-/// METHOD.md section 4: down_proj and v_proj are the sensitive ones).
+/// docs/method.md section 4: down_proj and v_proj are the sensitive ones).
 inline const std::vector<std::string> kDefaultLayerTypeOrder = {
     "gate_proj", "up_proj", "q_proj", "k_proj", "o_proj", "v_proj", "down_proj"};
 

@@ -1,5 +1,5 @@
 // snip/quant/gemm.h: the one vocabulary of a linear layer's GEMMs and their
-// operands (METHOD.md section 1; docs/method.md). LibTorch-free: formats,
+// operands (docs/method.md section 1; docs/method.md). LibTorch-free: formats,
 // recipes, the policy, the stats step and the layer all use it.
 //
 // A linear layer with weight W [OUT, IN] and input X [N, IN] (N = B·T tokens) runs

@@ -1,7 +1,7 @@
 // snip/quant/recipe.h: named recipes, i.e. how each of the six GEMM operands
 // of a linear layer is quantized, and the name -> recipe registry.
 //
-// A linear layer with W [out, in] and X [N, in] (N = B·T tokens) runs three GEMMs (METHOD.md
+// A linear layer with W [out, in] and X [N, in] (N = B·T tokens) runs three GEMMs (docs/method.md
 // section 1). Scaling blocks run along each GEMM's reduction dimension K, so
 // the caller hands each operand to fake_quantize laid out [rows, K] with K
 // contiguous:
@@ -20,7 +20,7 @@
 // Built-in recipes (see recipe.cpp for the exact specs; `snip formats
 // --recipes` prints them):
 //   bf16        every operand cast to BF16 (RNE, IEEE overflow), no scaling
-//   fp8         METHOD.md default: E4M3; X, dY in 1x128 tiles, W in 128x128
+//   fp8         docs/method.md default: E4M3; X, dY in 1x128 tiles, W in 128x128
 //               blocks; FP32 power-of-two scales (rounded up); RNE (DeepSeek-V3 layout)
 //   fp4         E2M1 with NVFP4 scaling (1x16 blocks, E4M3 block scale, FP32
 //               tensor scale); RNE for X and W, stochastic rounding for dY
@@ -68,7 +68,7 @@ struct Recipe {
   std::array<formats::QuantSpec, kNumOperands> operands;
   /// Error feedback on the weight operand (recipe files only; docs/formats.md
   /// "Recipe files"): the W quantized at step t is Q(W_t + r_t), r_{t+1} =
-  /// (W_t + r_t) - Q_fprop.w(W_t + r_t), r_0 = 0, per layer (METHOD.md
+  /// (W_t + r_t) - Q_fprop.w(W_t + r_t), r_0 = 0, per layer (docs/method.md
   /// section 7; Seide et al. 2014, Karimireddy et al. 2019). The state lives
   /// in the quantizer (quant/quantizers.h).
   bool error_feedback = false;
@@ -105,5 +105,15 @@ nlohmann::json to_json(const Recipe& recipe);
 /// to every operand, then overridden per operand. Throws snip::UserError
 /// "<where>.operands.dgrad.dy.block: ..." on bad input.
 Recipe recipe_from_json(const nlohmann::json& j, const std::string& where);
+
+/// Longest recipe description accepted, in bytes.
+constexpr size_t kMaxRecipeDescription = 500;
+
+/// A recipe's description is one line a terminal prints as it is: at most
+/// kMaxRecipeDescription bytes, no control characters (bytes below 0x20,
+/// 0x7f; UTF-8 letters are fine). Throws UserError "<where>: description:
+/// expected one line of at most 500 bytes without control characters, got
+/// ..." otherwise.
+void check_recipe_description(const std::string& d, const std::string& where);
 
 }  // namespace snip::quant

@@ -118,13 +118,18 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCa
 /// absent or unreadable).
 std::vector<int64_t> good_checkpoint_steps(const std::string& run_dir);
 
-/// Deletes what a write cut short left under RUN/checkpoints: step-N.tmp
-/// folders, and step-N.old folders beside a complete step-N (the rewrite
-/// finished but for the clean-up). A step-N.old that complete_checkpoints
-/// reads as step N stays. Returns the folders deleted, in name order. Only
-/// the run folder's lock holder may call it (a writing process keeps its
-/// step-N.tmp until it renames it).
-std::vector<std::string> remove_unfinished_checkpoints(const std::string& run_dir);
+/// Puts RUN/checkpoints back in order after a process was killed while it
+/// wrote there: deletes step-N.tmp folders, a step-N.old beside a complete
+/// step-N and the temporary files of atomic writes (NAME.tmp.PID); renames
+/// a step-N.old that complete_checkpoints reads as step N back to step-N;
+/// and, when the newest checkpoint records "rollback_target": true but
+/// last_good.json does not name it (killed between its rename and the
+/// marker), marks it as save_checkpoint would (good.json trimmed to the
+/// newest `keep_good`). Returns one line per thing done. Only the run
+/// folder's lock holder may call it, and only after every rank has read
+/// its checkpoint (it renames folders). Throws UserError when a file cannot
+/// be read, renamed or written.
+std::vector<std::string> tidy_checkpoints(const std::string& run_dir, int64_t keep_good);
 
 /// The guard's rollback to step `step`: deletes RUN's complete checkpoints
 /// after `step` (an abandoned trajectory, which --resume must not pick as the

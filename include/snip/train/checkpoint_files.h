@@ -28,8 +28,8 @@ uint32_t file_crc32(const std::string& path);
 /// complete step-N is there: a process killed between the two renames loses
 /// no checkpoint. With `warn`, every other entry (a stray folder, a step
 /// number past 2^63 - 1, a step-N without trainer_state.json) is named in a
-/// warning and ignored; step-N.tmp folders (a write cut short), good.json and
-/// last_good.json are expected.
+/// warning and ignored; step-N.tmp folders and NAME.tmp.PID files (writes
+/// cut short), good.json and last_good.json are expected.
 std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::string& checkpoints_dir, bool warn);
 
 /// The model shape `dir`/config.json describes (LlamaConfig::from_hf_json).
