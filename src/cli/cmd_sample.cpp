@@ -9,6 +9,7 @@
 #include "commands.h"
 #include "snip/config/config.h"
 #include "snip/data/token_client.h"
+#include "snip/model/hf.h"
 #include "snip/train/checkpoint.h"
 #include "snip/train/sample.h"
 #include "snip/util/error.h"
@@ -28,43 +29,61 @@ void add_sample_commands(CLI::App& app) {
     int64_t seed = 0;
   };
   auto a = std::make_shared<Args>();
-  CLI::App* s = app.add_subcommand("sample", "text a checkpoint writes after a prompt (the run's tokenizer)");
-  s->add_option("--run-dir", a->run_dir, "run directory (its newest checkpoint and data.dir's tokenizer)")->required();
-  s->add_option("--checkpoint", a->checkpoint, "a checkpoint folder (default: the run's newest)");
+  CLI::App* s = app.add_subcommand("sample", "text a checkpoint, or a Hugging Face folder, writes after a prompt");
+  s->add_option("--run-dir", a->run_dir, "run directory (its newest checkpoint and data.dir's tokenizer)");
+  s->add_option("--checkpoint", a->checkpoint,
+                "a checkpoint folder (default: the run's newest), or a Hugging Face folder (config.json + "
+                "model.safetensors, with its tokenizer.model unless --tokenizer is given)");
   s->add_option("--prompt", a->prompt, "text to continue")->required();
   s->add_option("--max-new-tokens", a->o.max_new_tokens, "tokens to generate")->capture_default_str();
   s->add_option("--temperature", a->o.temperature, "softmax temperature; 0 = greedy")->capture_default_str();
   s->add_option("--top-k", a->o.top_k, "sample among the k most likely tokens; 0 = all")->capture_default_str();
   s->add_option("--seed", a->seed, "seed of the draws, >= 0 (same seed, same text)")->capture_default_str();
-  s->add_option("--tokenizer", a->tokenizer, "tokenizer.model (default: the run's data.dir/tokenizer.model)");
+  s->add_option("--tokenizer", a->tokenizer,
+                "tokenizer.model (default: a Hugging Face folder's own, else the run's data.dir/tokenizer.model)");
   s->callback([a] {
     if (a->seed < 0) fail("--seed: expected an integer >= 0, got ", a->seed);
     a->o.seed = uint64_t(a->seed);
     if (!std::isfinite(a->o.temperature)) fail("--temperature: expected a finite number >= 0, got ", a->o.temperature);
     if (a->o.max_new_tokens > kMaxNewTokens)
       fail("--max-new-tokens: expected at most ", kMaxNewTokens, ", got ", a->o.max_new_tokens);
-    const fs::path run(a->run_dir);
-    if (!fs::is_regular_file(run / "config.toml"))
-      fail("--run-dir: ", (run / "config.toml").string(), " does not exist (expected a run of `snip train`)");
+    if (a->run_dir.empty() && a->checkpoint.empty()) fail("give --run-dir or --checkpoint");
+    // A snip checkpoint (trainer_state.json) or a Hugging Face folder, as `snip eval` reads them.
+    const fs::path given(a->checkpoint);
+    const bool hf = !a->checkpoint.empty() && !fs::exists(given / "trainer_state.json") &&
+                    fs::exists(given / "config.json");
     Config cfg;
-    cfg.load_toml_file((run / "config.toml").string());
+    const fs::path run(a->run_dir);
+    if (!a->run_dir.empty()) {
+      if (!fs::is_regular_file(run / "config.toml"))
+        fail("--run-dir: ", (run / "config.toml").string(), " does not exist (expected a run of `snip train`)");
+      cfg.load_toml_file((run / "config.toml").string());
+    }
     std::string ckpt = a->checkpoint.empty() ? latest_checkpoint(a->run_dir) : a->checkpoint;
     if (ckpt.empty()) fail("--run-dir: no complete checkpoint in ", (run / "checkpoints").string());
-    const std::string tok = a->tokenizer.empty()
-                                ? (fs::path(cfg.get_string("data.dir")) / "tokenizer.model").string()
-                                : a->tokenizer;
+    if (!hf && a->run_dir.empty() && a->tokenizer.empty())
+      fail("--checkpoint ", ckpt, " is a snip checkpoint: give its run with --run-dir (the tokenizer of its data), "
+           "or --tokenizer");
+    const std::string tok = !a->tokenizer.empty() ? a->tokenizer
+                            : hf                  ? (given / "tokenizer.model").string()
+                                                  : (fs::path(cfg.get_string("data.dir")) / "tokenizer.model").string();
     if (!fs::is_regular_file(tok)) fail("tokenizer ", tok, " does not exist (give --tokenizer)");
-    LlamaForCausalLM model = load_checkpoint_model(ckpt);
+    LlamaForCausalLM model = hf ? import_hf(ckpt) : load_checkpoint_model(ckpt);
     const data::TokenizerClient client(data::TokenizerClient::sibling_program(), tok);
     const std::vector<int32_t> prompt = client.encode(a->prompt, /*bos=*/true);
     // meta.json beside a prepared tokenizer: its vocabulary must be the
     // model's (ids beyond it would decode to nothing or fail), and it names EOS,
-    // where a sample stops.
+    // where a sample stops. A Hugging Face folder names EOS in config.json
+    // (eos_token_id, as `snip export` writes it).
     const data::TokenizerMeta meta = data::TokenizerMeta::read(fs::path(tok).parent_path().string());
     if (meta.vocab_size > model->cfg.vocab_size)
       fail("tokenizer ", tok, " has ", meta.vocab_size, " pieces but the model in ", ckpt, " only ",
            model->cfg.vocab_size, " (another tokenizer than the run's?)");
     a->o.eos_id = meta.eos_id;
+    if (hf) {
+      const nlohmann::json& c = read_hf_folder(ckpt).config_json;
+      if (c.contains("eos_token_id") && c["eos_token_id"].is_number_integer()) a->o.eos_id = c["eos_token_id"].get<int64_t>();
+    }
     const std::vector<int32_t> ids = sample(model, prompt, a->o);
     std::cout << client.decode(ids) << "\n";
   });

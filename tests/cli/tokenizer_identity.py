@@ -105,6 +105,17 @@ refused("HF folder on another tokenizer's data", ["eval", "--checkpoint", hf, "-
         "was tokenized with another tokenizer")
 refused("HF folder without --data", ["eval", "--checkpoint", hf], "give the data to evaluate on with --data")
 
+# snip sample reads a Hugging Face folder with its own tokenizer.model: the
+# exported run writes, greedily, what the run's checkpoint writes.
+rc1, out1, err1 = run("sample", "--run-dir", run_dir, "--prompt", "In the beginning", "--max-new-tokens", "12",
+                      "--temperature", "0")
+rc2, out2, err2 = run("sample", "--checkpoint", hf, "--prompt", "In the beginning", "--max-new-tokens", "12",
+                      "--temperature", "0")
+check(rc1 == 0 and rc2 == 0 and out1.strip() and out1 == out2, "sample --checkpoint HF_DIR writes what the run writes",
+      f"{out1!r} vs {out2!r} {err2[-300:]!r}")
+refused("sample of a snip checkpoint without its run", ["sample", "--checkpoint",
+        os.path.join(run_dir, "checkpoints", "step-2"), "--prompt", "x"], "give its run with --run-dir")
+
 # snip train --init-from checks the folder's tokenizer.model against the
 # data's, as eval does (it trained silently to a loss worse than a uniform
 # guess before).
