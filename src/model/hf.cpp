@@ -231,6 +231,10 @@ HfFolder read_hf_folder(const std::string& dir) {
   f.dir = dir;
   f.config_path = (fs::path(dir) / "config.json").string();
   f.weights_path = (fs::path(dir) / "model.safetensors").string();
+  if (!fs::is_directory(dir)) fail(dir, " is not a folder (expected a Hugging Face model folder)");
+  if (!fs::exists(f.config_path))
+    fail(dir, " is not a Hugging Face model folder: it has no config.json",
+         fs::exists(fs::path(dir) / "trainer_state.json") ? " (a snip checkpoint: write one with `snip export`)" : "");
   // io::read_json_file: syntax, duplicate keys, depth and 1e309 (which
   // json::parse threw as out_of_range, an internal error) named by path.
   f.config_json = io::read_json_file(f.config_path, "config");

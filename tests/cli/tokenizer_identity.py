@@ -113,6 +113,9 @@ rc2, out2, err2 = run("sample", "--checkpoint", hf, "--prompt", "In the beginnin
                       "--temperature", "0")
 check(rc1 == 0 and rc2 == 0 and out1.strip() and out1 == out2, "sample --checkpoint HF_DIR writes what the run writes",
       f"{out1!r} vs {out2!r} {err2[-300:]!r}")
+refused("init-from a folder that is not a Hugging Face model",
+        ["train", "--config", cfg, "--run-dir", os.path.join(tmp, "ft-data"), "--init-from", data],
+        f"{data} is not a Hugging Face model folder: it has no config.json")
 refused("sample of a snip checkpoint without its run", ["sample", "--checkpoint",
         os.path.join(run_dir, "checkpoints", "step-2"), "--prompt", "x"], "give its run with --run-dir")
 

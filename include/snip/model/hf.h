@@ -105,8 +105,10 @@ struct HfFolder {
   LlamaConfig config;         ///< LlamaConfig::from_hf_json(config_json): the file's model
 };
 
-/// Reads `dir`/config.json. Throws UserError naming the file when it is
-/// missing, not JSON, or refused by LlamaConfig::from_hf_json.
+/// Reads `dir`/config.json. Throws UserError "DIR is not a folder ...",
+/// "DIR is not a Hugging Face model folder: it has no config.json" (naming
+/// `snip export` when DIR is a snip checkpoint), or naming the file when it
+/// is not JSON or LlamaConfig::from_hf_json refuses it.
 HfFolder read_hf_folder(const std::string& dir);
 
 /// `snip train --init-from`: reconciles the run's configuration `cfg` with
