@@ -505,6 +505,11 @@ const OptionValue& Config::raw(const std::string& key) const {
   return s->def;
 }
 
+std::string Config::origin(const std::string& key) const {
+  const auto it = origins_.find(key);
+  return it == origins_.end() ? std::string("config") : "config: " + it->second;
+}
+
 bool Config::differs_from_default(const std::string& key) const {
   const OptionSpec* s = find_spec(key);
   SNIP_CHECK(s != nullptr, "no option named ", key);
@@ -543,6 +548,7 @@ void Config::set(const std::string& key, const OptionValue& v, const std::string
   if (!ok)
     fail(what, ": ", key, ": expected ", type_name(s->type), ", got ", format_option_value(v));
   values_[key] = val;
+  origins_[key] = what;
 }
 
 void Config::load_toml_string(const std::string& text, const std::string& what) {
@@ -705,12 +711,12 @@ void Config::validate() const {
       const bool integer = s.type == T::kInt;
       const double v = integer ? double(get_int(s.key)) : get_float(s.key);
       if ((!integer && !std::isfinite(v)) || !s.range.contains(v))
-        fail("config: ", s.key, ": expected ", integer ? "an integer" : "a finite number", " ",
+        fail(origin(s.key), ": ", s.key, ": expected ", integer ? "an integer" : "a finite number", " ",
              s.range.describe(integer), ", got ", integer ? std::to_string(get_int(s.key)) : number(v, false));
     } else if (s.type == T::kString && !s.choices.empty()) {
       const std::string& v = get_string(s.key);
       if (std::find(s.choices.begin(), s.choices.end(), v) == s.choices.end())
-        fail("config: ", s.key, ": expected ", either(s.choices), ", got '", v, "'");
+        fail(origin(s.key), ": ", s.key, ": expected ", either(s.choices), ", got '", v, "'");
     }
   }
   // Options together.

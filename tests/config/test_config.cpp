@@ -188,10 +188,16 @@ TEST(ConfigRobustness, NestingIsBoundedBeforeTomlParses) {
 TEST(ConfigRobustness, NumbersBeyondAnOptionsRangeAreRefusedByName) {
   Config c;
   c.load_toml_string("[train]\nlr = 1e308\n", "f.toml");
-  EXPECT_EQ(test::error_of([&] { c.validate(); }), "config: train.lr: expected a finite number in (0, 1000], got 1e+308");
+  EXPECT_EQ(test::error_of([&] { c.validate(); }),
+            "config: f.toml:2: train.lr: expected a finite number in (0, 1000], got 1e+308");
   c.load_toml_string("[train]\ngrad_clip = 1e308\n", "f.toml");
   EXPECT_EQ(test::error_of([&] { RunConfig::from(c); }),
-            "config: train.grad_clip: expected a finite number in [0, 1e+30], got 1e+308");
+            "config: f.toml:2: train.grad_clip: expected a finite number in [0, 1e+30], got 1e+308");
+  // A value out of range names where it came from: the file and line, or the --set.
+  Config o;
+  o.set_override("precision.budget=1.5");
+  EXPECT_EQ(test::error_of([&] { o.validate(); }),
+            "config: --set precision.budget=1.5: precision.budget: expected a finite number in [0, 1], got 1.5");
   EXPECT_EQ(toml_error("[train]\n\nlr = 1e309\n"),
             "f.toml:3: train.lr: expected a finite number in (0, 1000], got 1e309 (beyond a double's range)");
   EXPECT_EQ(toml_error("[train]\nmax_steps = 99999999999999999999 # many\n"),

@@ -104,9 +104,15 @@ class Config {
   /// num_attention_heads).
   void validate() const;
 
+  /// Where `key`'s value came from, for messages: "config: FILE:LINE" or
+  /// "config: --set key=value" (the `what` it was set with), or "config"
+  /// for a default.
+  std::string origin(const std::string& key) const;
+
  private:
   const OptionValue& raw(const std::string& key) const;
   std::map<std::string, OptionValue> values_;
+  std::map<std::string, std::string> origins_;  ///< the `what` each value was set with
 };
 
 /// The option key closest to `key` by edit distance (for "did you mean").
