@@ -256,7 +256,9 @@ std::vector<std::string> tidy_checkpoints(const std::string& run_dir, int64_t ke
     const json st = io::parse_json(io::read_file((fs::path(dir) / "trainer_state.json").string()),
                                    (fs::path(dir) / "trainer_state.json").string());
     const std::string lg = last_good_checkpoint(run_dir);
-    if (st.value("rollback_target", false) && fs::path(lg) != fs::path(dir)) {
+    const bool target = st.contains("rollback_target") && st["rollback_target"].is_boolean() &&
+                        st["rollback_target"].get<bool>();
+    if (target && fs::path(lg) != fs::path(dir)) {
       mark_good(root, s, keep_good);
       done.push_back("marked " + dir + " as the last good checkpoint: the run stopped before it could");
     }
