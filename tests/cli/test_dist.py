@@ -308,8 +308,14 @@ try:
     if "killed" in cases:
         # A rank killed (SIGKILL: no goodbye) or frozen (SIGSTOP) mid-run: the
         # other stops with one line naming it (its heartbeat in the store
-        # stopped), within dist.timeout_s plus the 1.5 s heartbeat check.
-        for how, sig, timeout_s in (("killed", signal.SIGKILL, 30), ("frozen", signal.SIGSTOP, 6)):
+        # stopped), within dist.timeout_s plus the 1.5 s heartbeat check. A
+        # killed peer's socket usually fails the collective at once, but not
+        # always: once in four clean-clone runs rank 0 sat in a Gloo send
+        # until its full timeout (31.7 s with timeout_s = 30; the heartbeat
+        # names the rank but does not interrupt the send). So the killed case
+        # runs with timeout_s = 10 and must stop within 15 s: the guarantee
+        # the docs give, without the flake.
+        for how, sig, timeout_s in (("killed", signal.SIGKILL, 10), ("frozen", signal.SIGSTOP, 6)):
             run = os.path.join(tmp, how)
             port = free_port()
             long = train + ["--run-dir", run, "--set", "train.max_steps=100000", "--set",
