@@ -50,8 +50,7 @@ void add_sample_commands(CLI::App& app) {
     if (a->run_dir.empty() && a->checkpoint.empty()) fail("give --run-dir or --checkpoint");
     // A snip checkpoint (trainer_state.json) or a Hugging Face folder, as `snip eval` reads them.
     const fs::path given(a->checkpoint);
-    const bool hf = !a->checkpoint.empty() && !fs::exists(given / "trainer_state.json") &&
-                    fs::exists(given / "config.json");
+    const bool hf = !a->checkpoint.empty() && is_hf_folder(a->checkpoint);
     Config cfg;
     const fs::path run(a->run_dir);
     if (!a->run_dir.empty()) {

@@ -221,7 +221,7 @@ void add_train_commands(CLI::App& app) {
       if (ckpt.empty()) fail("no complete checkpoint in ", ea->run_dir, "/checkpoints");
     }
     // A snip checkpoint (trainer_state.json) or a Hugging Face folder.
-    const bool hf = !fs::exists(fs::path(ckpt) / "trainer_state.json") && fs::exists(fs::path(ckpt) / "config.json");
+    const bool hf = is_hf_folder(ckpt);
     if (hf && ea->data.empty() && ea->run_dir.empty())
       fail("--checkpoint ", ckpt, " is a Hugging Face folder: give the data to evaluate on with --data");
     const std::string data = ea->data.empty() ? cfg.get_string("data.dir") : ea->data;

@@ -226,6 +226,10 @@ void export_hf(LlamaForCausalLM& model, const std::string& dir, at::ScalarType d
   }
 }
 
+bool is_hf_folder(const std::string& dir) {
+  return !fs::exists(fs::path(dir) / "trainer_state.json") && fs::exists(fs::path(dir) / "config.json");
+}
+
 HfFolder read_hf_folder(const std::string& dir) {
   HfFolder f;
   f.dir = dir;

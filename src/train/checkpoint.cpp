@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <regex>
 #include <sstream>
@@ -65,18 +64,12 @@ void mark_good(const fs::path& root, int64_t step, int64_t keep_good) {
   }
 }
 
-// Test-only (tests/cli/rollback_crash.py): SNIP_TEST_KILL names a point of
-// a checkpoint rewrite where this process sends itself SIGKILL, as kill -9
-// would: "rewrite-writing" (new files half written), "rewrite-aside" (the old
-// step-N renamed aside, the new one not yet in place); and, for any
-// checkpoint, "before-marker@N" (step-N in place, last_good.json not yet
-// naming it).
-void test_kill_point(bool rewrite, const char* point) {
-  const char* k = std::getenv("SNIP_TEST_KILL");
-  if (rewrite && k && std::strcmp(k, point) == 0) ::kill(::getpid(), SIGKILL);
-}
-
 }  // namespace
+
+void test_kill_point(const std::string& point) {
+  const char* k = std::getenv("SNIP_TEST_KILL");
+  if (k && point == k) ::kill(::getpid(), SIGKILL);
+}
 
 std::vector<int64_t> good_checkpoint_steps(const std::string& run_dir) {
   return read_good_steps(fs::path(run_dir) / "checkpoints");
@@ -151,7 +144,7 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCa
     // referenced by path and SHA-256 in trainer_state.json ("lora").
     io::write_safetensors((tmp / "model.safetensors").string(),
                           has_lora(model) ? trainable_safetensors(model) : model_to_safetensors(model));
-    test_kill_point(rewrite, "rewrite-writing");
+    if (rewrite) test_kill_point("rewrite-writing");
     if (shards) {
       io::write_file_atomic((tmp / "optimizer_index.json").string(), shards->index_json);
       opt_files.push_back("optimizer_index.json");
@@ -191,7 +184,7 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCa
     if (fs::exists(final_dir)) {
       fs::remove_all(aside);
       io::rename_atomic(final_dir.string(), aside.string());
-      test_kill_point(rewrite, "rewrite-aside");
+      if (rewrite) test_kill_point("rewrite-aside");
     }
     io::rename_atomic(tmp.string(), final_dir.string());
     std::error_code ec;
@@ -200,8 +193,7 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCa
     remove_tmp();
     throw;
   }
-  if (const char* k = std::getenv("SNIP_TEST_KILL"); k && std::string(k) == "before-marker@" + std::to_string(step))
-    ::kill(::getpid(), SIGKILL);  // test-only: step-N in place, last_good.json not yet naming it
+  test_kill_point("before-marker@" + std::to_string(step));
   if (keep_rule.good) mark_good(root, step, keep_rule.keep_good);
   const std::vector<int64_t> good = read_good_steps(root);
   if (keep > 0) {  // drop the oldest complete checkpoints beyond `keep`, never a good one or the last good one

@@ -1572,9 +1572,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       rollback_record = rec;
       write_checkpoint(true, false, &rollback_checkpoint);
       rollback_record = nullptr;
-      // Test-only (tests/cli/rollback_crash.py): kill -9 between the two.
-      if (const char* k = std::getenv("SNIP_TEST_KILL"); k && std::string(k) == "rewrite-before-record")
-        ::kill(::getpid(), SIGKILL);
+      test_kill_point("rewrite-before-record");  // tests/cli/rollback_crash.py: kill -9 between the two
     }
     if (metrics) metrics->append(rec);
     if (exporter) {

@@ -105,6 +105,11 @@ struct HfFolder {
   LlamaConfig config;         ///< LlamaConfig::from_hf_json(config_json): the file's model
 };
 
+/// True when `dir` is a Hugging Face model folder rather than a snip
+/// checkpoint: it has config.json but no trainer_state.json (what `snip
+/// eval --checkpoint` and `snip sample --checkpoint` tell apart). Reads no file.
+bool is_hf_folder(const std::string& dir);
+
 /// Reads `dir`/config.json. Throws UserError "DIR is not a folder ...",
 /// "DIR is not a Hugging Face model folder: it has no config.json" (naming
 /// `snip export` when DIR is a snip checkpoint), or naming the file when it

@@ -118,6 +118,15 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCa
 /// absent or unreadable).
 std::vector<int64_t> good_checkpoint_steps(const std::string& run_dir);
 
+/// Test-only (tests/cli/rollback_crash.py): when the environment variable
+/// SNIP_TEST_KILL equals `point`, this process sends itself SIGKILL, as
+/// kill -9 would. The points: "rewrite-writing" (a rewritten step-N's files
+/// half written), "rewrite-aside" (the old step-N renamed aside, the new one
+/// not yet in place), "before-marker@N" (step-N in place, last_good.json not
+/// yet naming it), "rewrite-before-record" (the rollback's rewrite in place,
+/// its metrics.jsonl record not yet written).
+void test_kill_point(const std::string& point);
+
 /// Puts RUN/checkpoints back in order after a process was killed while it
 /// wrote there: deletes step-N.tmp folders, a step-N.old beside a complete
 /// step-N and the temporary files of atomic writes (NAME.tmp.PID); renames
