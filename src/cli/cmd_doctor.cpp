@@ -24,6 +24,7 @@
 #include <algorithm>
 
 #include "commands.h"
+#include "snip/data/data_folder.h"
 #include "snip/config/config.h"
 #include "snip/data/loader.h"
 #include "snip/hw/platform.h"
@@ -234,7 +235,7 @@ void run_doctor(const DoctorOpts& o) {
         }
         check("data", true, dir + ": train.bin and val.bin open as the trainer opens them");
       } catch (const std::exception& e) {
-        check("data", false, std::string(e.what()) + " (prepare it with `snip data prepare --out " + dir + "`)");
+        check("data", false, std::string(e.what()) + " (make it with " + data::prepare_hint(dir) + ")");
       }
     } catch (const std::exception& e) {
       const std::string what = e.what();
@@ -375,7 +376,9 @@ void run_doctor(const DoctorOpts& o) {
                     double(need) / (1 << 30), need_what));
   out["checks"] = checks;
   out["ok"] = failures.empty();
-  out["verdict"] = failures.empty() ? "the main job can run here" : "the main job cannot run here";
+  // The job judged: the main job (configs/tiny.toml), or --config's run.
+  const std::string job = run ? "the run of " + o.config : std::string("the main job");
+  out["verdict"] = job + (failures.empty() ? " can run here" : " cannot run here");
 
   if (o.json_out) {
     std::cout << out.dump(2) << "\n";
@@ -441,12 +444,12 @@ void run_doctor(const DoctorOpts& o) {
     for (const json& c : checks)
       std::cout << "  " << (c["ok"].get<bool>() ? "ok  " : "FAIL") << " " << c["check"].get<std::string>() << ": "
                 << c["detail"].get<std::string>() << "\n";
-    std::cout << "\n" << (failures.empty() ? "the main job can run here" : "the main job cannot run here") << "\n";
+    std::cout << "\n" << out["verdict"].get<std::string>() << "\n";
   }
   if (!failures.empty()) {
     std::string why;
     for (const std::string& f : failures) why += (why.empty() ? "" : "; ") + f;
-    throw UserError("the main job cannot run here: " + why);
+    throw UserError(job + " cannot run here: " + why);
   }
 }
 

@@ -681,7 +681,7 @@ void add_plan_commands(CLI::App& app) {
   CLI::App* show = sub->add_subcommand(
       "show", "Print a plan `snip train` saved (RUN/plans/step-N.json): the table printed at the re-plan");
   show->add_option("run", sa->run, "Run directory (runs/NAME)")->required();
-  show->add_option("--step", sa->step, "The plan in force at step N: the newest made at or before N (default: the latest plan)");
+  show->add_option("--step", sa->step, "The plan in force at step N: the newest made at or before N (default: the newest plan of the plan phase, or of any phase when it had none)");
   show->add_flag("--json", sa->json, "Print the plan JSON instead of the table");
   show->callback([sa] {
     const std::string path = find_plan_file(sa->run, sa->step);

@@ -30,17 +30,18 @@ void add_sample_commands(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   CLI::App* s = app.add_subcommand("sample", "text a checkpoint, or a Hugging Face folder, writes after a prompt");
-  s->add_option("--run-dir", a->run_dir, "run directory (its newest checkpoint and data.dir's tokenizer)");
+  s->add_option("--run-dir", a->run_dir, "run directory (its newest checkpoint, with the tokenizer it carries)");
   s->add_option("--checkpoint", a->checkpoint,
-                "a checkpoint folder (default: the run's newest), or a Hugging Face folder (config.json + "
-                "model.safetensors, with its tokenizer.model unless --tokenizer is given)");
+                "a checkpoint folder (default: the run's newest; it carries its tokenizer), or a Hugging Face folder "
+                "(config.json + model.safetensors, with its tokenizer.model unless --tokenizer is given)");
   s->add_option("--prompt", a->prompt, "text to continue")->required();
   s->add_option("--max-new-tokens", a->o.max_new_tokens, "tokens to generate")->capture_default_str();
   s->add_option("--temperature", a->o.temperature, "softmax temperature; 0 = greedy")->capture_default_str();
   s->add_option("--top-k", a->o.top_k, "sample among the k most likely tokens; 0 = all")->capture_default_str();
   s->add_option("--seed", a->seed, "seed of the draws, >= 0 (same seed, same text)")->capture_default_str();
   s->add_option("--tokenizer", a->tokenizer,
-                "tokenizer.model (default: a Hugging Face folder's own, else the run's data.dir/tokenizer.model)");
+                "tokenizer.model (default: the checkpoint's or Hugging Face folder's own; a checkpoint of an earlier snip: "
+                "its data folder's)");
   s->callback([a] {
     if (a->seed < 0) fail("--seed: expected an integer >= 0, got ", a->seed);
     a->o.seed = uint64_t(a->seed);
@@ -51,34 +52,45 @@ void add_sample_commands(CLI::App& app) {
     // A snip checkpoint (trainer_state.json) or a Hugging Face folder, as `snip eval` reads them.
     const fs::path given(a->checkpoint);
     const bool hf = !a->checkpoint.empty() && is_hf_folder(a->checkpoint);
-    Config cfg;
+    check_run_dir(a->run_dir);
     const fs::path run(a->run_dir);
-    if (!a->run_dir.empty()) {
-      if (!fs::is_regular_file(run / "config.toml"))
-        fail("--run-dir: ", (run / "config.toml").string(), " does not exist (expected a run of `snip train`)");
-      cfg.load_toml_file((run / "config.toml").string());
-    }
     std::string ckpt = a->checkpoint.empty() ? latest_checkpoint(a->run_dir) : a->checkpoint;
     if (ckpt.empty()) fail("--run-dir: no complete checkpoint in ", (run / "checkpoints").string());
-    if (!hf && a->run_dir.empty() && a->tokenizer.empty())
-      fail("--checkpoint ", ckpt, " is a snip checkpoint: give its run with --run-dir (the tokenizer of its data), "
-           "or --tokenizer");
-    const std::string tok = !a->tokenizer.empty() ? a->tokenizer
-                            : hf                  ? (given / "tokenizer.model").string()
-                                                  : (fs::path(cfg.get_string("data.dir")) / "tokenizer.model").string();
-    if (!fs::is_regular_file(tok)) fail("tokenizer ", tok, " does not exist (give --tokenizer)");
+    // The tokenizer: --tokenizer, else a Hugging Face folder's own, else the
+    // checkpoint's (checkpoint_tokenizer: its own copy, or for an older
+    // checkpoint its data folder's). meta.json beside a prepared tokenizer
+    // (or the checkpoint's record) names EOS, where a sample stops.
+    std::string tok = a->tokenizer;
+    int64_t eos_id = -1, tok_vocab = -1;
+    if (tok.empty() && hf) {
+      tok = (given / "tokenizer.model").string();
+      if (!fs::is_regular_file(tok))
+        fail("--checkpoint ", ckpt, " has no tokenizer.model (give --tokenizer)");
+    } else if (tok.empty()) {
+      const nlohmann::json st = verify_checkpoint(ckpt);
+      const HfTokenizer t = checkpoint_tokenizer(ckpt, st);
+      tok = t.model_path;
+      eos_id = t.eos_id;
+      if (st.contains("data") && st["data"].contains("vocab_size") && st["data"]["vocab_size"].is_number_integer())
+        tok_vocab = st["data"]["vocab_size"].get<int64_t>();
+    } else {
+      if (!fs::is_regular_file(tok)) fail("--tokenizer: ", tok, " does not exist");
+      const data::TokenizerMeta meta = data::TokenizerMeta::read(fs::path(tok).parent_path().string());
+      eos_id = meta.eos_id;
+      tok_vocab = meta.vocab_size;
+    }
     LlamaForCausalLM model = hf ? import_hf(ckpt) : load_checkpoint_model(ckpt);
     const data::TokenizerClient client(data::TokenizerClient::sibling_program(), tok);
     const std::vector<int32_t> prompt = client.encode(a->prompt, /*bos=*/true);
-    // meta.json beside a prepared tokenizer: its vocabulary must be the
-    // model's (ids beyond it would decode to nothing or fail), and it names EOS,
-    // where a sample stops. A Hugging Face folder names EOS in config.json
-    // (eos_token_id, as `snip export` writes it).
-    const data::TokenizerMeta meta = data::TokenizerMeta::read(fs::path(tok).parent_path().string());
-    if (meta.vocab_size > model->cfg.vocab_size)
-      fail("tokenizer ", tok, " has ", meta.vocab_size, " pieces but the model in ", ckpt, " only ",
-           model->cfg.vocab_size, " (another tokenizer than the run's?)");
-    a->o.eos_id = meta.eos_id;
+    // Ids beyond the model's vocabulary would decode to nothing or fail.
+    for (int32_t id : prompt)
+      if (id >= model->cfg.vocab_size)
+        fail("tokenizer ", tok, " gives id ", id, " but the model in ", ckpt, " has ", model->cfg.vocab_size,
+             " (another tokenizer than the model's?)");
+    if (tok_vocab > model->cfg.vocab_size)
+      fail("tokenizer ", tok, " has ", tok_vocab, " pieces but the model in ", ckpt, " only ",
+           model->cfg.vocab_size, " (another tokenizer than the model's?)");
+    a->o.eos_id = eos_id;
     if (hf) {
       const nlohmann::json& c = read_hf_folder(ckpt).config_json;
       if (c.contains("eos_token_id") && c["eos_token_id"].is_number_integer()) a->o.eos_id = c["eos_token_id"].get<int64_t>();

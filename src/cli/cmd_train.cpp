@@ -152,7 +152,8 @@ void add_train_commands(CLI::App& app) {
     if (s.rank != 0) return;  // rank 0 prints the summary (docs/distributed.md)
     std::cout << fmt::format(
         "\nsummary: {} steps{}, {} tokens in {:.1f} s ({:.0f} tokens/s)\n"
-        "         train loss {:.4f} (mean of the last 10 steps) | val loss {:.4f} (perplexity {:.1f}) | best val {:.4f}\n"
+        "         train loss {:.4f} (mean of the last 10 steps) | val loss {:.4f} (perplexity {:.1f}) | best val {:.4f}"
+        "{} | {}-token windows\n"
         "         run directory {}: {}\n",
         s.steps,
         (s.start_step == 0 ? std::string()
@@ -164,7 +165,9 @@ void add_train_commands(CLI::App& app) {
                                s.guard_events, s.guard_events == 1 ? "" : "s", s.rollbacks, s.rollbacks == 1 ? "" : "s",
                                s.skipped_steps, s.skipped_steps == 1 ? "" : "s")),
         s.tokens, s.seconds, s.tokens_per_s,
-        s.final_train_loss, s.final_val_loss, std::exp(s.final_val_loss), s.best_val_loss, s.run_dir,
+        s.final_train_loss, s.final_val_loss, std::exp(s.final_val_loss), s.best_val_loss,
+        std::isfinite(s.init_val_loss) ? fmt::format(" | at step 0 (--init-from) {:.4f}", s.init_val_loss) : "",
+        s.eval_seq_len, s.run_dir,
         run_contents(s.run_dir));
     // Pipeline stages: the layout and what it cost (summary.json "pipeline").
     try {
@@ -198,7 +201,7 @@ void add_train_commands(CLI::App& app) {
   ev->add_option("--checkpoint", ea->checkpoint,
                  "a checkpoint folder (default: newest of --run-dir), or a Hugging Face folder (config.json + "
                  "model.safetensors, e.g. from snip export; needs --data)");
-  ev->add_option("--data", ea->data, "prepared data folder (default: the run's data.dir)");
+  ev->add_option("--data", ea->data, "prepared data folder (default: the run's data.dir, or the one the checkpoint was trained on)");
   ev->add_option("--batches", ea->batches, "micro-batches to evaluate; 0 = the whole validation split")
       ->capture_default_str();
   ev->add_option("--batch-size", ea->batch, "sequences per micro-batch")->capture_default_str();
@@ -209,6 +212,7 @@ void add_train_commands(CLI::App& app) {
                  "also write the first micro-batch and its logits as a safetensors file: input_ids I64 [B, T], "
                  "logits F32 [B, T, V] (to compare with transformers on the same ids)");
   ev->callback([ea] {
+    check_run_dir(ea->run_dir);
     Config cfg;
     if (!ea->run_dir.empty()) {
       const std::string saved = (fs::path(ea->run_dir) / "config.toml").string();
@@ -224,7 +228,11 @@ void add_train_commands(CLI::App& app) {
     const bool hf = is_hf_folder(ckpt);
     if (hf && ea->data.empty() && ea->run_dir.empty())
       fail("--checkpoint ", ckpt, " is a Hugging Face folder: give the data to evaluate on with --data");
-    const std::string data = ea->data.empty() ? cfg.get_string("data.dir") : ea->data;
+    // The data: --data, else the run's data.dir, else (a checkpoint alone)
+    // the data folder the checkpoint was trained on.
+    std::string data = ea->data;
+    if (data.empty() && ea->run_dir.empty() && !hf) data = checkpoint_data_dir(verify_checkpoint(ckpt));
+    if (data.empty()) data = cfg.get_string("data.dir");
     const std::string val = (fs::path(data) / "val.bin").string();
     if (!fs::exists(val)) fail("--data: ", val, " does not exist");
     const data::DataFolderInfo info = data::verify_data_folder(data, "--data");
@@ -253,9 +261,34 @@ void add_train_commands(CLI::App& app) {
       check_memory(inference_memory(read_hf_folder(ckpt).config, 0, 0), hw::available_memory_bytes(),
                    "snip eval --checkpoint " + ckpt);
     LlamaForCausalLM model = hf ? import_hf(ckpt) : load_checkpoint_model(ckpt);
-    const int64_t T = ea->seq > 0            ? ea->seq
-                      : !ea->run_dir.empty() ? cfg.get_int("train.seq_len")
-                                             : std::min<int64_t>(256, model->cfg.max_position_embeddings);
+    // The windows: --seq-len, else those the model trained on (the run's
+    // train.seq_len, or snip_export.json beside an exported folder), so that
+    // the loss compares with the run's own evaluations.
+    int64_t T = ea->seq;
+    std::string T_from = "--seq-len";
+    if (T <= 0) {
+      const fs::path ckpt_run_cfg = fs::path(ckpt).parent_path().parent_path() / "config.toml";
+      const fs::path export_info = fs::path(ckpt) / "snip_export.json";
+      if (!ea->run_dir.empty() && cfg.get_int("train.seq_len") > 0) {
+        T = cfg.get_int("train.seq_len");
+        T_from = "the run's train.seq_len";
+      } else if (!hf && fs::is_regular_file(ckpt_run_cfg)) {
+        Config rc;
+        rc.load_toml_file(ckpt_run_cfg.string());
+        T = rc.get_int("train.seq_len");
+        T_from = "the run's train.seq_len";
+      } else if (hf && fs::is_regular_file(export_info)) {
+        const nlohmann::json j = io::read_json_file(export_info.string(), "snip_export.json");
+        if (j.contains("train_seq_len") && j["train_seq_len"].is_number_integer() && j["train_seq_len"].get<int64_t>() > 0) {
+          T = j["train_seq_len"].get<int64_t>();
+          T_from = "the training's train.seq_len in " + export_info.string();
+        }
+      }
+      if (T <= 0) {
+        T = std::min<int64_t>(256, model->cfg.max_position_embeddings);
+        T_from = "the folder does not say its training length; --seq-len to choose";
+      }
+    }
     if (int64_t(info.vocab_size) > model->cfg.vocab_size)
       fail("--data ", data, ": vocabulary ", info.vocab_size, " is larger than the model's ", model->cfg.vocab_size,
            " (", ckpt, "): its ids have no embedding");
@@ -272,16 +305,16 @@ void add_train_commands(CLI::App& app) {
     const double loss = evaluate(model, val, ea->batch, T, ea->batches, &cov);
     const std::string part =
         cov.windows == cov.windows_total
-            ? fmt::format("all {} micro-batches ({} windows of {} tokens)", cov.batches, cov.windows, T)
-            : fmt::format("{} of {} micro-batches ({} of {} windows of {} tokens; --batches 0 evaluates all)",
-                          cov.batches, cov.batches_total, cov.windows, cov.windows_total, T);
+            ? fmt::format("all {} micro-batches ({} windows of {} tokens: {})", cov.batches, cov.windows, T, T_from)
+            : fmt::format("{} of {} micro-batches ({} of {} windows of {} tokens: {}; --batches 0 evaluates all)",
+                          cov.batches, cov.batches_total, cov.windows, cov.windows_total, T, T_from);
     std::cout << fmt::format("{}: val loss {:.4f} nats/token, perplexity {:.2f}, over {} of {}\n", ckpt, loss,
                              std::exp(loss), part, val);
   });
 
   struct ExportArgs {
     std::string run_dir, checkpoint, out, dtype = "float32";
-    bool force = false, merge = false;
+    bool force = false, merge = false, model_only = false;
   };
   auto xa = std::make_shared<ExportArgs>();
   CLI::App* ex = app.add_subcommand("export", "write a checkpoint as a Hugging Face folder "
@@ -294,9 +327,13 @@ void add_train_commands(CLI::App& app) {
                "LoRA checkpoints: fold the adapters into the base weights (W + alpha/r B A) and write a plain "
                "Hugging Face model; without it a LoRA checkpoint is written as a PEFT adapter folder "
                "(adapter_config.json + adapter_model.safetensors)");
+  ex->add_flag("--model-only", xa->model_only,
+               "write config.json and model.safetensors only, without the tokenizer files (by default the "
+               "checkpoint's tokenizer goes with the model, and its absence is an error)");
   ex->add_option("--dtype", xa->dtype, "float32 or bfloat16 (also fp32, bf16)")->capture_default_str()->check(
       CLI::IsMember({"float32", "bfloat16", "fp32", "bf16"}));
   ex->callback([xa] {
+    check_run_dir(xa->run_dir);
     std::string ckpt = xa->checkpoint;
     if (ckpt.empty()) {
       if (xa->run_dir.empty()) fail("give --run-dir or --checkpoint");
@@ -319,32 +356,36 @@ void add_train_commands(CLI::App& app) {
       if (!has_lora(model)) fail("--merge: ", ckpt, " holds no LoRA adapters (lora.rank was 0): export it without --merge");
       merge_lora(model);
     }
-    // The tokenizer goes with the model: the data folder the checkpoint
-    // recorded (or the run's data.dir), when it still holds that tokenizer.
+    // The tokenizer goes with the model: the checkpoint's own (or, for a
+    // checkpoint of an earlier snip, its data folder's). None is an error,
+    // not a warning: a model folder without its tokenizer is not usable on
+    // its own. --model-only says that is what the user wants.
     std::optional<HfTokenizer> tok;
-    {
-      const json st = verify_checkpoint(ckpt);
-      std::string dir = checkpoint_data_dir(st);
-      const fs::path run_cfg = fs::path(ckpt).parent_path().parent_path() / "config.toml";
-      if (dir.empty() && fs::exists(run_cfg)) {
-        Config rc;
-        rc.load_toml_file(run_cfg.string());
-        dir = rc.get_string("data.dir");
-      }
+    if (!xa->model_only) {
       try {
-        if (dir.empty()) fail("the checkpoint does not name its data folder");
-        const data::DataFolderInfo info = data::verify_data_folder(dir, "data folder");
-        const std::string want = checkpoint_tokenizer_sha256(st);
-        if (!want.empty() && want != info.tokenizer_sha256)
-          fail(info.tokenizer_path, " is no longer the tokenizer the model was trained with");
-        tok = HfTokenizer{info.tokenizer_path, info.bos_id, info.eos_id, info.bos_piece, info.eos_piece,
-                          info.unk_piece};
+        tok = checkpoint_tokenizer(ckpt, verify_checkpoint(ckpt));
       } catch (const UserError& e) {
-        spdlog::warn("no tokenizer exported ({}): the folder holds the model only", e.what());
+        fail(e.what(), " (snip export --model-only writes the model without a tokenizer)");
       }
     }
     const bool bf16 = xa->dtype == "bfloat16" || xa->dtype == "bf16";
     export_hf(model, xa->out, bf16 ? at::kBFloat16 : at::kFloat, xa->force, tok ? &*tok : nullptr);
+    // Where the folder came from, and the windows it trained on (snip eval's
+    // default --seq-len for it). transformers ignores the file.
+    {
+      const nlohmann::json st = verify_checkpoint(ckpt);
+      nlohmann::json info = {{"format", "snip-export"}, {"version", 1},
+                             {"checkpoint", fs::absolute(ckpt).lexically_normal().string()},
+                             {"step", st.value("step", nlohmann::json())},
+                             {"val_loss", st.value("val_loss", nlohmann::json())}};
+      const fs::path run_cfg = fs::path(ckpt).parent_path().parent_path() / "config.toml";
+      if (fs::is_regular_file(run_cfg)) {
+        Config rc;
+        rc.load_toml_file(run_cfg.string());
+        info["train_seq_len"] = rc.get_int("train.seq_len");
+      }
+      io::write_file_atomic((fs::path(xa->out) / "snip_export.json").string(), info.dump(2) + "\n");
+    }
     std::cout << "wrote " << xa->out << "/config.json and " << xa->out << "/model.safetensors"
               << (tok ? ", tokenizer.model, tokenizer_config.json and special_tokens_map.json" : "") << "\n";
   });

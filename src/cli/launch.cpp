@@ -96,14 +96,14 @@ int launch_local_ranks(int n, const std::vector<std::string>& args) {
       const std::string k = kv.substr(0, kv.find('='));
       // The launcher's world, not one Slurm or an outer torchrun described.
       if (k == "MASTER_ADDR" || k == "MASTER_PORT" || k == "LOCAL_WORLD_SIZE" || k.rfind("SLURM_", 0) == 0 ||
-          k.rfind("TORCHELASTIC_", 0) == 0)
+          k.rfind("TORCHELASTIC_", 0) == 0 || k == "SNIP_LAUNCHER")
         continue;
       env.push_back(kv);
     }
     for (const std::string& kv :
          {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(n), "LOCAL_RANK=" + std::to_string(r),
           "LOCAL_WORLD_SIZE=" + std::to_string(n), std::string("MASTER_ADDR=127.0.0.1"),
-          "MASTER_PORT=" + std::to_string(port)})
+          "MASTER_PORT=" + std::to_string(port), std::string("SNIP_LAUNCHER=nproc-per-node")})
       env.push_back(kv);
     std::vector<char*> envp;
     for (std::string& kv : env) envp.push_back(kv.data());

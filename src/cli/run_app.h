@@ -8,6 +8,7 @@
 #include <csignal>
 #include <ctime>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string_view>
 #include <string>
@@ -29,13 +30,39 @@ class LevelTag : public spdlog::custom_flag_formatter {
 };
 
 /// Common look: option column width, log line pattern ("[12:00:00] model:
-/// ...", "[12:00:00] warning: ...").
+/// ...", "[12:00:00] warning: ..."), and the log level options every
+/// subcommand takes (before or after its name: `snip --quiet train` and
+/// `snip train --quiet`):
+///   --log-level LEVEL  debug, info (default), warning or error; also the
+///                      environment variable SNIP_LOG_LEVEL (so torchrun and
+///                      Slurm jobs can set it for every rank). Lines below
+///                      LEVEL are not printed; at warning and above also no
+///                      progress lines, plan tables or samples.
+///   -q, --quiet        the same as --log-level warning.
+/// Errors and the end-of-run summary (stdout) are always printed.
 inline void configure_app(CLI::App& app) {
   app.require_subcommand(1);
+  app.fallthrough();  // the options below also after the subcommand's name
   app.get_formatter()->column_width(40);
   auto f = std::make_unique<spdlog::pattern_formatter>();
   f->add_flag<LevelTag>('*').set_pattern("[%H:%M:%S] %*%v");
   spdlog::set_formatter(std::move(f));
+  static const std::map<std::string, spdlog::level::level_enum> kLevels{
+      {"debug", spdlog::level::debug}, {"info", spdlog::level::info}, {"warning", spdlog::level::warn},
+      {"warn", spdlog::level::warn}, {"error", spdlog::level::err}};
+  app.add_option_function<std::string>(
+         "--log-level",
+         [](const std::string& v) {
+           const auto it = kLevels.find(v);
+           if (it == kLevels.end())
+             fail("--log-level: expected debug, info, warning or error, got '", v, "'");
+           spdlog::set_level(it->second);
+         },
+         "debug, info (default), warning or error: the least severe log lines printed; at warning or error "
+         "also no progress lines, plan tables or samples")
+      ->envname("SNIP_LOG_LEVEL");
+  app.add_flag_callback("-q,--quiet", [] { spdlog::set_level(spdlog::level::warn); },
+                        "the same as --log-level warning: warnings, errors and the final summary only");
 }
 
 /// Parses argv and runs the chosen subcommand. Exit status: 0 on success
@@ -49,6 +76,16 @@ inline int run_app(CLI::App& app, int argc, char** argv) {
   // writer turns into one clear line, not kill the process mid-file.
   std::signal(SIGXFSZ, SIG_IGN);
   refuse_empty_numbers(app);
+  // `snip trian`: CLI11 would say "A subcommand is required"; name the word.
+  const std::string first = argc >= 2 ? argv[1] : "";
+  if (!first.empty() && first[0] != '-' &&
+      app.get_subcommands([&](CLI::App* s) { return s->get_name() == first; }).empty()) {
+    std::string names;
+    for (const CLI::App* s : app.get_subcommands([](CLI::App*) { return true; }))
+      names += (names.empty() ? "" : ", ") + s->get_name();
+    std::cerr << "snip: error: unknown command '" << first << "' (commands: " << names << "; see --help)\n";
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

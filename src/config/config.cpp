@@ -185,8 +185,8 @@ std::vector<OptionSpec> make_table() {
           "replan, rollback or stop"),
       opt("guard.on_quant_error", T::kString, std::string("warn"), "",
           "a layer's relative quantization error above guard.quant_error_threshold for guard.quant_error_steps "
-          "measurements in a row: warn, fp8-layer, replan, rollback or stop (E2M1's fprop error is ~0.1 on "
-          "small models, so fp8-layer there undoes every FP4 choice; docs/operations.md)"),
+          "(guard.quant_error_threshold_fp4 for 4-bit formats) measurements in a row: warn, fp8-layer, replan, "
+          "rollback or stop (docs/operations.md)"),
       opt("guard.on_throughput_drop", T::kString, std::string("warn"), "",
           "tokens/s below (1 - guard.throughput_drop) x its mean over guard.spike_window steps: warn or stop"),
       opt("guard.spike_window", T::kInt, int64_t{20}, "steps",
@@ -196,7 +196,11 @@ std::vector<OptionSpec> make_table() {
       opt("guard.throughput_drop", T::kFloat, 0.5, "fraction",
           "throughput drop: tokens/s < (1 - drop) x the window's mean"),
       opt("guard.quant_error_threshold", T::kFloat, 0.05, "fraction",
-          "relative quantization error above which a measurement counts toward the streak"),
+          "relative quantization error above which a measurement of a layer in an 8-bit format (E4M3/E5M2) "
+          "counts toward the streak"),
+      opt("guard.quant_error_threshold_fp4", T::kFloat, 0.2, "fraction",
+          "the same for a layer whose fprop operands are 4-bit (E2M1: fp4, mxfp4, nvfp4; their relative error "
+          "is 0.1-0.15 on healthy runs, so 8-bit's threshold would fire at every FP4 layer)"),
       opt("guard.quant_error_steps", T::kInt, int64_t{3}, "measurements",
           "consecutive measurements above the threshold that trigger guard.on_quant_error"),
       opt("guard.stall_minutes", T::kFloat, 10.0, "minutes",
@@ -311,6 +315,7 @@ std::vector<OptionSpec> make_table() {
       {"guard.spike_ratio", {0, 1e6, true}},
       {"guard.throughput_drop", {0, 1, true, true}},
       {"guard.quant_error_threshold", {0, 1e6}},
+      {"guard.quant_error_threshold_fp4", {0, 1e6}},
       {"guard.quant_error_steps", {1, 1e6}},
       {"guard.stall_minutes", {0, 1e6}},
       {"guard.budget_step", fraction},
@@ -545,8 +550,19 @@ void Config::set(const std::string& key, const OptionValue& v, const std::string
                   (s->type == T::kInt && std::holds_alternative<int64_t>(val)) ||
                   (s->type == T::kFloat && std::holds_alternative<double>(val)) ||
                   (s->type == T::kString && std::holds_alternative<std::string>(val));
-  if (!ok)
-    fail(what, ": ", key, ": expected ", type_name(s->type), ", got ", format_option_value(v));
+  if (!ok) {
+    // `lr = "3e-4"`, `fp8_tail = "true"`: the value is right but quoted,
+    // which makes it a TOML string; say so.
+    std::string hint;
+    if (const auto* str = std::get_if<std::string>(&v); str && s->type != T::kString) {
+      char* end = nullptr;
+      const bool number = !str->empty() && (std::strtod(str->c_str(), &end), end && *end == '\0');
+      const bool boolean = *str == "true" || *str == "false";
+      if ((s->type == T::kBool && boolean) || (s->type != T::kBool && number))
+        hint = str_cat(" (a quoted string; write it without quotes: ", key.substr(key.find('.') + 1), " = ", *str, ")");
+    }
+    fail(what, ": ", key, ": expected ", type_name(s->type), ", got ", format_option_value(v), hint);
+  }
   values_[key] = val;
   origins_[key] = what;
 }
@@ -913,6 +929,7 @@ RunConfig RunConfig::from(const Config& c) {
   g.spike_ratio = c.get_float("guard.spike_ratio");
   g.throughput_drop = c.get_float("guard.throughput_drop");
   g.quant_error_threshold = c.get_float("guard.quant_error_threshold");
+  g.quant_error_threshold_fp4 = c.get_float("guard.quant_error_threshold_fp4");
   g.quant_error_steps = c.get_int("guard.quant_error_steps");
   g.stall_minutes = c.get_float("guard.stall_minutes");
   g.budget_step = c.get_float("guard.budget_step");

@@ -127,4 +127,9 @@ DataFolderInfo verify_data_folder(const std::string& folder, const std::string& 
   return info;
 }
 
+std::string prepare_hint(const std::string& dir) {
+  return "`snip data prepare --input YOUR_TEXT --out " + dir + "` (or `snip data prepare --out " + dir +
+         "` for the built-in KJV corpus)";
+}
+
 }  // namespace snip::data

@@ -332,7 +332,16 @@ PrepareSummary prepare_data(const PrepareOptions& opt, const PrepareProgress& pr
     SourceSummary s{in.kind, in.path, 0, 0, 0};
     const size_t first = docs.size();
     for (const auto& f : in.files) {
-      read_documents(f, opt.text_field, docs);
+      const size_t before = docs.size();
+      try {
+        read_documents(f, opt.text_field, docs);
+      } catch (const UserError& e) {
+        if (!opt.skip_invalid) throw UserError(str_cat(e.what(), " (--skip-invalid leaves such files out)"));
+        docs.resize(before);  // none of the file's documents, not the ones before its bad line
+        s.skipped.emplace_back(f.path, e.what());
+        spdlog::warn("skipped {}", e.what());
+        continue;
+      }
       ++s.files;
     }
     s.documents = docs.size() - first;
@@ -421,8 +430,14 @@ PrepareSummary prepare_data(const PrepareOptions& opt, const PrepareProgress& pr
 
   // ---- meta.json, then move everything into place
   json sources = json::array();
-  for (const auto& s : summary.sources)
+  for (const auto& s : summary.sources) {
     sources.push_back({{"kind", s.kind}, {"path", s.path}, {"files", s.files}, {"documents", s.documents}, {"bytes", s.bytes}});
+    if (!s.skipped.empty()) {
+      json sk = json::array();
+      for (const auto& [path, why] : s.skipped) sk.push_back({{"path", path}, {"reason", why}});
+      sources.back()["skipped"] = std::move(sk);
+    }
+  }
   const json meta = {
       {"format", "snip-data"},
       {"version", kMetaVersion},

@@ -94,7 +94,9 @@ std::vector<std::string> parse_nodelist(const std::string& list, const std::stri
 World World::from_env() {
   World w;
   if (const char* ws = env("WORLD_SIZE")) {  // torchrun (or a hand-made launch with its variables)
-    w.source = "torchrun";
+    // `snip train --nproc-per-node` sets torchrun's variables and says it did.
+    const char* launcher = env("SNIP_LAUNCHER");
+    w.source = launcher && std::string(launcher) == "nproc-per-node" ? "snip --nproc-per-node" : "torchrun";
     w.size = env_int("WORLD_SIZE", ws, 1, 1 << 20);
     const char* r = env("RANK");
     if (!r) fail("RANK: not set although WORLD_SIZE is ", w.size, " (launch with torchrun)");

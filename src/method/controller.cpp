@@ -69,6 +69,28 @@ class PerGemmQuantizer : public OperandQuantizer {
   std::string name_;
 };
 
+// What a plan-phase re-plan at step `s` changed, for the log: one line with
+// the count and the FP4 share, then up to kShown "  item: old -> new" lines
+// (the rest counted; the whole plan is in run_dir/plans/step-S.json).
+std::string format_plan_changes(int64_t s, const std::map<std::string, std::string>& before,
+                                const std::map<std::string, std::string>& after, double fp4_share,
+                                const std::string& run_dir) {
+  constexpr size_t kShown = 12;
+  std::vector<std::string> lines;
+  for (const auto& [item, option] : after) {
+    const auto it = before.find(item);
+    const std::string was = it == before.end() ? "-" : it->second;
+    if (was != option) lines.push_back(fmt::format("  {}: {} -> {}\n", item, was, option));
+  }
+  std::string out = fmt::format("precision at step {}: re-plan changed {} of {} items (FP4 share {:.4f}){}\n", s,
+                                lines.size(), after.size(), fp4_share,
+                                run_dir.empty() ? "" : fmt::format("; the whole plan: snip plan show {} --step {}",
+                                                                   run_dir, s));
+  for (size_t i = 0; i < lines.size() && i < kShown; ++i) out += lines[i];
+  if (lines.size() > kShown) out += fmt::format("  ... and {} more\n", lines.size() - kShown);
+  return out;
+}
+
 }  // namespace
 
 std::string resolve_precision_alias(Config& cfg) {
@@ -550,6 +572,8 @@ void PrecisionController::decide(int64_t s, Phase phase,
   if (root)
     for (const std::string& w : r.warnings) spdlog::warn("precision plan at step {}: {}", s, w);
   const bool changed = assign != assign_ || phase != phase_;
+  const std::map<std::string, std::string> before = assign_;
+  const Phase phase_before = phase_;
   apply(assign);
   phase_ = phase;
   decided_at_ = s;
@@ -583,8 +607,13 @@ void PrecisionController::decide(int64_t s, Phase phase,
     if (verbose_) {
       if (!changed)  // a re-plan that changes nothing: one line, not the table again
         std::fprintf(stderr, "precision at step %ld: plan unchanged (FP4 share %.4f)\n", long(s), r.fp4_share);
-      else if (phase == Phase::kPlan)
+      else if (phase == Phase::kPlan && table_shown_ && phase_before == Phase::kPlan)
+        // The table once per process; a later re-plan prints what it changed.
+        std::fprintf(stderr, "%s", format_plan_changes(s, before, assign_, r.fp4_share, run_dir_).c_str());
+      else if (phase == Phase::kPlan) {
         std::fprintf(stderr, "\n%s", format_plan_table(pj).c_str());
+        table_shown_ = true;
+      }
       else  // every layer at one option: one line instead of the table
         std::fprintf(stderr, "\nprecision at step %ld: %s phase, every layer %s (FP4 share %.4f)\n", long(s),
                      to_string(phase),

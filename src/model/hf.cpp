@@ -185,38 +185,43 @@ bool prepare_export_folder(const std::string& dir, bool force, bool adapters) {
   return created;
 }
 
+HfTokenizer HfTokenizer::of_data_folder(const data::DataFolderInfo& info) {
+  return {info.tokenizer_path, info.bos_id, info.eos_id, info.bos_piece, info.eos_piece, info.unk_piece};
+}
+
+std::map<std::string, std::string> hf_tokenizer_files(const HfTokenizer& tok, int64_t max_positions) {
+  nlohmann::json special = nlohmann::json::object();
+  for (auto [key, piece] : {std::pair<const char*, const std::string*>{"bos_token", &tok.bos_piece},
+                            {"eos_token", &tok.eos_piece}, {"unk_token", &tok.unk_piece}})
+    if (!piece->empty()) special[key] = *piece;
+  nlohmann::json tok_cfg = special;
+  tok_cfg["tokenizer_class"] = "LlamaTokenizer";
+  tok_cfg["add_bos_token"] = tok.bos_id >= 0;
+  tok_cfg["add_eos_token"] = false;
+  tok_cfg["model_max_length"] = max_positions;
+  tok_cfg["legacy"] = true;
+  tok_cfg["clean_up_tokenization_spaces"] = false;
+  return {{"tokenizer.model", io::read_file(tok.model_path)},
+          {"tokenizer_config.json", tok_cfg.dump(2) + "\n"},
+          {"special_tokens_map.json", special.dump(2) + "\n"}};
+}
+
 void export_hf(LlamaForCausalLM& model, const std::string& dir, at::ScalarType dtype, bool force,
                const HfTokenizer* tokenizer) {
   const fs::path d = fs::absolute(dir).lexically_normal();
+  // The tokenizer is read before anything is written.
+  const std::map<std::string, std::string> tok_files =
+      tokenizer ? hf_tokenizer_files(*tokenizer, model->cfg.max_position_embeddings)
+                : std::map<std::string, std::string>{};
   const bool created = prepare_export_folder(dir, force, /*adapters=*/false);
   nlohmann::json cfg = model->cfg.to_hf_json();
   cfg["torch_dtype"] = dtype == at::kBFloat16 ? "bfloat16" : "float32";
-  std::string tok_bytes;
-  nlohmann::json tok_cfg, special;
-  if (tokenizer) {
-    tok_bytes = io::read_file(tokenizer->model_path);  // before anything is written
-    if (tokenizer->bos_id >= 0) cfg["bos_token_id"] = tokenizer->bos_id;
-    if (tokenizer->eos_id >= 0) cfg["eos_token_id"] = tokenizer->eos_id;
-    special = nlohmann::json::object();
-    for (auto [key, piece] : {std::pair<const char*, const std::string*>{"bos_token", &tokenizer->bos_piece},
-                              {"eos_token", &tokenizer->eos_piece}, {"unk_token", &tokenizer->unk_piece}})
-      if (!piece->empty()) special[key] = *piece;
-    tok_cfg = special;
-    tok_cfg["tokenizer_class"] = "LlamaTokenizer";
-    tok_cfg["add_bos_token"] = tokenizer->bos_id >= 0;
-    tok_cfg["add_eos_token"] = false;
-    tok_cfg["model_max_length"] = model->cfg.max_position_embeddings;
-    tok_cfg["legacy"] = true;
-    tok_cfg["clean_up_tokenization_spaces"] = false;
-  }
+  if (tokenizer && tokenizer->bos_id >= 0) cfg["bos_token_id"] = tokenizer->bos_id;
+  if (tokenizer && tokenizer->eos_id >= 0) cfg["eos_token_id"] = tokenizer->eos_id;
   try {
     io::write_safetensors((fs::path(dir) / "model.safetensors").string(), model_to_safetensors(model, dtype));
     io::write_file_atomic((fs::path(dir) / "config.json").string(), cfg.dump(2) + "\n");
-    if (tokenizer) {
-      io::write_file_atomic((fs::path(dir) / "tokenizer.model").string(), tok_bytes);
-      io::write_file_atomic((fs::path(dir) / "tokenizer_config.json").string(), tok_cfg.dump(2) + "\n");
-      io::write_file_atomic((fs::path(dir) / "special_tokens_map.json").string(), special.dump(2) + "\n");
-    }
+    for (const auto& [name, bytes] : tok_files) io::write_file_atomic((fs::path(dir) / name).string(), bytes);
   } catch (...) {
     // Nothing partial: each write is atomic, and a folder this call made
     // goes with whatever it already holds.

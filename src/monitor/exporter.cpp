@@ -97,9 +97,11 @@ MonitorOptions monitor_options(const Config& cfg) {
 
 // ---- Streak ----------------------------------------------------------------
 
-int64_t Streak::add(const std::string& key, double value) {
+int64_t Streak::add(const std::string& key, double value) { return add(key, value, threshold_); }
+
+int64_t Streak::add(const std::string& key, double value, double threshold) {
   int64_t& n = n_[key];
-  const bool above = !std::isfinite(value) || value > threshold_;  // NaN/Inf: a broken measurement
+  const bool above = !std::isfinite(value) || value > threshold;  // NaN/Inf: a broken measurement
   n = above ? n + 1 : 0;
   return n;
 }
@@ -210,7 +212,16 @@ class Collector : public prometheus::Collectable {
       for (const auto& [layer, v] : r["rel_err_fprop"].items()) fresh[{layer, "fprop", "both"}] = num(v);
       // A layer not measured at this stats step has no current value: drop it.
       rel_ = fresh;
-      for (const auto& [k, v] : rel_) streak_.add(k.layer + "\n" + k.gemm + "\n" + k.operand, v);
+      for (const auto& [k, v] : rel_) {
+        // 4-bit fprop operands (E2M1) count against their own threshold.
+        bool fp4 = false;
+        for (const char* operand : {"x", "w"}) {
+          const auto b = bits_.find({k.layer, "fprop", operand});
+          fp4 = fp4 || (b != bits_.end() && b->second.second <= 4);
+        }
+        streak_.add(k.layer + "\n" + k.gemm + "\n" + k.operand, v,
+                    fp4 ? info_.quant_error_threshold_fp4 : info_.quant_error_threshold);
+      }
     }
   }
 

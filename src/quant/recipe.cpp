@@ -240,6 +240,12 @@ Recipe find_recipe(const std::string& name) {
   fail("unknown recipe '", name, "' (known: ", known, ")");
 }
 
+bool has_recipe(const std::string& name) {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  return reg.recipes.count(name) > 0;
+}
+
 std::vector<std::string> recipe_names() {
   Registry& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mu);

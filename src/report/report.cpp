@@ -292,6 +292,7 @@ th, td { padding: 3px 10px; border-bottom: 1px solid #EEE; text-align: right; wh
 th { background: #F7F7F9; font-weight: 600; position: sticky; top: 0; }
 td.name, th.name { text-align: left; font-family: ui-monospace, 'SF Mono', Menlo, Consolas, 'DejaVu Sans Mono', monospace; font-size: 12px; }
 td.opt { text-align: left; }
+td.wrap, th.wrap { text-align: left; white-space: normal; min-width: 16em; max-width: 40em; }
 .chip { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 5px; vertical-align: -1px; }
 dl.kv { display: grid; grid-template-columns: max-content auto; gap: 2px 14px; margin: 8px 0 12px; }
 dl.kv dt { color: #666; } dl.kv dd { margin: 0; font-variant-numeric: tabular-nums; }
@@ -525,12 +526,13 @@ std::string guard_section(const RunData& r) {
   if (r.curves.guard.empty()) return "";
   std::ostringstream os;
   os << "<section id=\"guard\"><h2>Guard</h2><p class=\"note\">What the in-process guard saw and did "
-        "(metrics.jsonl \"guard\"; docs/operations.md \"The guard\").</p><table><tr><th>step</th><th>condition</th>"
-        "<th>action</th><th>reason</th><th>outcome</th></tr>";
+        "(metrics.jsonl \"guard\"; docs/operations.md \"The guard\").</p><div class=\"scroll\"><table class=\"guard\">"
+        "<tr><th>step</th><th>condition</th><th>action</th><th class=\"wrap\">reason</th><th class=\"wrap\">outcome</th></tr>";
+  // The reason and outcome are sentences: they wrap within the page width.
   for (const auto& e : r.curves.guard)
-    os << "<tr><td>" << e.step << "</td><td>" << esc(e.condition) << "</td><td>" << esc(e.action) << "</td><td>"
-       << esc(e.reason) << "</td><td>" << esc(e.outcome) << "</td></tr>";
-  os << "</table></section>";
+    os << "<tr><td>" << e.step << "</td><td>" << esc(e.condition) << "</td><td>" << esc(e.action)
+       << "</td><td class=\"wrap\">" << esc(e.reason) << "</td><td class=\"wrap\">" << esc(e.outcome) << "</td></tr>";
+  os << "</table></div></section>";
   return os.str();
 }
 

@@ -21,6 +21,8 @@
 #include "snip/io/atomic_file.h"
 #include "snip/io/json.h"
 #include "snip/io/safetensors.h"
+#include "snip/config/config.h"
+#include "snip/data/data_folder.h"
 #include "snip/model/hf.h"
 #include "snip/train/memory.h"
 #include "snip/train/optimizer.h"
@@ -429,6 +431,46 @@ LlamaForCausalLM load_checkpoint_model(const std::string& dir) {
   }
   load_checkpoint_weights(dir, m);
   return m;
+}
+
+json tokenizer_record(const data::DataFolderInfo& info) {
+  return {{"bos_id", info.bos_id}, {"eos_id", info.eos_id}, {"bos_piece", info.bos_piece},
+          {"eos_piece", info.eos_piece}, {"unk_piece", info.unk_piece}};
+}
+
+HfTokenizer checkpoint_tokenizer(const std::string& dir, const json& state) {
+  const std::string want = checkpoint_tokenizer_sha256(state);
+  const fs::path own = fs::path(dir) / "tokenizer.model";
+  if (fs::is_regular_file(own)) {
+    // Its CRC-32 is in trainer_state.json (verify_checkpoint checked it);
+    // the SHA-256 ties it to the data the model was trained on.
+    if (!want.empty() && data::sha256_hex(io::read_file(own.string())) != want)
+      fail("checkpoint ", dir, ": tokenizer.model is not the tokenizer the model was trained with (SHA-256 ",
+           want.substr(0, 12), "... in trainer_state.json)");
+    const json t = state.contains("data") ? state["data"].value("tokenizer", json::object()) : json::object();
+    auto id = [&](const char* k) { return t.contains(k) && t[k].is_number_integer() ? t[k].get<int64_t>() : -1; };
+    auto piece = [&](const char* k) { return t.contains(k) && t[k].is_string() ? t[k].get<std::string>() : ""; };
+    return {own.string(), id("bos_id"), id("eos_id"), piece("bos_piece"), piece("eos_piece"), piece("unk_piece")};
+  }
+  std::string data_dir = checkpoint_data_dir(state);
+  const fs::path run_cfg = fs::path(dir).parent_path().parent_path() / "config.toml";
+  if (data_dir.empty() && fs::is_regular_file(run_cfg)) {
+    Config rc;
+    rc.load_toml_file(run_cfg.string());
+    data_dir = rc.get_string("data.dir");
+  }
+  if (data_dir.empty()) fail("checkpoint ", dir, " holds no tokenizer.model and does not name its data folder");
+  data::DataFolderInfo info;
+  try {
+    info = data::verify_data_folder(data_dir, "data folder");
+  } catch (const UserError& e) {
+    fail("checkpoint ", dir, " holds no tokenizer.model (written by an older snip), and the data folder it names "
+         "is not usable: ", e.what());
+  }
+  if (!want.empty() && want != info.tokenizer_sha256)
+    fail("checkpoint ", dir, " holds no tokenizer.model (written by an older snip), and ", info.tokenizer_path,
+         " is no longer the tokenizer the model was trained with");
+  return HfTokenizer::of_data_folder(info);
 }
 
 }  // namespace snip

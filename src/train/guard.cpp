@@ -79,16 +79,20 @@ std::vector<GuardEvent> Guard::observe(const GuardObservation& o) {
   }
   std::vector<std::string> over;
   std::string worst;
-  for (const auto& [layer, err] : o.quant_error)
-    if (streak_.add(layer, err) >= cfg_.quant_error_steps) {
+  for (const auto& [layer, err] : o.quant_error) {
+    const auto b = o.quant_bits.find(layer);
+    const bool fp4 = b != o.quant_bits.end() && b->second <= 4;
+    const double threshold = fp4 ? cfg_.quant_error_threshold_fp4 : cfg_.quant_error_threshold;
+    if (streak_.add(layer, err, threshold) >= cfg_.quant_error_steps) {
       over.push_back(layer);
       if (!worst.empty()) worst += ", ";
-      worst += fmt::format("{} {:.4f}", layer, err);
+      worst += fmt::format("{} {:.4f} (> {:.3g}, {}-bit)", layer, err, threshold, fp4 ? 4 : 8);
     }
+  }
   if (!over.empty()) {
     GuardEvent e = event("quant_error", cfg_.on_quant_error,
-                         fmt::format("relative quantization error above {:.3g} for {} measurements in a row: {}",
-                                     cfg_.quant_error_threshold, cfg_.quant_error_steps, worst));
+                         fmt::format("relative quantization error above its format's threshold for {} measurements "
+                                     "in a row: {}", cfg_.quant_error_steps, worst));
     e.layers = over;
     out.push_back(std::move(e));
   }

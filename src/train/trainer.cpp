@@ -347,6 +347,9 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   const dist::World world = dist::World::from_env();
   const bool writer = world.rank == 0;
   const bool quiet = opts.quiet || !writer;
+  // --quiet / --log-level warning (src/cli/run_app.h): no progress lines,
+  // plan tables or samples either; warnings still print.
+  const bool chatty = !quiet && spdlog::should_log(spdlog::level::info);
   // One writer per run folder: a second trainer stops here, naming the first.
   std::unique_ptr<io::DirLock> lock;
   if (writer && fs::is_directory(run)) lock = std::make_unique<io::DirLock>(opts.run_dir, "run directory");
@@ -562,7 +565,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   const std::string train_bin = (data_dir / "train.bin").string(), val_bin = (data_dir / "val.bin").string();
   for (const auto& p : {train_bin, val_bin})
     if (!fs::exists(p))
-      fail("data.dir: ", p, " does not exist (run `snip data prepare --out ", data_dir.string(), "` first)");
+      fail("data.dir: ", p, " does not exist (make it with ", data::prepare_hint(data_dir.string()), ")");
   // meta.json, tokenizer.model and the shards must agree (vocabulary, dtype,
   // token counts, the tokenizer's SHA-256): samples and exports decode the
   // ids with that tokenizer.
@@ -995,9 +998,9 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       val_hist.emplace_back(r["step"].get<int64_t>(), last_val);
     }
   }
-  if (writer) ctl.set_output(opts.run_dir, !quiet);
+  if (writer) ctl.set_output(opts.run_dir, chatty);
 
-  const bool tty = !quiet && isatty(STDERR_FILENO);
+  const bool tty = chatty && isatty(STDERR_FILENO);
   const int64_t tokens_per_step = B * T * accum * DP;
   // Tokens trained on the trajectory that leads to the weights (a rollback
   // returns to its checkpoint's count), counted step by step: a resume on
@@ -1007,7 +1010,10 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   const int64_t warmup = tc.warmup_steps;
   // The /metrics endpoint (monitor/exporter.h), fed the record of each step.
   const std::unique_ptr<monitor::Exporter> exporter = monitor::start_exporter(
-      monitor_opts, {tokens_per_step, world.rank, R, ctl.policy(), {}}, world.local_rank, !opts.quiet);
+      monitor_opts,
+      {tokens_per_step, world.rank, R, ctl.policy(), {}, rc.guard.quant_error_threshold,
+       rc.guard.quant_error_threshold_fp4},
+      world.local_rank, !opts.quiet);
   if (!quiet) {
     if (!alias.empty()) spdlog::info("{}", alias);
     for (const std::string& n : init_notes) spdlog::info("--init-from: {}", n);
@@ -1037,7 +1043,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   std::vector<int32_t> sample_prompt;
   SampleOptions sample_opts;
   sample_opts.max_new_tokens = tc.sample_tokens;
-  if (!quiet && sample_opts.max_new_tokens > 0 && !opts.snip_data.empty()) {
+  if (chatty && sample_opts.max_new_tokens > 0 && !opts.snip_data.empty()) {
     try {
       sampler = std::make_unique<data::TokenizerClient>(opts.snip_data, (data_dir / "tokenizer.model").string());
       sample_prompt = sampler->encode(tc.sample_prompt, /*bos=*/true);
@@ -1168,7 +1174,8 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
                {"data", {{"dir", fs::absolute(data_dir).lexically_normal().string()},
                          {"tokenizer_sha256", data_info.tokenizer_sha256},
                          {"vocab_size", data_info.vocab_size},
-                         {"val_sha256", val_sha256}}}};
+                         {"val_sha256", val_sha256},
+                         {"tokenizer", tokenizer_record(data_info)}}}};
     if (ctl.active()) st["precision"] = ctl.state();
     if (ctl.active() && pipe) st["precision"]["quantizers"] = pipeline_quantizer_state(st["precision"]["quantizers"], false);
     if (R > 1) st["world_size"] = R;  // resume checks it (absent = 1)
@@ -1323,7 +1330,11 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     if (validated) keep.good = validated->is_object() ? validated->value("good", true) : true;
     json state = checkpoint_state();
     if (!validation.is_null()) state["validation"] = validation;
-    std::map<std::string, std::string> extra;
+    // The tokenizer travels with the model (checkpoint_tokenizer): a run
+    // folder does not depend on data.dir staying put.
+    std::map<std::string, std::string> extra =
+        writer ? hf_tokenizer_files(HfTokenizer::of_data_folder(data_info), model->cfg.max_position_embeddings)
+               : std::map<std::string, std::string>{};
     if (frozen_base)  // PEFT's adapter_config.json: the checkpoint folder is a PEFT adapter folder too
       extra["adapter_config.json"] =
           peft_adapter_config(model, rc.lora, lora_ref["base"]["dir"].get<std::string>()).dump(2) + "\n";
@@ -1357,6 +1368,17 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     return fmt::format("precision.budget {:.3g} -> {:.3g}, smoothing {:.3g} -> {:.3g}, re-plan before step {}", b0,
                        ctl.budget(), s0, ctl.smoothing(), step + 1);
   };
+  // Fine-tuning (--init-from): the loaded model's validation loss before the
+  // first step, on the windows every later evaluation uses, so the run's
+  // losses have their baseline (summary.json "init_val_loss").
+  double init_val = std::nan("");
+  if (!opts.init_from.empty() && start_step == 0 && tc.eval_interval > 0) {
+    sync_weights();
+    init_val = evaluate_dist(model, val_bin, B, T, tc.eval_batches, comm.get());
+    if (chatty)
+      std::fprintf(stderr, "step %6d/%lld | val %.4f (%lld-token windows): the --init-from model before training\n",
+                   0, static_cast<long long>(max_steps), init_val, static_cast<long long>(T));
+  }
   while (step < max_steps) {
     if (opts.stop_after > 0 && steps_done >= opts.stop_after) break;
     const auto ts = std::chrono::steady_clock::now();
@@ -1470,8 +1492,17 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     // not a stats step (extra passes).
     if (steps_done > 1 && !r.precision.metrics.contains("stats_seconds")) obs.tokens_per_s = double(tokens_per_step) / dt;
     if (r.precision.metrics.contains("rel_err_fprop"))
-      for (auto& [layer, v] : r.precision.metrics["rel_err_fprop"].items())
+      for (auto& [layer, v] : r.precision.metrics["rel_err_fprop"].items()) {
         obs.quant_error[layer] = v.is_number() ? v.get<double>() : std::nan("");
+        // The element bits of the option the layer's fprop runs (the item is
+        // the layer, or "layer:fprop" under precision.granularity = gemm).
+        const json& prec = r.precision.metrics.value("precision", json::object());
+        const std::string item = prec.contains(layer) ? layer : layer + ":fprop";
+        if (prec.contains(item) && prec[item].is_string() && quant::has_recipe(prec[item].get<std::string>())) {
+          const quant::Recipe q = quant::find_recipe(prec[item].get<std::string>());
+          obs.quant_bits[layer] = std::min(q[Operand::kFpropX].element.bits, q[Operand::kFpropW].element.bits);
+        }
+      }
     std::vector<GuardEvent> events = guard.observe(obs);
     if (!r.nonfinite_stats.empty())
       for (GuardEvent& e : events)
@@ -1585,12 +1616,12 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     if (rolled_back) continue;  // the step after the checkpoint runs next; nothing else of this one
     // `snip experiment` reads this line back from each arm's log (cmd_experiment.cpp,
     // parse_progress_line): keep "step N/M | loss L" first and "| ETA " + fmt_duration.
-    if (!quiet && (step % tc.log_interval == 0 || step == max_steps || eval_step)) {
+    if (chatty && (step % tc.log_interval == 0 || step == max_steps || eval_step)) {
       const double tps = double(steps_done * tokens_per_step) / elapsed();
       const double eta = double((max_steps - step) * tokens_per_step) / tps;
       std::string line = fmt::format("step {:>6}/{} | loss {:.4f} | lr {:.2e} | gnorm {:.2f} | {:.0f} tok/s | ETA {}",
                                      step, max_steps, r.loss, lr, r.grad_norm, tps, fmt_duration(eta));
-      if (eval_step) line += fmt::format(" | val {:.4f}", last_val);
+      if (eval_step) line += fmt::format(" | val {:.4f} ({}-token windows)", last_val, T);
       if (tty) std::fprintf(stderr, "\r%s\033[K", line.c_str());
       else std::fprintf(stderr, "%s\n", line.c_str());
       if (tty && eval_step) std::fprintf(stderr, "\n");
@@ -1679,6 +1710,8 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   for (const auto& [s, l] : recent) acc += l;
   sum.final_train_loss = recent.empty() ? 0 : acc / double(recent.size());
   sum.final_val_loss = last_val;
+  sum.init_val_loss = init_val;
+  sum.eval_seq_len = T;
   sum.best_val_loss = std::isfinite(best_val) ? best_val : last_val;
   sum.checkpoint = last_checkpoint;
   sum.stopped_by_signal = step < max_steps ? stopped_by : 0;
@@ -1695,7 +1728,8 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   json s = {{"steps", sum.steps}, {"tokens", sum.tokens}, {"seconds", sum.seconds},
             {"tokens_per_s", sum.tokens_per_s}, {"final_train_loss", sum.final_train_loss},
             {"final_val_loss", num(last_val)}, {"final_val_ppl", num(std::exp(last_val))},
-            {"best_val_loss", num(sum.best_val_loss)},
+            {"best_val_loss", num(sum.best_val_loss)}, {"init_val_loss", num(init_val)},
+            {"eval_seq_len", T},
             {"vocab_size", mcfg.vocab_size}, {"ln_vocab", std::log(double(mcfg.vocab_size))},
             {"parameters", mcfg.num_parameters()}, {"policy", ctl.policy()},
             {"gemm_dtype", tc.gemm_bf16 ? "bf16" : "fp32"}, {"elapsed_s", sum.seconds},

@@ -132,7 +132,9 @@ with tempfile.TemporaryDirectory() as tmp:
     check("missing data: exit", r.returncode != 0, str(r.returncode))
     check("missing data: one line", len(lines) == 1 and "no-such-data" in lines[0] and "snip data prepare" in lines[0],
           r.stderr)
-    check("missing data: verdict", "the main job cannot run here" in r.stdout, r.stdout[-200:])
+    check("missing data: verdict names the config's run, not the main job",
+          f"the run of {missing} cannot run here" in r.stdout and f"the run of {missing} cannot run here" in r.stderr,
+          r.stdout[-200:] + r.stderr)
     # Shards that exist but are not token shards: the trainer would refuse them.
     empty_dir = os.path.join(tmp, "empty-data")
     os.makedirs(empty_dir)

@@ -9,8 +9,9 @@ data folder, loopback, scrape and rule evaluation every 1 s) loads the
 shipped deploy/prometheus/snip-rules.yml unchanged. Through Prometheus's HTTP
 API (/api/v1/query, /api/v1/alerts) the test checks that the series arrived
 and that SnipQuantErrorHigh fires for a layer whose measured FP4 error is
-above 5% (E2M1 on this model: ~0.13; nothing is forced but the format), and
-not for a layer that stayed at or below it. Bounded (60 s), binds 127.0.0.1
+above 5% (E2M1 on this model: ~0.13; nothing is forced but the format and
+guard.quant_error_threshold_fp4 = 0.05, below the 0.2 a 4-bit layer counts
+against by default), and not for a layer that stayed at or below it. Bounded (60 s), binds 127.0.0.1
 only, and ends every process it started (SIGTERM, then SIGKILL)."""
 import json
 import os
@@ -94,6 +95,8 @@ sample_tokens = 0
 policy = "snip"
 warmup_steps = 2
 initial_interval = 3
+[guard]
+quant_error_threshold_fp4 = 0.05
 [monitor]
 listen = "127.0.0.1:%d"
 """ % sport)

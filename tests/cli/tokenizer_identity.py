@@ -9,6 +9,13 @@ BOS/EOS/UNK ids, bos_token_id/eos_token_id in config.json); `snip eval
 --checkpoint HF_DIR --data D` evaluates the exported folder to the same loss
 as its checkpoint, and checks its tokenizer too.
 
+A run folder is self-contained (issue 36, item 3): every checkpoint carries
+the tokenizer files, so after the data folder moves `snip sample` (with
+--run-dir, or a checkpoint alone) and `snip export` still work, and export
+writes the same tokenizer; a checkpoint of an earlier snip (no tokenizer
+files) whose data folder is gone makes export fail (exit 2, nothing written)
+unless --model-only.
+
 usage: tokenizer_identity.py SNIP_BINARY PREPARED_DATA_DIR
 """
 import hashlib
@@ -18,6 +25,7 @@ import re
 import shutil
 import sys
 import tempfile
+import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from clitest import Checks, micro_toml  # noqa: E402
@@ -116,8 +124,67 @@ check(rc1 == 0 and rc2 == 0 and out1.strip() and out1 == out2, "sample --checkpo
 refused("init-from a folder that is not a Hugging Face model",
         ["train", "--config", cfg, "--run-dir", os.path.join(tmp, "ft-data"), "--init-from", data],
         f"{data} is not a Hugging Face model folder: it has no config.json")
-refused("sample of a snip checkpoint without its run", ["sample", "--checkpoint",
-        os.path.join(run_dir, "checkpoints", "step-2"), "--prompt", "x"], "give its run with --run-dir")
+
+# A self-contained run: train on a copy of the data, then move the copy away.
+movable = os.path.join(tmp, "movable")
+shutil.copytree(data, movable)
+cfg_m = os.path.join(tmp, "movable.toml")
+micro_toml(cfg_m, movable, "max_steps = 2")
+run_m = os.path.join(tmp, "run-m")
+rc, out, err = run("train", "--config", cfg_m, "--run-dir", run_m)
+check(rc == 0, "train on the movable data", err[-400:])
+ck_m = os.path.join(run_m, "checkpoints", "step-2")
+for f in ("tokenizer.model", "tokenizer_config.json", "special_tokens_map.json"):
+    check(os.path.isfile(os.path.join(ck_m, f)), f"the checkpoint carries {f}")
+check(os.path.isfile(os.path.join(ck_m, "tokenizer.model"))
+      and sha(os.path.join(ck_m, "tokenizer.model")) == sha(os.path.join(data, "tokenizer.model")),
+      "the checkpoint's tokenizer.model is the data's")
+shutil.move(movable, os.path.join(tmp, "moved-away"))
+rc1, out1, err1 = run("sample", "--run-dir", run_m, "--prompt", "In the beginning", "--max-new-tokens", "8",
+                      "--temperature", "0")
+check(rc1 == 0 and out1.strip(), "sample --run-dir after the data folder moved", f"rc={rc1} {err1[-300:]!r}")
+rc2, out2, err2 = run("sample", "--checkpoint", ck_m, "--prompt", "In the beginning", "--max-new-tokens", "8",
+                      "--temperature", "0")
+check(rc2 == 0 and out2 == out1, "sample --checkpoint alone (no --run-dir) writes the same",
+      f"rc={rc2} {out1!r} vs {out2!r} {err2[-300:]!r}")
+hf_m = os.path.join(tmp, "hf-m")
+rc, out, err = run("export", "--run-dir", run_m, "--out", hf_m)
+check(rc == 0 and "warn" not in (out + err).lower(), "export after the data folder moved, without a warning",
+      f"rc={rc} {out[-300:]!r} {err[-300:]!r}")
+for f in ("tokenizer.model", "tokenizer_config.json", "special_tokens_map.json", "config.json"):
+    a, b = os.path.join(hf_m, f), os.path.join(hf, f)
+    check(os.path.isfile(a) and sha(a) == sha(b), f"export from the moved run writes the same {f}")
+
+# A checkpoint of an earlier snip: no tokenizer files (their CRC entries,
+# the "tokenizer" record and the manifest's trainer_state.json entry updated
+# to match), with its data folder gone.
+old_run = os.path.join(tmp, "old-run")
+shutil.copytree(run_m, old_run)
+ck_old = os.path.join(old_run, "checkpoints", "step-2")
+st_old = json.load(open(os.path.join(ck_old, "trainer_state.json")))
+for f in ("tokenizer.model", "tokenizer_config.json", "special_tokens_map.json"):
+    os.remove(os.path.join(ck_old, f))
+    st_old["crc32"].pop(f, None)
+st_old["data"].pop("tokenizer", None)
+st_bytes = (json.dumps(st_old, indent=2) + "\n").encode()
+open(os.path.join(ck_old, "trainer_state.json"), "wb").write(st_bytes)
+man = json.load(open(os.path.join(ck_old, "manifest.json")))
+man["files"]["trainer_state.json"] = {"bytes": len(st_bytes), "crc32": zlib.crc32(st_bytes)}
+json.dump(man, open(os.path.join(ck_old, "manifest.json"), "w"))
+T.expect_error("export of an old checkpoint whose data folder is gone",
+               ["export", "--checkpoint", ck_old, "--out", os.path.join(tmp, "hf-old")],
+               "--model-only", absent=os.path.join(tmp, "hf-old"))
+rc, out, err = run("export", "--checkpoint", ck_old, "--out", os.path.join(tmp, "hf-old"), "--model-only")
+check(rc == 0 and os.path.isfile(os.path.join(tmp, "hf-old", "model.safetensors"))
+      and not os.path.exists(os.path.join(tmp, "hf-old", "tokenizer.model")),
+      "export --model-only writes the model alone", f"rc={rc} {err[-300:]!r}")
+refused("sample of an old checkpoint whose data folder is gone",
+        ["sample", "--checkpoint", ck_old, "--prompt", "x"], "holds no tokenizer.model")
+# ... and with its data folder back in place, the data's tokenizer is used.
+shutil.move(os.path.join(tmp, "moved-away"), movable)
+rc, out, err = run("export", "--checkpoint", ck_old, "--out", os.path.join(tmp, "hf-old2"))
+check(rc == 0 and sha(os.path.join(tmp, "hf-old2", "tokenizer.model")) == sha(os.path.join(data, "tokenizer.model")),
+      "export of an old checkpoint takes its data folder's tokenizer", f"rc={rc} {err[-300:]!r}")
 
 # snip train --init-from checks the folder's tokenizer.model against the
 # data's, as eval does (it trained silently to a loss worse than a uniform

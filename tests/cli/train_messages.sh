@@ -32,7 +32,7 @@ check "warmup warning" "$tmp/all" "warning: train.warmup_steps = 9 is larger tha
 check "alias notice once" "$tmp/all" "precision.recipe = 'fp4' is read as precision.policy = 'uniform-fp4'" 1
 check "an unchanged plan is one line" "$tmp/err" "^precision plan at step" 1
 check "progress lines" "$tmp/err" "^step +[0-9]+/6 \\|" 6
-check "val on eval steps" "$tmp/err" "^step +(3|6)/6 .*\\| val [0-9.]+$" 2
+check "val on eval steps, with its windows" "$tmp/err" "^step +(3|6)/6 .*\\| val [0-9.]+ \\([0-9]+-token windows\\)$" 2
 check "no val elsewhere" "$tmp/err" "^step +(1|2|4|5)/6 .*\\| val" 0
 check "a sample at each evaluation" "$tmp/err" "^sample: The" 2
 check "summary lists the run" "$tmp/out" "run directory .*: report.html, metrics.jsonl, summary.json, config.toml, checkpoints/ \\(1\\), plans/ \\([0-9]+\\)"
@@ -48,9 +48,9 @@ cmp -s "$tmp/s1" "$tmp/s3" && { fail=$((fail + 1)); echo "FAIL: seeds 3 and 4 ga
 
 # snip eval says how much of the validation split it read.
 "$snip" eval --run-dir "$tmp/run" --batches 1 --batch-size 2 >"$tmp/e1" 2>&1 || { fail=$((fail + 1)); cat "$tmp/e1" >&2; }
-check "eval says a part" "$tmp/e1" "over 1 of [0-9]+ micro-batches \(2 of [0-9]+ windows of 16 tokens; --batches 0 evaluates all\)" 1
+check "eval says a part" "$tmp/e1" "over 1 of [0-9]+ micro-batches \(2 of [0-9]+ windows of 16 tokens: the run's train.seq_len; --batches 0 evaluates all\)" 1
 "$snip" eval --run-dir "$tmp/run" --batch-size 64 >"$tmp/e2" 2>&1 || { fail=$((fail + 1)); cat "$tmp/e2" >&2; }
-check "eval says all" "$tmp/e2" "over all [0-9]+ micro-batches \([0-9]+ windows of 16 tokens\)" 1
+check "eval says all" "$tmp/e2" "over all [0-9]+ micro-batches \([0-9]+ windows of 16 tokens: the run's train.seq_len\)" 1
 # Dtype names: export takes bf16 as well as bfloat16.
 "$snip" export --run-dir "$tmp/run" --out "$tmp/hf16" --dtype bf16 >"$tmp/x1" 2>&1 || { fail=$((fail + 1)); cat "$tmp/x1" >&2; }
 check "export --dtype bf16" "$tmp/hf16/config.json" '"torch_dtype": "bfloat16"' 1

@@ -104,6 +104,28 @@ TEST(Guard, LossSpikeIsStrictlyAboveOneAndAHalfTimesTheWindowMean) {
   EXPECT_EQ(conditions(g.observe(obs(15, 23.0))), std::vector<std::string>{"loss_spike"});
 }
 
+// A layer whose fprop operands are 4-bit counts against
+// quant_error_threshold_fp4 (0.2 by default): E2M1's healthy ~0.1-0.13 never
+// fires, 0.21 does; an 8-bit layer (or one with no bits given) against 0.05.
+TEST(Guard, QuantErrorThresholdPerElementWidth) {
+  GuardConfig c = small_windows();
+  EXPECT_EQ(c.quant_error_threshold_fp4, 0.2);  // the default, as config.cpp declares it
+  Guard g(c);
+  std::vector<GuardEvent> ev;
+  for (int64_t s = 1; s <= 3; ++s) {
+    GuardObservation o = obs(s, 2.0);
+    o.quant_error = {{"fp4_healthy", 0.13}, {"fp4_bad", 0.21}, {"fp8", 0.06}, {"fp4_at", 0.2}, {"unknown", 0.06}};
+    o.quant_bits = {{"fp4_healthy", 4}, {"fp4_bad", 4}, {"fp8", 8}, {"fp4_at", 4}};
+    ev = g.observe(o);
+  }
+  EXPECT_EQ(g.streak("fp4_healthy"), 0);
+  EXPECT_EQ(g.streak("fp4_at"), 0);  // exactly the threshold does not count
+  ASSERT_EQ(conditions(ev), std::vector<std::string>{"quant_error"});
+  EXPECT_EQ(ev[0].layers, (std::vector<std::string>{"fp4_bad", "fp8", "unknown"}));
+  EXPECT_NE(ev[0].reason.find("fp4_bad 0.2100 (> 0.2, 4-bit)"), std::string::npos) << ev[0].reason;
+  EXPECT_NE(ev[0].reason.find("fp8 0.0600 (> 0.05, 8-bit)"), std::string::npos) << ev[0].reason;
+}
+
 TEST(Guard, QuantErrorAboveFivePercentForThreeMeasurements) {
   Guard g(small_windows());
   auto q = [&](int64_t step, double a, double b) {
@@ -340,14 +362,19 @@ TEST(GuardTrain, InjectedInfIsCaughtRolledBackAndRaised) {
   // The report lists the event.
   const std::string html = io::read_file(run + "/report.html");
   EXPECT_NE(html.find("<section id=\"guard\">"), std::string::npos);
-  EXPECT_NE(html.find("<td>nonfinite</td><td>rollback</td>"), std::string::npos);
+  EXPECT_NE(html.find("<td>nonfinite</td><td>rollback</td><td class=\"wrap\">"), std::string::npos);
+  // Its sentences wrap, and the table scrolls rather than widening the page.
+  EXPECT_NE(html.find("<div class=\"scroll\"><table class=\"guard\">"), std::string::npos);
+  EXPECT_NE(html.find("td.wrap, th.wrap { text-align: left; white-space: normal;"), std::string::npos);
   fs::remove_all(run);
 }
 
 // fp8-layer on the quantization-error condition in a real run: E2M1's fprop
-// error on the micro model is ~0.1, so every FP4 layer is above 5% at each
-// stats step; at the third measurement (plans at steps 2, 4, 7) the guard
-// moves them to fp8 until the next plan (step 12, the last boundary).
+// error on the micro model is ~0.1, so with the 4-bit threshold lowered to
+// 5% (guard.quant_error_threshold_fp4; its default 0.2 sits above healthy
+// FP4) every FP4 layer is above it at each stats step; at the third
+// measurement (plans at steps 2, 4, 7) the guard moves them to fp8 until
+// the next plan (step 12, the last boundary).
 TEST(GuardTrain, QuantErrorStreakMovesLayersToFp8) {
   require_data();
   const std::string run = test::fresh_dir("guard-fp8");
@@ -357,6 +384,7 @@ TEST(GuardTrain, QuantErrorStreakMovesLayersToFp8) {
   c.set("precision.final_interval", int64_t{8}, "test");
   c.set("precision.final_high_precision_fraction", 0.0, "test");
   c.set("guard.on_quant_error", std::string("fp8-layer"), "test");
+  c.set("guard.quant_error_threshold_fp4", 0.05, "test");
   TrainOptions o;
   o.run_dir = run;
   o.quiet = true;

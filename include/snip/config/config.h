@@ -205,7 +205,8 @@ struct GuardConfig {
   int64_t spike_window = 20;          ///< steps
   double spike_ratio = 0.5;           ///< fraction above the window's mean loss
   double throughput_drop = 0.5;       ///< fraction below the window's mean tokens/s
-  double quant_error_threshold = 0.05;  ///< relative error (fraction)
+  double quant_error_threshold = 0.05;  ///< relative error (fraction), layers in 8-bit formats
+  double quant_error_threshold_fp4 = 0.2;  ///< relative error (fraction), layers with 4-bit fprop operands
   int64_t quant_error_steps = 3;      ///< consecutive measurements
   double stall_minutes = 10;          ///< minutes; 0 = off
   double budget_step = 0.10;          ///< FP4 FLOPs share taken off precision.budget

@@ -49,6 +49,11 @@ struct DataFolderInfo {
 /// tokenizer.sha256 ...").
 DataFolderInfo verify_data_folder(const std::string& folder, const std::string& what);
 
+/// How to make the data folder `dir`, for an error about a missing one:
+/// "`snip data prepare --input YOUR_TEXT --out DIR` (or `snip data prepare
+/// --out DIR` for the built-in KJV corpus)".
+std::string prepare_hint(const std::string& dir);
+
 /// Hex SHA-256 (FIPS 180-4) of `bytes`, lower case, 64 characters, via
 /// OpenSSL's EVP_Digest.
 std::string sha256_hex(const std::string& bytes);

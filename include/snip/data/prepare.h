@@ -76,6 +76,11 @@ struct PrepareOptions {
   /// --input paths); without it that is refused, so a user corpus never
   /// silently replaces another prepared folder.
   bool force = false;
+  /// Skip an input file whose content read_documents refuses (not UTF-8, a
+  /// NUL byte, a bad JSONL line), naming it and why in a warning and in
+  /// meta.json "skipped"; the file's documents are all left out, none
+  /// partly. Without it such a file stops the preparation (UserError).
+  bool skip_invalid = false;
 };
 
 /// The default output folder for `snip data prepare`: "data/kjv" for the
@@ -90,6 +95,9 @@ struct SourceSummary {
   uint64_t files = 0;      ///< files read
   uint64_t documents = 0;  ///< non-empty documents found
   uint64_t bytes = 0;      ///< UTF-8 bytes of those documents
+  /// Files left out under PrepareOptions::skip_invalid: path and the reason
+  /// (read_documents' error line).
+  std::vector<std::pair<std::string, std::string>> skipped;
 };
 
 /// Result of prepare_data.

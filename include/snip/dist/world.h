@@ -40,7 +40,7 @@ struct World {
   std::string master_addr;   ///< host of the TCPStore ("" for one process)
   int master_port = 0;       ///< its TCP port
   bool agent_store = false;  ///< torchrun's agent hosts the store: every rank is a client
-  std::string source = "single";  ///< "torchrun", "slurm" or "single"
+  std::string source = "single";  ///< "torchrun", "snip --nproc-per-node", "slurm" or "single"
 
   /// From the environment (header comment). Throws UserError naming the
   /// variable for a malformed or inconsistent value (e.g. RANK >= WORLD_SIZE).

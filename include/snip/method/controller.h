@@ -291,6 +291,7 @@ class PrecisionController {
   std::string low_ = "fp4";  // precision.low_option: the option the budget and fp4_share count
   std::string run_dir_;
   bool verbose_ = false;
+  bool table_shown_ = false;  // the full plan table once per process; later plan-phase re-plans print their changes
   // state (saved in checkpoints)
   Phase phase_ = Phase::kNone;
   int64_t decided_at_ = -1;

@@ -15,9 +15,11 @@
 
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "snip/data/data_folder.h"
 #include "snip/io/safetensors.h"
 #include "snip/model/llama.h"
 
@@ -72,7 +74,30 @@ struct HfTokenizer {
   std::string model_path;          ///< a SentencePiece tokenizer.model, copied as is
   int64_t bos_id = -1, eos_id = -1;  ///< ids (-1 = none), written to config.json
   std::string bos_piece, eos_piece, unk_piece;  ///< their pieces ("" = none)
+
+  /// The tokenizer of a prepared data folder (data::verify_data_folder):
+  /// its tokenizer.model, BOS/EOS ids and special pieces. Reads no file.
+  static HfTokenizer of_data_folder(const data::DataFolderInfo& info);
 };
+
+/// The checks export_hf and export_peft (model/lora.h) make on --out
+/// `dir`, then creates it: UserError when it is empty, a checkpoint folder,
+/// not empty without `force`, or holds the other kind of export (a model's
+/// config.json/model.safetensors when writing `adapters`, adapter files
+/// otherwise). Returns whether this call created the folder.
+bool prepare_export_folder(const std::string& dir, bool force, bool adapters);
+
+/// The tokenizer files of a Hugging Face folder for `tok`, name -> bytes:
+/// tokenizer.model (a copy of tok.model_path), tokenizer_config.json
+/// ({"tokenizer_class": "LlamaTokenizer", "add_bos_token": bos_id >= 0,
+/// "add_eos_token": false, bos/eos/unk tokens, "model_max_length":
+/// `max_positions`, "legacy": true: SentencePiece's own behaviour}) and
+/// special_tokens_map.json (the bos/eos/unk pieces that are not ""). What
+/// export_hf writes beside the model and every checkpoint carries
+/// (save_checkpoint's extra files), so either folder is usable on its own as
+/// Hugging Face Trainer's are. Throws UserError when tok.model_path cannot be
+/// read.
+std::map<std::string, std::string> hf_tokenizer_files(const HfTokenizer& tok, int64_t max_positions);
 
 /// Writes `dir`/config.json and `dir`/model.safetensors atomically (dir is
 /// created; `dtype` float32 or bfloat16: the tensors are F32 or BF16, the
@@ -81,18 +106,8 @@ struct HfTokenizer {
 /// trainer_state.json, or is named checkpoints/ or sits in one), or if it is
 /// not empty and `force` is false; and when a write fails (disk full), after
 /// removing the folder if this call created it.
-/// With `tokenizer`, also tokenizer.model (a copy), tokenizer_config.json
-/// ({"tokenizer_class": "LlamaTokenizer", "add_bos_token": true,
-/// "add_eos_token": false, bos/eos/unk tokens, "model_max_length":
-/// max_position_embeddings, "legacy": true: SentencePiece's own behaviour}),
-/// special_tokens_map.json, and "bos_token_id"/"eos_token_id" in config.json.
-/// The checks export_hf and export_peft (model/lora.h) make on --out
-/// `dir`, then creates it: UserError when it is empty, a checkpoint folder,
-/// not empty without `force`, or holds the other kind of export (a model's
-/// config.json/model.safetensors when writing `adapters`, adapter files
-/// otherwise). Returns whether this call created the folder.
-bool prepare_export_folder(const std::string& dir, bool force, bool adapters);
-
+/// With `tokenizer`, also hf_tokenizer_files(*tokenizer,
+/// max_position_embeddings) and "bos_token_id"/"eos_token_id" in config.json.
 void export_hf(LlamaForCausalLM& model, const std::string& dir, at::ScalarType dtype = at::kFloat,
                bool force = false, const HfTokenizer* tokenizer = nullptr);
 

@@ -74,6 +74,8 @@ class Streak {
   explicit Streak(double threshold = kQuantErrorThreshold) : threshold_(threshold) {}
   /// Records one measurement of `key`; returns its streak after it.
   int64_t add(const std::string& key, double value);
+  /// The same against `threshold` instead of the one given at construction.
+  int64_t add(const std::string& key, double value, double threshold);
   int64_t get(const std::string& key) const;
   double threshold() const { return threshold_; }
   /// Every key's streak (for checkpoints), and setting one back.
@@ -93,6 +95,11 @@ struct RunInfo {
   /// Element bits per operand of each precision option (recipe name ->
   /// {"fprop.x": 4, ...}); the trainer fills it from the recipe registry.
   std::map<std::string, std::map<std::string, int>> option_bits;
+  /// The streak's thresholds (relative error, fraction), as the guard's
+  /// (guard.quant_error_threshold, guard.quant_error_threshold_fp4): a
+  /// layer whose fprop operands are 4-bit counts against the second.
+  double quant_error_threshold = kQuantErrorThreshold;
+  double quant_error_threshold_fp4 = 0.2;
 };
 
 /// Every metric family snip exports: name, type ("gauge"/"counter") and help.

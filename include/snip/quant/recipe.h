@@ -95,6 +95,8 @@ void register_recipe(const Recipe& recipe, bool replace = false);
 /// The recipe named `name` (a copy). Throws snip::UserError "unknown recipe
 /// 'x' (known: bf16, block_fp8, ...)".
 Recipe find_recipe(const std::string& name);
+/// True when a recipe named `name` is registered. Thread-safe.
+bool has_recipe(const std::string& name);
 /// Registered names, sorted.
 std::vector<std::string> recipe_names();
 

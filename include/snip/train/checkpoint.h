@@ -61,6 +61,8 @@
 #include "snip/config/config.h"
 #include "snip/dist/world.h"
 #include "snip/io/safetensors.h"
+#include "snip/data/data_folder.h"
+#include "snip/model/hf.h"
 #include "snip/model/llama.h"
 #include "snip/train/checkpoint_files.h"  // verify_checkpoint, latest_checkpoint, ...
 
@@ -201,5 +203,20 @@ LoraCheckpoint lora_checkpoint_base(const std::string& dir, const nlohmann::json
 /// (FP32, not packed). Throws UserError if the folder is missing, incomplete
 /// or corrupt, or its base changed.
 LlamaForCausalLM load_checkpoint_model(const std::string& dir);
+
+/// "data"."tokenizer" of trainer_state.json: the BOS/EOS ids and special
+/// pieces of `info`'s tokenizer, which checkpoint_tokenizer reads back.
+nlohmann::json tokenizer_record(const data::DataFolderInfo& info);
+
+/// The tokenizer of checkpoint `dir` (`state`: its verified
+/// trainer_state.json), for `snip export` and `snip sample`: the checkpoint's
+/// own tokenizer.model when it has one (every checkpoint carries it, with
+/// tokenizer_config.json and special_tokens_map.json, so that a run folder
+/// does not depend on its data folder staying put), else the data folder
+/// trainer_state.json names ("data"."dir", or the run's config.toml data.dir)
+/// when it still holds the tokenizer of the recorded SHA-256 (checkpoints of
+/// earlier versions). Throws UserError naming the checkpoint and why neither
+/// is usable.
+HfTokenizer checkpoint_tokenizer(const std::string& dir, const nlohmann::json& state);
 
 }  // namespace snip

@@ -90,6 +90,11 @@ struct GuardObservation {
   /// Layer -> relative quantization error (fraction) measured at this step;
   /// empty at steps that measured none.
   std::map<std::string, double> quant_error;
+  /// Layer -> the fewest element bits among its fprop operands under the
+  /// option it runs (4 for E2M1 formats); a layer absent here counts as 8
+  /// bits. Chooses the threshold: GuardConfig::quant_error_threshold_fp4
+  /// at 4 bits or fewer, quant_error_threshold otherwise.
+  std::map<std::string, int> quant_bits;
 };
 
 /// One condition that fired, and the action configured for it.

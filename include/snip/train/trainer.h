@@ -48,6 +48,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,10 @@ struct TrainSummary {
   double final_train_loss = 0;    ///< mean loss of the last min(10, steps) steps, nats/token
   double final_val_loss = 0;      ///< validation loss at the end, nats/token
   double best_val_loss = 0;       ///< lowest validation loss of the run, nats/token
+  /// With --init-from: the loaded model's validation loss before the first
+  /// step, nats/token (NaN otherwise).
+  double init_val_loss = std::numeric_limits<double>::quiet_NaN();
+  int64_t eval_seq_len = 0;       ///< T of the validation windows, tokens
   int64_t invocation_steps = 0;   ///< steps run by this invocation (rolled-back steps included)
   int64_t start_step = 0;         ///< the step this invocation started from (0, or the checkpoint resumed)
   int64_t rollbacks = 0;          ///< rollbacks the guard made in this run (train/guard.h)
