@@ -13,7 +13,7 @@
 #include "snip/model/llama.h"
 #include "snip/model/matmul.h"
 #include "snip/hw/platform.h"
-#include "snip/quant/quantizers.h"
+#include "snip/model/quantizers.h"
 #include "tiny_model.h"
 
 namespace {

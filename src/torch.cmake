@@ -1,20 +1,22 @@
 # snip_torch: the modules that need LibTorch, as one static library with one
 # precompiled header for <torch/torch.h> (a TU including it costs ~20 s
 # without, ~2 s with):
-#   src/model   Llama, the quantized linear layer, Hugging Face I/O
-#   src/quant   recipes bound to layers (quantizers.cpp; the LibTorch-free
-#               recipe registry is snip_recipes, src/quant/CMakeLists.txt)
-#   src/method  the stats step, the precision controller, the correlation study
-#   src/train   the training step, the loop, checkpoints, optimizer
+#   src/model   Llama, the quantized linear layer, recipes bound to layers
+#               (quantizers.cpp; the LibTorch-free recipe registry is
+#               snip_recipes, src/quant/CMakeLists.txt), Hugging Face I/O
 #   src/dist    several ranks: the world, c10d Gloo (process_group.cpp only),
 #               the bucketed gradient all-reduce, weight checksums
-# Layering (an arrow only points down): train -> dist, method -> quant -> model.
+#   src/method  the stats step, the precision controller
+#   src/train   the training step, the loop, checkpoints, optimizer
+#   src/app     drivers over whole runs: the correlation study
+# Layering (an include only points down; tests/layering.py checks it, and
+# docs/architecture.md draws it): app -> train -> method -> dist -> model.
 file(GLOB SNIP_TORCH_SOURCES CONFIGURE_DEPENDS
   ${CMAKE_CURRENT_LIST_DIR}/model/*.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/quant/quantizers.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/method/*.cpp
   ${CMAKE_CURRENT_LIST_DIR}/dist/*.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/train/*.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/method/*.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/train/*.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/app/*.cpp)
 add_library(snip_torch STATIC ${SNIP_TORCH_SOURCES})
 target_include_directories(snip_torch PUBLIC ${PROJECT_SOURCE_DIR}/include)
 target_link_libraries(snip_torch PUBLIC ${TORCH_LIBRARIES} nlohmann_json::nlohmann_json

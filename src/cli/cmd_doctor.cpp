@@ -33,7 +33,7 @@
 #include "snip/model/llama.h"
 #include "snip/model/blas.h"
 #include "snip/model/matmul.h"
-#include "snip/quant/quantizers.h"
+#include "snip/model/quantizers.h"
 #include "snip/quant/recipe.h"
 #include "snip/util/error.h"
 

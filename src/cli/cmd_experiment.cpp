@@ -27,9 +27,9 @@
 
 #include "commands.h"
 #include "snip/config/config.h"
-#include "snip/quant/quantizers.h"
+#include "snip/model/quantizers.h"
 #include "snip/quant/recipe_file.h"
-#include "snip/method/study.h"
+#include "snip/app/study.h"
 #include "snip/io/atomic_file.h"
 #include "snip/io/dir_lock.h"
 #include "snip/io/json.h"
@@ -49,7 +49,7 @@ namespace {
 
 /// One arm of the experiment: "<policy>" or "<policy>-<budget>" (e.g.
 /// "snip-0.75", "uniform-fp4", "none"; an arm named "bf16", the unquantized
-/// policy's name until 2026-12-01, keeps its name and runs policy none). A
+/// policy's earlier name, keeps its name and runs policy none). A
 /// planning policy followed by "-gemm" ("snip-gemm-0.75") plans per GEMM
 /// (precision.granularity = gemm) instead of per layer.
 struct Arm {

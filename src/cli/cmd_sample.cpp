@@ -74,6 +74,7 @@ void add_sample_commands(CLI::App& app) {
       if (st.contains("data") && st["data"].contains("vocab_size") && st["data"]["vocab_size"].is_number_integer())
         tok_vocab = st["data"]["vocab_size"].get<int64_t>();
     } else {
+      if (fs::is_directory(tok)) fail("--tokenizer: ", tok, " is a folder; give its tokenizer.model");
       if (!fs::is_regular_file(tok)) fail("--tokenizer: ", tok, " does not exist");
       const data::TokenizerMeta meta = data::TokenizerMeta::read(fs::path(tok).parent_path().string());
       eos_id = meta.eos_id;
@@ -91,6 +92,7 @@ void add_sample_commands(CLI::App& app) {
       fail("tokenizer ", tok, " has ", tok_vocab, " pieces but the model in ", ckpt, " only ",
            model->cfg.vocab_size, " (another tokenizer than the model's?)");
     a->o.eos_id = eos_id;
+    a->o.vocab_limit = tok_vocab;  // the tokenizer's ids only (-1: unknown, all of the model's)
     if (hf) {
       const nlohmann::json& c = read_hf_folder(ckpt).config_json;
       if (c.contains("eos_token_id") && c["eos_token_id"].is_number_integer()) a->o.eos_id = c["eos_token_id"].get<int64_t>();

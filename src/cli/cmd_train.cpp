@@ -151,11 +151,11 @@ void add_train_commands(CLI::App& app) {
     }
     if (s.rank != 0) return;  // rank 0 prints the summary (docs/distributed.md)
     std::cout << fmt::format(
-        "\nsummary: {} steps{}, {} tokens in {:.1f} s ({:.0f} tokens/s)\n"
-        "         train loss {:.4f} (mean of the last 10 steps) | val loss {:.4f} (perplexity {:.1f}) | best val {:.4f}"
+        "{}summary: {} steps{}, {} tokens in {:.1f} s ({:.0f} tokens/s)\n"
+        "         train loss {:.4f} (mean of the last {} step{}) | val loss {:.4f} (perplexity {:.1f}) | best val {:.4f}"
         "{} | {}-token windows\n"
         "         run directory {}: {}\n",
-        s.steps,
+        spdlog::should_log(spdlog::level::info) ? "\n" : "", s.steps,
         (s.start_step == 0 ? std::string()
                            : fmt::format(" ({} in this session, resumed at step {})", s.invocation_steps,
                                          s.start_step)) +
@@ -165,7 +165,7 @@ void add_train_commands(CLI::App& app) {
                                s.guard_events, s.guard_events == 1 ? "" : "s", s.rollbacks, s.rollbacks == 1 ? "" : "s",
                                s.skipped_steps, s.skipped_steps == 1 ? "" : "s")),
         s.tokens, s.seconds, s.tokens_per_s,
-        s.final_train_loss, s.final_val_loss, std::exp(s.final_val_loss), s.best_val_loss,
+        s.final_train_loss, s.train_loss_steps, s.train_loss_steps == 1 ? "" : "s", s.final_val_loss, std::exp(s.final_val_loss), s.best_val_loss,
         std::isfinite(s.init_val_loss) ? fmt::format(" | at step 0 (--init-from) {:.4f}", s.init_val_loss) : "",
         s.eval_seq_len, s.run_dir,
         run_contents(s.run_dir));
@@ -234,7 +234,11 @@ void add_train_commands(CLI::App& app) {
     if (data.empty() && ea->run_dir.empty() && !hf) data = checkpoint_data_dir(verify_checkpoint(ckpt));
     if (data.empty()) data = cfg.get_string("data.dir");
     const std::string val = (fs::path(data) / "val.bin").string();
-    if (!fs::exists(val)) fail("--data: ", val, " does not exist");
+    if (!fs::exists(val)) {
+      if (!ea->data.empty()) fail("--data: ", val, " does not exist");
+      fail(val, " does not exist: the data folder the model was trained on has moved or gone; give the data to "
+           "evaluate on with --data DIR");
+    }
     const data::DataFolderInfo info = data::verify_data_folder(data, "--data");
     // The model's tokenizer: recorded in the checkpoint, or the HF folder's
     // own tokenizer.model. Another one makes the loss meaningless.
@@ -267,15 +271,12 @@ void add_train_commands(CLI::App& app) {
     int64_t T = ea->seq;
     std::string T_from = "--seq-len";
     if (T <= 0) {
-      const fs::path ckpt_run_cfg = fs::path(ckpt).parent_path().parent_path() / "config.toml";
       const fs::path export_info = fs::path(ckpt) / "snip_export.json";
       if (!ea->run_dir.empty() && cfg.get_int("train.seq_len") > 0) {
         T = cfg.get_int("train.seq_len");
         T_from = "the run's train.seq_len";
-      } else if (!hf && fs::is_regular_file(ckpt_run_cfg)) {
-        Config rc;
-        rc.load_toml_file(ckpt_run_cfg.string());
-        T = rc.get_int("train.seq_len");
+      } else if (!hf && checkpoint_seq_len(ckpt, verify_checkpoint(ckpt)) > 0) {
+        T = checkpoint_seq_len(ckpt, verify_checkpoint(ckpt));
         T_from = "the run's train.seq_len";
       } else if (hf && fs::is_regular_file(export_info)) {
         const nlohmann::json j = io::read_json_file(export_info.string(), "snip_export.json");
@@ -308,8 +309,10 @@ void add_train_commands(CLI::App& app) {
             ? fmt::format("all {} micro-batches ({} windows of {} tokens: {})", cov.batches, cov.windows, T, T_from)
             : fmt::format("{} of {} micro-batches ({} of {} windows of {} tokens: {}; --batches 0 evaluates all)",
                           cov.batches, cov.batches_total, cov.windows, cov.windows_total, T, T_from);
-    std::cout << fmt::format("{}: val loss {:.4f} nats/token, perplexity {:.2f}, over {} of {}\n", ckpt, loss,
-                             std::exp(loss), part, val);
+    // The precision: FP32 GEMMs, no quantizer (a run's own evaluations use
+    // its precision at that step, e.g. FP8 in the final phase, and BF16 GEMMs).
+    std::cout << fmt::format("{}: val loss {:.4f} nats/token, perplexity {:.2f}, over {} of {}; FP32 GEMMs, "
+                             "unquantized\n", ckpt, loss, std::exp(loss), part, val);
   });
 
   struct ExportArgs {
@@ -369,25 +372,20 @@ void add_train_commands(CLI::App& app) {
       }
     }
     const bool bf16 = xa->dtype == "bfloat16" || xa->dtype == "bf16";
-    export_hf(model, xa->out, bf16 ? at::kBFloat16 : at::kFloat, xa->force, tok ? &*tok : nullptr);
     // Where the folder came from, and the windows it trained on (snip eval's
     // default --seq-len for it). transformers ignores the file.
-    {
-      const nlohmann::json st = verify_checkpoint(ckpt);
-      nlohmann::json info = {{"format", "snip-export"}, {"version", 1},
-                             {"checkpoint", fs::absolute(ckpt).lexically_normal().string()},
-                             {"step", st.value("step", nlohmann::json())},
-                             {"val_loss", st.value("val_loss", nlohmann::json())}};
-      const fs::path run_cfg = fs::path(ckpt).parent_path().parent_path() / "config.toml";
-      if (fs::is_regular_file(run_cfg)) {
-        Config rc;
-        rc.load_toml_file(run_cfg.string());
-        info["train_seq_len"] = rc.get_int("train.seq_len");
-      }
-      io::write_file_atomic((fs::path(xa->out) / "snip_export.json").string(), info.dump(2) + "\n");
-    }
-    std::cout << "wrote " << xa->out << "/config.json and " << xa->out << "/model.safetensors"
-              << (tok ? ", tokenizer.model, tokenizer_config.json and special_tokens_map.json" : "") << "\n";
+    const nlohmann::json st = verify_checkpoint(ckpt);
+    nlohmann::json info = {{"format", "snip-export"}, {"version", 1},
+                           {"checkpoint", fs::absolute(ckpt).lexically_normal().string()},
+                           {"step", st.value("step", nlohmann::json())},
+                           {"val_loss", st.value("val_loss", nlohmann::json())}};
+    const int64_t seq_len = checkpoint_seq_len(ckpt, st);
+    if (seq_len > 0) info["train_seq_len"] = seq_len;
+    export_hf(model, xa->out, bf16 ? at::kBFloat16 : at::kFloat, xa->force, tok ? &*tok : nullptr,
+              {{"snip_export.json", info.dump(2) + "\n"}});
+    std::cout << "wrote " << xa->out << "/: config.json, model.safetensors, "
+              << (tok ? "tokenizer.model, tokenizer_config.json, special_tokens_map.json, " : "")
+              << "snip_export.json (where it came from)\n";
   });
 }
 

@@ -43,6 +43,8 @@ inline void refuse_empty_numbers(CLI::App& app) {
 /// train` (it has no config.toml)"; nothing when `run_dir` is "".
 inline void check_run_dir(const std::string& run_dir) {
   if (run_dir.empty()) return;
+  if (std::filesystem::exists(run_dir) && !std::filesystem::is_directory(run_dir))
+    throw UserError("--run-dir: " + run_dir + " is a file, not a run folder");
   if (!std::filesystem::is_directory(run_dir)) throw UserError("--run-dir: " + run_dir + " does not exist");
   if (!std::filesystem::is_regular_file(std::filesystem::path(run_dir) / "config.toml"))
     throw UserError("--run-dir: " + run_dir + " is not a run of `snip train` (it has no config.toml)");

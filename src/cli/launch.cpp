@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
 #include "commands.h"
 #include "snip/util/error.h"
 
@@ -117,9 +119,11 @@ int launch_local_ranks(int n, const std::vector<std::string>& args) {
     }
     pids.push_back(pid);
   }
-  std::cerr << "snip: --nproc-per-node " << n << ": ranks 0-" << n - 1 << " started (pids";
-  for (pid_t p : pids) std::cerr << " " << p;
-  std::cerr << "), rendezvous at 127.0.0.1:" << port << "\n";
+  if (spdlog::should_log(spdlog::level::info)) {  // --quiet, --log-level: not this line either
+    std::cerr << "snip: --nproc-per-node " << n << ": ranks 0-" << n - 1 << " started (pids";
+    for (pid_t p : pids) std::cerr << " " << p;
+    std::cerr << "), rendezvous at 127.0.0.1:" << port << "\n";
+  }
 
   // Wait for all. A rank that fails (not stopped by a signal we forwarded)
   // leaves the others waiting in a collective until dist.timeout_s: stop them

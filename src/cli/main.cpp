@@ -14,9 +14,10 @@
 #include "snip/hw/platform.h"
 
 int main(int argc, char** argv) {
-  // `snip data ...` runs the snip-data program next to this one (SentencePiece
-  // and LibTorch cannot share a process; see src/data/CMakeLists.txt).
-  if (argc >= 2 && std::string(argv[1]) == "data") {
+  // `snip data ...` (also after log level options: `snip -q data prepare`)
+  // runs the snip-data program next to this one (SentencePiece and LibTorch
+  // cannot share a process; see src/data/CMakeLists.txt).
+  if (const int w = snip::cli::command_word_index(argc, argv); w < argc && std::string(argv[w]) == "data") {
     const auto self = std::filesystem::read_symlink("/proc/self/exe");
     const std::string prog = (self.parent_path() / "snip-data").string();
     std::vector<char*> args{const_cast<char*>(prog.c_str())};

@@ -3,10 +3,14 @@
 
 #include <CLI/CLI.hpp>
 #include <spdlog/pattern_formatter.h>
+#include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <cctype>
 #include <csignal>
+#include <cstdlib>
 #include <ctime>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -15,6 +19,7 @@
 
 #include "commands.h"
 #include "snip/util/error.h"
+#include "snip/util/strings.h"
 
 namespace snip::cli {
 
@@ -28,6 +33,20 @@ class LevelTag : public spdlog::custom_flag_formatter {
   }
   std::unique_ptr<custom_flag_formatter> clone() const override { return std::make_unique<LevelTag>(); }
 };
+
+/// Index in argv of the command's name: the first word after the log level
+/// options every command takes (-q, --quiet, --log-level LEVEL,
+/// --log-level=LEVEL); argc when there is none.
+inline int command_word_index(int argc, char** argv) {
+  int i = 1;
+  while (i < argc) {
+    const std::string a = argv[i];
+    if (a == "-q" || a == "--quiet" || a.rfind("--log-level=", 0) == 0) ++i;
+    else if (a == "--log-level") i += 2;
+    else break;
+  }
+  return i;
+}
 
 /// Common look: option column width, log line pattern ("[12:00:00] model:
 /// ...", "[12:00:00] warning: ..."), and the log level options every
@@ -44,25 +63,41 @@ inline void configure_app(CLI::App& app) {
   app.require_subcommand(1);
   app.fallthrough();  // the options below also after the subcommand's name
   app.get_formatter()->column_width(40);
+  // Log lines go to stderr with the progress lines, samples and errors;
+  // stdout keeps what a command produces (summaries, tables, JSON).
+  spdlog::set_default_logger(
+      std::make_shared<spdlog::logger>("snip", std::make_shared<spdlog::sinks::stderr_sink_mt>()));
   auto f = std::make_unique<spdlog::pattern_formatter>();
   f->add_flag<LevelTag>('*').set_pattern("[%H:%M:%S] %*%v");
   spdlog::set_formatter(std::move(f));
-  static const std::map<std::string, spdlog::level::level_enum> kLevels{
-      {"debug", spdlog::level::debug}, {"info", spdlog::level::info}, {"warning", spdlog::level::warn},
-      {"warn", spdlog::level::warn}, {"error", spdlog::level::err}};
-  app.add_option_function<std::string>(
-         "--log-level",
-         [](const std::string& v) {
-           const auto it = kLevels.find(v);
-           if (it == kLevels.end())
-             fail("--log-level: expected debug, info, warning or error, got '", v, "'");
-           spdlog::set_level(it->second);
-         },
-         "debug, info (default), warning or error: the least severe log lines printed; at warning or error "
-         "also no progress lines, plan tables or samples")
-      ->envname("SNIP_LOG_LEVEL");
+  // SNIP_LOG_LEVEL first (what torchrun and Slurm pass to every rank); then
+  // -q; then --log-level, so an explicit level wins, the last one given.
+  auto set_level = [](const std::string& given, const std::string& what) {
+    std::string v = given;
+    for (char& c : v) c = char(std::tolower(static_cast<unsigned char>(c)));
+    static const std::map<std::string, spdlog::level::level_enum> kLevels{
+        {"debug", spdlog::level::debug}, {"info", spdlog::level::info}, {"warning", spdlog::level::warn},
+        {"warn", spdlog::level::warn}, {"error", spdlog::level::err}};
+    const auto it = kLevels.find(v);
+    if (it == kLevels.end()) fail(what, ": expected debug, info, warning or error, got '", given, "'");
+    spdlog::set_level(it->second);
+  };
+  if (const char* env = std::getenv("SNIP_LOG_LEVEL"); env && *env) {
+    try {
+      set_level(env, "SNIP_LOG_LEVEL (environment)");
+    } catch (const UserError& e) {
+      std::cerr << "snip: error: " << e.what() << "\n";
+      std::exit(2);
+    }
+  }
   app.add_flag_callback("-q,--quiet", [] { spdlog::set_level(spdlog::level::warn); },
                         "the same as --log-level warning: warnings, errors and the final summary only");
+  app.add_option_function<std::string>(
+         "--log-level", [set_level](const std::string& v) { set_level(v, "--log-level"); },
+         "debug, info (default), warning or error: the least severe log lines printed; at warning or error "
+         "also no progress lines, plan tables or samples (default: the environment variable SNIP_LOG_LEVEL, "
+         "else info; an explicit level wins over -q)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 }
 
 /// Parses argv and runs the chosen subcommand. Exit status: 0 on success
@@ -76,14 +111,31 @@ inline int run_app(CLI::App& app, int argc, char** argv) {
   // writer turns into one clear line, not kill the process mid-file.
   std::signal(SIGXFSZ, SIG_IGN);
   refuse_empty_numbers(app);
+  // Each command's --help names the options every command takes.
+  std::function<void(CLI::App&)> note_globals = [&](CLI::App& a) {
+    for (CLI::App* sub : a.get_subcommands([](CLI::App*) { return true; })) {
+      const std::string f = sub->get_footer();
+      sub->footer(f + (f.empty() ? "" : "\n\n") +
+                  "Every command also takes --log-level debug|info|warning|error (or SNIP_LOG_LEVEL) and -q/--quiet "
+                  "(= --log-level warning), before or after its name.");
+      note_globals(*sub);
+    }
+  };
+  note_globals(app);
   // `snip trian`: CLI11 would say "A subcommand is required"; name the word.
-  const std::string first = argc >= 2 ? argv[1] : "";
+  const int word = command_word_index(argc, argv);
+  const std::string first = word < argc ? argv[word] : "";
   if (!first.empty() && first[0] != '-' &&
       app.get_subcommands([&](CLI::App* s) { return s->get_name() == first; }).empty()) {
-    std::string names;
-    for (const CLI::App* s : app.get_subcommands([](CLI::App*) { return true; }))
+    std::string names, closest;
+    size_t best = SIZE_MAX;
+    for (const CLI::App* s : app.get_subcommands([](CLI::App*) { return true; })) {
       names += (names.empty() ? "" : ", ") + s->get_name();
-    std::cerr << "snip: error: unknown command '" << first << "' (commands: " << names << "; see --help)\n";
+      if (const size_t d = edit_distance(first, s->get_name()); d < best) best = d, closest = s->get_name();
+    }
+    std::cerr << "snip: error: unknown command '" << first << "'"
+              << (best <= 2 ? " (did you mean '" + closest + "'?)" : std::string()) << " (commands: " << names
+              << "; see --help)\n";
     return 2;
   }
   try {

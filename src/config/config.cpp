@@ -16,6 +16,7 @@
 
 #include "snip/io/toml.h"
 #include "snip/util/error.h"
+#include "snip/util/strings.h"
 
 namespace snip {
 namespace {
@@ -382,17 +383,6 @@ const OptionSpec* find_spec(const std::string& key) {
   return nullptr;
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1] ? 1 : 0)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
 
 const char* type_name(OptionType t) {
   switch (t) {
@@ -539,7 +529,7 @@ void Config::set(const std::string& key, const OptionValue& v, const std::string
     if (*str == "bfloat16") val = std::string("bf16");
     if (*str == "float32") val = std::string("fp32");
   }
-  // The unquantized policy was called "bf16" until 2026-12-01, though its
+  // The unquantized policy was called "bf16" in earlier versions, though its
   // GEMMs run in train.gemm_dtype (FP32 too): the old name is read as "none".
   if (const auto* str = std::get_if<std::string>(&v); str && key == "precision.policy" && *str == "bf16")
     val = std::string("none");
@@ -657,6 +647,11 @@ void Config::set_override(const std::string& assignment) {
   const std::string text = assignment.substr(eq + 1);
   const OptionSpec* s = find_spec(key);
   if (!s) unknown_key(key, what);
+  // --set k="0.2" reaches us with the quotes when the shell kept them
+  // (--set 'k="0.2"'): a number or boolean needs none (a string may hold them).
+  if (s->type != T::kString && text.size() >= 2 && (text.front() == '"' || text.front() == '\'') && text.back() == text.front())
+    fail(what, ": ", key, ": the value is quoted; --set takes it without quotes: --set ", key, "=",
+         text.substr(1, text.size() - 2));
   OptionValue v;
   switch (s->type) {
     case T::kBool:

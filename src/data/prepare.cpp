@@ -194,10 +194,14 @@ std::string check_up_to_date(const std::string& out_dir, const json& key, Prepar
     summary.vocab_size = meta.at("vocab_size").get<int>();
     summary.tokenizer_trained = meta.at("tokenizer").at("trained").get<bool>();
     summary.tokenizer_sha256 = meta.at("tokenizer").at("sha256").get<std::string>();
-    for (const auto& s : meta.at("sources"))
+    for (const auto& s : meta.at("sources")) {
       summary.sources.push_back({s.at("kind").get<std::string>(), s.at("path").get<std::string>(),
                                  s.at("files").get<uint64_t>(), s.at("documents").get<uint64_t>(),
-                                 s.at("bytes").get<uint64_t>()});
+                                 s.at("bytes").get<uint64_t>(), {}});
+      if (s.contains("skipped"))
+        for (const auto& k : s.at("skipped"))
+          summary.sources.back().skipped.emplace_back(k.at("path").get<std::string>(), k.at("reason").get<std::string>());
+    }
   } catch (const std::exception& e) {
     return std::string("existing output unreadable (") + e.what() + ")";
   }
@@ -254,14 +258,17 @@ PrepareSummary prepare_data(const PrepareOptions& opt, const PrepareProgress& pr
     key_tokenizer = {{"train", {{"model_type", "bpe"}, {"vocab_size", opt.vocab_size},
                                 {"character_coverage", kCharacterCoverage}, {"byte_fallback", true}}}};
   }
-  const json key = {{"version", kMetaVersion},
-                    {"corpus", corpus_key(opt.corpus)},
-                    {"inputs", key_inputs},
-                    {"tokenizer", key_tokenizer},
-                    {"val_fraction", opt.val_fraction},
-                    {"seed", opt.seed},
-                    {"text_field", opt.text_field},
-                    {"document_encoding", "[bos] + pieces + [eos]"}};
+  json key = {{"version", kMetaVersion},
+              {"corpus", corpus_key(opt.corpus)},
+              {"inputs", key_inputs},
+              {"tokenizer", key_tokenizer},
+              {"val_fraction", opt.val_fraction},
+              {"seed", opt.seed},
+              {"text_field", opt.text_field},
+              {"document_encoding", "[bos] + pieces + [eos]"}};
+  // Only when given, so folders prepared without it stay up to date; a folder
+  // prepared with it is prepared again without it (and stops at the file).
+  if (opt.skip_invalid) key["skip_invalid"] = true;
 
   const fs::path out(opt.out_dir);
   auto fresh_summary = [&] {
@@ -283,6 +290,10 @@ PrepareSummary prepare_data(const PrepareOptions& opt, const PrepareProgress& pr
     report(str_cat(opt.out_dir, " is up to date (meta.json matches the options and inputs)"));
     return summary;
   }
+  // A run folder (or a checkpoint) is never a data folder.
+  for (const char* mark : {"checkpoints", "trainer_state.json", "metrics.jsonl"})
+    if (fs::exists(out / mark))
+      fail("--out ", opt.out_dir, " is a run folder of `snip train` (it holds ", mark, "): choose another --out");
   // A folder prepared from other sources is not replaced without --force.
   if (prepared_from && !opt.force && *prepared_from != sources_of(key))
     fail("--out ", opt.out_dir, " holds data prepared from ", prepared_from->empty() ? "(unknown)" : *prepared_from,
@@ -339,7 +350,7 @@ PrepareSummary prepare_data(const PrepareOptions& opt, const PrepareProgress& pr
         if (!opt.skip_invalid) throw UserError(str_cat(e.what(), " (--skip-invalid leaves such files out)"));
         docs.resize(before);  // none of the file's documents, not the ones before its bad line
         s.skipped.emplace_back(f.path, e.what());
-        spdlog::warn("skipped {}", e.what());
+        spdlog::warn("skipped the whole file {} (--skip-invalid): {}", f.path, e.what());
         continue;
       }
       ++s.files;
@@ -353,11 +364,21 @@ PrepareSummary prepare_data(const PrepareOptions& opt, const PrepareProgress& pr
   summary.documents = docs.size();
   if (docs.empty()) {
     std::string where;
-    for (const auto& s : summary.sources) where += (where.empty() ? "" : ", ") + s.path;
+    size_t skipped = 0;
+    for (const auto& s : summary.sources) {
+      where += (where.empty() ? "" : ", ") + s.path;
+      skipped += s.skipped.size();
+    }
+    if (skipped > 0)
+      fail("corpus is empty: --skip-invalid left out ", skipped, " input file", skipped == 1 ? "" : "s",
+           " and the rest hold no non-whitespace text (", where, ")");
     fail("corpus is empty: no non-whitespace text in ", where);
   }
+  size_t skipped_files = 0;
+  for (const auto& s : summary.sources) skipped_files += s.skipped.size();
   report(str_cat("read ", fmt_count(docs.size()), " documents (", fmt_count(total_bytes), " bytes) from ",
-                 summary.sources.size(), " source(s) in ", fmt_secs(since(t0))));
+                 summary.sources.size(), " source(s) in ", fmt_secs(since(t0)),
+                 skipped_files ? str_cat(" (", skipped_files, " file(s) skipped: --skip-invalid)") : ""));
 
   // ---- tokenizer
   t0 = Clock::now();
@@ -386,7 +407,12 @@ PrepareSummary prepare_data(const PrepareOptions& opt, const PrepareProgress& pr
   summary.val_documents = n_val;
   summary.train_documents = n - n_val;
   report(str_cat("split: ", fmt_count(n - n_val), " train / ", fmt_count(n_val), " validation documents (val_fraction ",
-                 opt.val_fraction, ", seed ", opt.seed, ")"));
+                 opt.val_fraction, ", seed ", opt.seed, n_val > 0 && double(n_val) > 2 * opt.val_fraction * double(n)
+                 ? "; at least one validation document, so more than the fraction" : "", ")"));
+  if (n_val == 0)
+    spdlog::warn("no validation documents ({}): val.bin is empty, and `snip train` and `snip eval` need one; {}",
+                 opt.val_fraction == 0 ? "--val-fraction 0" : "the corpus has one document",
+                 opt.val_fraction == 0 ? "raise --val-fraction" : "give more text (two documents at least)");
 
   // ---- encode and write shards
   t0 = Clock::now();

@@ -13,6 +13,7 @@
 #include "snip/formats/scale_format.h"
 #include "snip/quant/recipe.h"
 #include "snip/util/error.h"
+#include "snip/util/hash.h"
 
 namespace snip::dist {
 
@@ -437,10 +438,7 @@ torch::Tensor param_checksums(const std::vector<torch::Tensor>& params) {
   int64_t* o = out.data_ptr<int64_t>();
   for (size_t k = 0; k < params.size(); ++k) {
     const torch::Tensor c = params[k].detach().to(torch::kCPU).contiguous();
-    const auto* p = static_cast<const unsigned char*>(c.data_ptr());
-    const size_t n = size_t(c.numel()) * c.element_size();
-    uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64 offset basis (14695981039346656037)
-    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;  // FNV-1a 64 prime (1099511628211)
+    const uint64_t h = fnv1a64(c.data_ptr(), size_t(c.numel()) * c.element_size());
     std::memcpy(&o[k], &h, sizeof h);
   }
   return out;

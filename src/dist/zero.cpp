@@ -12,7 +12,7 @@
 #include "snip/io/atomic_file.h"
 #include "snip/io/json.h"
 #include "snip/io/safetensors.h"
-#include "snip/train/checkpoint_files.h"
+#include "snip/run/checkpoint_files.h"
 #include "snip/util/error.h"
 
 namespace snip::dist {

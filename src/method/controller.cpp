@@ -16,13 +16,13 @@
 #include <regex>
 #include <sstream>
 
-#include "snip/quant/quantizers.h"
+#include "snip/model/quantizers.h"
 #include "snip/io/atomic_file.h"
 #include "snip/model/matmul.h"
 #include "snip/policy/cost_table.h"
 #include "snip/quant/recipe.h"
 #include "snip/io/json.h"
-#include "snip/train/checkpoint_files.h"
+#include "snip/run/checkpoint_files.h"
 #include "snip/util/error.h"
 
 namespace snip {
@@ -244,7 +244,7 @@ PrecisionController::PrecisionController(const RunConfig& rc, std::vector<QuantL
   }
   // Pins name layers and options: one that matches no layer, conflicts with
   // another or picks an option the layers do not offer is refused whatever
-  // the policy (issue 17: with bf16, pins = "x[=fp8" was accepted silently).
+  // the policy (with bf16, pins = "x[=fp8" would otherwise be accepted silently).
   if (!pins_.empty()) {
     try {
       policy::resolve_pins(shape_only_problem(), plan_options(true));

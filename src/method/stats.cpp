@@ -11,7 +11,7 @@
 #include <set>
 #include <utility>
 
-#include "snip/quant/quantizers.h"
+#include "snip/model/quantizers.h"
 #include "snip/policy/cost_table.h"
 #include "snip/util/error.h"
 

@@ -207,7 +207,7 @@ std::map<std::string, std::string> hf_tokenizer_files(const HfTokenizer& tok, in
 }
 
 void export_hf(LlamaForCausalLM& model, const std::string& dir, at::ScalarType dtype, bool force,
-               const HfTokenizer* tokenizer) {
+               const HfTokenizer* tokenizer, const std::map<std::string, std::string>& extra_files) {
   const fs::path d = fs::absolute(dir).lexically_normal();
   // The tokenizer is read before anything is written.
   const std::map<std::string, std::string> tok_files =
@@ -222,6 +222,10 @@ void export_hf(LlamaForCausalLM& model, const std::string& dir, at::ScalarType d
     io::write_safetensors((fs::path(dir) / "model.safetensors").string(), model_to_safetensors(model, dtype));
     io::write_file_atomic((fs::path(dir) / "config.json").string(), cfg.dump(2) + "\n");
     for (const auto& [name, bytes] : tok_files) io::write_file_atomic((fs::path(dir) / name).string(), bytes);
+    for (const auto& [name, bytes] : extra_files) io::write_file_atomic((fs::path(dir) / name).string(), bytes);
+    if (!tokenizer)  // --force over an earlier export: not another model's tokenizer beside this one
+      for (const char* f : {"tokenizer.model", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json"})
+        fs::remove(fs::path(dir) / f);
   } catch (...) {
     // Nothing partial: each write is atomic, and a folder this call made
     // goes with whatever it already holds.

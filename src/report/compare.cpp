@@ -12,7 +12,7 @@
 #include "snip/io/atomic_file.h"
 #include "snip/io/json.h"
 #include "snip/report/report.h"
-#include "snip/train/checkpoint_files.h"
+#include "snip/run/checkpoint_files.h"
 #include "snip/util/error.h"
 
 namespace snip::report {
@@ -129,6 +129,13 @@ RunRecord read_run_record(const std::string& run_dir) {
     if (is_sha256(data.value("val_sha256", json()))) r.val_sha256 = data["val_sha256"];
     if (data.contains("dir") && data["dir"].is_string()) r.data_dir = data["dir"];
     if (!r.tokenizer_sha256.empty()) r.data_source = "checkpoint " + ckpts.back().second;
+    // Tokens per step count every replica (absent = one process), and a
+    // pipeline's micro-batches stand for grad_accum (train/trainer.cpp).
+    auto int_at = [&](const json& o, const char* k, int64_t def) {
+      return o.is_object() && o.contains(k) && o[k].is_number_integer() ? o[k].get<int64_t>() : def;
+    };
+    r.replicas = int_at(st, "data_parallel", int_at(st, "world_size", 1));
+    if (st.is_object() && st.contains("pipeline")) r.grad_accum = int_at(st["pipeline"], "micro_batches", r.grad_accum);
   }
   // What the checkpoint does not say, from the data folder as it is now,
   // when that folder still holds the tokenizer the checkpoint recorded.
@@ -185,8 +192,9 @@ std::vector<RunDifference> compare_runs(const RunRecord& a, const RunRecord& b) 
   };
   add("steps", steps(a), steps(b), a.steps >= 0, b.steps >= 0, false);
   auto tps = [](const RunRecord& r) {
-    return std::to_string(r.batch_size * r.seq_len * r.grad_accum) + " (" + std::to_string(r.batch_size) + " x " +
-           std::to_string(r.seq_len) + " x " + std::to_string(r.grad_accum) + ")";
+    return std::to_string(r.batch_size * r.seq_len * r.grad_accum * r.replicas) + " (" +
+           std::to_string(r.batch_size) + " x " + std::to_string(r.seq_len) + " x " + std::to_string(r.grad_accum) +
+           (r.replicas > 1 ? " x " + std::to_string(r.replicas) + " ranks" : std::string()) + ")";
   };
   auto tps_known = [](const RunRecord& r) { return r.batch_size > 0 && r.seq_len > 0 && r.grad_accum > 0; };
   add("tokens per step", tps(a), tps(b), tps_known(a), tps_known(b), false);

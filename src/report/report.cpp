@@ -244,7 +244,7 @@ RunData load_run(const std::string& dir, bool full) {
     r.policy = r.config["precision.policy"];
   else
     r.policy = "unknown";
-  // The unquantized policy's name until 2026-12-01 (runs written before).
+  // The unquantized policy's earlier name (runs written before the rename).
   if (r.policy == "bf16") r.policy = "none";
   // The label says what the unquantized policy computed in: "none (bf16 GEMMs)".
   r.policy_label = r.policy;

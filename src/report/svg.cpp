@@ -4,6 +4,7 @@
 // coordinates), so the same input always gives the same bytes (the tests
 // compare coordinates as strings).
 #include "snip/report/svg.h"
+#include "snip/util/hash.h"
 
 #include <algorithm>
 #include <cctype>
@@ -362,9 +363,7 @@ std::string option_color(const std::string& option) {
   if (option == "fp8") return "#0072B2";
   if (option == "bf16" || option == "fp32") return "#BBBBBB";  // unquantized
   static const char* const kRest[6] = {"#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#F0E442", "#000000"};
-  uint32_t h = 2166136261u;  // FNV-1a: stable across runs and platforms
-  for (unsigned char c : option) h = (h ^ c) * 16777619u;
-  return kRest[h % 6];
+  return kRest[fnv1a32(option) % 6];  // stable across runs and platforms
 }
 
 std::string scale_color(double t) {

@@ -1,6 +1,6 @@
 // The files of a checkpoint folder, read and checked without LibTorch (see
-// snip/train/checkpoint_files.h).
-#include "snip/train/checkpoint_files.h"
+// snip/run/checkpoint_files.h).
+#include "snip/run/checkpoint_files.h"
 
 #include <spdlog/spdlog.h>
 #include <zlib.h>
@@ -108,6 +108,14 @@ void write_checkpoint_manifest(const std::string& dir, const std::vector<std::st
 json verify_checkpoint(const std::string& dir) {
   const std::string sp = (fs::path(dir) / "trainer_state.json").string();
   if (!fs::is_directory(dir)) fail("checkpoint ", dir, " does not exist");
+  // Other folders given where a checkpoint is expected: say what they are.
+  if (!fs::exists(sp) && !fs::exists(fs::path(dir) / kManifest)) {
+    if (fs::exists(fs::path(dir) / "adapter_config.json"))
+      fail(dir, " is a PEFT adapter folder (adapter_config.json), not a snip checkpoint: use its run's checkpoint, "
+           "or write a whole model with `snip export --merge`");
+    if (fs::exists(fs::path(dir) / "checkpoints"))
+      fail(dir, " is a run folder, not a checkpoint: give it with --run-dir, or one of its checkpoints/step-N");
+  }
   // manifest.json first: it covers trainer_state.json too (checkpoints of
   // snip before it have none; their trainer_state.json is read unchecked).
   const std::string mp = (fs::path(dir) / kManifest).string();

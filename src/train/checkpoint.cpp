@@ -172,7 +172,10 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCa
     std::vector<std::string> covered{"model.safetensors", "config.json"};
     covered.insert(covered.end(), opt_files.begin(), opt_files.end());
     for (const std::string& f : covered) st["crc32"][f] = file_crc32((tmp / f).string());
-    for (const auto& [name, bytes] : extra_files) st["crc32"][name] = file_crc32((tmp / name).string());
+    // The tokenizer's copy is checked by its SHA-256 where it is used
+    // (checkpoint_tokenizer), so that a damaged copy never costs the weights.
+    for (const auto& [name, bytes] : extra_files)
+      if (!is_checkpoint_tokenizer_file(name)) st["crc32"][name] = file_crc32((tmp / name).string());
     io::write_file_atomic((tmp / "trainer_state.json").string(), st.dump(2) + "\n");
     write_checkpoint_manifest(tmp.string(), opt_files);
     io::fsync_dir(tmp.string());
@@ -438,20 +441,44 @@ json tokenizer_record(const data::DataFolderInfo& info) {
           {"eos_piece", info.eos_piece}, {"unk_piece", info.unk_piece}};
 }
 
+int64_t checkpoint_seq_len(const std::string& dir, const json& state) {
+  if (state.contains("data") && state["data"].contains("seq_len") && state["data"]["seq_len"].is_number_integer())
+    return state["data"]["seq_len"].get<int64_t>();
+  const fs::path run_cfg = fs::path(dir).parent_path().parent_path() / "config.toml";
+  if (!fs::is_regular_file(run_cfg)) return -1;
+  Config rc;
+  rc.load_toml_file(run_cfg.string());
+  return rc.get_int("train.seq_len");
+}
+
+bool is_checkpoint_tokenizer_file(const std::string& name) {
+  return name == "tokenizer.model" || name == "tokenizer_config.json" || name == "special_tokens_map.json";
+}
+
 HfTokenizer checkpoint_tokenizer(const std::string& dir, const json& state) {
   const std::string want = checkpoint_tokenizer_sha256(state);
   const fs::path own = fs::path(dir) / "tokenizer.model";
+  std::string own_problem;  // why the checkpoint's own copy is not used ("" = there is none)
   if (fs::is_regular_file(own)) {
-    // Its CRC-32 is in trainer_state.json (verify_checkpoint checked it);
-    // the SHA-256 ties it to the data the model was trained on.
-    if (!want.empty() && data::sha256_hex(io::read_file(own.string())) != want)
-      fail("checkpoint ", dir, ": tokenizer.model is not the tokenizer the model was trained with (SHA-256 ",
-           want.substr(0, 12), "... in trainer_state.json)");
+    // The SHA-256 ties the copy to the data the model was trained on.
+    std::string bytes;
+    try {
+      bytes = io::read_file(own.string());
+    } catch (const UserError& e) {
+      own_problem = e.what();
+    }
+    if (own_problem.empty() && !want.empty() && data::sha256_hex(bytes) != want)
+      own_problem = str_cat(own.string(), " is not the tokenizer the model was trained with (SHA-256 ",
+                            want.substr(0, 12), "... in trainer_state.json): damaged or replaced");
+  }
+  if (fs::is_regular_file(own) && own_problem.empty()) {
     const json t = state.contains("data") ? state["data"].value("tokenizer", json::object()) : json::object();
     auto id = [&](const char* k) { return t.contains(k) && t[k].is_number_integer() ? t[k].get<int64_t>() : -1; };
     auto piece = [&](const char* k) { return t.contains(k) && t[k].is_string() ? t[k].get<std::string>() : ""; };
     return {own.string(), id("bos_id"), id("eos_id"), piece("bos_piece"), piece("eos_piece"), piece("unk_piece")};
   }
+  const std::string older = own_problem.empty() ? "holds no tokenizer.model (written by an older snip)"
+                                                : "has an unusable tokenizer.model (" + own_problem + ")";
   std::string data_dir = checkpoint_data_dir(state);
   const fs::path run_cfg = fs::path(dir).parent_path().parent_path() / "config.toml";
   if (data_dir.empty() && fs::is_regular_file(run_cfg)) {
@@ -459,17 +486,17 @@ HfTokenizer checkpoint_tokenizer(const std::string& dir, const json& state) {
     rc.load_toml_file(run_cfg.string());
     data_dir = rc.get_string("data.dir");
   }
-  if (data_dir.empty()) fail("checkpoint ", dir, " holds no tokenizer.model and does not name its data folder");
+  if (data_dir.empty()) fail("checkpoint ", dir, " ", older, " and does not name its data folder");
   data::DataFolderInfo info;
   try {
     info = data::verify_data_folder(data_dir, "data folder");
   } catch (const UserError& e) {
-    fail("checkpoint ", dir, " holds no tokenizer.model (written by an older snip), and the data folder it names "
-         "is not usable: ", e.what());
+    fail("checkpoint ", dir, " ", older, ", and the data folder it names is not usable: ", e.what());
   }
   if (!want.empty() && want != info.tokenizer_sha256)
-    fail("checkpoint ", dir, " holds no tokenizer.model (written by an older snip), and ", info.tokenizer_path,
+    fail("checkpoint ", dir, " ", older, ", and ", info.tokenizer_path,
          " is no longer the tokenizer the model was trained with");
+  if (!own_problem.empty()) spdlog::warn("checkpoint {}: {}; using {} (the same SHA-256)", dir, own_problem, info.tokenizer_path);
   return HfTokenizer::of_data_folder(info);
 }
 

@@ -23,12 +23,13 @@ std::vector<int32_t> sample(LlamaForCausalLM& model, const std::vector<int32_t>&
     const torch::Tensor in =
         torch::tensor(std::vector<int64_t>(ids.begin() + start, ids.end()), torch::kLong).unsqueeze(0);  // [1, T]
     torch::Tensor logits = model(in).select(1, in.size(1) - 1).squeeze(0).to(torch::kFloat);             // [V]
+    if (o.vocab_limit > 0 && o.vocab_limit < V) logits = logits.slice(0, 0, o.vocab_limit);              // [vocab_limit]
     int64_t next;
     if (o.temperature == 0) {
       next = logits.argmax().item<int64_t>();
     } else {
       logits = logits / o.temperature;
-      if (o.top_k > 0 && o.top_k < V) {
+      if (o.top_k > 0 && o.top_k < logits.size(0)) {
         const torch::Tensor kth = std::get<0>(logits.topk(o.top_k)).min();
         logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
       }

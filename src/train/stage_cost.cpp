@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "snip/model/linear.h"
-#include "snip/quant/quantizers.h"
+#include "snip/model/quantizers.h"
 
 namespace snip {
 

@@ -42,7 +42,7 @@
 #include "snip/model/hf.h"
 #include "snip/model/matmul.h"
 #include "snip/monitor/exporter.h"
-#include "snip/quant/quantizers.h"
+#include "snip/model/quantizers.h"
 #include "snip/quant/recipe_file.h"
 #include "snip/report/report.h"
 #include "snip/train/checkpoint.h"
@@ -55,6 +55,7 @@
 #include "snip/train/sample.h"
 #include "snip/train/step.h"
 #include "snip/util/error.h"
+#include "snip/util/hash.h"
 
 namespace snip {
 
@@ -275,7 +276,7 @@ EvalBatch first_eval_batch(LlamaForCausalLM& model, const std::string& val_path,
 
 namespace {
 
-// SIGINT/SIGTERM during training (issue 18, item 4): the first one asks the
+// SIGINT/SIGTERM during training: the first one asks the
 // loop to stop after the step in progress, with a checkpoint; a second one
 // ends the process at once (the default action, re-raised) — unless it comes
 // within kEchoWindowNs of the first: that is the same request arriving twice,
@@ -372,6 +373,14 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
         fail("--resume: ", opts.run_dir, " has no complete checkpoint but ", trace, ": refusing to start it again "
              "from step 0 (that would erase its metrics.jsonl); keep the folder for inspection and train into "
              "another --run-dir");
+    }
+    // A finished run says so first (before its data folder, which may be gone).
+    if (!resume_ckpt.empty() && fs::exists(run / "summary.json")) {
+      const json st = verify_checkpoint(resume_ckpt);
+      const int64_t at = st.value("step", int64_t{-1}), want = cfg.get_int("train.max_steps");
+      if (at >= want)
+        fail("--resume: the checkpoint is at step ", at, " and train.max_steps is ", want,
+             ": nothing to do (raise train.max_steps to train further)");
     }
   } else if ((fs::exists(run / "metrics.jsonl") && !fs::is_empty(run / "metrics.jsonl")) ||
              fs::exists(run / "checkpoints")) {
@@ -512,9 +521,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     };
     std::vector<int64_t> mine;
     for (const char* k : kShared) {
-      uint64_t h = 1469598103934665603ULL;  // FNV-1a 64
-      for (unsigned char ch : value_of(k)) h = (h ^ ch) * 1099511628211ULL;
-      mine.push_back(int64_t(h));
+      mine.push_back(int64_t(fnv1a64(value_of(k))));
     }
     const std::vector<torch::Tensor> all = comm->allgather(torch::tensor(mine, torch::kLong));
     for (size_t i = 0; i < mine.size(); ++i)
@@ -596,8 +603,9 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   if (init && !opts.init_from.empty() && resume_ckpt.empty()) {
     const fs::path tok = fs::path(init->dir) / "tokenizer.model";
     if (!fs::is_regular_file(tok)) {
-      init_notes.push_back(str_cat(init->dir, " has no tokenizer.model: whether data.dir was tokenized by the "
-                                   "model's tokenizer cannot be checked"));
+      if (!quiet)
+        spdlog::warn("--init-from {} has no tokenizer.model: whether data.dir was tokenized by the model's tokenizer "
+                     "cannot be checked", init->dir);
     } else if (const std::string sha = data::sha256_hex(io::read_file(tok.string()));
                sha != data_info.tokenizer_sha256) {
       if (!opts.allow_other_tokenizer)
@@ -903,7 +911,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
            resume_state["data"]["vocab_size"].dump(), " but data.dir's vocabulary is ", data_info.vocab_size,
            " (corrupt, or another data folder)");
     // The ids mean the pieces of one tokenizer: a run does not continue on
-    // data tokenized by another (issue 18, item 3).
+    // data tokenized by another.
     const std::string trained_with = checkpoint_tokenizer_sha256(resume_state);
     if (!trained_with.empty() && trained_with != data_info.tokenizer_sha256) {
       if (!opts.allow_other_tokenizer)
@@ -1048,6 +1056,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       sampler = std::make_unique<data::TokenizerClient>(opts.snip_data, (data_dir / "tokenizer.model").string());
       sample_prompt = sampler->encode(tc.sample_prompt, /*bos=*/true);
       sample_opts.eos_id = data::TokenizerMeta::read(data_dir.string()).eos_id;
+      sample_opts.vocab_limit = int64_t(data_info.vocab_size);  // a larger model vocabulary: its extra ids decode to nothing
     } catch (const std::exception& e) {
       spdlog::warn("no samples at evaluations: {}", e.what());
       sampler.reset();
@@ -1058,7 +1067,9 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     try {
       sample_opts.seed = seed + uint64_t(step);
       std::string text = sampler->decode(sample(model, sample_prompt, sample_opts));
-      for (char& c : text) if (c == '\n' || c == '\r') c = ' ';
+      // One line, no terminal control bytes (an untrained model writes any piece).
+      for (char& c : text)
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
       std::fprintf(stderr, "sample: %s\n", text.c_str());
     } catch (const std::exception& e) {
       spdlog::warn("no more samples: {}", e.what());
@@ -1162,6 +1173,11 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
     sync_quantizers = [&] {
       ctl.restore_quantizers(pipeline_quantizer_state(ctl.quantizer_state(), true), "pipeline quantizer state");
     };
+  // A resumed run keeps its baseline (trainer_state.json "init_val_loss").
+  double init_val = resume_state.is_object() && resume_state.contains("init_val_loss") &&
+                            resume_state["init_val_loss"].is_number()
+                        ? resume_state["init_val_loss"].get<double>()
+                        : std::nan("");
   // The record of a rollback while its target is written again (the rewrite
   // carries it: MetricsLog).
   json rollback_record;
@@ -1175,7 +1191,9 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
                          {"tokenizer_sha256", data_info.tokenizer_sha256},
                          {"vocab_size", data_info.vocab_size},
                          {"val_sha256", val_sha256},
-                         {"tokenizer", tokenizer_record(data_info)}}}};
+                         {"tokenizer", tokenizer_record(data_info)},
+                         {"seq_len", T}}}};
+    if (std::isfinite(init_val)) st["init_val_loss"] = init_val;
     if (ctl.active()) st["precision"] = ctl.state();
     if (ctl.active() && pipe) st["precision"]["quantizers"] = pipeline_quantizer_state(st["precision"]["quantizers"], false);
     if (R > 1) st["world_size"] = R;  // resume checks it (absent = 1)
@@ -1310,6 +1328,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   // best recorded validation loss; a step without an evaluation evaluates
   // now, which changes no training number and is not recorded). `validated`:
   // the validation of the checkpoint this one rewrites (after a rollback).
+  bool not_good_warned = false;
   auto write_checkpoint = [&](bool scheduled, bool eval_step, const json* validated) {
     Retention keep(tc.keep_checkpoints);
     keep.keep_good = tc.keep_good;
@@ -1323,9 +1342,14 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       validation = {{"val_loss", std::isfinite(v) ? json(v) : json(nullptr)},
                     {"best_val_loss", std::isfinite(best) ? json(best) : json(nullptr)},
                     {"margin", tc.good_margin}, {"good", keep.good}};
+      // Warned once; later ones are info lines (an overfitting run would say it
+      // at every checkpoint). trainer_state.json "validation" records each.
       if (!keep.good && writer)
-        spdlog::warn("checkpoint at step {}: validation loss {:.4f} is not within {:.3g} of the best {:.4f}: kept, "
-                     "but not a rollback target (checkpoint.good_margin)", step, v, tc.good_margin, best);
+        spdlog::log(not_good_warned ? spdlog::level::info : spdlog::level::warn,
+                    "checkpoint at step {}: validation loss {:.4f} is not within {:.3g} of the best {:.4f}: kept, "
+                    "but not a rollback target (checkpoint.good_margin){}", step, v, tc.good_margin, best,
+                    not_good_warned ? "" : "; later such checkpoints are info lines");
+      if (!keep.good) not_good_warned = true;
     }
     if (validated) keep.good = validated->is_object() ? validated->value("good", true) : true;
     json state = checkpoint_state();
@@ -1371,7 +1395,6 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   // Fine-tuning (--init-from): the loaded model's validation loss before the
   // first step, on the windows every later evaluation uses, so the run's
   // losses have their baseline (summary.json "init_val_loss").
-  double init_val = std::nan("");
   if (!opts.init_from.empty() && start_step == 0 && tc.eval_interval > 0) {
     sync_weights();
     init_val = evaluate_dist(model, val_bin, B, T, tc.eval_batches, comm.get());
@@ -1404,7 +1427,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
         memory_per_rank.push_back({{"rank", k}, {"params_bytes", v[0]}, {"grads_bytes", v[1]},
                                    {"optimizer_bytes", v[2]}});
         if (!quiet && comm)
-          spdlog::info("memory rank {} (train.zero_stage {}): parameters {} B, gradients {} B, AdamW state {} B",
+          spdlog::debug("memory rank {} (train.zero_stage {}): parameters {} B, gradients {} B, AdamW state {} B",
                        k, zero_stage, v[0], v[1], v[2]);
       }
     }
@@ -1417,7 +1440,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       const torch::Tensor digest = dist::param_checksums(
           {torch::from_blob(const_cast<uint8_t*>(bytes.data()), {int64_t(bytes.size())}, torch::kUInt8)});
       if (!opts.quiet)
-        spdlog::info("dist: rank {} plan before step {}: digest {:016x}", world.rank, step,
+        spdlog::debug("dist: rank {} plan before step {}: digest {:016x}", world.rank, step,
                      uint64_t(digest[0].item<int64_t>()));
       const auto all = comm->allgather(digest);
       for (int k = 1; k < R; ++k)
@@ -1709,6 +1732,7 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   double acc = 0;
   for (const auto& [s, l] : recent) acc += l;
   sum.final_train_loss = recent.empty() ? 0 : acc / double(recent.size());
+  sum.train_loss_steps = int64_t(recent.size());
   sum.final_val_loss = last_val;
   sum.init_val_loss = init_val;
   sum.eval_seq_len = T;

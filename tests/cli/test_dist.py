@@ -244,7 +244,8 @@ try:
         run = os.path.join(tmp, "snip")
         sets = ["--set", "precision.policy=snip", "--set", "precision.budget=0.5",
                 "--set", "precision.warmup_steps=2", "--set", "precision.initial_interval=2",
-                "--set", "precision.final_interval=2", "--set", "precision.final_high_precision_fraction=0"]
+                "--set", "precision.final_interval=2", "--set", "precision.final_high_precision_fraction=0",
+                "--log-level", "debug"]  # each rank's plan digest is a debug line
         # Rank 1 is given another budget (0.25): rank 0 alone solves the ILP
         # and broadcasts its plan, so both ranks still apply one plan (a rank
         # 1 that solved its own would plan for 0.25, and the digests differ).

@@ -20,6 +20,11 @@ through the real binary, each checked against what a person reads.
                --nproc-per-node" (not torchrun) in a local launch's log, a
                misspelt command, --run-dir of a missing run (item 8 and
                what a fresh user met)
+  found later  by a fresh user and a tester: log lines on stderr, the
+               log level's precedence, --skip-invalid in the up-to-date key,
+               a damaged tokenizer copy, --model-only --force, a lone
+               checkpoint's windows, init_val_loss across --resume, a
+               finished run whose data moved
 
 usage: user_path.py SNIP_BINARY PREPARED_DATA_DIR
 """
@@ -63,7 +68,8 @@ rc, out, err = run("train", "--config", cfg, "--run-dir", os.path.join(tmp, "lou
 check(rc == 0 and re.search(r"^step +1/4 ", err, re.M) and "precision plan at step" in err and "sample:" in err
       and re.search(r"^\[\d\d:\d\d:\d\d\] (?!warning)", out + err, re.M),
       "the default level prints progress, plan tables, samples and info lines", f"rc={rc} {err[-500:]!r}")
-check("warning: dist.grad_comm = fp8 has no effect" in out + err, "a warning at the default level")
+check("warning: dist.grad_comm = fp8 has no effect" in err and "warning" not in out,
+      "a warning at the default level, on stderr (stdout holds the summary)", out[-300:])
 for name, args, env in [("--quiet", ["train", "--quiet"], None), ("-q before the command", ["-q", "train"], None),
                         ("--log-level warning", ["train", "--log-level", "warning"], None),
                         ("SNIP_LOG_LEVEL=warning", ["train"], {"SNIP_LOG_LEVEL": "warning"})]:
@@ -77,6 +83,18 @@ for name, args, env in [("--quiet", ["train", "--quiet"], None), ("-q before the
     check(not re.search(r"^\[\d\d:\d\d:\d\d\] (?!warning)", both, re.M), f"{name}: no info lines", both[-400:])
     check("warning: dist.grad_comm = fp8 has no effect" in both, f"{name}: warnings still print", both[-400:])
     check("summary: 4 steps" in out, f"{name}: the summary still prints", out[-300:])
+rc, out, err = run("train", "--log-level", "debug", "--log-level", "warning", "--config", cfg, "--run-dir",
+                   os.path.join(tmp, "last-level"))
+check(rc == 0 and not re.search(r"^step +\d+/4", err, re.M), "--log-level twice: the last one holds", err[-300:])
+rc, out, err = run("-q", "train", "--log-level", "info", "--config", cfg, "--run-dir", os.path.join(tmp, "explicit"))
+check(rc == 0 and re.search(r"^step +1/4", err, re.M), "an explicit --log-level wins over -q", err[-300:])
+rc, out, err = run("formats", env={"SNIP_LOG_LEVEL": "bogus"})
+check(rc == 2 and err == "snip: error: SNIP_LOG_LEVEL (environment): expected debug, info, warning or error, got 'bogus'\n",
+      "a bad SNIP_LOG_LEVEL: one line naming the variable", repr(err))
+rc, out, err = run("formats", env={"SNIP_LOG_LEVEL": "WARNING"})
+check(rc == 0, "SNIP_LOG_LEVEL is case-insensitive", repr(err))
+rc, out, err = run("train", "--help")
+check(rc == 0 and "--log-level debug|info|warning|error" in out, "train --help names the log level options", out[-300:])
 rc, out, err = run("train", "--log-level", "error", "--config", cfg, "--run-dir", os.path.join(tmp, "err-level"))
 check(rc == 0 and "warning" not in out + err and "summary: 4 steps" in out, "--log-level error: no warnings either",
       (out + err)[-300:])
@@ -192,7 +210,7 @@ T.expect_error("a non-UTF-8 file stops the preparation, naming --skip-invalid",
 rc, out, err = run("data", "prepare", "--input", texts, "--out", os.path.join(tmp, "d1"), "--vocab-size", "300",
                    "--val-fraction", "0", "--skip-invalid")
 both = out + err
-check(rc == 0 and re.search(r"warning: skipped input file \S+latin1.txt: not UTF-8", both)
+check(rc == 0 and re.search(r"warning: skipped the whole file \S+latin1.txt \(--skip-invalid\): input file \S+: not UTF-8", both)
       and "skipped:   1 input file" in out, "--skip-invalid: warned and counted", both[-600:])
 meta = json.load(open(os.path.join(tmp, "d1", "meta.json"))) if rc == 0 else {}
 sk = meta.get("sources", [{}])[0].get("skipped", [])
@@ -207,12 +225,70 @@ rc, out, err = run("train", "--nproc-per-node", "2", "--config", cfg_e, "--run-d
 check(rc == 0 and "torchrun" not in (out + err) and re.search(r"dist: 2 ranks \(snip --nproc-per-node", out + err), "a local launch's log names it, not torchrun",
       (out + err)[-600:])
 
-T.expect_error("a misspelt command is named", ["trian"], "unknown command 'trian' (commands: train, eval,")
+T.expect_error("a misspelt command is named", ["trian"],
+               "unknown command 'trian' (did you mean 'train'?) (commands: train, eval,")
 for cmd in (["eval"], ["export", "--out", os.path.join(tmp, "x")], ["sample", "--prompt", "x"]):
     T.expect_error(f"snip {cmd[0]} --run-dir of a missing run", cmd + ["--run-dir", os.path.join(tmp, "no-run")],
                    f"--run-dir: {tmp}/no-run does not exist")
 T.expect_error("snip eval --run-dir of a folder that is not a run", ["eval", "--run-dir", texts],
                f"--run-dir: {texts} is not a run of `snip train` (it has no config.toml)")
+
+T.expect_error("a misspelt command after a log level option", ["-q", "trian"],
+               "unknown command 'trian' (did you mean 'train'?)")
+rc, out, err = run("-q", "data", "prepare", "--input", os.path.join(texts, "good.txt"), "--out",
+                   os.path.join(tmp, "d-q"), "--vocab-size", "300")
+check(rc == 0 and not re.search(r"^\[\d\d:\d\d:\d\d\] (?!warning)", err, re.M),
+      "snip -q data prepare: the log option before `data` (no info lines)", err[-300:])
+# --skip-invalid is part of what makes a folder up to date.
+T.expect_error("prepared with --skip-invalid, then without: prepared again, and stops at the file",
+               ["data", "prepare", "--input", texts, "--out", os.path.join(tmp, "d1"), "--vocab-size", "300",
+                "--val-fraction", "0"], "latin1.txt: not UTF-8 text")
+T.expect_error("a run folder is never a data folder",
+               ["data", "prepare", "--input", texts, "--out", run_e, "--skip-invalid", "--vocab-size", "300"],
+               f"--out {run_e} is a run folder of `snip train` (it holds checkpoints)", untouched=run_e)
+T.expect_error("--set with a quoted number", ["train", "--config", cfg_e, "--run-dir", os.path.join(tmp, "qq"),
+               "--set", 'train.lr="3e-4"'], "the value is quoted; --set takes it without quotes: --set train.lr=3e-4")
+T.expect_error("--run-dir of a file", ["eval", "--run-dir", os.path.join(texts, "good.txt")],
+               "is a file, not a run folder")
+
+# A checkpoint's tokenizer copy damaged: the weights stay usable; the data
+# folder's tokenizer (same SHA-256) stands in, with a warning; without the
+# data folder, export says why and --model-only still works.
+dmg = os.path.join(tmp, "dmg")
+shutil.copytree(run_e, dmg)
+with open(os.path.join(dmg, "checkpoints", "step-2", "tokenizer.model"), "r+b") as f:
+    f.seek(100)
+    f.write(b"\xff")
+rc, out, err = run("export", "--run-dir", dmg, "--out", os.path.join(tmp, "dmg-hf"))
+check(rc == 0 and "is not the tokenizer the model was trained with" in err and
+      open(os.path.join(tmp, "dmg-hf", "tokenizer.model"), "rb").read() ==
+      open(os.path.join(data, "tokenizer.model"), "rb").read(),
+      "a damaged tokenizer copy: export takes the data folder's, with a warning", err[-400:])
+rc, out, err = run("train", "--run-dir", dmg, "--resume", "--set", "train.max_steps=3")
+check(rc == 0, "a damaged tokenizer copy: the run resumes", err[-300:])
+# --model-only --force over an export with a tokenizer: none of it stays.
+rc, out, err = run("export", "--run-dir", run_e, "--out", os.path.join(tmp, "dmg-hf"), "--model-only", "--force")
+check(rc == 0 and not os.path.exists(os.path.join(tmp, "dmg-hf", "tokenizer.model"))
+      and not os.path.exists(os.path.join(tmp, "dmg-hf", "tokenizer_config.json")),
+      "export --model-only --force removes an earlier export's tokenizer files", err[-300:])
+# A checkpoint copied out of its run still knows its windows.
+lone = os.path.join(tmp, "lone")
+os.makedirs(lone)
+shutil.copytree(os.path.join(run_e, "checkpoints", "step-2"), os.path.join(lone, "step-2"))
+rc, out, err = run("eval", "--checkpoint", os.path.join(lone, "step-2"), "--batches", "2")
+check(rc == 0 and "windows of 16 tokens: the run's train.seq_len" in out, "a lone checkpoint: its own windows",
+      out + err[-300:])
+# The --init-from baseline survives --resume.
+rc, out, err = run("train", "--run-dir", os.path.join(tmp, "ft"), "--resume", "--set", "train.max_steps=3")
+s1 = json.load(open(os.path.join(tmp, "ft", "summary.json"))) if rc == 0 else {}
+check(rc == 0 and summ.get("init_val_loss") is not None and s1.get("init_val_loss") == summ.get("init_val_loss")
+      and "at step 0 (--init-from)" in out, "init_val_loss survives --resume", f"{s1.get('init_val_loss')} {out[-300:]}")
+# A finished run whose data folder moved: "nothing to do" first.
+fin2 = os.path.join(tmp, "fin2")
+rc, out, err = run("train", "--config", cfg_e, "--run-dir", fin2)
+T.expect_error("--resume of a finished run whose data moved: nothing to do",
+               ["train", "--run-dir", fin2, "--resume", "--set", f"data.dir={tmp}/gone-data"],
+               "nothing to do (raise train.max_steps to train further)")
 
 shutil.rmtree(tmp, ignore_errors=True)
 T.finish()

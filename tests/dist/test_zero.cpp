@@ -18,7 +18,7 @@
 #include "snip/dist/zero.h"
 #include "snip/io/atomic_file.h"
 #include "snip/model/llama.h"
-#include "snip/train/checkpoint_files.h"
+#include "snip/run/checkpoint_files.h"
 #include "snip/util/error.h"
 
 namespace snip::dist {

@@ -1,7 +1,7 @@
 // A checkpoint folder (`snip train --resume`, `snip eval`, `snip export`)
 // -> verify_checkpoint, checkpoint_loader_state, checkpoint_model_config,
 // checkpoint_tokenizer_sha256, checkpoint_data_dir
-// (snip/train/checkpoint_files.h). The first byte of the input picks the
+// (snip/run/checkpoint_files.h). The first byte of the input picks the
 // file the rest replaces in an otherwise valid step-4 folder: 0
 // trainer_state.json, 1 config.json, 2 manifest.json. For 0 and 1 the
 // manifest is recomputed (as write_checkpoint_manifest would, without its
@@ -15,7 +15,7 @@
 #include <string>
 
 #include "harness.h"
-#include "snip/train/checkpoint_files.h"
+#include "snip/run/checkpoint_files.h"
 
 using namespace snip;
 namespace fs = std::filesystem;

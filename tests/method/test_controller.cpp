@@ -11,7 +11,7 @@
 #include "snip/method/controller.h"
 #include "snip/policy/plan_file.h"
 #include "snip/model/llama.h"
-#include "snip/quant/quantizers.h"
+#include "snip/model/quantizers.h"
 #include "snip/train/trainer.h"
 #include "snip/io/atomic_file.h"
 #include "snip/policy/cost_table.h"

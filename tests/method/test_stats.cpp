@@ -9,7 +9,7 @@
 #include <set>
 
 #include "snip/model/llama.h"
-#include "snip/quant/quantizers.h"
+#include "snip/model/quantizers.h"
 #include "snip/method/stats.h"
 #include "snip/policy/cost_table.h"
 #include "snip/io/json.h"

@@ -9,7 +9,7 @@
 #include <fstream>
 
 #include "snip/config/config.h"
-#include "snip/method/study.h"
+#include "snip/app/study.h"
 #include "snip/train/trainer.h"
 #include "snip/io/atomic_file.h"
 #include "snip/report/report.h"

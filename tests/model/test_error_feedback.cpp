@@ -14,7 +14,7 @@
 #include "snip/formats/fake_quant.h"
 #include "snip/formats/hadamard.h"
 #include "snip/model/linear.h"
-#include "snip/quant/quantizers.h"
+#include "snip/model/quantizers.h"
 #include "snip/quant/recipe.h"
 #include "snip/util/error.h"
 

@@ -17,7 +17,7 @@
 #include "snip/method/stats.h"
 #include "snip/model/lora.h"
 #include "snip/model/matmul.h"
-#include "snip/quant/quantizers.h"
+#include "snip/model/quantizers.h"
 #include "snip/util/error.h"
 
 using namespace snip;

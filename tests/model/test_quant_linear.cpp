@@ -10,7 +10,7 @@
 
 #include "snip/model/blas.h"
 #include "snip/model/llama.h"
-#include "snip/quant/quantizers.h"
+#include "snip/model/quantizers.h"
 #include "snip/train/trainer.h"
 #include "snip/formats/fake_quant.h"
 #include "snip/formats/scaling.h"

@@ -853,6 +853,15 @@ TEST(Compare, RecordsAndDifferences) {
   EXPECT_EQ(d[2].line("a", "b"), "steps: 6 (a) vs 6 of 10 (b)");
   EXPECT_EQ(d[3].line("a", "b"), "tokens per step: unknown (a) vs 64 (4 x 8 x 2) (b)");
   EXPECT_EQ(d[4].reference, "all of val.bin");
+  // Every data-parallel replica trains its own micro-batches: 2 ranks double
+  // the tokens of a step (the ranks a fresh user's 2-rank run had, unnoted).
+  RunRecord two = read_run_record(t.str() + "/b");
+  two.replicas = 2;
+  RunRecord one = two;
+  one.replicas = 1;
+  d = compare_runs(one, two);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].line("a", "b"), "tokens per step: 64 (4 x 8 x 2) (a) vs 128 (4 x 8 x 2 x 2 ranks) (b)");
 
   // Another tokenizer and vocabulary: incomparable; another validation set alone too.
   write_data_record(t, "b", kShaB, 300, kShaV);

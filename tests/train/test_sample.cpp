@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "micro.h"
@@ -72,6 +73,35 @@ TEST(Sample, SeededDrawsRepeatAndTopOneIsGreedy) {
   // as EOS, and the sample is the prompt plus that token.
   g.eos_id = sample(m, {2}, g)[1];
   EXPECT_EQ(sample(m, {2}, g), (std::vector<int32_t>{2, int32_t(g.eos_id)}));
+}
+
+// A model vocabulary larger than its tokenizer's (an --init-from model on
+// another tokenizer's data): ids past vocab_limit decode to nothing, so
+// they are never drawn; below it the draws are the unrestricted ones'
+// restricted to the kept logits (greedy: the argmax over them).
+TEST(Sample, DrawsStayBelowTheTokenizersVocabulary) {
+  LlamaForCausalLM m = tiny_model();  // V = 40
+  SampleOptions o;
+  o.temperature = 1.0;
+  o.top_k = 0;
+  o.max_new_tokens = 200;
+  o.vocab_limit = 10;
+  for (uint64_t seed = 0; seed < 4; ++seed) {
+    o.seed = seed;
+    const auto ids = sample(m, {2}, o);
+    for (size_t i = 1; i < ids.size(); ++i) ASSERT_LT(ids[i], 10) << "seed " << seed << " position " << i;
+  }
+  SampleOptions g;
+  g.temperature = 0;
+  g.max_new_tokens = 1;
+  g.vocab_limit = 10;
+  torch::NoGradGuard ng;
+  const auto logits = m(torch::tensor(std::vector<int64_t>{2}).unsqueeze(0))[0][0];
+  EXPECT_EQ(sample(m, {2}, g)[1], logits.slice(0, 0, 10).argmax().item<int64_t>());
+  // Without a limit, 200 near-uniform draws over 40 ids reach past 10.
+  o.vocab_limit = 0;
+  const auto all = sample(m, {2}, o);
+  EXPECT_TRUE(std::any_of(all.begin() + 1, all.end(), [](int32_t id) { return id >= 10; }));
 }
 
 TEST(Sample, BadArgumentsAreClearErrors) {

@@ -12,7 +12,7 @@
 
 #include "snip/config/config.h"
 #include "snip/data/data_folder.h"
-#include "snip/train/checkpoint_files.h"
+#include "snip/run/checkpoint_files.h"
 #include "snip/train/trainer.h"
 #include "snip/io/atomic_file.h"
 #include "snip/io/dir_lock.h"

@@ -167,7 +167,7 @@ enum class Policy { kNone, kUniform, kSnip, kMinRelErr, kLayerType, kFirstLastFp
 /// The first-order term of the loss divergence (precision.first_order; docs/method.md section 3).
 enum class FirstOrder { kDrop, kAbs, kSigned };
 /// "none" (no quantization: every GEMM in train.gemm_dtype; "bf16" is read as
-/// "none", its name until 2026-12-01), "uniform-<option>" needs the option:
+/// "none", its earlier name), "uniform-<option>" needs the option:
 /// see PrecisionConfig::policy_name().
 const char* to_string(Policy p);
 const char* to_string(FirstOrder f);

@@ -1,5 +1,5 @@
 // snip/data/data_folder.h: a prepared data folder, checked as a whole before
-// a run reads it (issue 17, item 4).
+// a run reads it.
 //
 // `snip data prepare` writes FOLDER/meta.json, tokenizer.model, train.bin and
 // val.bin (include/snip/data/prepare.h; shard layout in shard.h). A trainer

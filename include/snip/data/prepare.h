@@ -56,7 +56,7 @@ namespace snip::data {
 /// dummy prefix) and at least one character of text: 261, which a
 /// one-character corpus reaches. Richer corpora need one piece per covered
 /// character more (training reports it). Upper: 2^22, the largest
-/// model.vocab_size `snip train` accepts (src/core/config.cpp).
+/// model.vocab_size `snip train` accepts (src/config/config.cpp).
 inline constexpr int kMinTrainedVocab = 3 + 256 + 1 + 1;
 inline constexpr int kMaxVocab = 1 << 22;
 

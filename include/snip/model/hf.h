@@ -107,9 +107,14 @@ std::map<std::string, std::string> hf_tokenizer_files(const HfTokenizer& tok, in
 /// not empty and `force` is false; and when a write fails (disk full), after
 /// removing the folder if this call created it.
 /// With `tokenizer`, also hf_tokenizer_files(*tokenizer,
-/// max_position_embeddings) and "bos_token_id"/"eos_token_id" in config.json.
+/// max_position_embeddings) and "bos_token_id"/"eos_token_id" in config.json;
+/// without it, under `force`, tokenizer files an earlier export left in dir
+/// are removed (a model never sits beside another model's tokenizer).
+/// `extra_files` (name -> bytes, e.g. snip_export.json) are written the same
+/// way, atomically, inside the same clean-up.
 void export_hf(LlamaForCausalLM& model, const std::string& dir, at::ScalarType dtype = at::kFloat,
-               bool force = false, const HfTokenizer* tokenizer = nullptr);
+               bool force = false, const HfTokenizer* tokenizer = nullptr,
+               const std::map<std::string, std::string>& extra_files = {});
 
 /// A Hugging Face folder's config.json, read and checked.
 struct HfFolder {

@@ -70,7 +70,7 @@ struct Recipe {
   /// "Recipe files"): the W quantized at step t is Q(W_t + r_t), r_{t+1} =
   /// (W_t + r_t) - Q_fprop.w(W_t + r_t), r_0 = 0, per layer (docs/method.md
   /// section 7; Seide et al. 2014, Karimireddy et al. 2019). The state lives
-  /// in the quantizer (quant/quantizers.h).
+  /// in the quantizer (model/quantizers.h).
   bool error_feedback = false;
 
   const formats::QuantSpec& operator[](Operand op) const {

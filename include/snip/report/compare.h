@@ -1,5 +1,5 @@
 // snip/report/compare.h: what two runs were trained on and how, side by
-// side, for `snip report RUN --reference OTHER` (issue 18, item 6).
+// side, for `snip report RUN --reference OTHER`.
 //
 // A loss is nats per token of one tokenizer on one validation set: two runs'
 // losses compare only when both are the same. What a run folder records:
@@ -41,7 +41,10 @@ struct RunRecord {
   std::string model;             ///< "C=32, 1 layer, 2/1 heads, SwiGLU 64[, V=N][, tied]" ("" = no config.toml)
   int64_t steps = -1;            ///< optimizer steps trained (or logged, for an unfinished run)
   int64_t max_steps = -1;        ///< train.max_steps
-  int64_t batch_size = -1, seq_len = -1, grad_accum = -1;  ///< tokens per step = B × T × accum
+  int64_t batch_size = -1, seq_len = -1, grad_accum = -1;  ///< tokens per step = B × T × accum × replicas
+  /// Data-parallel replicas (the newest checkpoint's world_size, or its
+  /// pipeline's replicas; 1 when it records none or there is no checkpoint).
+  int64_t replicas = 1;
   int64_t eval_batches = -1;     ///< train.eval_batches (0 = all of val.bin)
 };
 

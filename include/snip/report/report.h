@@ -31,8 +31,8 @@
 //               WD at the low option, and a Q-vs-relative-error scatter plot
 //               with Pearson and Spearman correlation
 //
-// A run with policy none (no quantization; "bf16" in runs written before
-// 2026-12-01) has no plans: the precision sections say "no precision
+// A run with policy none (no quantization; "bf16" in runs of earlier
+// versions) has no plans: the precision sections say "no precision
 // decisions (policy none (bf16 GEMMs))", with the run's GEMM dtype, instead
 // of empty charts.
 //

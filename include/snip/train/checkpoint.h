@@ -1,4 +1,4 @@
-// snip/train/checkpoint.h: checkpoints of a run (ARCHITECTURE.md "A run on
+// snip/train/checkpoint.h: checkpoints of a run (README.md "A run on
 // disk").
 //
 //   RUN/checkpoints/step-N/        the state after N optimizer steps:
@@ -64,7 +64,7 @@
 #include "snip/data/data_folder.h"
 #include "snip/model/hf.h"
 #include "snip/model/llama.h"
-#include "snip/train/checkpoint_files.h"  // verify_checkpoint, latest_checkpoint, ...
+#include "snip/run/checkpoint_files.h"  // verify_checkpoint, latest_checkpoint, ...
 
 namespace snip::dist {
 struct ZeroPartition;  // snip/dist/zero.h
@@ -217,6 +217,19 @@ nlohmann::json tokenizer_record(const data::DataFolderInfo& info);
 /// when it still holds the tokenizer of the recorded SHA-256 (checkpoints of
 /// earlier versions). Throws UserError naming the checkpoint and why neither
 /// is usable.
+/// A copy that is missing, unreadable or of another SHA-256 than trainer_state.json
+/// records falls back to the data folder (with a warning). The copy's files
+/// are not in trainer_state.json's CRC-32 list (is_checkpoint_tokenizer_file),
+/// so a damaged copy never makes the weights unusable.
 HfTokenizer checkpoint_tokenizer(const std::string& dir, const nlohmann::json& state);
+
+/// T, the tokens per sequence checkpoint `dir` trained on: trainer_state.json
+/// "data"."seq_len", else its run's config.toml train.seq_len (checkpoints
+/// of earlier versions, still in their run); -1 when neither says.
+int64_t checkpoint_seq_len(const std::string& dir, const nlohmann::json& state);
+
+/// tokenizer.model, tokenizer_config.json, special_tokens_map.json: the
+/// tokenizer files a checkpoint carries, checked by checkpoint_tokenizer.
+bool is_checkpoint_tokenizer_file(const std::string& name);
 
 }  // namespace snip

@@ -1,5 +1,4 @@
-// snip/train/guard.h: the in-process guard (issue 12, item 3; docs/method.md
-// section 7 "Guard"; docs/operations.md "The guard").
+// snip/train/guard.h: the in-process guard (docs/operations.md "The guard").
 //
 // After every optimizer step the trainer hands the guard what the step
 // measured (Observation); the guard evaluates its conditions and returns one

@@ -1,6 +1,7 @@
 // snip/train/memory.h: the memory a model and batch need, checked before any
-// of it is allocated (issue 17: a model allowed by the config caps but far too
-// large for memory ran a long time before failing, or died in the allocator).
+// of it is allocated (a model allowed by the config caps but far too large
+// for memory would otherwise run a long time before failing, or die in the
+// allocator).
 #pragma once
 
 #include <cstdint>

@@ -23,6 +23,9 @@ struct SampleOptions {
   int64_t top_k = 40;           ///< keep the k most likely tokens; 0 = all V
   uint64_t seed = 0;            ///< same seed, same model, same prompt: same tokens
   int64_t eos_id = -1;          ///< stop after generating this id (-1 = never)
+  /// Draw only ids below this (the tokenizer's vocabulary when the model's
+  /// is larger: those extra embeddings decode to nothing); <= 0 = all V.
+  int64_t vocab_limit = 0;
 };
 
 /// The prompt's token ids [P] followed by up to max_new_tokens generated

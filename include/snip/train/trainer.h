@@ -9,7 +9,7 @@
 // sets per layer at step boundaries. The step itself is train/step.h,
 // checkpoints train/checkpoint.h, the optimizer train/optimizer.h.
 //
-// A run on disk (ARCHITECTURE.md "A run on disk"):
+// A run on disk (README.md "A run on disk"):
 //   RUN/config.toml            resolved configuration (every option)
 //   RUN/metrics.jsonl          one JSON object per step: step, loss, lr,
 //                              grad_norm, tokens_per_s, elapsed_s, fp4_share;
@@ -75,6 +75,7 @@ struct TrainSummary {
   /// step, nats/token (NaN otherwise).
   double init_val_loss = std::numeric_limits<double>::quiet_NaN();
   int64_t eval_seq_len = 0;       ///< T of the validation windows, tokens
+  int64_t train_loss_steps = 0;   ///< steps final_train_loss averages (the last 10, or fewer)
   int64_t invocation_steps = 0;   ///< steps run by this invocation (rolled-back steps included)
   int64_t start_step = 0;         ///< the step this invocation started from (0, or the checkpoint resumed)
   int64_t rollbacks = 0;          ///< rollbacks the guard made in this run (train/guard.h)

@@ -1,7 +1,7 @@
 // The correlation study of docs/method.md section 7 (see study.h).
 #include "snip/hw/platform.h"
 #include "snip/train/memory.h"
-#include "snip/method/study.h"
+#include "snip/app/study.h"
 
 #include <spdlog/spdlog.h>
 
@@ -17,7 +17,7 @@
 #include "snip/model/hf.h"
 #include "snip/model/llama.h"
 #include "snip/model/matmul.h"
-#include "snip/quant/quantizers.h"
+#include "snip/model/quantizers.h"
 #include "snip/quant/recipe_file.h"
 #include "snip/method/stats.h"
 #include "snip/train/checkpoint.h"
@@ -350,7 +350,7 @@ CorrelationResult correlation_from_json(const json& j, const std::string& what) 
                {"train_loss", &CorrelationLayer::train_loss}, {"delta_val", &CorrelationLayer::delta_val},
                {"delta_train", &CorrelationLayer::delta_train}})
         c.*f = l.at(k).get<double>();
-      // Written since --repeats (2026-12-02); older files have one repeat.
+      // Written since --repeats exists; older files have one repeat.
       for (auto [k, f] : std::initializer_list<std::pair<const char*, double CorrelationLayer::*>>{
                {"delta_val_se", &CorrelationLayer::delta_val_se}, {"delta_train_se", &CorrelationLayer::delta_train_se}})
         if (l.contains(k) && l.at(k).is_number()) c.*f = l.at(k).get<double>();

@@ -1,5 +1,5 @@
 // Recipes (snip_formats) as OperandQuantizer hooks on LibTorch tensors.
-#include "snip/quant/quantizers.h"
+#include "snip/model/quantizers.h"
 
 #include <cstring>
 #include <map>

@@ -1,4 +1,4 @@
-// snip/quant/quantizers.h: recipes (snip_formats) as OperandQuantizer hooks.
+// snip/model/quantizers.h: recipes (snip_formats) as OperandQuantizer hooks.
 #pragma once
 
 #include <memory>

@@ -1,4 +1,4 @@
-// snip/method/study.h: the correlation study of docs/method.md section 7: does the
+// snip/app/study.h: the correlation study of docs/method.md section 7: does the
 // stats step's predicted quality loss Q_l(fp4) rank layers the way training
 // does?
 //

@@ -1,4 +1,4 @@
-// snip/train/checkpoint_files.h: the files of a checkpoint folder, read,
+// snip/run/checkpoint_files.h: the files of a checkpoint folder, read,
 // checked and found without LibTorch (layout: snip/train/checkpoint.h), so
 // that what a run reads back is testable and fuzzable alone (tests/fuzz).
 #pragma once
