@@ -1,4 +1,4 @@
-# snip_torch: the modules that need LibTorch, as one static library with one
+# The modules that need LibTorch, one static library per folder sharing one
 # precompiled header for <torch/torch.h> (a TU including it costs ~20 s
 # without, ~2 s with):
 #   src/model   Llama, the quantized linear layer, recipes bound to layers
@@ -9,25 +9,38 @@
 #   src/method  the stats step, the precision controller
 #   src/train   the training step, the loop, checkpoints, optimizer
 #   src/app     drivers over whole runs: the correlation study
-# Layering (an include only points down; tests/layering.py checks it, and
-# docs/architecture.md draws it): app -> train -> method -> dist -> model.
-file(GLOB SNIP_TORCH_SOURCES CONFIGURE_DEPENDS
-  ${CMAKE_CURRENT_LIST_DIR}/model/*.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/dist/*.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/method/*.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/train/*.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/app/*.cpp)
-add_library(snip_torch STATIC ${SNIP_TORCH_SOURCES})
-target_include_directories(snip_torch PUBLIC ${PROJECT_SOURCE_DIR}/include)
-target_link_libraries(snip_torch PUBLIC ${TORCH_LIBRARIES} nlohmann_json::nlohmann_json
-  spdlog::spdlog OpenMP::OpenMP_CXX ZLIB::ZLIB)
+# Layering (an include only points down; tests/layering/check_layers.py
+# checks it, and docs/architecture.md draws it): app -> train -> method ->
+# dist -> model.
+# One static library per folder, each linking only the one below it (and
+# the LibTorch-free libraries), so an upward call does not link: snip_model
+# <- snip_dist <- snip_method <- snip_train <- snip_app. snip_model owns the
+# precompiled header; the others reuse it. snip_torch is all of them, for
+# the programs and tests.
+find_library(SNIP_OPENBLAS_LIBRARY openblas REQUIRED)  # the FP32 GEMMs of src/model/blas.cpp
+function(snip_torch_library name folder)
+  file(GLOB srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/${folder}/*.cpp)
+  add_library(${name} STATIC ${srcs})
+  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR}/include)
+  target_link_libraries(${name} PUBLIC ${ARGN})
+  if(name STREQUAL "snip_model")
+    target_precompile_headers(${name} PRIVATE <torch/torch.h> <nlohmann/json.hpp>)
+  else()
+    target_precompile_headers(${name} REUSE_FROM snip_model)
+  endif()
+endfunction()
 # Not snip_data: SentencePiece must stay out of LibTorch processes (src/data/CMakeLists.txt).
+set(SNIP_TORCH_BELOW)
 foreach(dep snip_formats snip_recipes snip_io snip_tokens snip_policy snip_report snip_config snip_hw snip_run snip_monitor)
   if(TARGET ${dep})
-    target_link_libraries(snip_torch PUBLIC ${dep})
+    list(APPEND SNIP_TORCH_BELOW ${dep})
   endif()
 endforeach()
-# OpenBLAS (Debian's libopenblas-dev): the FP32 GEMMs of src/model/blas.cpp.
-find_library(SNIP_OPENBLAS_LIBRARY openblas REQUIRED)
-target_link_libraries(snip_torch PUBLIC ${SNIP_OPENBLAS_LIBRARY})
-target_precompile_headers(snip_torch PRIVATE <torch/torch.h> <nlohmann/json.hpp>)
+snip_torch_library(snip_model model ${TORCH_LIBRARIES} nlohmann_json::nlohmann_json spdlog::spdlog
+                   OpenMP::OpenMP_CXX ZLIB::ZLIB ${SNIP_OPENBLAS_LIBRARY} ${SNIP_TORCH_BELOW})
+snip_torch_library(snip_dist dist snip_model)
+snip_torch_library(snip_method method snip_dist)
+snip_torch_library(snip_train train snip_method)
+snip_torch_library(snip_app app snip_train)
+add_library(snip_torch INTERFACE)
+target_link_libraries(snip_torch INTERFACE snip_app)

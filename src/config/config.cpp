@@ -648,8 +648,9 @@ void Config::set_override(const std::string& assignment) {
   const OptionSpec* s = find_spec(key);
   if (!s) unknown_key(key, what);
   // --set k="0.2" reaches us with the quotes when the shell kept them
-  // (--set 'k="0.2"'): a number or boolean needs none (a string may hold them).
-  if (s->type != T::kString && text.size() >= 2 && (text.front() == '"' || text.front() == '\'') && text.back() == text.front())
+  // (--set 'k="0.2"'): a number, boolean or one of an option's words needs
+  // none (a free string, a path or a prompt, may hold quotes).
+  if ((s->type != T::kString || !s->choices.empty()) && text.size() >= 2 && (text.front() == '"' || text.front() == '\'') && text.back() == text.front())
     fail(what, ": ", key, ": the value is quoted; --set takes it without quotes: --set ", key, "=",
          text.substr(1, text.size() - 2));
   OptionValue v;

@@ -115,6 +115,9 @@ json verify_checkpoint(const std::string& dir) {
            "or write a whole model with `snip export --merge`");
     if (fs::exists(fs::path(dir) / "checkpoints"))
       fail(dir, " is a run folder, not a checkpoint: give it with --run-dir, or one of its checkpoints/step-N");
+    if (fs::exists(fs::path(dir) / "config.json"))
+      fail(dir, " is a Hugging Face folder (config.json, no trainer_state.json), not a snip checkpoint: it is "
+           "already what `snip export` writes");
   }
   // manifest.json first: it covers trainer_state.json too (checkpoints of
   // snip before it have none; their trainer_state.json is read unchecked).

@@ -572,7 +572,10 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
   const std::string train_bin = (data_dir / "train.bin").string(), val_bin = (data_dir / "val.bin").string();
   for (const auto& p : {train_bin, val_bin})
     if (!fs::exists(p))
-      fail("data.dir: ", p, " does not exist (make it with ", data::prepare_hint(data_dir.string()), ")");
+      fail("data.dir: ", p, " does not exist (",
+           opts.resume ? "moved? continue with --set data.dir=NEW_DIR; else make it with "
+                       : "make it with ",
+           data::prepare_hint(data_dir.string()), ")");
   // meta.json, tokenizer.model and the shards must agree (vocabulary, dtype,
   // token counts, the tokenizer's SHA-256): samples and exports decode the
   // ids with that tokenizer.

@@ -290,5 +290,11 @@ T.expect_error("--resume of a finished run whose data moved: nothing to do",
                ["train", "--run-dir", fin2, "--resume", "--set", f"data.dir={tmp}/gone-data"],
                "nothing to do (raise train.max_steps to train further)")
 
+T.expect_error("--resume of an unfinished run whose data moved: says how to point at it",
+               ["train", "--run-dir", fin2, "--resume", "--set", "train.max_steps=4", "--set",
+                f"data.dir={tmp}/gone-data"], "moved? continue with --set data.dir=NEW_DIR")
+T.expect_error("export of a Hugging Face folder says what it is", ["export", "--checkpoint", hf, "--out",
+               os.path.join(tmp, "hf-of-hf")], f"{hf} is a Hugging Face folder (config.json, no trainer_state.json)")
+
 shutil.rmtree(tmp, ignore_errors=True)
 T.finish()
