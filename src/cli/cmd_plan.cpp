@@ -683,7 +683,9 @@ void add_plan_commands(CLI::App& app) {
   show->add_option("run", sa->run, "Run directory (runs/NAME)")->required();
   show->add_option("--step", sa->step, "The plan in force at step N: the newest made at or before N (default: the newest plan of the plan phase, or of any phase when it had none)");
   show->add_flag("--json", sa->json, "Print the plan JSON instead of the table");
-  show->callback([sa] {
+  auto step_opt = show->get_option("--step");
+  show->callback([sa, step_opt] {
+    if (step_opt->count() > 0 && sa->step < 0) fail("--step: expected a step >= 0, got ", sa->step);
     const std::string path = find_plan_file(sa->run, sa->step);
     const nlohmann::json j = io::read_json_file(path, "plan");
     if (sa->json)

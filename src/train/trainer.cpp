@@ -410,6 +410,13 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       fail("--resume: ", sp, ": expected \"lora\".base.dir, the base model the adapters were trained on (corrupt?)");
     init_dir = st["lora"]["base"]["dir"].get<std::string>();
   }
+  // A full run resumed with --init-from: the checkpoint's weights are the
+  // ones trained on; the folder only names where they started (a LoRA run's
+  // --init-from names where its base moved, and is used).
+  if (!opts.init_from.empty() && !resume_ckpt.empty() &&
+      !fs::exists(fs::path(resume_ckpt) / "adapter_config.json") && !quiet)
+    spdlog::warn("--init-from {}: with --resume the weights are {}'s; the folder is only checked against the "
+                 "run's model", opts.init_from, resume_ckpt);
   if (!opts.init_from.empty() && fs::exists(fs::path(opts.init_from) / "adapter_config.json"))
     fail("--init-from ", opts.init_from, " holds LoRA adapters, not a whole model: write the adapted model with "
          "`snip export --merge` and start from that folder (or resume the run that trained them)");
@@ -950,9 +957,12 @@ TrainSummary train(const Config& cfg_in, const TrainOptions& opts) {
       // are the saved ones; from here a step reads R x grad_accum windows.
       loader_base = {{"step", step}, {"windows", ls.epoch * loader.windows_per_epoch() + ls.cursor}};
       if (!quiet)
-        spdlog::warn("--resume: {} was written by {} rank{}, this run has {}: the optimizer state is re-sharded by "
-                     "parameter name; a step now reads {} tokens instead of {}", resume_ckpt, saved_world,
-                     saved_world == 1 ? "" : "s", DP, B * T * accum * DP, B * T * accum * saved_world);
+        spdlog::warn("--resume: {} was written by {} rank{}, this run has {}: {}a step now reads {} tokens instead "
+                     "of {}", resume_ckpt, saved_world, saved_world == 1 ? "" : "s", DP,
+                     zero_stage > 0 || (resume_state.contains("zero_stage") && resume_state["zero_stage"] != json(0))
+                         ? "the optimizer state is re-sharded by parameter name; "
+                         : "",
+                     B * T * accum * DP, B * T * accum * saved_world);
     }
   }
   // Every rank starts from the same weights (same seed, same file), or stops here.

@@ -293,6 +293,12 @@ T.expect_error("--resume of a finished run whose data moved: nothing to do",
 T.expect_error("--resume of an unfinished run whose data moved: says how to point at it",
                ["train", "--run-dir", fin2, "--resume", "--set", "train.max_steps=4", "--set",
                 f"data.dir={tmp}/gone-data"], "moved? continue with --set data.dir=NEW_DIR")
+T.expect_error("plan show --step -1", ["plan", "show", os.path.join(tmp, "plans"), "--step", "-1"],
+               "--step: expected a step >= 0, got -1")
+rc, out, err = run("train", "--run-dir", os.path.join(tmp, "ft"), "--resume", "--init-from", hf, "--set",
+                   "train.max_steps=4")
+check(rc == 0 and "with --resume the weights are" in err, "--init-from with --resume says the checkpoint's weights",
+      err[-300:])
 T.expect_error("export of a Hugging Face folder says what it is", ["export", "--checkpoint", hf, "--out",
                os.path.join(tmp, "hf-of-hf")], f"{hf} is a Hugging Face folder (config.json, no trainer_state.json)")
 
