@@ -108,8 +108,7 @@ void add_data_commands(CLI::App& app) {
               << "\n";
     char secs[32];
     std::snprintf(secs, sizeof secs, "%.1f", s.seconds);
-    size_t skipped = 0;
-    for (const auto& src : s.sources) skipped += src.skipped.size();
+    const size_t skipped = s.skipped_files();
     if (skipped > 0)
       std::cout << "  skipped:   " << skipped << " input file" << (skipped == 1 ? "" : "s")
                 << " (--skip-invalid; listed in " << s.meta_path << ")\n";

@@ -228,10 +228,13 @@ void add_train_commands(CLI::App& app) {
     const bool hf = is_hf_folder(ckpt);
     if (hf && ea->data.empty() && ea->run_dir.empty())
       fail("--checkpoint ", ckpt, " is a Hugging Face folder: give the data to evaluate on with --data");
+    // A snip checkpoint's trainer_state.json, verified once (verify_checkpoint
+    // reads every file of the checkpoint, the weights included).
+    const json st = hf ? json() : verify_checkpoint(ckpt);
     // The data: --data, else the run's data.dir, else (a checkpoint alone)
     // the data folder the checkpoint was trained on.
     std::string data = ea->data;
-    if (data.empty() && ea->run_dir.empty() && !hf) data = checkpoint_data_dir(verify_checkpoint(ckpt));
+    if (data.empty() && ea->run_dir.empty() && !hf) data = checkpoint_data_dir(st);
     if (data.empty()) data = cfg.get_string("data.dir");
     const std::string val = (fs::path(data) / "val.bin").string();
     if (!fs::exists(val)) {
@@ -250,7 +253,7 @@ void add_train_commands(CLI::App& app) {
         model_tok_from = t.string();
       }
     } else {
-      model_tok = checkpoint_tokenizer_sha256(verify_checkpoint(ckpt));
+      model_tok = checkpoint_tokenizer_sha256(st);
       model_tok_from = ckpt;
     }
     if (model_tok.empty())
@@ -275,8 +278,8 @@ void add_train_commands(CLI::App& app) {
       if (!ea->run_dir.empty() && cfg.get_int("train.seq_len") > 0) {
         T = cfg.get_int("train.seq_len");
         T_from = "the run's train.seq_len";
-      } else if (!hf && checkpoint_seq_len(ckpt, verify_checkpoint(ckpt)) > 0) {
-        T = checkpoint_seq_len(ckpt, verify_checkpoint(ckpt));
+      } else if (const int64_t trained = hf ? -1 : checkpoint_seq_len(ckpt, st); trained > 0) {
+        T = trained;
         T_from = "the run's train.seq_len";
       } else if (hf && fs::is_regular_file(export_info)) {
         const nlohmann::json j = io::read_json_file(export_info.string(), "snip_export.json");
@@ -344,9 +347,9 @@ void add_train_commands(CLI::App& app) {
       if (ckpt.empty()) fail("no complete checkpoint in ", xa->run_dir, "/checkpoints");
     }
     LlamaForCausalLM model = load_checkpoint_model(ckpt);
+    const json st = verify_checkpoint(ckpt);  // once: it reads every file of the checkpoint
     if (has_lora(model) && !xa->merge) {
       // A PEFT adapter folder over the base the checkpoint names (checked by SHA-256 in load_checkpoint_model).
-      const json st = verify_checkpoint(ckpt);
       const LoraCheckpoint b = lora_checkpoint_base(ckpt, st, "checkpoint " + ckpt);
       export_peft(model, b.config, b.dir, xa->out, xa->force,
                   xa->dtype == "bfloat16" || xa->dtype == "bf16" ? at::kBFloat16 : at::kFloat);
@@ -366,7 +369,7 @@ void add_train_commands(CLI::App& app) {
     std::optional<HfTokenizer> tok;
     if (!xa->model_only) {
       try {
-        tok = checkpoint_tokenizer(ckpt, verify_checkpoint(ckpt));
+        tok = checkpoint_tokenizer(ckpt, st);
       } catch (const UserError& e) {
         fail(e.what(), " (snip export --model-only writes the model without a tokenizer)");
       }
@@ -374,7 +377,6 @@ void add_train_commands(CLI::App& app) {
     const bool bf16 = xa->dtype == "bfloat16" || xa->dtype == "bf16";
     // Where the folder came from, and the windows it trained on (snip eval's
     // default --seq-len for it). transformers ignores the file.
-    const nlohmann::json st = verify_checkpoint(ckpt);
     nlohmann::json info = {{"format", "snip-export"}, {"version", 1},
                            {"checkpoint", fs::absolute(ckpt).lexically_normal().string()},
                            {"step", st.value("step", nlohmann::json())},

@@ -364,18 +364,14 @@ PrepareSummary prepare_data(const PrepareOptions& opt, const PrepareProgress& pr
   summary.documents = docs.size();
   if (docs.empty()) {
     std::string where;
-    size_t skipped = 0;
-    for (const auto& s : summary.sources) {
-      where += (where.empty() ? "" : ", ") + s.path;
-      skipped += s.skipped.size();
-    }
+    for (const auto& s : summary.sources) where += (where.empty() ? "" : ", ") + s.path;
+    const size_t skipped = summary.skipped_files();
     if (skipped > 0)
       fail("corpus is empty: --skip-invalid left out ", skipped, " input file", skipped == 1 ? "" : "s",
            " and the rest hold no non-whitespace text (", where, ")");
     fail("corpus is empty: no non-whitespace text in ", where);
   }
-  size_t skipped_files = 0;
-  for (const auto& s : summary.sources) skipped_files += s.skipped.size();
+  const size_t skipped_files = summary.skipped_files();
   report(str_cat("read ", fmt_count(docs.size()), " documents (", fmt_count(total_bytes), " bytes) from ",
                  summary.sources.size(), " source(s) in ", fmt_secs(since(t0)),
                  skipped_files ? str_cat(" (", skipped_files, " file(s) skipped: --skip-invalid)") : ""));

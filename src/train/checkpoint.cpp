@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <utility>
@@ -441,14 +442,26 @@ json tokenizer_record(const data::DataFolderInfo& info) {
           {"eos_piece", info.eos_piece}, {"unk_piece", info.unk_piece}};
 }
 
+namespace {
+
+// The config.toml of the run checkpoint `dir` sits in (RUN/checkpoints/step-N),
+// for what checkpoints of earlier versions do not record; none when the
+// checkpoint is not in its run.
+std::optional<Config> checkpoint_run_config(const std::string& dir) {
+  const fs::path run_cfg = fs::path(dir).parent_path().parent_path() / "config.toml";
+  if (!fs::is_regular_file(run_cfg)) return std::nullopt;
+  Config rc;
+  rc.load_toml_file(run_cfg.string());
+  return rc;
+}
+
+}  // namespace
+
 int64_t checkpoint_seq_len(const std::string& dir, const json& state) {
   if (state.contains("data") && state["data"].contains("seq_len") && state["data"]["seq_len"].is_number_integer())
     return state["data"]["seq_len"].get<int64_t>();
-  const fs::path run_cfg = fs::path(dir).parent_path().parent_path() / "config.toml";
-  if (!fs::is_regular_file(run_cfg)) return -1;
-  Config rc;
-  rc.load_toml_file(run_cfg.string());
-  return rc.get_int("train.seq_len");
+  const std::optional<Config> rc = checkpoint_run_config(dir);
+  return rc ? rc->get_int("train.seq_len") : -1;
 }
 
 bool is_checkpoint_tokenizer_file(const std::string& name) {
@@ -480,12 +493,8 @@ HfTokenizer checkpoint_tokenizer(const std::string& dir, const json& state) {
   const std::string older = own_problem.empty() ? "holds no tokenizer.model (written by an older snip)"
                                                 : "has an unusable tokenizer.model (" + own_problem + ")";
   std::string data_dir = checkpoint_data_dir(state);
-  const fs::path run_cfg = fs::path(dir).parent_path().parent_path() / "config.toml";
-  if (data_dir.empty() && fs::is_regular_file(run_cfg)) {
-    Config rc;
-    rc.load_toml_file(run_cfg.string());
-    data_dir = rc.get_string("data.dir");
-  }
+  if (data_dir.empty())
+    if (const std::optional<Config> rc = checkpoint_run_config(dir)) data_dir = rc->get_string("data.dir");
   if (data_dir.empty()) fail("checkpoint ", dir, " ", older, " and does not name its data folder");
   data::DataFolderInfo info;
   try {

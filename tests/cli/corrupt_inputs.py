@@ -14,6 +14,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -225,7 +226,11 @@ for k in range(16):
     rc, out, err = run(resume(r))
     lines = err.splitlines()
     if rc == 2:
-        ok = len(lines) == 1 and lines[0].startswith("snip: error: ")
+        # One error line, last; log and progress lines (stderr) may come
+        # before it when the guard stopped the resumed run after its steps.
+        errors = [l for l in lines if l.startswith("snip: error: ")]
+        ok = len(errors) == 1 and lines[-1] == errors[0] and \
+            all(l == errors[0] or re.match(r"^(\[\d\d:\d\d:\d\d\] |step +\d+/\d+ \|)", l) for l in lines)
     elif rc == 0:
         recs = [json.loads(l) for l in open(os.path.join(r, "metrics.jsonl"))]
         ok = all(math.isfinite(x["loss"]) and math.isfinite(x.get("val_loss", 0)) for x in recs)

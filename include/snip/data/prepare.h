@@ -112,6 +112,12 @@ struct PrepareSummary {
   std::string tokenizer_sha256;  ///< hex SHA-256 of out_dir/tokenizer.model
   double seconds = 0;            ///< wall time of this call
   std::string tokenizer_path, train_path, val_path, meta_path;
+  /// Input files left out under --skip-invalid, over every source.
+  size_t skipped_files() const {
+    size_t n = 0;
+    for (const SourceSummary& s : sources) n += s.skipped.size();
+    return n;
+  }
 };
 
 /// Called with one line per stage ("read 500 documents ...", "trained BPE
