@@ -147,103 +147,89 @@ int run_self(const std::vector<std::string>& args, const std::string& log, const
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 }
 
-/// Seconds of a duration as `snip train`'s progress line prints it
-/// (trainer.cpp's fmt_duration: "4m05s", or "1h07m" from an hour on); NaN
-/// for "?" (no estimate yet) or any other text.
-double parse_duration(const std::string& s) {
-  long a = 0, b = 0;
-  int n = 0;
-  if (std::sscanf(s.c_str(), "%ldm%lds%n", &a, &b, &n) == 2 && size_t(n) == s.size()) return 60.0 * a + b;
-  if (std::sscanf(s.c_str(), "%ldh%ldm%n", &a, &b, &n) == 2 && size_t(n) == s.size()) return 3600.0 * a + 60.0 * b;
-  return std::nan("");
-}
-
-/// What one progress line of `snip train` says (trainer.cpp: "step N/M |
-/// loss L | lr ... | gnorm ... | ... tok/s | ETA 4m05s[ | val V]").
-struct TrainerProgress {
-  int64_t step = 0, total = 0;   ///< steps done, train.max_steps
-  double loss = std::nan("");    ///< this step's training loss (nats/token)
-  double eta_s = std::nan("");   ///< the trainer's estimate of the rest of the run (seconds; NaN if "?")
-};
-
-/// The progress in one line of an arm's log, or nullopt when the line is
-/// something else (a sample, a warning, the summary).
-std::optional<TrainerProgress> parse_progress_line(const std::string& line) {
-  TrainerProgress p;
-  long step = 0, total = 0;
-  if (std::sscanf(line.c_str(), "step %ld/%ld | loss %lf", &step, &total, &p.loss) != 3) return std::nullopt;
-  p.step = step;
-  p.total = total;
-  const auto at = line.find("| ETA ");
-  if (at != std::string::npos) {
-    const size_t b = at + 6, e = line.find(' ', b);
-    p.eta_s = parse_duration(line.substr(b, e == std::string::npos ? std::string::npos : e - b));
-  }
-  return p;
-}
-
-/// The lines a child appends to its log file, from a byte offset on (what
-/// the file held before this arm started is skipped).
-class LogFollower {
- public:
-  LogFollower(std::string path, std::uintmax_t offset) : path_(std::move(path)), offset_(offset) {}
-  /// Calls on_line(line) for every complete line appended since the last call.
-  template <class F>
-  void poll(F&& on_line) {
-    std::ifstream in(path_, std::ios::binary);
-    if (!in) return;
-    in.seekg(std::streamoff(offset_));
-    std::string chunk((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    offset_ += chunk.size();
-    partial_ += chunk;
-    for (size_t nl; (nl = partial_.find('\n')) != std::string::npos;) {
-      std::string line = partial_.substr(0, nl);
-      partial_.erase(0, nl + 1);
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      on_line(line);
-    }
-  }
-
- private:
-  std::string path_, partial_;
-  std::uintmax_t offset_;
-};
-
 std::string fmt_minutes(double s) { return fmt::format("{}m{:02d}s", int(s / 60), int(s) % 60); }
 
+/// The last complete record of an arm's RUN/metrics.jsonl (train/metrics.h):
+/// its "step" and "loss"; nullopt while the file is missing, empty, or its
+/// last line is not a record yet. Reads the file's tail only. The trainer
+/// rewrites the file (atomically) when it resumes, so no byte offset is kept.
+struct MetricsTail {
+  int64_t step = 0;
+  double loss = std::nan("");
+};
+std::optional<MetricsTail> read_metrics_tail(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return std::nullopt;
+  const std::streamoff size = in.tellg();
+  const std::streamoff from = std::max<std::streamoff>(0, size - 8192);
+  in.seekg(from);
+  std::string tail((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t end = tail.rfind('\n');  // a record counts once its line is complete
+  if (end == std::string::npos) return std::nullopt;
+  const size_t begin = tail.rfind('\n', end == 0 ? 0 : end - 1);
+  if (begin == std::string::npos && from > 0) return std::nullopt;  // a line longer than the tail read
+  const std::string line = tail.substr(begin == std::string::npos ? 0 : begin + 1,
+                                       end - (begin == std::string::npos ? 0 : begin + 1));
+  const json r = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!r.is_object() || !r.contains("step") || !r["step"].is_number_integer()) return std::nullopt;
+  MetricsTail t;
+  t.step = r["step"].get<int64_t>();
+  if (r.contains("loss") && r["loss"].is_number()) t.loss = r["loss"].get<double>();
+  return t;
+}
+
 /// The console's line for the arm being trained: "[2/3] snip-0.75: step
-/// 40/600 | loss 6.1234 | ETA arm 4m10s, experiment 12m30s", made from the
-/// progress lines of the arm's own trainer (its step, loss and ETA; nothing
-/// is recomputed here). The experiment's ETA adds to the arm's the arms
-/// still to train, each estimated at the mean wall time of the arms trained
-/// so far in this call, the current one counted at its elapsed time plus its
-/// ETA. On a terminal the line is rewritten in place at every progress line
-/// of the trainer (every train.log_interval steps and at evaluations);
-/// otherwise one plain line at most every `interval_s` seconds, and always
-/// the arm's last step.
+/// 40/600 | loss 6.1234 | ETA arm 4m10s, experiment 12m30s", from the arm's
+/// own RUN/metrics.jsonl (the step and its loss as recorded; the total is
+/// the arm's train.max_steps from RUN/config.toml). The arm's ETA: the steps
+/// left at the rate of the steps recorded since this call first saw one
+/// ("?" until two; 0 at the last step). The experiment's ETA adds to the
+/// arm's the arms still to train, each estimated at the mean wall time of
+/// the arms trained so far in this call, the current one counted at its
+/// elapsed time plus its ETA. On a terminal the line is rewritten in place
+/// at each new record; otherwise one plain line at most every `interval_s`
+/// seconds, and always the arm's last step.
 class ArmProgress {
  public:
   using clock = std::chrono::steady_clock;
-  ArmProgress(std::string prefix, bool tty, double interval_s, int64_t arms_after,
+  ArmProgress(std::string prefix, fs::path run_dir, bool tty, double interval_s, int64_t arms_after,
               const std::vector<double>& earlier_arm_seconds)
-      : prefix_(std::move(prefix)), tty_(tty), interval_s_(interval_s), arms_after_(arms_after),
-        earlier_(earlier_arm_seconds), start_(clock::now()) {}
+      : prefix_(std::move(prefix)), run_(std::move(run_dir)), tty_(tty), interval_s_(interval_s),
+        arms_after_(arms_after), earlier_(earlier_arm_seconds), start_(clock::now()) {
+    if (const auto t = read_metrics_tail(run_ / "metrics.jsonl")) last_step_ = t->step;  // a resumed arm's old tail
+  }
 
-  /// One line of the arm's log.
-  void on_line(const std::string& line) {
-    const auto p = parse_progress_line(line);
-    if (!p) return;
+  /// Reads the arm's newest record and shows it when it is new.
+  void poll() {
+    const auto t = read_metrics_tail(run_ / "metrics.jsonl");
+    if (!t || t->step == last_step_) return;
+    last_step_ = t->step;
+    if (total_ <= 0 && fs::exists(run_ / "config.toml")) {
+      try {
+        Config c;
+        c.load_toml_file((run_ / "config.toml").string());
+        total_ = c.get_int("train.max_steps");
+      } catch (const std::exception&) {
+        total_ = 0;  // being written: read again at the next record
+      }
+    }
     const double now = seconds_since(start_);
-    if (!tty_ && p->step != p->total && shown_ && now - last_shown_ < interval_s_) return;
+    if (first_step_ < 0) first_step_ = t->step, first_s_ = now;
+    double eta_s = std::nan("");
+    if (total_ > 0 && t->step >= total_) eta_s = 0;
+    else if (total_ > 0 && t->step > first_step_)
+      eta_s = double(total_ - t->step) * (now - first_s_) / double(t->step - first_step_);
+    if (!tty_ && t->step != total_ && shown_ && now - last_shown_ < interval_s_) return;
     double exp_eta = std::nan("");
-    if (std::isfinite(p->eta_s)) {
-      double sum = now + p->eta_s;
+    if (std::isfinite(eta_s)) {
+      double sum = now + eta_s;
       for (double s : earlier_) sum += s;
-      exp_eta = p->eta_s + double(arms_after_) * sum / double(earlier_.size() + 1);
+      exp_eta = eta_s + double(arms_after_) * sum / double(earlier_.size() + 1);
     }
     auto eta = [](double s) { return std::isfinite(s) ? fmt_minutes(s + 0.5) : std::string("?"); };
     const std::string text = fmt::format("{}: step {}/{} | loss {:.4f} | ETA arm {}, experiment {}", prefix_,
-                                         p->step, p->total, p->loss, eta(p->eta_s), eta(exp_eta));
+                                         t->step, total_ > 0 ? std::to_string(total_) : std::string("?"), t->loss,
+                                         eta(eta_s), eta(exp_eta));
     if (tty_) std::cerr << "\r" << text << "\033[K" << std::flush;
     else std::cerr << text << "\n" << std::flush;
     shown_ = true;
@@ -259,11 +245,14 @@ class ArmProgress {
     return std::chrono::duration<double>(clock::now() - t).count();
   }
   std::string prefix_;
+  fs::path run_;
   bool tty_;
   double interval_s_;
   int64_t arms_after_;
   const std::vector<double>& earlier_;
   clock::time_point start_;
+  int64_t total_ = 0, last_step_ = -1, first_step_ = -1;
+  double first_s_ = 0;
   bool shown_ = false;
   double last_shown_ = 0;
 };
@@ -847,7 +836,7 @@ void add_experiment_commands(CLI::App& app) {
                "(--config and --set are not needed)");
   ex->add_option("--progress-interval", a->progress_s,
                  "seconds between two progress lines of an arm when stderr is not a terminal (the arm's last "
-                 "step is always shown; on a terminal the line is rewritten at each of the trainer's)")
+                 "step is always shown; on a terminal the line is rewritten at each new record of the arm's metrics.jsonl)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1e9));
   ex->callback([a, arms_opt] {
@@ -979,12 +968,11 @@ void add_experiment_commands(CLI::App& app) {
                                resume ? "resuming" : "training", log);
       int64_t arms_after = 0;  // still to train after this one
       for (size_t j = i + 1; j < runs.size(); ++j) arms_after += !fs::exists(runs[j].dir / "summary.json");
-      // The run's progress, from the progress lines its trainer appends to the log.
-      LogFollower follow(log, fs::exists(log) ? fs::file_size(log) : 0);
-      ArmProgress progress(fmt::format("[{}/{}] {}", i + 1, runs.size(), run.label()), tty, a->progress_s,
+      // The run's progress, from the records its trainer appends to RUN/metrics.jsonl.
+      ArmProgress progress(fmt::format("[{}/{}] {}", i + 1, runs.size(), run.label()), dir, tty, a->progress_s,
                            arms_after, arm_seconds);
       const auto ts = std::chrono::steady_clock::now();
-      const int rc = run_self(args, log, [&] { follow.poll([&](const std::string& l) { progress.on_line(l); }); });
+      const int rc = run_self(args, log, [&] { progress.poll(); });
       progress.finish();
       const double arm_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
       if (rc != 0) {

@@ -134,6 +134,7 @@ void add_train_commands(CLI::App& app) {
     opts.init_from = args->init_from;
     opts.allow_other_tokenizer = args->allow_other_tokenizer;
     opts.snip_data = data::TokenizerClient::sibling_program();
+    opts.faults = FaultInjector::from_env();  // test-only (SNIP_TEST_FAULT, SNIP_TEST_PERTURB_*)
     TrainSummary s = snip::train(cfg, opts);
     if (s.stopped_by_signal) {
       // Stopped by Ctrl-C or SIGTERM with a checkpoint: say where and how to

@@ -57,6 +57,28 @@ struct Boundary {
   }
 };
 
+// The global gradient norm of every stage's gradients, and this stage's
+// gradients clipped to `max_norm`: clip_grad_norm_'s arithmetic (LibTorch,
+// norm type 2) on the [P] per-parameter norms of every stage
+// (dist::zero_clip_grad_norm): each stage fills its own, the sum over the
+// pipeline is exact (x + 0 = x). Collective over the pipeline.
+double clip_stage_gradients(PipelineContext& p, double max_norm) {
+  torch::NoGradGuard ng;
+  const dist::ZeroPartition& part = p.norm_part;
+  const size_t P = part.params.size();
+  Tensor norms = torch::zeros({int64_t(P)}, torch::kFloat);
+  for (size_t i = 0; i < P; ++i)
+    if (part.owner[i] == p.stage && part.params[i].grad().defined())
+      norms[int64_t(i)].copy_(part.params[i].grad().data().norm(2.0));
+  std::vector<Tensor> v{norms};
+  p.pipe->allreduce_sum(v);
+  const Tensor total = P == 1 ? norms[0] : norms.norm(2.0);
+  const Tensor clip = torch::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
+  for (Tensor& t : p.stage_params)
+    if (t.grad().defined()) t.mutable_grad().data().mul_(clip);
+  return total.item().toDouble();
+}
+
 }  // namespace
 
 StepResult pipeline_step(StepContext& c, PipelineContext& p, int64_t step, double lr) {
@@ -85,7 +107,7 @@ StepResult pipeline_step(StepContext& c, PipelineContext& p, int64_t step, doubl
       targets[size_t(m)] = to_ids(tg, c.B, c.T);
     }
   }
-  Boundary io{p};
+  Boundary io{p, {}, {}};
 
   // ---- step boundary: the stats step's passes run through every stage.
   if (c.controller && c.controller->active()) {
@@ -188,25 +210,7 @@ StepResult pipeline_step(StepContext& c, PipelineContext& p, int64_t step, doubl
   }
   r.loss = loss_sum / double(M * D);
   const double max_norm = check_loss_and_clip_threshold(c, r, step);
-  {
-    // clip_grad_norm_'s arithmetic (LibTorch 1.13, norm type 2) on the [P]
-    // per-parameter norms of every stage (dist::zero_clip_grad_norm): each
-    // stage fills its own, the sum over the pipeline is exact (x + 0 = x).
-    torch::NoGradGuard ng;
-    const dist::ZeroPartition& part = p.norm_part;
-    const size_t P = part.params.size();
-    Tensor norms = torch::zeros({int64_t(P)}, torch::kFloat);
-    for (size_t i = 0; i < P; ++i)
-      if (part.owner[i] == s && part.params[i].grad().defined())
-        norms[int64_t(i)].copy_(part.params[i].grad().data().norm(2.0));
-    std::vector<Tensor> v{norms};
-    p.pipe->allreduce_sum(v);
-    const Tensor total = P == 1 ? norms[0] : norms.norm(2.0);
-    const Tensor clip = torch::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
-    for (Tensor& t : p.stage_params)
-      if (t.grad().defined()) t.mutable_grad().data().mul_(clip);
-    r.grad_norm = total.item().toDouble();
-  }
+  r.grad_norm = clip_stage_gradients(p, max_norm);
   if (c.skip_nonfinite && !(std::isfinite(r.loss) && std::isfinite(r.grad_norm))) {
     r.skipped = true;
     return r;

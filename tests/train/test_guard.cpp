@@ -57,13 +57,6 @@ std::vector<std::string> conditions(const std::vector<GuardEvent>& ev) {
   return out;
 }
 
-// Sets an environment variable for one scope.
-struct ScopedEnv {
-  std::string name;
-  ScopedEnv(const char* n, const std::string& v) : name(n) { setenv(n, v.c_str(), 1); }
-  ~ScopedEnv() { unsetenv(name.c_str()); }
-};
-
 }  // namespace
 
 TEST(Guard, NonFiniteLossOrGradientFiresAtOnce) {
@@ -312,17 +305,31 @@ Config guarded_micro() {
 // The acceptance test of issue 12: an Inf injected into a gradient at step 6
 // is caught in that step (its update skipped), the run rolls back to the
 // step-4 checkpoint, re-plans with 10% less FP4 budget, and ends finite.
+// The test faults a run is given (train/faults.h): the two spellings of
+// SNIP_TEST_FAULT, each field as written, anything else refused naming it.
+TEST(FaultInjector, ParsesBothFaultsAndRefusesOthers) {
+  const FaultInjector none = FaultInjector::parse("");
+  EXPECT_EQ(none.grad_inf_step, -1);
+  EXPECT_EQ(none.lr_spike_step, -1);
+  const FaultInjector inf = FaultInjector::parse("grad-inf@6");
+  EXPECT_EQ(inf.grad_inf_step, 6);
+  EXPECT_EQ(inf.lr_spike_step, -1);
+  const FaultInjector lr = FaultInjector::parse("lr-spike@7:1000");
+  EXPECT_EQ(lr.lr_spike_step, 7);
+  EXPECT_EQ(lr.lr_factor, 1000.0);
+  EXPECT_EQ(lr.grad_inf_step, -1);
+  for (const char* bad : {"grad-inf", "nan@3", "lr-spike@3"})
+    EXPECT_NE(test::error_of([&] { FaultInjector::parse(bad); }).find("SNIP_TEST_FAULT"), std::string::npos) << bad;
+}
+
 TEST(GuardTrain, InjectedInfIsCaughtRolledBackAndRaised) {
   require_data();
   const std::string run = test::fresh_dir("guard-inf");
   TrainOptions o;
   o.run_dir = run;
   o.quiet = true;
-  TrainSummary s;
-  {
-    ScopedEnv f("SNIP_TEST_FAULT", "grad-inf@6");
-    s = train(guarded_micro(), o);
-  }
+  o.faults = FaultInjector::parse("grad-inf@6");
+  const TrainSummary s = train(guarded_micro(), o);
   EXPECT_EQ(s.steps, 16);
   EXPECT_EQ(s.rollbacks, 1);
   EXPECT_EQ(s.skipped_steps, 1);
@@ -452,11 +459,8 @@ TEST(GuardTrain, LearningRateSpikeIsRolledBack) {
   TrainOptions o;
   o.run_dir = run;
   o.quiet = true;
-  TrainSummary s;
-  {
-    ScopedEnv f("SNIP_TEST_FAULT", "lr-spike@7:1000");
-    s = train(c, o);
-  }
+  o.faults = FaultInjector::parse("lr-spike@7:1000");
+  const TrainSummary s = train(c, o);
   const auto m = test::read_metrics(run);
   EXPECT_EQ(s.rollbacks, 1);
   ASSERT_GE(m.size(), 8u);
@@ -483,14 +487,13 @@ TEST_P(GuardResume, ResumeAfterRollbackIsExact) {
   o.run_dir = test::fresh_dir("guard-straight");
   TrainOptions r = o;
   r.run_dir = test::fresh_dir("guard-resumed");
-  {
-    ScopedEnv f("SNIP_TEST_FAULT", "grad-inf@6");
-    train(guarded_micro(), o);
-    // 7: 1..6, then step 5 (resumes from step-4 as rewritten after the
-    // rollback); 12: 1..6, 5..10 (resumes from step-8).
-    r.stop_after = GetParam();
-    train(guarded_micro(), r);
-  }
+  o.faults = r.faults = FaultInjector::parse("grad-inf@6");
+  train(guarded_micro(), o);
+  // 7: 1..6, then step 5 (resumes from step-4 as rewritten after the
+  // rollback); 12: 1..6, 5..10 (resumes from step-8).
+  r.stop_after = GetParam();
+  train(guarded_micro(), r);
+  r.faults = FaultInjector{};
   r.stop_after = 0;
   r.resume = true;
   train(guarded_micro(), r);  // no fault: this process resumes at 8
@@ -523,11 +526,8 @@ TEST(GuardTrain, NonFiniteStatsStepIsCaughtAndNoTargetStops) {
   Config c = guarded_micro();
   c.set("precision.initial_interval", int64_t{1}, "test");
   c.set("precision.final_interval", int64_t{1}, "test");  // a stats step at every boundary
-  TrainSummary s;
-  {
-    ScopedEnv f("SNIP_TEST_FAULT", "lr-spike@6:1e12");
-    s = train(c, o);
-  }
+  o.faults = FaultInjector::parse("lr-spike@6:1e12");
+  const TrainSummary s = train(c, o);
   const auto m = test::read_metrics(run);
   ASSERT_GE(m.size(), 7u);
   ASSERT_TRUE(m[6].contains("guard")) << m[6].dump();
@@ -543,7 +543,7 @@ TEST(GuardTrain, NonFiniteStatsStepIsCaughtAndNoTargetStops) {
   n.set("precision.policy", std::string("none"), "test");
   const std::string run2 = test::fresh_dir("guard-nothing");
   o.run_dir = run2;
-  ScopedEnv f("SNIP_TEST_FAULT", "lr-spike@2:1e12");
+  o.faults = FaultInjector::parse("lr-spike@2:1e12");
   const std::string err = test::error_of([&] { train(n, o); });
   EXPECT_NE(err.find("guard: stopped at step"), std::string::npos) << err;
   EXPECT_NE(err.find("no good checkpoint yet to roll back to and no precision plan to raise"), std::string::npos)

@@ -92,10 +92,10 @@ struct StepContext {
   double clip_low_precision = 1.0;
   /// Called after the controller's step-boundary hook (LoRA: the frozen base
   /// re-packed for the precisions now in force, model/lora.h FrozenBase::sync).
-  std::function<void()> after_boundary;
+  std::function<void()> after_boundary = nullptr;
   /// Test-only fault injection (tests of the guard): called with `step` after
   /// the gradients are reduced, before their norm. nullptr = none.
-  std::function<void(int64_t)> fault;
+  std::function<void(int64_t)> fault = nullptr;
 };
 
 /// What one step produced.

@@ -55,6 +55,7 @@
 #include "snip/config/config.h"
 #include "snip/model/llama.h"
 #include "snip/train/checkpoint.h"
+#include "snip/train/faults.h"
 #include "snip/train/optimizer.h"
 
 namespace snip {
@@ -107,6 +108,8 @@ struct TrainOptions {
   /// --allow-other-tokenizer: resume although the data folder's tokenizer
   /// (its SHA-256) differs from the one the checkpoint was trained with.
   bool allow_other_tokenizer = false;
+  /// Test-only faults (train/faults.h); none by default.
+  FaultInjector faults;
 };
 
 /// Runs training. Validates the whole configuration and the data before
