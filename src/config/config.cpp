@@ -2,6 +2,7 @@
 #include "snip/config/config.h"
 
 #include <algorithm>
+#include <type_traits>
 #include <regex>
 #include <map>
 #include <limits>
@@ -23,8 +24,104 @@ namespace {
 
 using T = OptionType;
 
-OptionSpec opt(std::string key, T type, OptionValue def, std::string unit, std::string help) {
-  return OptionSpec{std::move(key), type, std::move(def), std::move(unit), std::move(help), {}, {}};
+// "fp4,fp8" from {"fp4", "fp8"} (a list option's value).
+std::string join_list(const std::vector<std::string>& items) {
+  std::string s;
+  for (const std::string& i : items) s += (s.empty() ? "" : ",") + i;
+  return s;
+}
+
+// One option's declaration in make_table(): its record, then its range or
+// words, and the member of RunConfig it is read into.
+struct Opt {
+  OptionSpec s;
+  Opt&& in(OptionRange r) && {
+    s.range = r;
+    return std::move(*this);
+  }
+  Opt&& words(std::vector<std::string> w) && {
+    s.choices = std::move(w);
+    return std::move(*this);
+  }
+  /// A member that is not the option's value as written (a word read as a
+  /// flag or an enum): how to store it and read it back.
+  Opt&& bind(std::function<void(const OptionValue&, RunConfig&)> set,
+             std::function<OptionValue(const RunConfig&)> get) && {
+    s.set = std::move(set);
+    s.get = std::move(get);
+    return std::move(*this);
+  }
+  operator OptionSpec() && { return std::move(s); }  // NOLINT: the table's entries
+};
+
+// An option whose default is given here; bound with Opt::bind.
+Opt opt(std::string key, T type, OptionValue def, std::string unit, std::string help) {
+  return Opt{OptionSpec{std::move(key), type, std::move(def), std::move(unit), std::move(help), {}, {}, {}, {}}};
+}
+
+// Every member at its initializer: the options' defaults.
+const RunConfig& defaults() {
+  static const RunConfig r;
+  return r;
+}
+
+// An option stored as it is written in `section`'s member `member` (bool,
+// an integer, double, std::string, or a comma-separated list as a vector of
+// strings); its type follows the member's and its default is the member's
+// initializer (RunConfig{}).
+template <class Section, class F>
+Opt field(std::string key, Section RunConfig::*section, F Section::*member, std::string unit, std::string help) {
+  OptionSpec s{std::move(key), T::kString, {}, std::move(unit), std::move(help), {}, {}, {}, {}};
+  if constexpr (std::is_same_v<F, bool>) s.type = T::kBool;
+  else if constexpr (std::is_integral_v<F>) s.type = T::kInt;
+  else if constexpr (std::is_same_v<F, double>) s.type = T::kFloat;
+  s.set = [section, member](const OptionValue& v, RunConfig& r) {
+    F& f = (r.*section).*member;
+    if constexpr (std::is_same_v<F, bool>) f = std::get<bool>(v);
+    else if constexpr (std::is_integral_v<F>) f = F(std::get<int64_t>(v));
+    else if constexpr (std::is_same_v<F, double>) f = std::get<double>(v);
+    else if constexpr (std::is_same_v<F, std::string>) f = std::get<std::string>(v);
+    else f = split_list(std::get<std::string>(v));
+  };
+  s.get = [section, member](const RunConfig& r) -> OptionValue {
+    const F& f = (r.*section).*member;
+    if constexpr (std::is_same_v<F, bool> || std::is_same_v<F, double> || std::is_same_v<F, std::string>) return f;
+    else if constexpr (std::is_integral_v<F>) return int64_t(f);
+    else return join_list(f);
+  };
+  s.def = s.get(defaults());
+  return Opt{std::move(s)};
+}
+
+const char* const kActionNames[] = {"warn", "fp8-layer", "replan", "rollback", "stop"};
+
+// A guard action: the word as written, the enum in GuardConfig.
+Opt action(std::string key, GuardAction GuardConfig::*member, std::string help) {
+  const std::string what = "config: " + key;
+  Opt o = opt(std::move(key), T::kString, std::string(to_string(defaults().guard.*member)), "", std::move(help));
+  return std::move(o).bind(
+      [member, what](const OptionValue& v, RunConfig& r) {
+        r.guard.*member = parse_guard_action(std::get<std::string>(v), what);
+      },
+      [member](const RunConfig& r) { return OptionValue(std::string(to_string(r.guard.*member))); });
+}
+
+// precision.policy's word into the policy (and uniform-<option>'s option).
+void set_policy(const std::string& policy, PrecisionConfig& p) {
+  if (policy.rfind("uniform-", 0) == 0 && policy.size() > 8) {
+    p.policy = Policy::kUniform;
+    p.uniform_option = policy.substr(8);
+    return;
+  }
+  for (Policy q : {Policy::kNone, Policy::kSnip, Policy::kMinRelErr, Policy::kLayerType, Policy::kFirstLastFp8,
+                   Policy::kRandom})
+    if (policy == to_string(q)) {
+      p.policy = q;
+      p.uniform_option.clear();
+      return;
+    }
+  fail("config: precision.policy: expected none (or its old name bf16), uniform-<option> (e.g. uniform-fp8), snip, "
+       "min-rel-err, layer-type, first-last-fp8 or random, got '", policy, "'");
 }
 
 // "a or b", "a, b or c".
@@ -43,237 +140,6 @@ std::string number(double v, bool integer) {
 }
 
 std::vector<OptionSpec> make_table() {
-  std::vector<OptionSpec> t = {
-      // [model]: Hugging Face LlamaConfig fields (same names as config.json).
-      opt("model.vocab_size", T::kInt, int64_t{0}, "tokens",
-          "vocabulary size V; 0 = take it from the tokenizer of data.dir"),
-      opt("model.hidden_size", T::kInt, int64_t{256}, "", "model width C"),
-      opt("model.intermediate_size", T::kInt, int64_t{688}, "", "SwiGLU inner width F"),
-      opt("model.num_hidden_layers", T::kInt, int64_t{4}, "", "decoder blocks L"),
-      opt("model.num_attention_heads", T::kInt, int64_t{8}, "", "query heads NH"),
-      opt("model.num_key_value_heads", T::kInt, int64_t{4}, "",
-          "key/value heads NKV (grouped-query attention; divides NH)"),
-      opt("model.rms_norm_eps", T::kFloat, 1e-5, "", "RMSNorm epsilon"),
-      opt("model.rope_theta", T::kFloat, 10000.0, "", "RoPE base frequency"),
-      opt("model.tie_word_embeddings", T::kBool, true, "", "lm_head shares embed_tokens' weight"),
-      opt("model.max_position_embeddings", T::kInt, int64_t{2048}, "tokens",
-          "longest sequence RoPE tables are built for"),
-      opt("model.init_std", T::kFloat, 0.02, "", "std of the normal init of linear/embedding weights"),
-      // [data]
-      opt("data.dir", T::kString, std::string("data/kjv"), "",
-          "prepared data folder (train.bin, val.bin, tokenizer.model from `snip data prepare`)"),
-      // [train]
-      opt("train.seed", T::kInt, int64_t{1234}, "", "seed for init and data order"),
-      opt("train.batch_size", T::kInt, int64_t{16}, "sequences", "micro-batch size B"),
-      opt("train.seq_len", T::kInt, int64_t{128}, "tokens", "sequence length T"),
-      opt("train.grad_accum", T::kInt, int64_t{1}, "micro-batches",
-          "micro-batches accumulated per optimizer step"),
-      opt("train.max_steps", T::kInt, int64_t{1000}, "steps", "optimizer steps to run"),
-      opt("train.lr", T::kFloat, 3e-3, "", "peak learning rate"),
-      opt("train.min_lr_ratio", T::kFloat, 0.1, "fraction", "final LR as a fraction of train.lr"),
-      opt("train.warmup_steps", T::kInt, int64_t{50}, "steps", "linear LR warmup"),
-      opt("train.weight_decay", T::kFloat, 0.1, "",
-          "AdamW decoupled weight decay (2-D weights only; norms are not decayed)"),
-      opt("train.beta1", T::kFloat, 0.9, "", "AdamW beta1"),
-      opt("train.beta2", T::kFloat, 0.95, "", "AdamW beta2"),
-      opt("train.eps", T::kFloat, 1e-8, "", "AdamW epsilon"),
-      opt("train.grad_clip", T::kFloat, 1.0, "", "max global gradient L2 norm; 0 = off"),
-      opt("train.clip_low_precision", T::kFloat, 1.0, "fraction",
-          "factor on train.grad_clip while any layer runs below FP8 (a GEMM operand with fewer than 8 element "
-          "bits, e.g. fp4); docs/operations.md suggests 0.5-0.7; 1 = the same threshold"),
-      opt("train.zero_stage", T::kInt, int64_t{0}, "",
-          "several ranks: 0 = plain data parallel, 1 = AdamW state sharded over the ranks (ZeRO-1), "
-          "2 = also the reduced gradients (ZeRO-2); docs/distributed.md"),
-      opt("train.gemm_dtype", T::kString, std::string("bf16"), "",
-          "dtype the linear-layer GEMMs run in: bf16 (FP32 accumulate) or fp32"),
-      opt("train.gemm_backend", T::kString, std::string("auto"), "",
-          "how BF16 GEMMs run: native (LibTorch's BF16 kernel), emulated (FP32 GEMM on BF16-rounded "
-          "operands, same numerics), auto (native where it accumulates in FP32; `snip doctor` shows it)"),
-      opt("train.eval_interval", T::kInt, int64_t{100}, "steps", "evaluate every N steps (and at the end)"),
-      opt("train.eval_batches", T::kInt, int64_t{16}, "micro-batches",
-          "validation micro-batches per evaluation; 0 = the whole validation split"),
-      opt("train.checkpoint_interval", T::kInt, int64_t{500}, "steps",
-          "checkpoint every N steps (and at the end); 0 = only at the end"),
-      opt("train.checkpoint_minutes", T::kFloat, 30.0, "minutes",
-          "also checkpoint when this much wall time passed since the last checkpoint (bounds the work a "
-          "crash or preemption loses); 0 = by steps only"),
-      opt("train.keep_checkpoints", T::kInt, int64_t{2}, "", "newest checkpoints kept; 0 = all"),
-      opt("train.log_interval", T::kInt, int64_t{10}, "steps", "progress line every N steps"),
-      opt("train.threads", T::kInt, int64_t{0}, "", "CPU threads for LibTorch; 0 = all cores"),
-      opt("train.sample_tokens", T::kInt, int64_t{32}, "tokens",
-          "at each evaluation, print a sample of this many tokens after train.sample_prompt; 0 = none"),
-      opt("train.sample_prompt", T::kString, std::string("The"), "", "prompt of the samples printed at evaluations"),
-      // [dist]: several processes (docs/distributed.md); world from torchrun or Slurm.
-      opt("dist.backend", T::kString, std::string("auto"), "",
-          "c10d backend: auto (nccl when LibTorch has it and the model is on a GPU, else gloo), gloo or nccl"),
-      opt("dist.timeout_s", T::kFloat, 300.0, "seconds",
-          "how long a rank waits for the others (rendezvous, every collective) before it stops with an error"),
-      opt("dist.check_interval", T::kInt, int64_t{100}, "steps",
-          "compare a checksum of every parameter across ranks every N steps (and at every checkpoint); 0 = "
-          "only at checkpoints"),
-      opt("dist.grad_comm", T::kString, std::string("fp32"), "",
-          "gradient communication: fp32 (the plain FP32 all-reduce), or a recipe from `snip formats --recipes` "
-          "(bf16, fp8, fp4, mxfp4, nvfp4, ...): each rank sends its gradient quantized with the recipe's "
-          "fprop.w spec, scales shared by all ranks; how it travels: dist.grad_comm_path (docs/distributed.md)"),
-      opt("dist.error_feedback", T::kBool, true, "",
-          "with dist.grad_comm other than fp32: keep each rank's quantization residual and add it to the next "
-          "step's gradient (Karimireddy et al. 2019, error feedback)"),
-      opt("dist.grad_comm_path", T::kString, std::string("allreduce"), "",
-          "how quantized gradients travel: allreduce (decoded to FP32 and summed by the FP32 all-reduce: exact "
-          "numerics, 4 bytes per element on the wire) or allgather (packed codes and scales all-gathered, decoded "
-          "and summed in rank order on every rank: the format's bytes on the wire)"),
-      opt("dist.overlap", T::kBool, true, "",
-          "start each FP32 gradient bucket's all-reduce from autograd hooks as soon as its gradients are final "
-          "(overlapping backward); false = every bucket after backward (same numbers)"),
-      opt("dist.pipeline_stages", T::kInt, int64_t{1}, "",
-          "pipeline parallelism: split the decoder blocks into this many contiguous stages (embedding with the "
-          "first, final norm and lm_head with the last); the world is stages x data-parallel replicas, rank = "
-          "stage * replicas + replica (docs/distributed.md \"Pipeline stages\"); 1 = no pipeline"),
-      opt("dist.pipeline_schedule", T::kString, std::string("1f1b"), "",
-          "pipeline schedule: gpipe (all forwards, then all backwards) or 1f1b (one forward, one backward in "
-          "the steady state: at most stages - stage micro-batches of activations held)"),
-      opt("dist.micro_batches", T::kInt, int64_t{0}, "",
-          "micro-batches per step and data-parallel replica under pipeline stages; 0 = train.grad_accum"),
-      opt("dist.boundary_comm", T::kString, std::string("fp32"), "",
-          "how activations and their gradients cross stage boundaries: fp32, or fp8 (activations E4M3, "
-          "gradients E5M2, one FP32 per-tensor scale each, packed bytes on the wire)"),
-      opt("dist.stage_boundary", T::kString, std::string("fp8"), "",
-          "precision option pinned on the first and last quantized layer of every pipeline stage (docs/method.md "
-          "section 4), or none"),
-      opt("dist.stage_split", T::kString, std::string("balanced"), "",
-          "how blocks are split into stages: balanced (equal estimated stage time, counting the precision), "
-          "even (as `snip plan --stages`), or the block count of every stage, e.g. \"3,2\""),
-      opt("dist.rebalance", T::kBool, true, "",
-          "with dist.stage_split = balanced: when a new precision plan makes another split faster (estimated), "
-          "move the blocks at the next checkpoint (a step's arithmetic does not depend on the split; the "
-          "per-stage plan rows and boundary pins follow the new split from the next plan)"),
-      opt("dist.stage_cost", T::kString, std::string("bits"), "",
-          "relative GEMM time of each precision option for the stage balance: bits (element bits / 16: FP4 "
-          "0.25, FP8 0.5, BF16 1), measured (one quantized layer's forward and backward timed per option on "
-          "rank 0 at the start), or a list such as \"fp4=0.25,fp8=0.5,bf16=1\""),
-      // [lora]: SNIP-LoRA fine-tuning of a frozen base (docs/lora.md); on when lora.rank > 0.
-      opt("lora.rank", T::kInt, int64_t{0}, "",
-          "rank r of the low-rank adapters A [r, IN] and B [OUT, r] on every targeted layer; 0 = no adapters "
-          "(full training). With r > 0 the base model (--init-from HF_DIR) is frozen and only the adapters train"),
-      opt("lora.alpha", T::kFloat, 16.0, "",
-          "LoRA alpha: the adapter output is scaled by alpha / rank (Hu et al. 2021, PEFT's lora_alpha)"),
-      opt("lora.dropout", T::kFloat, 0.0, "fraction", "dropout on the adapter's input during training (PEFT's lora_dropout)"),
-      opt("lora.target", T::kString, std::string("*_proj"), "list",
-          "comma-separated globs over Hugging Face layer names that get adapters, e.g. '*.q_proj,*.v_proj'"),
-      opt("lora.init", T::kString, std::string("kaiming"), "",
-          "adapter initialisation: kaiming (A Kaiming-uniform, B zero: the LoRA paper, PEFT's default) or "
-          "gaussian (A ~ N(0, 1/r^2), B zero: PEFT's init_lora_weights='gaussian')"),
-      opt("lora.train_norms", T::kBool, false, "",
-          "also train the RMSNorm weights (exported as PEFT modules_to_save)"),
-      opt("lora.pack_base", T::kBool, true, "",
-          "keep the frozen base's linear weights in their packed plan precision (FP4 codes two per byte plus "
-          "scales, FP8 bytes, BF16) instead of FP32"),
-      // [checkpoint]: the rollback baseline (docs/operations.md "The guard").
-      opt("checkpoint.keep_good", T::kInt, int64_t{1}, "",
-          "also keep the newest N checkpoints that passed validation (finite, validation loss at most "
-          "checkpoint.good_margin above the best), apart from train.keep_checkpoints; the guard rolls back to "
-          "the newest of them; 0 = every checkpoint counts as good and only the rolling ones are kept"),
-      opt("checkpoint.good_margin", T::kFloat, 0.05, "fraction",
-          "a checkpoint passes validation when its validation loss is at most (1 + margin) x the best so far"),
-      // [guard]: conditions checked every step and what to do (docs/operations.md "The guard").
-      opt("guard.enabled", T::kBool, true, "",
-          "check the guard's conditions every step; false = a non-finite loss ends the run as before"),
-      opt("guard.on_nonfinite", T::kString, std::string("rollback"), "",
-          "a non-finite loss or gradient (the step's update is always skipped): warn, fp8-layer, replan, "
-          "rollback or stop"),
-      opt("guard.on_loss_spike", T::kString, std::string("rollback"), "",
-          "the loss more than guard.spike_ratio above its mean over guard.spike_window steps: warn, fp8-layer, "
-          "replan, rollback or stop"),
-      opt("guard.on_quant_error", T::kString, std::string("warn"), "",
-          "a layer's relative quantization error above guard.quant_error_threshold for guard.quant_error_steps "
-          "(guard.quant_error_threshold_fp4 for 4-bit formats) measurements in a row: warn, fp8-layer, replan, "
-          "rollback or stop (docs/operations.md)"),
-      opt("guard.on_throughput_drop", T::kString, std::string("warn"), "",
-          "tokens/s below (1 - guard.throughput_drop) x its mean over guard.spike_window steps: warn or stop"),
-      opt("guard.spike_window", T::kInt, int64_t{20}, "steps",
-          "steps of the running mean the loss spike and throughput drop compare against"),
-      opt("guard.spike_ratio", T::kFloat, 0.5, "fraction",
-          "loss spike: loss > (1 + ratio) x the window's mean (as the SnipLossSpike alert rule)"),
-      opt("guard.throughput_drop", T::kFloat, 0.5, "fraction",
-          "throughput drop: tokens/s < (1 - drop) x the window's mean"),
-      opt("guard.quant_error_threshold", T::kFloat, 0.05, "fraction",
-          "relative quantization error above which a measurement of a layer in an 8-bit format (E4M3/E5M2) "
-          "counts toward the streak"),
-      opt("guard.quant_error_threshold_fp4", T::kFloat, 0.2, "fraction",
-          "the same for a layer whose fprop operands are 4-bit (E2M1: fp4, mxfp4, nvfp4; their relative error "
-          "is 0.1-0.15 on healthy runs, so 8-bit's threshold would fire at every FP4 layer)"),
-      opt("guard.quant_error_steps", T::kInt, int64_t{3}, "measurements",
-          "consecutive measurements above the threshold that trigger guard.on_quant_error"),
-      opt("guard.stall_minutes", T::kFloat, 10.0, "minutes",
-          "warn (log, guard state) when one step has run this long; 0 = off"),
-      opt("guard.budget_step", T::kFloat, 0.10, "fraction",
-          "replan (and after a rollback): lower precision.budget by this FLOPs share (0.75 -> 0.65)"),
-      opt("guard.smoothing", T::kFloat, 0.3, "fraction",
-          "replan (and after a rollback): raise precision.smoothing to at least this"),
-      opt("guard.raise_option", T::kString, std::string("fp8"), "",
-          "the option fp8-layer moves a layer to (a recipe name, or bf16)"),
-      opt("guard.max_rollbacks", T::kInt, int64_t{3}, "",
-          "rollbacks allowed in one run; the next one stops the run instead"),
-      // [monitor]: the live side of a run (docs/operations.md).
-      opt("monitor.listen", T::kString, std::string("127.0.0.1:9464"), "HOST:PORT",
-          "serve Prometheus metrics at http://HOST:PORT/metrics while training; port 0 = any free port (logged); "
-          "empty = off. A port in use is a warning and the run goes on without the endpoint"),
-      opt("monitor.ranks", T::kString, std::string("rank0"), "",
-          "with several ranks: rank0 (only rank 0 serves monitor.listen) or all (each rank serves port + "
-          "its local rank)"),
-      // [precision]
-      opt("precision.recipe", T::kString, std::string("none"), "",
-          "shorthand for policy uniform-<recipe> on every step (no warmup, no final phase): a name from "
-          "`snip formats --recipes`, or none; only with precision.policy = none"),
-      opt("precision.recipe_file", T::kString, std::string(""), "path",
-          "TOML or JSON file of named recipes (operand roles activations/weights/gradients, error_feedback, "
-          "compensation_freq; docs/formats.md \"Recipe files\"), registered beside the built-in ones so "
-          "their names work in every precision option; relative to the working directory; empty = none"),
-      // [precision]: the adaptive method (docs/method.md sections 3-6; docs/planner.md "In training").
-      opt("precision.policy", T::kString, std::string("none"), "",
-          "who chooses each layer's precision: none (no quantization: every GEMM in train.gemm_dtype; bf16 is an old name for it), uniform-<recipe> (any recipe, e.g. "
-          "uniform-fp8, uniform-mxfp4), snip (stats + ILP), min-rel-err, layer-type, first-last-fp8, random"),
-      opt("precision.budget", T::kFloat, 0.75, "fraction",
-          "FP4 FLOPs share every plan must reach (snip and the ordered heuristics)"),
-      opt("precision.options", T::kString, std::string("fp4,fp8"), "list",
-          "options a layer may run (comma-separated recipe names or bf16); must contain precision.low_option"),
-      opt("precision.pins", T::kString, std::string(""), "list",
-          "comma-separated GLOB=OPTION pins, e.g. '*.down_proj=fp8,layers.3.mlp.*=fp8'"),
-      opt("precision.warmup_steps", T::kInt, int64_t{-1}, "steps",
-          "steps run at warmup_precision before the first plan; -1 = warmup_fraction of train.max_steps"),
-      opt("precision.warmup_fraction", T::kFloat, 0.05, "fraction",
-          "warmup as a fraction of train.max_steps (when warmup_steps = -1)"),
-      opt("precision.warmup_precision", T::kString, std::string("bf16"), "",
-          "option every layer runs during warmup (bf16 or fp8, or any option)"),
-      opt("precision.initial_interval", T::kInt, int64_t{-1}, "steps",
-          "re-plan interval at the start of the run; -1 = initial_interval_fraction of train.max_steps"),
-      opt("precision.initial_interval_fraction", T::kFloat, 0.2, "fraction",
-          "initial re-plan interval as a fraction of train.max_steps (when initial_interval = -1)"),
-      opt("precision.final_interval", T::kInt, int64_t{-1}, "steps",
-          "re-plan interval at the end of the run (grows linearly from initial_interval); "
-          "-1 = final_interval_fraction of train.max_steps"),
-      opt("precision.final_interval_fraction", T::kFloat, 1.0, "fraction",
-          "final re-plan interval as a fraction of train.max_steps (when final_interval = -1)"),
-      opt("precision.final_high_precision_fraction", T::kFloat, 0.1, "fraction",
-          "last fraction of train.max_steps run with every layer at final_precision"),
-      opt("precision.final_precision", T::kString, std::string("fp8"), "",
-          "option every layer runs in the final high-precision phase"),
-      opt("precision.smoothing", T::kFloat, 0.1, "fraction",
-          "s in M <- (1-s)*M_new + s*M_old between stats steps (larger = steadier plans)"),
-      opt("precision.alpha", T::kFloat, 0.5, "fraction", "weight of the loss divergence in Q = a*LD + (1-a)*WD"),
-      opt("precision.seed", T::kInt, int64_t{0}, "", "seed of the random policy"),
-      opt("precision.low_option", T::kString, std::string("fp4"), "",
-          "the cheap option the budget counts (its FLOPs share is fp4_share in metrics): fp4 (NVFP4), or another "
-          "4-bit recipe such as mxfp4; must be in precision.options"),
-      opt("precision.granularity", T::kString, std::string("layer"), "",
-          "what one plan decision covers: layer (all three GEMMs of a linear layer) or gemm (fprop, dgrad and "
-          "wgrad separately, docs/method.md section 2)"),
-      opt("precision.first_order", T::kString, std::string("drop"), "",
-          "first-order term of the loss divergence: drop (curvature term only; best in the correlation study, "
-          "docs/results.md), abs (|<g,e>|) or signed (<g,e>)"),
-      opt("precision.curvature_probes", T::kInt, int64_t{1}, "",
-          "noise-injection probes per stats step for the LD curvature term (each one extra forward+backward)"),
-  };
   // Allowed values, checked by Config::validate() (sizes beyond the upper
   // bounds are typos, not models this build can train: they would overflow
   // 32-bit loader indices or allocations before step 1).
@@ -285,94 +151,332 @@ std::vector<OptionSpec> make_table() {
   // overflow"): at most 1e30, far below FLT_MAX = 3.4e38. The learning rate
   // and weight decay also enter as their product (AdamW's 1 - lr*wd): 1e3 each.
   const OptionRange fp32_scalar{0, 1e30, true}, adamw{0, 1e3, true};
-  const std::vector<std::pair<const char*, OptionRange>> ranges = {
-      {"model.vocab_size", {0, double(1 << 22)}},
-      {"model.hidden_size", {1, double(1 << 17)}},
-      {"model.intermediate_size", {1, double(1 << 19)}},
-      {"model.num_hidden_layers", {1, 4096}},
-      {"model.num_attention_heads", {1, double(1 << 12)}},
-      {"model.num_key_value_heads", positive},
-      {"model.max_position_embeddings", positive},
-      {"model.rms_norm_eps", fp32_scalar},
-      {"model.rope_theta", fp32_scalar},
-      {"model.init_std", fp32_scalar},
-      {"train.seed", non_negative},
-      {"train.batch_size", {1, double(1 << 20)}},
-      {"train.seq_len", {1, double(1 << 20)}},
-      {"train.grad_accum", {1, double(1 << 20)}},
-      {"train.max_steps", positive},
-      {"train.lr", adamw},
-      {"train.min_lr_ratio", fraction},
-      {"train.warmup_steps", non_negative},
-      {"train.weight_decay", {0, 1e3}},
-      {"train.beta1", {0, 1, false, true}},
-      {"train.beta2", {0, 1, false, true}},
-      {"train.eps", adamw},
-      {"train.grad_clip", {0, 1e30}},
-      {"train.clip_low_precision", {0, 1, true}},
-      {"checkpoint.keep_good", non_negative},
-      {"checkpoint.good_margin", {0, 1e6}},
-      {"guard.spike_window", {1, 1e6}},
-      {"guard.spike_ratio", {0, 1e6, true}},
-      {"guard.throughput_drop", {0, 1, true, true}},
-      {"guard.quant_error_threshold", {0, 1e6}},
-      {"guard.quant_error_threshold_fp4", {0, 1e6}},
-      {"guard.quant_error_steps", {1, 1e6}},
-      {"guard.stall_minutes", {0, 1e6}},
-      {"guard.budget_step", fraction},
-      {"guard.smoothing", fraction},
-      {"guard.max_rollbacks", {0, 1e6}},
-      {"train.zero_stage", {0, 2}},
-      {"train.eval_interval", positive},
-      {"train.eval_batches", non_negative},
-      {"train.checkpoint_interval", non_negative},
-      {"train.checkpoint_minutes", {0, 1e6}},
-      {"train.keep_checkpoints", non_negative},
-      {"train.log_interval", positive},
-      {"train.threads", {0, 1024}},
-      {"train.sample_tokens", {0, 4096}},
-      {"dist.timeout_s", {1, 1e6}},
-      {"dist.check_interval", non_negative},
-      {"dist.pipeline_stages", {1, 1024}},
-      {"dist.micro_batches", {0, 1e6}},
-      {"precision.budget", fraction},
-      {"precision.warmup_steps", {-1, inf}},
-      {"precision.warmup_fraction", fraction},
-      {"precision.initial_interval", {-1, inf}},
-      {"precision.initial_interval_fraction", fraction},
-      {"precision.final_interval", {-1, inf}},
-      {"precision.final_interval_fraction", fraction},
-      {"precision.final_high_precision_fraction", fraction},
-      {"precision.smoothing", fraction},
-      {"precision.alpha", fraction},
-      {"precision.curvature_probes", {0, 64}},
-      {"lora.rank", {0, 65536}},
-      {"lora.alpha", {0, 1e9}},
-      {"lora.dropout", {0, 0.999}},
+  std::vector<OptionSpec> t = {
+      // [model]: Hugging Face LlamaConfig fields (same names as config.json).
+      field("model.vocab_size", &RunConfig::model, &ModelConfig::vocab_size, "tokens",
+            "vocabulary size V; 0 = take it from the tokenizer of data.dir")
+          .in({0, double(1 << 22)}),
+      field("model.hidden_size", &RunConfig::model, &ModelConfig::hidden_size, "", "model width C")
+          .in({1, double(1 << 17)}),
+      field("model.intermediate_size", &RunConfig::model, &ModelConfig::intermediate_size, "", "SwiGLU inner width F")
+          .in({1, double(1 << 19)}),
+      field("model.num_hidden_layers", &RunConfig::model, &ModelConfig::num_hidden_layers, "", "decoder blocks L")
+          .in({1, 4096}),
+      field("model.num_attention_heads", &RunConfig::model, &ModelConfig::num_attention_heads, "", "query heads NH")
+          .in({1, double(1 << 12)}),
+      field("model.num_key_value_heads", &RunConfig::model, &ModelConfig::num_key_value_heads, "",
+            "key/value heads NKV (grouped-query attention; divides NH)")
+          .in(positive),
+      field("model.rms_norm_eps", &RunConfig::model, &ModelConfig::rms_norm_eps, "", "RMSNorm epsilon").in(fp32_scalar),
+      field("model.rope_theta", &RunConfig::model, &ModelConfig::rope_theta, "", "RoPE base frequency").in(fp32_scalar),
+      field("model.tie_word_embeddings", &RunConfig::model, &ModelConfig::tie_word_embeddings, "",
+            "lm_head shares embed_tokens' weight"),
+      field("model.max_position_embeddings", &RunConfig::model, &ModelConfig::max_position_embeddings, "tokens",
+            "longest sequence RoPE tables are built for")
+          .in(positive),
+      field("model.init_std", &RunConfig::model, &ModelConfig::init_std, "",
+            "std of the normal init of linear/embedding weights")
+          .in(fp32_scalar),
+      // [data]
+      field("data.dir", &RunConfig::data, &DataConfig::dir, "",
+            "prepared data folder (train.bin, val.bin, tokenizer.model from `snip data prepare`)"),
+      // [train]
+      field("train.seed", &RunConfig::train, &TrainConfig::seed, "", "seed for init and data order").in(non_negative),
+      field("train.batch_size", &RunConfig::train, &TrainConfig::batch_size, "sequences", "micro-batch size B")
+          .in({1, double(1 << 20)}),
+      field("train.seq_len", &RunConfig::train, &TrainConfig::seq_len, "tokens", "sequence length T")
+          .in({1, double(1 << 20)}),
+      field("train.grad_accum", &RunConfig::train, &TrainConfig::grad_accum, "micro-batches",
+            "micro-batches accumulated per optimizer step")
+          .in({1, double(1 << 20)}),
+      field("train.max_steps", &RunConfig::train, &TrainConfig::max_steps, "steps", "optimizer steps to run")
+          .in(positive),
+      field("train.lr", &RunConfig::train, &TrainConfig::lr, "", "peak learning rate").in(adamw),
+      field("train.min_lr_ratio", &RunConfig::train, &TrainConfig::min_lr_ratio, "fraction",
+            "final LR as a fraction of train.lr")
+          .in(fraction),
+      field("train.warmup_steps", &RunConfig::train, &TrainConfig::warmup_steps, "steps", "linear LR warmup")
+          .in(non_negative),
+      field("train.weight_decay", &RunConfig::train, &TrainConfig::weight_decay, "",
+            "AdamW decoupled weight decay (2-D weights only; norms are not decayed)")
+          .in({0, 1e3}),
+      field("train.beta1", &RunConfig::train, &TrainConfig::beta1, "", "AdamW beta1").in({0, 1, false, true}),
+      field("train.beta2", &RunConfig::train, &TrainConfig::beta2, "", "AdamW beta2").in({0, 1, false, true}),
+      field("train.eps", &RunConfig::train, &TrainConfig::eps, "", "AdamW epsilon").in(adamw),
+      field("train.grad_clip", &RunConfig::train, &TrainConfig::grad_clip, "", "max global gradient L2 norm; 0 = off")
+          .in({0, 1e30}),
+      field("train.clip_low_precision", &RunConfig::train, &TrainConfig::clip_low_precision, "fraction",
+            "factor on train.grad_clip while any layer runs below FP8 (a GEMM operand with fewer than 8 element "
+            "bits, e.g. fp4); docs/operations.md suggests 0.5-0.7; 1 = the same threshold")
+          .in({0, 1, true}),
+      field("train.zero_stage", &RunConfig::train, &TrainConfig::zero_stage, "",
+            "several ranks: 0 = plain data parallel, 1 = AdamW state sharded over the ranks (ZeRO-1), "
+            "2 = also the reduced gradients (ZeRO-2); docs/distributed.md")
+          .in({0, 2}),
+      opt("train.gemm_dtype", T::kString, std::string("bf16"), "",
+          "dtype the linear-layer GEMMs run in: bf16 (FP32 accumulate) or fp32")
+          .words({"bf16", "fp32"})
+          .bind([](const OptionValue& v, RunConfig& r) { r.train.gemm_bf16 = std::get<std::string>(v) == "bf16"; },
+                [](const RunConfig& r) { return OptionValue(std::string(r.train.gemm_bf16 ? "bf16" : "fp32")); }),
+      field("train.gemm_backend", &RunConfig::train, &TrainConfig::gemm_backend, "",
+            "how BF16 GEMMs run: native (LibTorch's BF16 kernel), emulated (FP32 GEMM on BF16-rounded "
+            "operands, same numerics), auto (native where it accumulates in FP32; `snip doctor` shows it)")
+          .words({"auto", "native", "emulated"}),
+      field("train.eval_interval", &RunConfig::train, &TrainConfig::eval_interval, "steps",
+            "evaluate every N steps (and at the end)")
+          .in(positive),
+      field("train.eval_batches", &RunConfig::train, &TrainConfig::eval_batches, "micro-batches",
+            "validation micro-batches per evaluation; 0 = the whole validation split")
+          .in(non_negative),
+      field("train.checkpoint_interval", &RunConfig::train, &TrainConfig::checkpoint_interval, "steps",
+            "checkpoint every N steps (and at the end); 0 = only at the end")
+          .in(non_negative),
+      field("train.checkpoint_minutes", &RunConfig::train, &TrainConfig::checkpoint_minutes, "minutes",
+            "also checkpoint when this much wall time passed since the last checkpoint (bounds the work a "
+            "crash or preemption loses); 0 = by steps only")
+          .in({0, 1e6}),
+      field("train.keep_checkpoints", &RunConfig::train, &TrainConfig::keep_checkpoints, "",
+            "newest checkpoints kept; 0 = all")
+          .in(non_negative),
+      field("train.log_interval", &RunConfig::train, &TrainConfig::log_interval, "steps", "progress line every N steps")
+          .in(positive),
+      field("train.threads", &RunConfig::train, &TrainConfig::threads, "", "CPU threads for LibTorch; 0 = all cores")
+          .in({0, 1024}),
+      field("train.sample_tokens", &RunConfig::train, &TrainConfig::sample_tokens, "tokens",
+            "at each evaluation, print a sample of this many tokens after train.sample_prompt; 0 = none")
+          .in({0, 4096}),
+      field("train.sample_prompt", &RunConfig::train, &TrainConfig::sample_prompt, "",
+            "prompt of the samples printed at evaluations"),
+      // [dist]: several processes (docs/distributed.md); world from torchrun or Slurm.
+      field("dist.backend", &RunConfig::dist, &DistConfig::backend, "",
+            "c10d backend: auto (nccl when LibTorch has it and the model is on a GPU, else gloo), gloo or nccl")
+          .words({"auto", "gloo", "nccl"}),
+      field("dist.timeout_s", &RunConfig::dist, &DistConfig::timeout_s, "seconds",
+            "how long a rank waits for the others (rendezvous, every collective) before it stops with an error")
+          .in({1, 1e6}),
+      field("dist.check_interval", &RunConfig::dist, &DistConfig::check_interval, "steps",
+            "compare a checksum of every parameter across ranks every N steps (and at every checkpoint); 0 = "
+            "only at checkpoints")
+          .in(non_negative),
+      field("dist.grad_comm", &RunConfig::dist, &DistConfig::grad_comm, "",
+            "gradient communication: fp32 (the plain FP32 all-reduce), or a recipe from `snip formats --recipes` "
+            "(bf16, fp8, fp4, mxfp4, nvfp4, ...): each rank sends its gradient quantized with the recipe's "
+            "fprop.w spec, scales shared by all ranks; how it travels: dist.grad_comm_path (docs/distributed.md)"),
+      field("dist.error_feedback", &RunConfig::dist, &DistConfig::error_feedback, "",
+            "with dist.grad_comm other than fp32: keep each rank's quantization residual and add it to the next "
+            "step's gradient (Karimireddy et al. 2019, error feedback)"),
+      opt("dist.grad_comm_path", T::kString, std::string("allreduce"), "",
+          "how quantized gradients travel: allreduce (decoded to FP32 and summed by the FP32 all-reduce: exact "
+          "numerics, 4 bytes per element on the wire) or allgather (packed codes and scales all-gathered, decoded "
+          "and summed in rank order on every rank: the format's bytes on the wire)")
+          .words({"allreduce", "allgather"})
+          .bind([](const OptionValue& v, RunConfig& r) { r.dist.allgather = std::get<std::string>(v) == "allgather"; },
+                [](const RunConfig& r) {
+                  return OptionValue(std::string(r.dist.allgather ? "allgather" : "allreduce"));
+                }),
+      field("dist.overlap", &RunConfig::dist, &DistConfig::overlap, "",
+            "start each FP32 gradient bucket's all-reduce from autograd hooks as soon as its gradients are final "
+            "(overlapping backward); false = every bucket after backward (same numbers)"),
+      field("dist.pipeline_stages", &RunConfig::dist, &DistConfig::pipeline_stages, "",
+            "pipeline parallelism: split the decoder blocks into this many contiguous stages (embedding with the "
+            "first, final norm and lm_head with the last); the world is stages x data-parallel replicas, rank = "
+            "stage * replicas + replica (docs/distributed.md \"Pipeline stages\"); 1 = no pipeline")
+          .in({1, 1024}),
+      field("dist.pipeline_schedule", &RunConfig::dist, &DistConfig::pipeline_schedule, "",
+            "pipeline schedule: gpipe (all forwards, then all backwards) or 1f1b (one forward, one backward in "
+            "the steady state: at most stages - stage micro-batches of activations held)")
+          .words({"gpipe", "1f1b"}),
+      field("dist.micro_batches", &RunConfig::dist, &DistConfig::micro_batches, "",
+            "micro-batches per step and data-parallel replica under pipeline stages; 0 = train.grad_accum")
+          .in({0, 1e6}),
+      field("dist.boundary_comm", &RunConfig::dist, &DistConfig::boundary_comm, "",
+            "how activations and their gradients cross stage boundaries: fp32, or fp8 (activations E4M3, "
+            "gradients E5M2, one FP32 per-tensor scale each, packed bytes on the wire)")
+          .words({"fp32", "fp8"}),
+      field("dist.stage_boundary", &RunConfig::dist, &DistConfig::stage_boundary, "",
+            "precision option pinned on the first and last quantized layer of every pipeline stage (docs/method.md "
+            "section 4), or none"),
+      field("dist.stage_split", &RunConfig::dist, &DistConfig::stage_split, "",
+            "how blocks are split into stages: balanced (equal estimated stage time, counting the precision), "
+            "even (as `snip plan --stages`), or the block count of every stage, e.g. \"3,2\""),
+      field("dist.rebalance", &RunConfig::dist, &DistConfig::rebalance, "",
+            "with dist.stage_split = balanced: when a new precision plan makes another split faster (estimated), "
+            "move the blocks at the next checkpoint (a step's arithmetic does not depend on the split; the "
+            "per-stage plan rows and boundary pins follow the new split from the next plan)"),
+      field("dist.stage_cost", &RunConfig::dist, &DistConfig::stage_cost, "",
+            "relative GEMM time of each precision option for the stage balance: bits (element bits / 16: FP4 "
+            "0.25, FP8 0.5, BF16 1), measured (one quantized layer's forward and backward timed per option on "
+            "rank 0 at the start), or a list such as \"fp4=0.25,fp8=0.5,bf16=1\""),
+      // [lora]: SNIP-LoRA fine-tuning of a frozen base (docs/lora.md); on when lora.rank > 0.
+      field("lora.rank", &RunConfig::lora, &LoraConfig::rank, "",
+            "rank r of the low-rank adapters A [r, IN] and B [OUT, r] on every targeted layer; 0 = no adapters "
+            "(full training). With r > 0 the base model (--init-from HF_DIR) is frozen and only the adapters train")
+          .in({0, 65536}),
+      field("lora.alpha", &RunConfig::lora, &LoraConfig::alpha, "",
+            "LoRA alpha: the adapter output is scaled by alpha / rank (Hu et al. 2021, PEFT's lora_alpha)")
+          .in({0, 1e9}),
+      field("lora.dropout", &RunConfig::lora, &LoraConfig::dropout, "fraction",
+            "dropout on the adapter's input during training (PEFT's lora_dropout)")
+          .in({0, 0.999}),
+      field("lora.target", &RunConfig::lora, &LoraConfig::target, "list",
+            "comma-separated globs over Hugging Face layer names that get adapters, e.g. '*.q_proj,*.v_proj'"),
+      field("lora.init", &RunConfig::lora, &LoraConfig::init, "",
+            "adapter initialisation: kaiming (A Kaiming-uniform, B zero: the LoRA paper, PEFT's default) or "
+            "gaussian (A ~ N(0, 1/r^2), B zero: PEFT's init_lora_weights='gaussian')")
+          .words({"kaiming", "gaussian"}),
+      field("lora.train_norms", &RunConfig::lora, &LoraConfig::train_norms, "",
+            "also train the RMSNorm weights (exported as PEFT modules_to_save)"),
+      field("lora.pack_base", &RunConfig::lora, &LoraConfig::pack_base, "",
+            "keep the frozen base's linear weights in their packed plan precision (FP4 codes two per byte plus "
+            "scales, FP8 bytes, BF16) instead of FP32"),
+      // [checkpoint]: the rollback baseline (docs/operations.md "The guard").
+      field("checkpoint.keep_good", &RunConfig::train, &TrainConfig::keep_good, "",
+            "also keep the newest N checkpoints that passed validation (finite, validation loss at most "
+            "checkpoint.good_margin above the best), apart from train.keep_checkpoints; the guard rolls back to "
+            "the newest of them; 0 = every checkpoint counts as good and only the rolling ones are kept")
+          .in(non_negative),
+      field("checkpoint.good_margin", &RunConfig::train, &TrainConfig::good_margin, "fraction",
+            "a checkpoint passes validation when its validation loss is at most (1 + margin) x the best so far")
+          .in({0, 1e6}),
+      // [guard]: conditions checked every step and what to do (docs/operations.md "The guard").
+      field("guard.enabled", &RunConfig::guard, &GuardConfig::enabled, "",
+            "check the guard's conditions every step; false = a non-finite loss ends the run as before"),
+      action("guard.on_nonfinite", &GuardConfig::on_nonfinite,
+            "a non-finite loss or gradient (the step's update is always skipped): warn, fp8-layer, replan, "
+            "rollback or stop")
+          .words({"warn", "fp8-layer", "replan", "rollback", "stop"}),
+      action("guard.on_loss_spike", &GuardConfig::on_loss_spike,
+            "the loss more than guard.spike_ratio above its mean over guard.spike_window steps: warn, fp8-layer, "
+            "replan, rollback or stop")
+          .words({"warn", "fp8-layer", "replan", "rollback", "stop"}),
+      action("guard.on_quant_error", &GuardConfig::on_quant_error,
+            "a layer's relative quantization error above guard.quant_error_threshold for guard.quant_error_steps "
+            "(guard.quant_error_threshold_fp4 for 4-bit formats) measurements in a row: warn, fp8-layer, replan, "
+            "rollback or stop (docs/operations.md)")
+          .words({"warn", "fp8-layer", "replan", "rollback", "stop"}),
+      action("guard.on_throughput_drop", &GuardConfig::on_throughput_drop,
+            "tokens/s below (1 - guard.throughput_drop) x its mean over guard.spike_window steps: warn or stop")
+          .words({"warn", "stop"}),
+      field("guard.spike_window", &RunConfig::guard, &GuardConfig::spike_window, "steps",
+            "steps of the running mean the loss spike and throughput drop compare against")
+          .in({1, 1e6}),
+      field("guard.spike_ratio", &RunConfig::guard, &GuardConfig::spike_ratio, "fraction",
+            "loss spike: loss > (1 + ratio) x the window's mean (as the SnipLossSpike alert rule)")
+          .in({0, 1e6, true}),
+      field("guard.throughput_drop", &RunConfig::guard, &GuardConfig::throughput_drop, "fraction",
+            "throughput drop: tokens/s < (1 - drop) x the window's mean")
+          .in({0, 1, true, true}),
+      field("guard.quant_error_threshold", &RunConfig::guard, &GuardConfig::quant_error_threshold, "fraction",
+            "relative quantization error above which a measurement of a layer in an 8-bit format (E4M3/E5M2) "
+            "counts toward the streak")
+          .in({0, 1e6}),
+      field("guard.quant_error_threshold_fp4", &RunConfig::guard, &GuardConfig::quant_error_threshold_fp4, "fraction",
+            "the same for a layer whose fprop operands are 4-bit (E2M1: fp4, mxfp4, nvfp4; their relative error "
+            "is 0.1-0.15 on healthy runs, so 8-bit's threshold would fire at every FP4 layer)")
+          .in({0, 1e6}),
+      field("guard.quant_error_steps", &RunConfig::guard, &GuardConfig::quant_error_steps, "measurements",
+            "consecutive measurements above the threshold that trigger guard.on_quant_error")
+          .in({1, 1e6}),
+      field("guard.stall_minutes", &RunConfig::guard, &GuardConfig::stall_minutes, "minutes",
+            "warn (log, guard state) when one step has run this long; 0 = off")
+          .in({0, 1e6}),
+      field("guard.budget_step", &RunConfig::guard, &GuardConfig::budget_step, "fraction",
+            "replan (and after a rollback): lower precision.budget by this FLOPs share (0.75 -> 0.65)")
+          .in(fraction),
+      field("guard.smoothing", &RunConfig::guard, &GuardConfig::smoothing, "fraction",
+            "replan (and after a rollback): raise precision.smoothing to at least this")
+          .in(fraction),
+      field("guard.raise_option", &RunConfig::guard, &GuardConfig::raise_option, "",
+            "the option fp8-layer moves a layer to (a recipe name, or bf16)"),
+      field("guard.max_rollbacks", &RunConfig::guard, &GuardConfig::max_rollbacks, "",
+            "rollbacks allowed in one run; the next one stops the run instead")
+          .in({0, 1e6}),
+      // [monitor]: the live side of a run (docs/operations.md).
+      field("monitor.listen", &RunConfig::monitor, &MonitorConfig::listen, "HOST:PORT",
+            "serve Prometheus metrics at http://HOST:PORT/metrics while training; port 0 = any free port (logged); "
+            "empty = off. A port in use is a warning and the run goes on without the endpoint"),
+      field("monitor.ranks", &RunConfig::monitor, &MonitorConfig::ranks, "",
+            "with several ranks: rank0 (only rank 0 serves monitor.listen) or all (each rank serves port + "
+            "its local rank)")
+          .words({"rank0", "all"}),
+      // [precision]
+      field("precision.recipe", &RunConfig::precision, &PrecisionConfig::recipe, "",
+            "shorthand for policy uniform-<recipe> on every step (no warmup, no final phase): a name from "
+            "`snip formats --recipes`, or none; only with precision.policy = none"),
+      field("precision.recipe_file", &RunConfig::precision, &PrecisionConfig::recipe_file, "path",
+            "TOML or JSON file of named recipes (operand roles activations/weights/gradients, error_feedback, "
+            "compensation_freq; docs/formats.md \"Recipe files\"), registered beside the built-in ones so "
+            "their names work in every precision option; relative to the working directory; empty = none"),
+      // [precision]: the adaptive method (docs/method.md sections 3-6; docs/planner.md "In training").
+      opt("precision.policy", T::kString, std::string("none"), "",
+          "who chooses each layer's precision: none (no quantization: every GEMM in train.gemm_dtype; bf16 is an old "
+          "name for it), uniform-<recipe> (any recipe, e.g. "
+          "uniform-fp8, uniform-mxfp4), snip (stats + ILP), min-rel-err, layer-type, first-last-fp8, random")
+          .bind([](const OptionValue& v, RunConfig& r) { set_policy(std::get<std::string>(v), r.precision); },
+                [](const RunConfig& r) { return OptionValue(r.precision.policy_name()); }),
+      field("precision.budget", &RunConfig::precision, &PrecisionConfig::budget, "fraction",
+            "FP4 FLOPs share every plan must reach (snip and the ordered heuristics)")
+          .in(fraction),
+      field("precision.options", &RunConfig::precision, &PrecisionConfig::options, "list",
+            "options a layer may run (comma-separated recipe names or bf16); must contain precision.low_option"),
+      field("precision.pins", &RunConfig::precision, &PrecisionConfig::pins, "list",
+            "comma-separated GLOB=OPTION pins, e.g. '*.down_proj=fp8,layers.3.mlp.*=fp8'"),
+      field("precision.warmup_steps", &RunConfig::precision, &PrecisionConfig::warmup_steps, "steps",
+            "steps run at warmup_precision before the first plan; -1 = warmup_fraction of train.max_steps")
+          .in({-1, inf}),
+      field("precision.warmup_fraction", &RunConfig::precision, &PrecisionConfig::warmup_fraction, "fraction",
+            "warmup as a fraction of train.max_steps (when warmup_steps = -1)")
+          .in(fraction),
+      field("precision.warmup_precision", &RunConfig::precision, &PrecisionConfig::warmup_precision, "",
+            "option every layer runs during warmup (bf16 or fp8, or any option)"),
+      field("precision.initial_interval", &RunConfig::precision, &PrecisionConfig::initial_interval, "steps",
+            "re-plan interval at the start of the run; -1 = initial_interval_fraction of train.max_steps")
+          .in({-1, inf}),
+      field("precision.initial_interval_fraction", &RunConfig::precision, &PrecisionConfig::initial_interval_fraction,
+            "fraction", "initial re-plan interval as a fraction of train.max_steps (when initial_interval = -1)")
+          .in(fraction),
+      field("precision.final_interval", &RunConfig::precision, &PrecisionConfig::final_interval, "steps",
+            "re-plan interval at the end of the run (grows linearly from initial_interval); "
+            "-1 = final_interval_fraction of train.max_steps")
+          .in({-1, inf}),
+      field("precision.final_interval_fraction", &RunConfig::precision, &PrecisionConfig::final_interval_fraction,
+            "fraction", "final re-plan interval as a fraction of train.max_steps (when final_interval = -1)")
+          .in(fraction),
+      field("precision.final_high_precision_fraction", &RunConfig::precision,
+            &PrecisionConfig::final_high_precision_fraction, "fraction",
+            "last fraction of train.max_steps run with every layer at final_precision")
+          .in(fraction),
+      field("precision.final_precision", &RunConfig::precision, &PrecisionConfig::final_precision, "",
+            "option every layer runs in the final high-precision phase"),
+      field("precision.smoothing", &RunConfig::precision, &PrecisionConfig::smoothing, "fraction",
+            "s in M <- (1-s)*M_new + s*M_old between stats steps (larger = steadier plans)")
+          .in(fraction),
+      field("precision.alpha", &RunConfig::precision, &PrecisionConfig::alpha, "fraction",
+            "weight of the loss divergence in Q = a*LD + (1-a)*WD")
+          .in(fraction),
+      field("precision.seed", &RunConfig::precision, &PrecisionConfig::seed, "", "seed of the random policy"),
+      field("precision.low_option", &RunConfig::precision, &PrecisionConfig::low_option, "",
+            "the cheap option the budget counts (its FLOPs share is fp4_share in metrics): fp4 (NVFP4), or another "
+            "4-bit recipe such as mxfp4; must be in precision.options"),
+      opt("precision.granularity", T::kString, std::string("layer"), "",
+          "what one plan decision covers: layer (all three GEMMs of a linear layer) or gemm (fprop, dgrad and "
+          "wgrad separately, docs/method.md section 2)")
+          .words({"layer", "gemm"})
+          .bind([](const OptionValue& v, RunConfig& r) { r.precision.per_gemm = std::get<std::string>(v) == "gemm"; },
+                [](const RunConfig& r) { return OptionValue(std::string(r.precision.per_gemm ? "gemm" : "layer")); }),
+      opt("precision.first_order", T::kString, std::string("drop"), "",
+          "first-order term of the loss divergence: drop (curvature term only; best in the correlation study, "
+          "docs/results.md), abs (|<g,e>|) or signed (<g,e>)")
+          .words({"abs", "signed", "drop"})
+          .bind(
+              [](const OptionValue& v, RunConfig& r) {
+                r.precision.first_order = parse_first_order(std::get<std::string>(v), "config: precision.first_order");
+              },
+              [](const RunConfig& r) { return OptionValue(std::string(to_string(r.precision.first_order))); }),
+      field("precision.curvature_probes", &RunConfig::precision, &PrecisionConfig::curvature_probes, "",
+            "noise-injection probes per stats step for the LD curvature term (each one extra forward+backward)")
+          .in({0, 64}),
   };
-  const std::vector<std::pair<const char*, std::vector<std::string>>> words = {
-      {"train.gemm_dtype", {"bf16", "fp32"}},
-      {"dist.backend", {"auto", "gloo", "nccl"}},
-      {"dist.grad_comm_path", {"allreduce", "allgather"}},
-      {"dist.pipeline_schedule", {"gpipe", "1f1b"}},
-      {"dist.boundary_comm", {"fp32", "fp8"}},
-      {"monitor.ranks", {"rank0", "all"}},
-      {"guard.on_nonfinite", {"warn", "fp8-layer", "replan", "rollback", "stop"}},
-      {"guard.on_loss_spike", {"warn", "fp8-layer", "replan", "rollback", "stop"}},
-      {"guard.on_quant_error", {"warn", "fp8-layer", "replan", "rollback", "stop"}},
-      {"guard.on_throughput_drop", {"warn", "stop"}},
-      {"train.gemm_backend", {"auto", "native", "emulated"}},
-      {"precision.granularity", {"layer", "gemm"}},
-      {"precision.first_order", {"abs", "signed", "drop"}},
-      {"lora.init", {"kaiming", "gaussian"}},
-  };
-  auto spec = [&](const char* key) -> OptionSpec& {
-    for (auto& s : t)
-      if (s.key == key) return s;
-    SNIP_CHECK(false, "no option ", key);
-  };
-  for (const auto& [key, r] : ranges) spec(key).range = r;
-  for (const auto& [key, w] : words) spec(key).choices = w;
   std::sort(t.begin(), t.end(), [](const OptionSpec& a, const OptionSpec& b) { return a.key < b.key; });
   return t;
 }
@@ -498,6 +602,11 @@ const OptionValue& Config::raw(const std::string& key) const {
   const OptionSpec* s = find_spec(key);
   SNIP_CHECK(s != nullptr, "no option named ", key);
   return s->def;
+}
+
+const OptionValue& Config::get(const std::string& key) const {
+  if (!find_spec(key)) unknown_key(key, "config");
+  return raw(key);
 }
 
 std::string Config::origin(const std::string& key) const {
@@ -832,6 +941,14 @@ FirstOrder parse_first_order(const std::string& s, const std::string& what) {
   fail(what, ": expected abs, signed or drop, got '", s, "'");
 }
 
+const char* to_string(GuardAction a) { return kActionNames[int(a)]; }
+
+GuardAction parse_guard_action(const std::string& s, const std::string& what) {
+  for (int i = 0; i < 5; ++i)
+    if (s == kActionNames[i]) return GuardAction(i);
+  fail(what, ": expected warn, fp8-layer, replan, rollback or stop, got '", s, "'");
+}
+
 std::string PrecisionConfig::policy_name() const {
   return policy == Policy::kUniform ? "uniform-" + uniform_option : to_string(policy);
 }
@@ -839,107 +956,8 @@ std::string PrecisionConfig::policy_name() const {
 RunConfig RunConfig::from(const Config& c) {
   c.validate();
   RunConfig r;
-  ModelConfig& m = r.model;
-  m.vocab_size = c.get_int("model.vocab_size");
-  m.hidden_size = c.get_int("model.hidden_size");
-  m.intermediate_size = c.get_int("model.intermediate_size");
-  m.num_hidden_layers = c.get_int("model.num_hidden_layers");
-  m.num_attention_heads = c.get_int("model.num_attention_heads");
-  m.num_key_value_heads = c.get_int("model.num_key_value_heads");
-  m.max_position_embeddings = c.get_int("model.max_position_embeddings");
-  m.rms_norm_eps = c.get_float("model.rms_norm_eps");
-  m.rope_theta = c.get_float("model.rope_theta");
-  m.init_std = c.get_float("model.init_std");
-  m.tie_word_embeddings = c.get_bool("model.tie_word_embeddings");
-  r.data.dir = c.get_string("data.dir");
-  TrainConfig& t = r.train;
-  t.seed = c.get_int("train.seed");
-  t.batch_size = c.get_int("train.batch_size");
-  t.seq_len = c.get_int("train.seq_len");
-  t.grad_accum = c.get_int("train.grad_accum");
-  t.max_steps = c.get_int("train.max_steps");
-  t.warmup_steps = c.get_int("train.warmup_steps");
-  t.lr = c.get_float("train.lr");
-  t.min_lr_ratio = c.get_float("train.min_lr_ratio");
-  t.weight_decay = c.get_float("train.weight_decay");
-  t.beta1 = c.get_float("train.beta1");
-  t.beta2 = c.get_float("train.beta2");
-  t.eps = c.get_float("train.eps");
-  t.grad_clip = c.get_float("train.grad_clip");
-  t.clip_low_precision = c.get_float("train.clip_low_precision");
-  t.keep_good = c.get_int("checkpoint.keep_good");
-  t.good_margin = c.get_float("checkpoint.good_margin");
-  t.zero_stage = c.get_int("train.zero_stage");
-  t.gemm_bf16 = c.get_string("train.gemm_dtype") == "bf16";
-  t.gemm_backend = c.get_string("train.gemm_backend");
-  t.eval_interval = c.get_int("train.eval_interval");
-  t.eval_batches = c.get_int("train.eval_batches");
-  t.checkpoint_interval = c.get_int("train.checkpoint_interval");
-  t.keep_checkpoints = c.get_int("train.keep_checkpoints");
-  t.checkpoint_minutes = c.get_float("train.checkpoint_minutes");
-  t.log_interval = c.get_int("train.log_interval");
-  t.threads = c.get_int("train.threads");
-  t.sample_tokens = c.get_int("train.sample_tokens");
-  t.sample_prompt = c.get_string("train.sample_prompt");
-  PrecisionConfig& p = r.precision;
-  const std::string& policy = c.get_string("precision.policy");
-  if (policy.rfind("uniform-", 0) == 0 && policy.size() > 8) {
-    p.policy = Policy::kUniform;
-    p.uniform_option = policy.substr(8);
-  } else {
-    bool known = false;
-    for (Policy q : {Policy::kNone, Policy::kSnip, Policy::kMinRelErr, Policy::kLayerType, Policy::kFirstLastFp8,
-                     Policy::kRandom})
-      if (policy == to_string(q)) p.policy = q, known = true;
-    if (!known)
-      fail("config: precision.policy: expected none (or its old name bf16), uniform-<option> (e.g. uniform-fp8), snip, min-rel-err, "
-           "layer-type, first-last-fp8 or random, got '", policy, "'");
-  }
-  p.recipe = c.get_string("precision.recipe");
-  p.budget = c.get_float("precision.budget");
-  p.options = split_list(c.get_string("precision.options"));
-  p.pins = split_list(c.get_string("precision.pins"));
-  p.warmup_steps = c.get_int("precision.warmup_steps");
-  p.warmup_fraction = c.get_float("precision.warmup_fraction");
-  p.warmup_precision = c.get_string("precision.warmup_precision");
-  p.initial_interval = c.get_int("precision.initial_interval");
-  p.initial_interval_fraction = c.get_float("precision.initial_interval_fraction");
-  p.final_interval = c.get_int("precision.final_interval");
-  p.final_interval_fraction = c.get_float("precision.final_interval_fraction");
-  p.final_high_precision_fraction = c.get_float("precision.final_high_precision_fraction");
-  p.final_precision = c.get_string("precision.final_precision");
-  p.smoothing = c.get_float("precision.smoothing");
-  p.alpha = c.get_float("precision.alpha");
-  p.seed = c.get_int("precision.seed");
-  p.low_option = c.get_string("precision.low_option");
-  p.per_gemm = c.get_string("precision.granularity") == "gemm";
-  p.first_order = parse_first_order(c.get_string("precision.first_order"), "config: precision.first_order");
-  p.curvature_probes = c.get_int("precision.curvature_probes");
-  GuardConfig& g = r.guard;
-  g.enabled = c.get_bool("guard.enabled");
-  g.on_nonfinite = c.get_string("guard.on_nonfinite");
-  g.on_loss_spike = c.get_string("guard.on_loss_spike");
-  g.on_quant_error = c.get_string("guard.on_quant_error");
-  g.on_throughput_drop = c.get_string("guard.on_throughput_drop");
-  g.spike_window = c.get_int("guard.spike_window");
-  g.spike_ratio = c.get_float("guard.spike_ratio");
-  g.throughput_drop = c.get_float("guard.throughput_drop");
-  g.quant_error_threshold = c.get_float("guard.quant_error_threshold");
-  g.quant_error_threshold_fp4 = c.get_float("guard.quant_error_threshold_fp4");
-  g.quant_error_steps = c.get_int("guard.quant_error_steps");
-  g.stall_minutes = c.get_float("guard.stall_minutes");
-  g.budget_step = c.get_float("guard.budget_step");
-  g.smoothing = c.get_float("guard.smoothing");
-  g.raise_option = c.get_string("guard.raise_option");
-  g.max_rollbacks = c.get_int("guard.max_rollbacks");
-  LoraConfig& l = r.lora;
-  l.rank = c.get_int("lora.rank");
-  l.alpha = c.get_float("lora.alpha");
-  l.dropout = c.get_float("lora.dropout");
-  l.target = split_list(c.get_string("lora.target"));
-  l.init = c.get_string("lora.init");
-  l.train_norms = c.get_bool("lora.train_norms");
-  l.pack_base = c.get_bool("lora.pack_base");
+  for (const OptionSpec& o : option_table()) o.set(c.get(o.key), r);
+  const LoraConfig& l = r.lora;
   if (l.rank > 0 && l.target.empty()) fail("config: lora.target: expected at least one glob, got an empty list");
   if (l.rank > 0 && !(l.alpha > 0))
     fail("config: lora.alpha: expected a positive number (the adapters' output is scaled by alpha / rank), got ",

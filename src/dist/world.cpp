@@ -130,24 +130,5 @@ World World::from_env() {
   return w;
 }
 
-DistOptions DistOptions::from(const Config& cfg) {
-  DistOptions o;
-  o.backend = cfg.get_string("dist.backend");
-  o.timeout_s = cfg.get_float("dist.timeout_s");
-  o.check_interval = cfg.get_int("dist.check_interval");
-  o.grad_comm = cfg.get_string("dist.grad_comm");
-  o.error_feedback = cfg.get_bool("dist.error_feedback");
-  o.allgather = cfg.get_string("dist.grad_comm_path") == "allgather";
-  o.overlap = cfg.get_bool("dist.overlap");
-  o.pipeline_stages = int(cfg.get_int("dist.pipeline_stages"));
-  o.pipeline_schedule = cfg.get_string("dist.pipeline_schedule");
-  o.micro_batches = cfg.get_int("dist.micro_batches");
-  o.boundary_comm = cfg.get_string("dist.boundary_comm");
-  o.stage_boundary = cfg.get_string("dist.stage_boundary");
-  o.stage_split = cfg.get_string("dist.stage_split");
-  o.stage_cost = cfg.get_string("dist.stage_cost");
-  o.rebalance = cfg.get_bool("dist.rebalance");
-  return o;
-}
 
 }  // namespace snip::dist

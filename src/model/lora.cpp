@@ -377,6 +377,7 @@ LoraConfig lora_config_from_peft_fields(const nlohmann::json& j, const std::stri
   c.dropout = j.value("lora_dropout", 0.0);
   const nlohmann::json& tm = get("target_modules");
   if (tm.is_string()) fail(what, ": target_modules: a regular expression is not supported; expected a list");
+  c.target.clear();  // not lora.target's default
   for (const auto& t : tm) c.target.push_back(t.get<std::string>());
   const nlohmann::json init = j.value("init_lora_weights", nlohmann::json(true));
   c.init = init == "gaussian" ? "gaussian" : "kaiming";

@@ -74,10 +74,10 @@ std::string MonitorOptions::address(int rank, int local_rank) const {
   return host + ":" + std::to_string(p);
 }
 
-MonitorOptions monitor_options(const Config& cfg) {
+MonitorOptions monitor_options(const MonitorConfig& cfg) {
   MonitorOptions o;
-  const std::string& s = cfg.get_string("monitor.listen");
-  o.all_ranks = cfg.get_string("monitor.ranks") == "all";
+  const std::string& s = cfg.listen;
+  o.all_ranks = cfg.ranks == "all";
   if (s.empty()) return o;
   const auto bad = [&] {
     fail("monitor.listen: expected HOST:PORT (e.g. 127.0.0.1:9464; port 0 = any free port) or an empty string "

@@ -16,7 +16,6 @@ namespace {
 
 constexpr size_t kMaxEvents = 1000;
 
-const char* const kActionNames[] = {"warn", "fp8-layer", "replan", "rollback", "stop"};
 const char* const kStateNames[] = {"idle", "warned", "raised", "rolled_back", "stopped"};
 
 double mean(const std::deque<double>& v) {
@@ -25,28 +24,17 @@ double mean(const std::deque<double>& v) {
 
 }  // namespace
 
-const char* to_string(GuardAction a) { return kActionNames[int(a)]; }
-
-GuardAction parse_guard_action(const std::string& s, const std::string& what) {
-  for (int i = 0; i < 5; ++i)
-    if (s == kActionNames[i]) return GuardAction(i);
-  fail(what, ": expected warn, fp8-layer, replan, rollback or stop, got '", s, "'");
-}
-
 json GuardEvent::to_json() const {
   return {{"step", step}, {"condition", condition}, {"action", snip::to_string(action)},
           {"reason", reason}, {"layers", layers},     {"outcome", outcome}};
 }
 
 Guard::Guard(const GuardConfig& cfg) : cfg_(cfg), streak_(cfg.quant_error_threshold) {
-  // Ranges and words were checked by Config::validate; the actions parse here
-  // once so a later step cannot fail on them.
-  parse_guard_action(cfg_.on_nonfinite, "config: guard.on_nonfinite");
-  parse_guard_action(cfg_.on_loss_spike, "config: guard.on_loss_spike");
-  parse_guard_action(cfg_.on_quant_error, "config: guard.on_quant_error");
-  const GuardAction t = parse_guard_action(cfg_.on_throughput_drop, "config: guard.on_throughput_drop");
+  // Ranges and words were checked by Config::validate; a GuardConfig built
+  // in code is checked here.
+  const GuardAction t = cfg_.on_throughput_drop;
   if (t != GuardAction::kWarn && t != GuardAction::kStop)
-    fail("config: guard.on_throughput_drop: expected warn or stop, got '", cfg_.on_throughput_drop,
+    fail("config: guard.on_throughput_drop: expected warn or stop, got '", to_string(t),
          "' (throughput is measured per rank, so only actions that need no agreement between ranks apply)");
 }
 
@@ -54,11 +42,11 @@ std::vector<GuardEvent> Guard::observe(const GuardObservation& o) {
   std::vector<GuardEvent> out;
   if (!cfg_.enabled) return out;
   const size_t W = size_t(cfg_.spike_window);
-  auto event = [&](const char* cond, const std::string& action, std::string reason) {
+  auto event = [&](const char* cond, GuardAction action, std::string reason) {
     GuardEvent e;
     e.step = o.step;
     e.condition = cond;
-    e.action = parse_guard_action(action, std::string("guard.on_") + cond);
+    e.action = action;
     e.reason = std::move(reason);
     return e;
   };

@@ -138,13 +138,14 @@ void resolve_config(TrainSession& s) {
   Config& cfg = s.cfg;
   s.recipe_file = quant::register_recipe_file(cfg.get_string("precision.recipe_file"));
   s.alias = resolve_precision_alias(cfg);
-  s.monitor_opts = monitor::monitor_options(cfg);  // checked before anything runs
   try {
     s.rc = RunConfig::from(cfg);
   } catch (const UserError& e) {
     if (!s.adopted) throw;
     fail(e.what(), " (with [model] options taken from ", s.init->config_path, " by --init-from)");
   }
+  s.monitor_opts = monitor::monitor_options(s.rc.monitor);  // checked before anything runs
+  s.dopt = s.rc.dist;
   if (s.quiet) return;
   // Settings the chosen policy never reads are said once, not silently
   // dropped: under none every precision option (nothing is quantized);
@@ -212,7 +213,6 @@ void check_resume_config(TrainSession& s) {
 // dist.timeout_s) or exchange tensors of another size. One all-gather of
 // their FNV-1a hashes, before any process group of a stage exists.
 void connect_ranks(TrainSession& s) {
-  s.dopt = dist::DistOptions::from(s.cfg);
   if (s.world.size > 1) {
     s.comm = dist::connect(s.world, s.dopt);
     if (!s.quiet)
@@ -248,7 +248,7 @@ void connect_ranks(TrainSession& s) {
 // x accum micro-batches. The gradient format, ZeRO and what has no effect.
 void check_layout(TrainSession& s) {
   const TrainConfig& tc = s.tc();
-  const dist::DistOptions& dopt = s.dopt;
+  const DistConfig& dopt = s.dopt;
   const int R = s.R, S = dopt.pipeline_stages;
   s.S = S;
   if (S > 1) {

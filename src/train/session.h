@@ -122,7 +122,7 @@ struct TrainSession {
   std::string alias;  ///< the precision alias line ("" = none)
   monitor::MonitorOptions monitor_opts;
   RunConfig rc;
-  dist::DistOptions dopt;
+  DistConfig dopt;  ///< rc.dist
   const TrainConfig& tc() const { return rc.train; }
 
   // ---- ranks

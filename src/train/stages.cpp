@@ -21,7 +21,7 @@ using json = nlohmann::json;
 
 PipelineStages::PipelineStages(TrainSession& s) : s_(s) {
   const int S = s.S, DP = s.DP;
-  const dist::DistOptions& dopt = s.dopt;
+  const DistConfig& dopt = s.dopt;
   pc.layout.stages = S;
   pc.layout.replicas = DP;
   const auto [block_cost, head] = block_costs({});  // no plan yet: every layer at factor 1

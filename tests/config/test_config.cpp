@@ -2,6 +2,8 @@
 // and the resolved TOML round trip.
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include "snip/config/config.h"
 #include "snip/util/error.h"
 #include "micro.h"
@@ -135,6 +137,52 @@ TEST(Config, ResolvedTomlRoundTrips) {
               format_option_value(c.values().count(o.key) ? c.values().at(o.key) : o.def));
   }
   EXPECT_EQ(d.get_string("data.dir"), "a \"quoted\" path");
+}
+
+// Every option is declared once and bound to its typed member of RunConfig:
+// each one's default is its member's initializer, and a value set through
+// its key comes back out of its member (RunConfig::from, then the table's
+// reader), for each option alone at a value other than its default.
+TEST(Config, EveryOptionIsBoundToItsMember) {
+  const RunConfig defaults;
+  for (const OptionSpec& o : option_table()) {
+    ASSERT_TRUE(o.set && o.get) << o.key << " is not bound to a member of RunConfig";
+    EXPECT_EQ(o.get(defaults), o.def) << o.key << ": the member's initializer differs from the option's default";
+  }
+  EXPECT_EQ(RunConfig::from(Config()).train.lr, defaults.train.lr);
+  size_t checked = 0;
+  for (const OptionSpec& o : option_table()) {
+    std::optional<OptionValue> v;  // a valid value other than the default
+    switch (o.type) {
+      case OptionType::kBool: v = !std::get<bool>(o.def); break;
+      case OptionType::kInt:
+        for (int64_t d : {int64_t{1}, int64_t{-1}, int64_t{2}})
+          if (!v && o.range.contains(double(std::get<int64_t>(o.def) + d))) v = std::get<int64_t>(o.def) + d;
+        break;
+      case OptionType::kFloat:
+        for (double f : {0.5, 2.0, 0.25})
+          if (!v && std::get<double>(o.def) * f != std::get<double>(o.def) && o.range.contains(std::get<double>(o.def) * f))
+            v = std::get<double>(o.def) * f;
+        if (!v && o.range.contains(0.5) && std::get<double>(o.def) != 0.5) v = 0.5;
+        break;
+      case OptionType::kString:
+        for (const std::string& w : o.choices)
+          if (!v && w != std::get<std::string>(o.def)) v = w;
+        break;
+    }
+    if (!v) continue;
+    Config c;
+    c.set(o.key, *v, "test");
+    RunConfig r;
+    try {
+      r = RunConfig::from(c);
+    } catch (const UserError&) {
+      continue;  // valid alone, not with the other defaults (e.g. a shape another option must divide)
+    }
+    EXPECT_EQ(o.get(r), *v) << o.key << ": the value set by its key is not the one its member holds";
+    ++checked;
+  }
+  EXPECT_GE(checked, option_table().size() * 3 / 4) << "too few options could be set alone";
 }
 
 TEST(Config, NumbersPrintAsTheShortestDecimalThatReadsBack) {

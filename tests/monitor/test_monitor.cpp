@@ -172,20 +172,20 @@ TEST(Monitor, CheckpointAgeAndMemory) {
 
 TEST(Monitor, ListenOptionParsedAndChecked) {
   Config c;
-  MonitorOptions o = monitor_options(c);
+  MonitorOptions o = monitor_options(RunConfig::from(c).monitor);
   EXPECT_TRUE(o.enabled);
   EXPECT_EQ(o.address(0, 0), "127.0.0.1:9464");
   EXPECT_EQ(o.address(1, 1), "");  // rank0: other ranks serve nothing
   c.set_override("monitor.ranks=all");
-  o = monitor_options(c);
+  o = monitor_options(RunConfig::from(c).monitor);
   EXPECT_EQ(o.address(3, 1), "127.0.0.1:9465");  // port + local rank
   c.set_override("monitor.listen=");
-  EXPECT_FALSE(monitor_options(c).enabled);
-  EXPECT_EQ(monitor_options(c).address(0, 0), "");
+  EXPECT_FALSE(monitor_options(RunConfig::from(c).monitor).enabled);
+  EXPECT_EQ(monitor_options(RunConfig::from(c).monitor).address(0, 0), "");
   for (const char* bad : {"9464", "127.0.0.1:", ":9464", "127.0.0.1:70000", "127.0.0.1:x1", "a b:1"}) {
     c.set("monitor.listen", std::string(bad), "test");
     try {
-      monitor_options(c);
+      monitor_options(RunConfig::from(c).monitor);
       ADD_FAILURE() << bad;
     } catch (const UserError& e) {
       EXPECT_EQ(std::string(e.what()).rfind("monitor.listen: expected HOST:PORT", 0), 0u) << e.what();

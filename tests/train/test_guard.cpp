@@ -168,8 +168,8 @@ TEST(Guard, ThroughputBelowHalfTheWindowMeanForThreeSteps) {
 
 TEST(Guard, StrongestActionWinsAndActionsParse) {
   GuardConfig c = small_windows();
-  c.on_nonfinite = "stop";
-  c.on_quant_error = "replan";
+  c.on_nonfinite = GuardAction::kStop;
+  c.on_quant_error = GuardAction::kReplan;
   Guard g(c);
   GuardObservation o = obs(1, kInf);
   o.quant_error = {{"x", 0.5}};

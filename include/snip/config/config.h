@@ -1,12 +1,14 @@
 // snip/config/config.h: the run configuration, as option records, and the
 // typed records it is parsed into. LibTorch-free.
 //
-// Every option is one record (HiGHS options habit): dotted key
-// (`section.name`), type, default, unit, range (or the allowed words) and
-// meaning, in ONE table (config.cpp, option_table()). The same table drives:
-// TOML parsing, `--set section.key=value` overrides, the range checks of
-// validate(), `snip train --help`'s option list and the resolved
-// `runs/NAME/config.toml`. An unknown key is a UserError naming the key and
+// Every option is declared once (HiGHS options habit): one line of the
+// table in config.cpp (option_table()) binds the dotted key
+// (`section.name`) to its typed member of RunConfig below, whose
+// initializer is the option's default, with its unit, range (or the
+// allowed words) and meaning. The same declaration drives: TOML parsing,
+// `--set section.key=value` overrides, the range checks of validate(),
+// `snip train --help`'s option list, the resolved `runs/NAME/config.toml`
+// and RunConfig::from (RunConfig{} holds every default). An unknown key is a UserError naming the key and
 // the closest valid one ("did you mean ..."); a wrong type names the key, the
 // expected type and the value found; a value out of range names the key and
 // the allowed range.
@@ -17,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <string>
@@ -24,6 +27,8 @@
 #include <vector>
 
 namespace snip {
+
+struct RunConfig;
 
 /// One typed option value.
 using OptionValue = std::variant<bool, int64_t, double, std::string>;
@@ -51,6 +56,12 @@ struct OptionSpec {
   std::string help;      ///< one-line meaning
   OptionRange range;     ///< kInt, kFloat: allowed values (floats must also be finite)
   std::vector<std::string> choices;  ///< kString: the allowed words (empty = any string)
+  /// Stores a value of this option in its typed member of RunConfig
+  /// (RunConfig::from). The value has the option's type and passed its checks.
+  std::function<void(const OptionValue&, RunConfig&)> set;
+  /// The member's value as this option's value (inverse of `set`); `def`
+  /// is get(RunConfig{}) for an option bound to one member.
+  std::function<OptionValue(const RunConfig&)> get;
 };
 
 /// All options snip knows, sorted by key.
@@ -81,6 +92,8 @@ class Config {
   /// Sets a key to a typed value; throws UserError on unknown key/wrong type.
   void set(const std::string& key, const OptionValue& v, const std::string& what);
 
+  /// The value of `key` (its default when not set); throws UserError for an unknown key.
+  const OptionValue& get(const std::string& key) const;
   bool get_bool(const std::string& key) const;
   int64_t get_int(const std::string& key) const;
   double get_float(const std::string& key) const;
@@ -128,38 +141,61 @@ std::map<std::string, std::string> read_toml_display(const std::string& path);
 /// The comma-separated items of a list option, trimmed, empty items dropped.
 std::vector<std::string> split_list(const std::string& s);
 
-// ---- Typed records (every field is the option of the same name; units and
-// meanings are in option_table()).
+// ---- Typed records: every field is the option named in its comment, its
+// initializer the option's default (units, ranges and meanings are in
+// option_table(), `snip train --help`).
 
 /// [model]: Hugging Face LlamaConfig fields. Dimension letters as in
 /// model/llama.h: V, C, F, L, NH, NKV.
 struct ModelConfig {
-  int64_t vocab_size = 0;  ///< V; 0 = the tokenizer's
-  int64_t hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0;
-  int64_t num_attention_heads = 0, num_key_value_heads = 0, max_position_embeddings = 0;
-  double rms_norm_eps = 0, rope_theta = 0, init_std = 0;
-  bool tie_word_embeddings = true;
+  int64_t vocab_size = 0;  ///< model.vocab_size
+  int64_t hidden_size = 256;  ///< model.hidden_size
+  int64_t intermediate_size = 688;  ///< model.intermediate_size
+  int64_t num_hidden_layers = 4;  ///< model.num_hidden_layers
+  int64_t num_attention_heads = 8;  ///< model.num_attention_heads
+  int64_t num_key_value_heads = 4;  ///< model.num_key_value_heads
+  double rms_norm_eps = 1e-5;  ///< model.rms_norm_eps
+  double rope_theta = 10000.0;  ///< model.rope_theta
+  bool tie_word_embeddings = true;  ///< model.tie_word_embeddings
+  int64_t max_position_embeddings = 2048;  ///< model.max_position_embeddings
+  double init_std = 0.02;  ///< model.init_std
 };
 
 /// [data].
 struct DataConfig {
-  std::string dir;  ///< prepared data folder (train.bin, val.bin, tokenizer.model, meta.json)
+  std::string dir = "data/kjv";  ///< data.dir: a prepared folder (train.bin, val.bin, tokenizer.model, meta.json)
 };
 
 /// [train]. B = batch_size sequences of T = seq_len tokens per micro-batch.
 struct TrainConfig {
-  int64_t seed = 0, batch_size = 0, seq_len = 0, grad_accum = 1, max_steps = 0, warmup_steps = 0;
-  double lr = 0, min_lr_ratio = 0, weight_decay = 0, beta1 = 0, beta2 = 0, eps = 0, grad_clip = 0;
+  int64_t seed = 1234;  ///< train.seed
+  int64_t batch_size = 16;  ///< train.batch_size
+  int64_t seq_len = 128;  ///< train.seq_len
+  int64_t grad_accum = 1;  ///< train.grad_accum
+  int64_t max_steps = 1000;  ///< train.max_steps
+  double lr = 3e-3;  ///< train.lr
+  double min_lr_ratio = 0.1;  ///< train.min_lr_ratio
+  int64_t warmup_steps = 50;  ///< train.warmup_steps
+  double weight_decay = 0.1;  ///< train.weight_decay
+  double beta1 = 0.9;  ///< train.beta1
+  double beta2 = 0.95;  ///< train.beta2
+  double eps = 1e-8;  ///< train.eps
+  double grad_clip = 1.0;  ///< train.grad_clip
+  double clip_low_precision = 1.0;  ///< train.clip_low_precision
+  int64_t zero_stage = 0;  ///< train.zero_stage
   bool gemm_bf16 = true;  ///< train.gemm_dtype = "bf16" (else "fp32")
-  std::string gemm_backend = "auto";  ///< train.gemm_backend: "auto", "native" or "emulated" (model/matmul.h)
-  int64_t eval_interval = 0, eval_batches = 0, checkpoint_interval = 0, keep_checkpoints = 0;
-  int64_t log_interval = 0, threads = 0, sample_tokens = 0;
-  int64_t zero_stage = 0;  ///< train.zero_stage: 0 plain data parallel, 1 ZeRO-1, 2 ZeRO-2 (dist/zero.h)
-  double checkpoint_minutes = 0;  ///< train.checkpoint_minutes: also checkpoint after this wall time, minutes (0 = off)
-  double clip_low_precision = 1;  ///< train.clip_low_precision: factor on grad_clip while a layer runs below FP8
-  int64_t keep_good = 0;          ///< checkpoint.keep_good: good checkpoints kept apart from the rolling ones
-  double good_margin = 0;         ///< checkpoint.good_margin: fraction above the best validation loss still good
-  std::string sample_prompt;
+  std::string gemm_backend = "auto";  ///< train.gemm_backend: auto, native or emulated (model/matmul.h)
+  int64_t eval_interval = 100;  ///< train.eval_interval
+  int64_t eval_batches = 16;  ///< train.eval_batches
+  int64_t checkpoint_interval = 500;  ///< train.checkpoint_interval
+  double checkpoint_minutes = 30.0;  ///< train.checkpoint_minutes
+  int64_t keep_checkpoints = 2;  ///< train.keep_checkpoints
+  int64_t log_interval = 10;  ///< train.log_interval
+  int64_t threads = 0;  ///< train.threads
+  int64_t sample_tokens = 32;  ///< train.sample_tokens
+  std::string sample_prompt = "The";  ///< train.sample_prompt
+  int64_t keep_good = 1;  ///< checkpoint.keep_good
+  double good_margin = 0.05;  ///< checkpoint.good_margin
 };
 
 /// Who chooses each layer's precision (precision.policy).
@@ -176,56 +212,100 @@ FirstOrder parse_first_order(const std::string& s, const std::string& what);
 
 /// [precision] (method/controller.h says what each does).
 struct PrecisionConfig {
-  Policy policy = Policy::kNone;
-  std::string uniform_option;  ///< the option of policy uniform-<option>, else ""
-  std::string recipe;          ///< precision.recipe ("none" once resolve_precision_alias ran)
-  double budget = 0;
-  std::vector<std::string> options, pins;
-  int64_t warmup_steps = -1, initial_interval = -1, final_interval = -1;
-  double warmup_fraction = 0, initial_interval_fraction = 0, final_interval_fraction = 0;
-  double final_high_precision_fraction = 0;
-  std::string warmup_precision, final_precision, low_option;
-  double smoothing = 0, alpha = 0;
-  int64_t seed = 0;
+  Policy policy = Policy::kNone;  ///< precision.policy (with uniform_option)
+  std::string uniform_option;     ///< the option of policy uniform-<option>, else ""
+  std::string recipe = "none";  ///< precision.recipe ("none" once resolve_precision_alias ran)
+  std::string recipe_file = "";  ///< precision.recipe_file
+  double budget = 0.75;  ///< precision.budget
+  std::vector<std::string> options = {"fp4", "fp8"};  ///< precision.options
+  std::vector<std::string> pins = {};  ///< precision.pins
+  int64_t warmup_steps = -1;  ///< precision.warmup_steps
+  double warmup_fraction = 0.05;  ///< precision.warmup_fraction
+  std::string warmup_precision = "bf16";  ///< precision.warmup_precision
+  int64_t initial_interval = -1;  ///< precision.initial_interval
+  double initial_interval_fraction = 0.2;  ///< precision.initial_interval_fraction
+  int64_t final_interval = -1;  ///< precision.final_interval
+  double final_interval_fraction = 1.0;  ///< precision.final_interval_fraction
+  double final_high_precision_fraction = 0.1;  ///< precision.final_high_precision_fraction
+  std::string final_precision = "fp8";  ///< precision.final_precision
+  double smoothing = 0.1;  ///< precision.smoothing
+  double alpha = 0.5;  ///< precision.alpha
+  int64_t seed = 0;  ///< precision.seed
+  std::string low_option = "fp4";  ///< precision.low_option
+  int64_t curvature_probes = 1;  ///< precision.curvature_probes
   bool per_gemm = false;  ///< precision.granularity = "gemm" (else "layer")
-  FirstOrder first_order = FirstOrder::kDrop;
-  int64_t curvature_probes = 1;
+  FirstOrder first_order = FirstOrder::kDrop;  ///< precision.first_order
   /// The policy as written in the configuration ("uniform-fp8", "snip", ...).
   std::string policy_name() const;
   /// policy is snip or min-rel-err (they run stats steps).
   bool needs_stats() const { return policy == Policy::kSnip || policy == Policy::kMinRelErr; }
 };
 
-/// [guard] (train/guard.h says what each does). Actions are "warn",
-/// "fp8-layer", "replan", "rollback" or "stop" (checked by Config::validate).
+/// What the guard can do (train/guard.h), weakest first (the order decides
+/// which one runs when several conditions fire at once).
+enum class GuardAction { kWarn = 0, kFp8Layer = 1, kReplan = 2, kRollback = 3, kStop = 4 };
+/// "warn", "fp8-layer", "replan", "rollback", "stop".
+const char* to_string(GuardAction a);
+/// Inverse of to_string. Throws UserError "<what>: expected warn, fp8-layer,
+/// replan, rollback or stop, got 'x'".
+GuardAction parse_guard_action(const std::string& s, const std::string& what);
+
+/// [guard] (train/guard.h says what each does).
 struct GuardConfig {
-  bool enabled = true;
-  std::string on_nonfinite = "rollback", on_loss_spike = "rollback", on_quant_error = "warn",
-              on_throughput_drop = "warn";
-  int64_t spike_window = 20;          ///< steps
-  double spike_ratio = 0.5;           ///< fraction above the window's mean loss
-  double throughput_drop = 0.5;       ///< fraction below the window's mean tokens/s
-  double quant_error_threshold = 0.05;  ///< relative error (fraction), layers in 8-bit formats
-  double quant_error_threshold_fp4 = 0.2;  ///< relative error (fraction), layers with 4-bit fprop operands
-  int64_t quant_error_steps = 3;      ///< consecutive measurements
-  double stall_minutes = 10;          ///< minutes; 0 = off
-  double budget_step = 0.10;          ///< FP4 FLOPs share taken off precision.budget
-  double smoothing = 0.3;             ///< precision.smoothing raised to at least this
-  std::string raise_option = "fp8";   ///< the option fp8-layer moves a layer to
-  int64_t max_rollbacks = 3;
+  bool enabled = true;  ///< guard.enabled
+  GuardAction on_nonfinite = GuardAction::kRollback;  ///< guard.on_nonfinite
+  GuardAction on_loss_spike = GuardAction::kRollback;  ///< guard.on_loss_spike
+  GuardAction on_quant_error = GuardAction::kWarn;  ///< guard.on_quant_error
+  GuardAction on_throughput_drop = GuardAction::kWarn;  ///< guard.on_throughput_drop: warn or stop
+  int64_t spike_window = 20;  ///< guard.spike_window
+  double spike_ratio = 0.5;  ///< guard.spike_ratio
+  double throughput_drop = 0.5;  ///< guard.throughput_drop
+  double quant_error_threshold = 0.05;  ///< guard.quant_error_threshold
+  double quant_error_threshold_fp4 = 0.2;  ///< guard.quant_error_threshold_fp4
+  int64_t quant_error_steps = 3;  ///< guard.quant_error_steps
+  double stall_minutes = 10.0;  ///< guard.stall_minutes
+  double budget_step = 0.10;  ///< guard.budget_step
+  double smoothing = 0.3;  ///< guard.smoothing
+  std::string raise_option = "fp8";  ///< guard.raise_option
+  int64_t max_rollbacks = 3;  ///< guard.max_rollbacks
 };
 
 /// [lora] (model/lora.h says what each does): adapters when rank > 0.
 struct LoraConfig {
-  int64_t rank = 0;          ///< r; 0 = no adapters
-  double alpha = 16;         ///< output scale alpha / r
-  double dropout = 0;        ///< fraction of adapter inputs zeroed in training
-  std::vector<std::string> target;  ///< globs over HF layer names
-  std::string init = "kaiming";     ///< "kaiming" or "gaussian"
-  bool train_norms = false;  ///< RMSNorm weights train too
-  bool pack_base = true;     ///< frozen base weights stored packed (model/lora.h FrozenWeight)
+  int64_t rank = 0;  ///< lora.rank
+  double alpha = 16.0;  ///< lora.alpha
+  double dropout = 0.0;  ///< lora.dropout
+  std::vector<std::string> target = {"*_proj"};  ///< lora.target
+  std::string init = "kaiming";  ///< lora.init
+  bool train_norms = false;  ///< lora.train_norms
+  bool pack_base = true;  ///< lora.pack_base
   bool enabled() const { return rank > 0; }
   double scale() const { return rank > 0 ? alpha / double(rank) : 0.0; }
+};
+
+/// [dist]: several ranks (dist/world.h, docs/distributed.md).
+struct DistConfig {
+  std::string backend = "auto";  ///< dist.backend
+  double timeout_s = 300.0;  ///< dist.timeout_s
+  int64_t check_interval = 100;  ///< dist.check_interval
+  std::string grad_comm = "fp32";  ///< dist.grad_comm
+  bool error_feedback = true;  ///< dist.error_feedback
+  bool allgather = false;  ///< dist.grad_comm_path = "allgather" (else "allreduce")
+  bool overlap = true;  ///< dist.overlap
+  int pipeline_stages = 1;  ///< dist.pipeline_stages
+  std::string pipeline_schedule = "1f1b";  ///< dist.pipeline_schedule
+  int64_t micro_batches = 0;  ///< dist.micro_batches
+  std::string boundary_comm = "fp32";  ///< dist.boundary_comm
+  std::string stage_boundary = "fp8";  ///< dist.stage_boundary
+  std::string stage_split = "balanced";  ///< dist.stage_split
+  bool rebalance = true;  ///< dist.rebalance
+  std::string stage_cost = "bits";  ///< dist.stage_cost
+};
+
+/// [monitor]: the /metrics endpoint (monitor/exporter.h parses `listen`).
+struct MonitorConfig {
+  std::string listen = "127.0.0.1:9464";  ///< monitor.listen
+  std::string ranks = "rank0";  ///< monitor.ranks
 };
 
 /// A run's whole configuration, parsed once.
@@ -236,6 +316,8 @@ struct RunConfig {
   PrecisionConfig precision;
   GuardConfig guard;
   LoraConfig lora;
+  DistConfig dist;
+  MonitorConfig monitor;
   /// Checks `cfg` (Config::validate) and parses it. Throws UserError naming
   /// the key for a bad value (e.g. an unknown precision.policy).
   static RunConfig from(const Config& cfg);

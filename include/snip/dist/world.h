@@ -52,26 +52,9 @@ struct World {
 /// padding). Throws UserError naming `what` for unbalanced brackets or a bad range.
 std::vector<std::string> parse_nodelist(const std::string& list, const std::string& what = "SLURM_JOB_NODELIST");
 
-/// The [dist] options, read once from the configuration.
-struct DistOptions {
-  std::string backend = "auto";  ///< dist.backend: auto, gloo or nccl
-  double timeout_s = 300;        ///< dist.timeout_s: rendezvous and collectives, seconds
-  int64_t check_interval = 100;  ///< dist.check_interval: steps between weight checksums (0 = checkpoints only)
-  std::string grad_comm = "fp32";  ///< dist.grad_comm: fp32 or a recipe name (data_parallel.h GradCompressor)
-  bool error_feedback = true;      ///< dist.error_feedback: keep and re-send the quantization residual
-  bool allgather = false;          ///< dist.grad_comm_path = allgather (packed codes all-gathered) vs allreduce
-  bool overlap = true;             ///< dist.overlap: FP32 buckets all-reduced from autograd hooks during backward
-  // Pipeline parallelism (dist/pipeline.h, docs/distributed.md "Pipeline stages").
-  int pipeline_stages = 1;                  ///< dist.pipeline_stages: S, contiguous stages of decoder blocks
-  std::string pipeline_schedule = "1f1b";   ///< dist.pipeline_schedule: gpipe or 1f1b
-  int64_t micro_batches = 0;                ///< dist.micro_batches: M per step and replica; 0 = train.grad_accum
-  std::string boundary_comm = "fp32";       ///< dist.boundary_comm: fp32, or fp8 (E4M3 activations, E5M2 gradients)
-  std::string stage_boundary = "fp8";       ///< dist.stage_boundary: option pinned on each stage's first and last layer, or none
-  std::string stage_split = "balanced";     ///< dist.stage_split: balanced, even, or block counts "3,2,..."
-  bool rebalance = true;                    ///< dist.rebalance: move blocks at the next checkpoint after a plan (balanced split only)
-  std::string stage_cost = "bits";          ///< dist.stage_cost: per-option cost factors ("bits" or "fp4=0.25,fp8=0.5,...")
-  static DistOptions from(const Config& cfg);
-};
+/// The [dist] options (config/config.h DistConfig, parsed with the run's
+/// configuration by RunConfig::from).
+using DistOptions = DistConfig;
 
 /// A collective in flight (Communicator::allreduce_sum_async). wait() blocks
 /// until its result is in the tensors it was given (throws UserError like

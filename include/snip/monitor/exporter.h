@@ -34,12 +34,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "snip/config/config.h"
+
 namespace httplib {
 class Server;
-}
-
-namespace snip {
-class Config;
 }
 
 namespace snip::monitor {
@@ -59,10 +57,11 @@ struct MonitorOptions {
   std::string address(int rank, int local_rank) const;
 };
 
-/// Reads monitor.listen and monitor.ranks from `cfg`. Throws UserError
-/// "monitor.listen: expected HOST:PORT (e.g. 127.0.0.1:9464) or an empty
-/// string, got 'x'" for a malformed value or a port outside 0..65535.
-MonitorOptions monitor_options(const Config& cfg);
+/// monitor.listen and monitor.ranks of a run (RunConfig::monitor) as an
+/// address to bind. Throws UserError "monitor.listen: expected HOST:PORT
+/// (e.g. 127.0.0.1:9464) or an empty string, got 'x'" for a malformed value
+/// or a port outside 0..65535.
+MonitorOptions monitor_options(const MonitorConfig& cfg);
 
 /// Consecutive measurements above a threshold, per key (the streak the
 /// quantization-error alert counts inside snip, since Prometheus's `for:`

@@ -71,14 +71,8 @@
 
 namespace snip {
 
-/// What the guard can do, weakest first (the order decides which one runs
-/// when several conditions fire at once).
-enum class GuardAction { kWarn = 0, kFp8Layer = 1, kReplan = 2, kRollback = 3, kStop = 4 };
-/// "warn", "fp8-layer", "replan", "rollback", "stop".
-const char* to_string(GuardAction a);
-/// Inverse of to_string. Throws UserError "<what>: expected warn, fp8-layer,
-/// replan, rollback or stop, got 'x'".
-GuardAction parse_guard_action(const std::string& s, const std::string& what);
+// GuardAction, to_string(GuardAction) and parse_guard_action are
+// config/config.h's (GuardConfig holds the actions).
 
 /// What one step measured, as the trainer recorded it.
 struct GuardObservation {
