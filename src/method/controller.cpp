@@ -354,7 +354,7 @@ policy::PlanProblem PrecisionController::shape_only_problem() const {
     }
     for (Gemm g : kAllGemms) {
       policy::PlanItem gi = it;
-      gi.name = l->name + ":" + gemm_name(g);
+      gi.name = plan_item_key(l->name, g);
       gi.gemm = gemm_name(g);
       gi.flops = it.flops / 3.0;
       p.items.push_back(std::move(gi));
@@ -413,7 +413,7 @@ std::vector<std::string> PrecisionController::item_names() const {
   for (const auto& l : layers_) {
     if (gran_ == policy::Granularity::layer) out.push_back(l->name);
     else
-      for (Gemm g : kAllGemms) out.push_back(l->name + ":" + gemm_name(g));
+      for (Gemm g : kAllGemms) out.push_back(plan_item_key(l->name, g));
   }
   return out;
 }
@@ -422,7 +422,7 @@ PerGemm<std::string> PrecisionController::layer_options(const std::map<std::stri
                                                         const std::string& layer) const {
   PerGemm<std::string> o;
   for (Gemm g : kAllGemms) {
-    const std::string key = gran_ == policy::Granularity::layer ? layer : layer + ":" + gemm_name(g);
+    const std::string key = gran_ == policy::Granularity::layer ? plan_item_key(layer) : plan_item_key(layer, g);
     auto it = assign.find(key);
     SNIP_CHECK(it != assign.end(), "plan has no option for ", key);
     o[g] = it->second;

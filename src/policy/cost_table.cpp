@@ -187,7 +187,7 @@ PlanProblem make_problem(const CostTable& t, Granularity g) {
         PlanItem it;
         it.layer = l.name;
         it.gemm = gemm_name(Gemm(k3));
-        it.name = l.name + ":" + it.gemm;
+        it.name = plan_item_key(l.name, Gemm(k3));
         it.flops = l.gemms[k3].flops;
         it.q = l.gemms[k3].q;
         it.rel_err = l.gemms[k3].rel_err;

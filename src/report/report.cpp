@@ -1,6 +1,7 @@
 // report.cpp: the run report (snip/report/report.h): reads a run directory
 // and renders one self-contained HTML page from the SVG charts of svg.h.
 #include "snip/report/report.h"
+#include "snip/quant/gemm.h"
 
 #include <algorithm>
 #include <array>
@@ -185,7 +186,7 @@ void plan_decision(const json& pj, const std::string& path, DecisionCol& col) {
     if (pj.contains("rel_err_fprop") && pj["rel_err_fprop"].is_object()) {
       for (const auto& [layer, m] : pj["rel_err_fprop"].items()) {
         auto chosen = col.precision.find(layer);
-        if (chosen == col.precision.end()) chosen = col.precision.find(layer + ":fprop");
+        if (chosen == col.precision.end()) chosen = col.precision.find(plan_item_key(layer, Gemm::kFprop));
         if (chosen == col.precision.end() || !m.is_object()) continue;
         auto v = m.find(chosen->second);
         if (v != m.end() && v->is_number()) col.rel[layer] = v->get<double>();

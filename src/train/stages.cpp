@@ -10,6 +10,7 @@
 
 #include "snip/dist/pipeline.h"
 #include "snip/io/json.h"
+#include "snip/quant/gemm.h"
 #include "snip/train/checkpoint.h"
 #include "snip/train/optimizer.h"
 #include "snip/train/stage_cost.h"
@@ -97,9 +98,11 @@ std::pair<std::vector<double>, double> PipelineStages::block_costs(
     const int64_t blk = dist::block_of(l->name);
     const double gemm = 2.0 * N * double(l->in_features) * double(l->out_features);
     if (assign.empty()) block_cost[size_t(blk)] += 3.0 * gemm;
-    for (const char* g : {"", ":fprop", ":dgrad", ":wgrad"})  // a layer's option, or each GEMM's
-      if (const auto it = assign.find(l->name + g); it != assign.end())
-        block_cost[size_t(blk)] += gemm * factor(it->second) * (*g ? 1.0 : 3.0);
+    if (const auto it = assign.find(plan_item_key(l->name)); it != assign.end())  // a layer's option
+      block_cost[size_t(blk)] += gemm * factor(it->second) * 3.0;
+    for (Gemm g : kAllGemms)  // or each GEMM's
+      if (const auto it = assign.find(plan_item_key(l->name, g)); it != assign.end())
+        block_cost[size_t(blk)] += gemm * factor(it->second);
   }
   return std::make_pair(block_cost, 6.0 * N * C * double(mcfg.vocab_size));
 }

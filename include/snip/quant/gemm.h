@@ -36,6 +36,13 @@ constexpr const char* gemm_name(Gemm g) {
   return g == Gemm::kFprop ? "fprop" : g == Gemm::kDgrad ? "dgrad" : g == Gemm::kWgrad ? "wgrad" : "?";
 }
 
+/// The key of a plan item (policy/planner.h PlanItem::name): the layer's
+/// Hugging Face name for a whole layer, "<layer>:<gemm>" for one of its
+/// GEMMs (precision.granularity = gemm). Plan files, assignments and the
+/// metrics record key their entries by it; built here only.
+inline std::string plan_item_key(const std::string& layer) { return layer; }
+inline std::string plan_item_key(const std::string& layer, Gemm g) { return layer + ":" + gemm_name(g); }
+
 /// "fprop.x", "fprop.w", "dgrad.dy", "dgrad.w", "wgrad.dy", "wgrad.x".
 constexpr const char* operand_name(Operand op) {
   constexpr const char* kNames[kNumOperands] = {"fprop.x", "fprop.w", "dgrad.dy", "dgrad.w", "wgrad.dy", "wgrad.x"};
