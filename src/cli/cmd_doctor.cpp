@@ -35,6 +35,7 @@
 #include "snip/model/matmul.h"
 #include "snip/model/quantizers.h"
 #include "snip/quant/recipe.h"
+#include "snip/train/memory.h"
 #include "snip/util/error.h"
 
 namespace snip::cli {
@@ -120,17 +121,6 @@ double gemm_rel_error(bool bf16) {
   return (got.to(torch::kDouble) - ref).norm().item<double>() / ref.norm().item<double>();
 }
 
-// MemAvailable from /proc/meminfo, bytes; 0 when unknown.
-int64_t mem_available_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  int64_t kb = 0;
-  std::string unit;
-  while (f >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
-  return 0;
-}
-
 std::string env_or(const char* name, const char* dflt) {
   const char* v = std::getenv(name);
   return v ? std::string(v) : std::string(dflt);
@@ -177,17 +167,6 @@ json libtorch_info() {
   const size_t isa = cfg.find("CPU capability usage: ");
   j["cpu_capability"] = isa == std::string::npos ? "unknown" : cfg.substr(isa + 22, cfg.find('\n', isa) - isa - 22);
   return j;
-}
-
-// Rough peak memory of training `m` with batch B x T (bytes): FP32 weights,
-// gradients and two AdamW moments (16 bytes per parameter), plus activations
-// kept for backward (about 34 values per layer per token per hidden unit,
-// counted for the tiny model's layout, and the logits and their gradient,
-// 2 x V per token) and the same again as the working set of the step.
-int64_t training_bytes_estimate(const LlamaConfig& m, int64_t B, int64_t T) {
-  const double tokens = double(B) * double(T);
-  const double act = tokens * (34.0 * double(m.hidden_size) * double(m.num_hidden_layers) + 2.0 * double(m.vocab_size)) * 4;
-  return int64_t(16.0 * double(m.num_parameters()) + 2.0 * act);
 }
 
 struct DoctorOpts {
@@ -361,19 +340,22 @@ void run_doctor(const DoctorOpts& o) {
   const double e32 = gemm_rel_error(false), e16 = gemm_rel_error(true);
   check("fp32_gemm", e32 < 1e-5, fmt::format("relative error {:.2e} against float64 (bound 1e-5)", e32));
   check("bf16_gemm", e16 < 1.0 / 256, fmt::format("relative error {:.2e} against float64 of BF16 operands (bound 2^-8)", e16));
-  const int64_t avail = mem_available_bytes();
+  const int64_t avail = hw::available_memory_bytes();
   // The estimate for the default configuration (the tiny model's shapes with
   // the Brown tokenizer's 8192 pieces), or for --config's run (its data's
   // vocabulary when model.vocab_size = 0).
   const RunConfig rc = run ? *run : RunConfig::from(Config());
   const int64_t vocab = rc.model.vocab_size > 0 ? rc.model.vocab_size : run_vocab;
-  const int64_t need = training_bytes_estimate(LlamaConfig::from_run_config(rc.model, vocab), rc.train.batch_size,
-                                               rc.train.seq_len);
+  // The estimate `snip train` checks before it allocates (train/memory.h), so
+  // the doctor's verdict is the trainer's.
+  const double need = training_memory(LlamaConfig::from_run_config(rc.model, vocab), rc.train.batch_size,
+                                      rc.train.seq_len)
+                          .total();
   const std::string need_what = run ? o.config : "the default model (configs/tiny.toml's shapes)";
   check("memory", avail == 0 || avail >= need,
-        fmt::format("{:.2f} GiB available, {:.2f} GiB estimated for {} (model, AdamW and activations; the "
-                    "process adds ~0.3 GiB of libraries and cached blocks)", double(avail) / (1 << 30),
-                    double(need) / (1 << 30), need_what));
+        fmt::format("{:.2f} GiB available, at least {:.2f} GiB needed by {} (weights, gradients, AdamW and "
+                    "activations, train/memory.h; the process adds ~0.3 GiB of libraries and cached blocks)",
+                    double(avail) / (1 << 30), need / (1 << 30), need_what));
   out["checks"] = checks;
   out["ok"] = failures.empty();
   // The job judged: the main job (configs/tiny.toml), or --config's run.
