@@ -186,8 +186,9 @@ std::optional<MetricsTail> read_metrics_tail(const fs::path& path) {
 /// 40/600 | loss 6.1234 | ETA arm 4m10s, experiment 12m30s", from the arm's
 /// own RUN/metrics.jsonl (the step and its loss as recorded; the total is
 /// the arm's train.max_steps from RUN/config.toml). The arm's ETA: the steps
-/// left at the rate of the steps recorded since this call first saw one
-/// ("?" until two; 0 at the last step). The experiment's ETA adds to the
+/// left at the rate of the arm so far (a fresh arm: its steps over the time
+/// since it started, setup included; a resumed one: the steps recorded
+/// since this call first saw one, "?" until two); 0 at the last step. The experiment's ETA adds to the
 /// arm's the arms still to train, each estimated at the mean wall time of
 /// the arms trained so far in this call, the current one counted at its
 /// elapsed time plus its ETA. On a terminal the line is rewritten in place
@@ -201,6 +202,7 @@ class ArmProgress {
       : prefix_(std::move(prefix)), run_(std::move(run_dir)), tty_(tty), interval_s_(interval_s),
         arms_after_(arms_after), earlier_(earlier_arm_seconds), start_(clock::now()) {
     if (const auto t = read_metrics_tail(run_ / "metrics.jsonl")) last_step_ = t->step;  // a resumed arm's old tail
+    else base_step_ = 0;  // a fresh arm: its steps and this call's clock start together
   }
 
   /// Reads the arm's newest record and shows it when it is new.
@@ -221,6 +223,8 @@ class ArmProgress {
     if (first_step_ < 0) first_step_ = t->step, first_s_ = now;
     double eta_s = std::nan("");
     if (total_ > 0 && t->step >= total_) eta_s = 0;
+    else if (total_ > 0 && base_step_ >= 0 && t->step > base_step_)
+      eta_s = double(total_ - t->step) * now / double(t->step - base_step_);
     else if (total_ > 0 && t->step > first_step_)
       eta_s = double(total_ - t->step) * (now - first_s_) / double(t->step - first_step_);
     if (!tty_ && t->step != total_ && shown_ && now - last_shown_ < interval_s_) return;
@@ -256,6 +260,7 @@ class ArmProgress {
   const std::vector<double>& earlier_;
   clock::time_point start_;
   int64_t total_ = 0, last_step_ = -1, first_step_ = -1;
+  int64_t base_step_ = -1;  // a fresh arm's 0 (its rate from this call's start); -1 for a resumed arm
   double first_s_ = 0;
   bool shown_ = false;
   double last_shown_ = 0;

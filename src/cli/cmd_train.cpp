@@ -153,7 +153,7 @@ void add_train_commands(CLI::App& app) {
     if (s.rank != 0) return;  // rank 0 prints the summary (docs/distributed.md)
     std::cout << fmt::format(
         "{}summary: {} steps{}, {} tokens in {:.1f} s ({:.0f} tokens/s)\n"
-        "         train loss {:.4f} (mean of the last {} step{}) | val loss {:.4f} (perplexity {:.1f}) | best val {:.4f}"
+        "         train loss {:.4f} (mean of the last {} step{}) | val loss {:.4f} (perplexity {}) | best val {:.4f}"
         "{} | {}-token windows\n"
         "         run directory {}: {}\n",
         spdlog::should_log(spdlog::level::info) ? "\n" : "", s.steps,
@@ -166,7 +166,11 @@ void add_train_commands(CLI::App& app) {
                                s.guard_events, s.guard_events == 1 ? "" : "s", s.rollbacks, s.rollbacks == 1 ? "" : "s",
                                s.skipped_steps, s.skipped_steps == 1 ? "" : "s")),
         s.tokens, s.seconds, s.tokens_per_s,
-        s.final_train_loss, s.train_loss_steps, s.train_loss_steps == 1 ? "" : "s", s.final_val_loss, std::exp(s.final_val_loss), s.best_val_loss,
+        s.final_train_loss, s.train_loss_steps, s.train_loss_steps == 1 ? "" : "s", s.final_val_loss,
+        // a diverged run's perplexity in 3 significant digits, not 46 (1.82e+45)
+        std::exp(s.final_val_loss) < 1e6 ? fmt::format("{:.1f}", std::exp(s.final_val_loss))
+                                         : fmt::format("{:.3g}", std::exp(s.final_val_loss)),
+        s.best_val_loss,
         std::isfinite(s.init_val_loss) ? fmt::format(" | at step 0 (--init-from) {:.4f}", s.init_val_loss) : "",
         s.eval_seq_len, s.run_dir,
         run_contents(s.run_dir));

@@ -579,9 +579,12 @@ std::string format_option_value(const OptionValue& v) {
   else if (const auto* i = std::get_if<int64_t>(&v)) os << *i;
   else if (const auto* d = std::get_if<double>(&v)) {
     // The shortest decimal that reads back as the same double (0.9, not
-    // 0.90000000000000002).
+    // 0.90000000000000002), with every digit of the integer part below 1e16
+    // (10.0 and 300.0, not 1e+01 and 3e+02).
     std::string s;
-    for (int prec = 1; prec <= 17; ++prec) {
+    const double mag = std::fabs(*d);
+    const int int_digits = std::isfinite(mag) && mag >= 1 && mag < 1e16 ? int(std::floor(std::log10(mag))) + 1 : 1;
+    for (int prec = int_digits; prec <= 17; ++prec) {
       std::ostringstream t;
       t.precision(prec);
       t << *d;

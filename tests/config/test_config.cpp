@@ -189,6 +189,11 @@ TEST(Config, NumbersPrintAsTheShortestDecimalThatReadsBack) {
   EXPECT_EQ(format_option_value(0.9), "0.9");
   EXPECT_EQ(format_option_value(1e-5), "1e-05");
   EXPECT_EQ(format_option_value(3.0), "3.0");
+  EXPECT_EQ(format_option_value(10.0), "10.0");  // not 1e+01 (guard.stall_minutes' default)
+  EXPECT_EQ(format_option_value(300.0), "300.0");
+  EXPECT_EQ(format_option_value(10000.0), "10000.0");
+  EXPECT_EQ(format_option_value(123.456), "123.456");
+  EXPECT_EQ(format_option_value(1e30), "1e+30");  // beyond 1e16: the exponent
   EXPECT_EQ(format_option_value(0.1 + 0.2), "0.30000000000000004");  // needs all 17 digits
   EXPECT_EQ(format_option_value(int64_t{42}), "42");
   EXPECT_EQ(format_option_value(std::string("a b")), "'a b'");

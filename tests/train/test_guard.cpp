@@ -318,7 +318,9 @@ TEST(FaultInjector, ParsesBothFaultsAndRefusesOthers) {
   EXPECT_EQ(lr.lr_spike_step, 7);
   EXPECT_EQ(lr.lr_factor, 1000.0);
   EXPECT_EQ(lr.grad_inf_step, -1);
-  for (const char* bad : {"grad-inf", "nan@3", "lr-spike@3"})
+  for (const char* bad : {"grad-inf", "nan@3", "lr-spike@3", "grad-inf@x", "grad-inf@", "grad-inf@0", "grad-inf@-3",
+                          "grad-inf@6:2", "grad-inf@6,lr-spike@7:10", "lr-spike@7:abc", "lr-spike@7:0",
+                          "lr-spike@7:nan", "lr-spike@7:1e400"})
     EXPECT_NE(test::error_of([&] { FaultInjector::parse(bad); }).find("SNIP_TEST_FAULT"), std::string::npos) << bad;
 }
 

@@ -23,8 +23,9 @@ struct FaultInjector {
   int perturb_rank = -1;
   int64_t perturb_step = 1;
 
-  /// Parses SNIP_TEST_FAULT's value: "grad-inf@N" or "lr-spike@N:F" ("" =
-  /// none). Throws UserError naming the variable for anything else.
+  /// Parses SNIP_TEST_FAULT's value: "grad-inf@N" or "lr-spike@N:F" with N a
+  /// step >= 1 and F a finite factor > 0 ("" = none). Throws UserError
+  /// naming the variable for anything else.
   static FaultInjector parse(const std::string& spec);
   /// SNIP_TEST_FAULT, SNIP_TEST_PERTURB_RANK and SNIP_TEST_PERTURB_STEP
   /// (default 1) from the environment.
