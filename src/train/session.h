@@ -7,6 +7,8 @@
 //                  data, the model, its optimizer, the precision controller
 //                  and the guard, opened once, restored from a checkpoint
 //                  on --resume
+//   StepRunner     trainer.cpp: the step, chosen once (train_step or
+//                  pipeline_step), and the test faults of TrainOptions::faults
 //   LoraSetup      lora_setup.cpp: SNIP-LoRA's frozen base and adapters
 //   PipelineStages stages.cpp: this rank's pipeline stage, the stage balancer
 //                  and the gather of every stage's quantizer state
