@@ -141,11 +141,18 @@ void add_train_commands(CLI::App& app) {
       // go on, then end by the same signal (exit status 128 + signal number,
       // 130 / 143, and a calling shell loop or Slurm sees the signal).
       std::cout.flush();
+      // How to go on: the same number of ranks, started the same way (one
+      // process would fail under pipeline stages, and read half the tokens
+      // per step under data parallelism).
+      std::string again = "snip train --run-dir " + s.run_dir + " --resume";
+      if (s.launcher == "snip --nproc-per-node")
+        again = fmt::format("snip train --nproc-per-node {} --run-dir {} --resume", s.world_size, s.run_dir);
+      else if (s.world_size > 1)
+        again = fmt::format("{} on each of the {} ranks, started as before ({})", again, s.world_size, s.launcher);
       if (s.rank == 0)
-        std::fprintf(stderr,
-                   "snip: stopped by %s at step %lld: checkpoint %s; continue with: snip train --run-dir %s --resume\n",
-                   s.stopped_by_signal == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(s.steps),
-                   s.checkpoint.c_str(), s.run_dir.c_str());
+        std::fprintf(stderr, "snip: stopped by %s at step %lld: checkpoint %s; continue with: %s\n",
+                     s.stopped_by_signal == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(s.steps),
+                     s.checkpoint.c_str(), again.c_str());
       std::fflush(stderr);
       std::signal(s.stopped_by_signal, SIG_DFL);
       std::raise(s.stopped_by_signal);

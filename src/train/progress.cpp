@@ -138,6 +138,8 @@ TrainSummary Progress::summarize(const History& h, const Checkpointer& ck, int64
   sum.checkpoint = ck.last;
   sum.stopped_by_signal = s.step < s.max_steps ? stopped_by : 0;
   sum.rank = s.world.rank;
+  sum.world_size = s.world.size;
+  sum.launcher = s.world.source;
   if (sum.stopped_by_signal || !s.writer) return sum;  // not the end of the run, or not rank 0: no summary.json
   const TrainConfig& tc = s.tc();
   json j = {{"steps", sum.steps}, {"tokens", sum.tokens}, {"seconds", sum.seconds},

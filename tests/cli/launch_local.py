@@ -104,6 +104,8 @@ try:
     steps = sorted(d for d in os.listdir(ck) if d.startswith("step-")) if os.path.isdir(ck) else []
     check(len(steps) == 1, "stop: one checkpoint, at the step both ranks stopped after", str(steps))
     check("snip: stopped by SIGTERM at step" in err, "stop: rank 0 says where and how to continue", err[-400:])
+    check(f"continue with: snip train --nproc-per-node 2 --run-dir {s} --resume" in err,
+          "stop: the hint starts the same number of ranks", err[-400:])
 
     # fault: rank 1's weights perturbed after step 2 -> the checksum stops every rank
     f = os.path.join(tmp, "f")

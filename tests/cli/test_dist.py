@@ -305,6 +305,8 @@ try:
         n = len(metrics(run))
         check(ck == [f"step-{n}"], "stop: one checkpoint, at the last recorded step", f"{ck}, {n} steps")
         check("snip: stopped by SIGTERM at step" in res[0][2], "stop: rank 0 says where it stopped", res[0][2][-300:])
+        check("--resume on each of the 2 ranks, started as before (torchrun)" in res[0][2],
+              "stop: the hint says to start the 2 ranks again", res[0][2][-300:])
 
     if "killed" in cases:
         # A rank killed (SIGKILL: no goodbye) or frozen (SIGSTOP) mid-run: the

@@ -90,6 +90,9 @@ struct TrainSummary {
   int stopped_by_signal = 0;
   std::string checkpoint;         ///< the newest checkpoint this invocation wrote ("" if none)
   int rank = 0;                   ///< this process's rank (dist/world.h); only rank 0 writes in RUN
+  int world_size = 1;             ///< ranks of this invocation
+  /// Who started the ranks (dist::World::source): "single", "snip --nproc-per-node", "torchrun" or "slurm".
+  std::string launcher = "single";
 };
 
 /// Options of one `snip train` invocation beyond the config.
