@@ -183,8 +183,12 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
       s.exporter->update(rec);
       s.exporter->set_guard_state(int(s.guard->state));
     }
-    if (!g.stop_reason.empty())
-      fail("guard: stopped at step ", s.step, ": ", g.stop_reason, " (lower train.lr or raise the precision; "
+    if (!g.stop_reason.empty())  // advice for the condition: a slow step is not a loss problem
+      fail("guard: stopped at step ", s.step, ": ", g.stop_reason,
+           g.stop_reason.rfind("throughput_drop", 0) == 0
+               ? " (another job on the machine, a slow rank or a full disk? set guard.on_throughput_drop = warn to "
+                 "train on; "
+               : " (lower train.lr or raise the precision; ",
            "docs/operations.md \"The guard\")");
     if (g.rolled_back) continue;  // the step after the checkpoint runs next; nothing else of this one
     if (s.chatty && (s.step % tc.log_interval == 0 || s.step == s.max_steps || eval_step)) {
