@@ -175,8 +175,7 @@ void add_train_commands(CLI::App& app) {
         s.tokens, s.seconds, s.tokens_per_s,
         s.final_train_loss, s.train_loss_steps, s.train_loss_steps == 1 ? "" : "s", s.final_val_loss,
         // a diverged run's perplexity in 3 significant digits, not 46 (1.82e+45)
-        std::exp(s.final_val_loss) < 1e6 ? fmt::format("{:.1f}", std::exp(s.final_val_loss))
-                                         : fmt::format("{:.3g}", std::exp(s.final_val_loss)),
+        fmt::format(std::exp(s.final_val_loss) < 1e6 ? "{:.1f}" : "{:.3g}", std::exp(s.final_val_loss)),
         s.best_val_loss,
         std::isfinite(s.init_val_loss) ? fmt::format(" | at step 0 (--init-from) {:.4f}", s.init_val_loss) : "",
         s.eval_seq_len, s.run_dir,

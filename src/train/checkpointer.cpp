@@ -45,8 +45,6 @@ std::string grad_residuals_file(dist::Communicator& comm, const dist::GradComm& 
   return io::serialize_safetensors(st);
 }
 
-}  // namespace
-
 // This rank's residuals from checkpoint `dir` (grad_residuals_file), shaped
 // like the distinct parameters of `params`. Zeros with a warning when the
 // checkpoint has none (written with fp32 communication or without error
@@ -92,6 +90,14 @@ std::vector<torch::Tensor> load_grad_residuals(const std::string& dir, const jso
   return out;
 }
 
+}  // namespace
+
+int64_t checkpoint_data_parallel(const json& st) { return st.value("data_parallel", st.value("world_size", int64_t{1})); }
+
+data::LoaderState checkpoint_position(const TrainSession& s, const json& st, const std::string& what) {
+  return checkpoint_loader_state(st, s.B, s.accum * checkpoint_data_parallel(st), s.loader->windows_per_epoch(), what);
+}
+
 void load_training_state(TrainSession& s, const std::string& dir, const json& st, int64_t to, bool resume) {
   const std::string what = (fs::path(dir) / "trainer_state.json").string();
   try {
@@ -103,7 +109,7 @@ void load_training_state(TrainSession& s, const std::string& dir, const json& st
   load_checkpoint_optimizer(dir, st, *s.optimizer, s.model, s.tc(), to, s.shard_part);
   if (s.ctl->active() && st.contains("precision")) s.ctl->restore(st["precision"], what);
   if (s.keeps_residuals)
-    s.gcomm.residuals = load_grad_residuals(dir, st, s.params, s.world.rank, s.R, s.dopt.grad_comm);
+    s.gcomm.residuals = load_grad_residuals(dir, st, s.params, s.world.rank, s.R, s.dopt().grad_comm);
 }
 
 Checkpointer::Checkpointer(TrainSession& s, History& h, Evaluator& ev) : s_(s), h_(h), ev_(ev) {}
@@ -176,7 +182,7 @@ void Checkpointer::write(bool scheduled, bool eval_step, const json* validated) 
     extra["adapter_config.json"] =
         peft_adapter_config(s.model, s.rc.lora, s.lora.ref["base"]["dir"].get<std::string>()).dump(2) + "\n";
   if (s.keeps_residuals) {  // every rank's residuals to rank 0, which writes them with the checkpoint
-    const std::string bytes = grad_residuals_file(*s.comm, s.gcomm, s.dopt.grad_comm);
+    const std::string bytes = grad_residuals_file(*s.comm, s.gcomm, s.dopt().grad_comm);
     if (s.writer) extra["grad_residuals.safetensors"] = bytes;
   }
   if (!(validate_now && !eval_step)) s.sync_weights();  // else synced for the validation above

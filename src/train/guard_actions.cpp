@@ -69,9 +69,7 @@ std::pair<int64_t, std::string> GuardActions::rollback(const std::string& target
   // (loader_base records it for the loader check of a later resume).
   const data::LoaderState ls = loader.state();
   const uint64_t now = ls.epoch * loader.windows_per_epoch() + ls.cursor;
-  const data::LoaderState then =
-      checkpoint_loader_state(st, s.B, s.accum * st.value("data_parallel", st.value("world_size", int64_t{1})),
-                              loader.windows_per_epoch(), what);
+  const data::LoaderState then = checkpoint_position(s, st, what);
   const uint64_t skipped = now - (then.epoch * loader.windows_per_epoch() + then.cursor);
   s.loader_base = {{"step", to}, {"windows", now}};
   const int64_t from = s.step;

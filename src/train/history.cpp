@@ -7,8 +7,7 @@ using json = nlohmann::json;
 
 void History::replay(const std::vector<json>& records) {
   for (const json& r : records) {
-    if (r.contains("loss") && r["loss"].is_number()) recent_.emplace_back(r["step"].get<int64_t>(), r["loss"].get<double>());
-    if (recent_.size() > 10) recent_.pop_front();
+    if (r.contains("loss") && r["loss"].is_number()) add_loss(r["step"].get<int64_t>(), r["loss"].get<double>());
     if (r.contains("val_loss") && r["val_loss"].is_number()) add_val(r["step"].get<int64_t>(), r["val_loss"].get<double>());
   }
 }

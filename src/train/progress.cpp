@@ -12,6 +12,9 @@ namespace snip {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
+namespace {
+
+// "4m05s", or "1h07m" from an hour on; "?" for a negative or non-finite time.
 std::string fmt_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
   const int64_t t = int64_t(s + 0.5);
@@ -20,6 +23,8 @@ std::string fmt_duration(double s) {
   else std::snprintf(buf, sizeof buf, "%ldm%02lds", long(t / 60), long(t % 60));
   return buf;
 }
+
+}  // namespace
 
 void write_run_report(const std::string& run_dir) {
   try {

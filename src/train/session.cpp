@@ -145,7 +145,6 @@ void resolve_config(TrainSession& s) {
     fail(e.what(), " (with [model] options taken from ", s.init->config_path, " by --init-from)");
   }
   s.monitor_opts = monitor::monitor_options(s.rc.monitor);  // checked before anything runs
-  s.dopt = s.rc.dist;
   if (s.quiet) return;
   // Settings the chosen policy never reads are said once, not silently
   // dropped: under none every precision option (nothing is quantized);
@@ -214,7 +213,7 @@ void check_resume_config(TrainSession& s) {
 // their FNV-1a hashes, before any process group of a stage exists.
 void connect_ranks(TrainSession& s) {
   if (s.world.size > 1) {
-    s.comm = dist::connect(s.world, s.dopt);
+    s.comm = dist::connect(s.world, s.dopt());
     if (!s.quiet)
       spdlog::info("dist: {} ranks ({}, {} per machine) over {}, rendezvous {}:{}", s.world.size, s.world.source,
                    s.world.local_size, s.comm->backend(), s.world.master_addr, s.world.master_port);
@@ -248,7 +247,7 @@ void connect_ranks(TrainSession& s) {
 // x accum micro-batches. The gradient format, ZeRO and what has no effect.
 void check_layout(TrainSession& s) {
   const TrainConfig& tc = s.tc();
-  const DistConfig& dopt = s.dopt;
+  const DistConfig& dopt = s.dopt();
   const int R = s.R, S = dopt.pipeline_stages;
   s.S = S;
   if (S > 1) {

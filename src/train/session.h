@@ -74,9 +74,6 @@ namespace snip {
 /// Monotonic clock in nanoseconds (async-signal-safe: clock_gettime).
 int64_t monotonic_ns();
 
-/// "4m05s", or "1h07m" from an hour on; "?" for a negative or non-finite time.
-std::string fmt_duration(double seconds);
-
 /// RUN/report.html (report/report.h); a failure is a warning, never the run's end.
 void write_run_report(const std::string& run_dir);
 
@@ -124,7 +121,7 @@ struct TrainSession {
   std::string alias;  ///< the precision alias line ("" = none)
   monitor::MonitorOptions monitor_opts;
   RunConfig rc;
-  DistConfig dopt;  ///< rc.dist
+  const DistConfig& dopt() const { return rc.dist; }
   const TrainConfig& tc() const { return rc.train; }
 
   // ---- ranks
@@ -208,12 +205,14 @@ void announce(TrainSession& s);
 /// a weights error is said as --resume's.
 void load_training_state(TrainSession& s, const std::string& dir, const nlohmann::json& st, int64_t to, bool resume);
 
-/// This rank's error-feedback residuals from checkpoint `dir` (shaped like
-/// the distinct parameters of `params`): zeros with a warning when it has
-/// none, or another world size (checkpointer.cpp).
-std::vector<torch::Tensor> load_grad_residuals(const std::string& dir, const nlohmann::json& state,
-                                               const std::vector<torch::Tensor>& params, int rank, int R,
-                                               const std::string& format);
+/// The data-parallel ranks of the run that wrote a checkpoint (its
+/// trainer_state.json `st`: "data_parallel" under pipeline stages, else
+/// "world_size"; 1 when absent), and where this run's loader stood then:
+/// every rank's loader walks the whole step (step.h), accum x those ranks
+/// micro-batches. Throws UserError naming `what` for a malformed position
+/// (checkpointer.cpp).
+int64_t checkpoint_data_parallel(const nlohmann::json& st);
+data::LoaderState checkpoint_position(const TrainSession& s, const nlohmann::json& st, const std::string& what);
 
 /// Pipeline stages (dist/pipeline.h): this rank's stage, its parameters and
 /// optimizer, the process groups, the stage balancer (dist.stage_cost,

@@ -41,7 +41,7 @@ void open_data(TrainSession& s) {
   s.data_info = data::verify_data_folder(s.data_dir.string(), "data.dir");
   s.val_sha256 = data::sha256_hex(io::read_file(s.val_bin));
   s.B = tc.batch_size, s.T = tc.seq_len, s.max_steps = tc.max_steps;
-  s.accum = s.S > 1 && s.dopt.micro_batches > 0 ? s.dopt.micro_batches : tc.grad_accum;
+  s.accum = s.S > 1 && s.dopt().micro_batches > 0 ? s.dopt().micro_batches : tc.grad_accum;
   s.seed = uint64_t(tc.seed);
   s.loader = std::make_unique<data::TokenLoader>(s.train_bin, int(s.B), int(s.T), s.seed);
   {
@@ -152,7 +152,7 @@ void build_model(TrainSession& s) {
   setup_lora(s);
   if (s.S > 1) s.stages = std::make_unique<PipelineStages>(s);
   s.shard_part = s.zpart ? &*s.zpart : s.stages ? &s.stages->stage_part : nullptr;
-  if (s.stages && s.dopt.stage_cost == "measured") s.stages->measure_costs();
+  if (s.stages && s.dopt().stage_cost == "measured") s.stages->measure_costs();
   // The adaptive precision controller (inactive for policy none). Validates
   // the [precision] options against the layer list, pins and budget included.
   s.ctl = std::make_unique<PrecisionController>(s.rc, s.model->linear_layers(), s.gemm);

@@ -44,13 +44,8 @@ void restore_checkpoint(TrainSession& s) {
   load_training_state(s, ckpt, st, s.step, /*resume=*/true);
   if (st.contains("guard"))  // what the guard did before (its windows refill)
     s.guard->restore(st["guard"], what);
-  // Data-parallel ranks of the run that wrote it (its world without
-  // pipeline stages; "data_parallel" with them).
-  const int64_t saved_world = st.value("data_parallel", st.value("world_size", int64_t{1}));
-  // Every rank's loader walks the whole step (step.h): DP x accum
-  // micro-batches, DP of the run that wrote the checkpoint.
-  const data::LoaderState ls =
-      checkpoint_loader_state(st, s.B, s.accum * saved_world, s.loader->windows_per_epoch(), what);
+  const int64_t saved_world = checkpoint_data_parallel(st);
+  const data::LoaderState ls = checkpoint_position(s, st, what);
   s.loader->restore(ls);
   if (st.contains("loader_base")) s.loader_base = st["loader_base"];
   if (saved_world != s.DP) {

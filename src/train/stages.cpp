@@ -22,7 +22,7 @@ using json = nlohmann::json;
 
 PipelineStages::PipelineStages(TrainSession& s) : s_(s) {
   const int S = s.S, DP = s.DP;
-  const DistConfig& dopt = s.dopt;
+  const DistConfig& dopt = s.dopt();
   pc.layout.stages = S;
   pc.layout.replicas = DP;
   const auto [block_cost, head] = block_costs({});  // no plan yet: every layer at factor 1
@@ -87,9 +87,9 @@ std::pair<std::vector<double>, double> PipelineStages::block_costs(
   std::vector<double> block_cost(size_t(mcfg.num_hidden_layers), 12.0 * N * double(s_.T) * C);
   std::vector<std::string> options{"bf16"};
   for (const auto& [item, o] : assign) options.push_back(o);
-  const std::map<std::string, double> f = s_.dopt.stage_cost == "measured"
+  const std::map<std::string, double> f = s_.dopt().stage_cost == "measured"
                                               ? measured_factors_
-                                              : dist::stage_cost_factors(s_.dopt.stage_cost, options);
+                                              : dist::stage_cost_factors(s_.dopt().stage_cost, options);
   auto factor = [&](const std::string& o) {  // an option without a factor costs as BF16
     const auto it = f.find(o);
     return it == f.end() ? 1.0 : it->second;
@@ -145,7 +145,7 @@ void PipelineStages::measure_costs() {
 void PipelineStages::set_controller_stages() {
   std::vector<int> stage_of_layer;
   for (const QuantLinear& l : s_.model->linear_layers()) stage_of_layer.push_back(pc.layout.stage_of_param(l->name));
-  s_.ctl->set_pipeline(std::move(stage_of_layer), pc.stage, s_.dopt.stage_boundary);
+  s_.ctl->set_pipeline(std::move(stage_of_layer), pc.stage, s_.dopt().stage_boundary);
 }
 
 json PipelineStages::quantizer_state(const json& mine, bool own) {
@@ -204,7 +204,7 @@ void PipelineStages::after_plan(json& rec) {
   imbalance_now_ = imb;
   rec["stage_imbalance"] = imb;
   const bool better = best != pc.layout.bounds && best_imb < imb * 0.99;
-  if (better && s_.dopt.rebalance && s_.dopt.stage_split == "balanced") {
+  if (better && s_.dopt().rebalance && s_.dopt().stage_split == "balanced") {
     pending_bounds_ = best;
     if (!s_.quiet)
       spdlog::info("pipeline: under the plan before step {} the stages' estimated imbalance is {:.3f} "
@@ -267,7 +267,7 @@ void PipelineStages::check_replica_weights(const std::string& when) {
 json PipelineStages::summary() const {
   return {{"stages", s_.S}, {"replicas", s_.DP}, {"schedule", pc.schedule},
           {"micro_batches", s_.accum}, {"bounds", pc.layout.bounds},
-          {"boundary_comm", s_.dopt.boundary_comm}, {"boundary_bytes_per_step", boundary_bytes_},
+          {"boundary_comm", s_.dopt().boundary_comm}, {"boundary_bytes_per_step", boundary_bytes_},
           {"bubble", bubble_steps_ ? json(bubble_sum_ / double(bubble_steps_)) : json(nullptr)},
           {"ideal_bubble", dist::ideal_bubble(s_.S, int(s_.accum))}, {"stage_imbalance", imbalance_now_}};
 }

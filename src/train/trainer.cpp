@@ -32,10 +32,10 @@ StepRunner::StepRunner(TrainSession& s)
            s.stages ? nullptr : s.comm.get(), s.comm && !s.stages ? &s.gcomm : nullptr,
            s.zpart ? &*s.zpart : nullptr, s.zero_stage} {
   const TrainConfig& tc = s.tc();
-  ctx_.overlap = s.dopt.overlap;
+  ctx_.overlap = s.dopt().overlap;
   ctx_.skip_nonfinite = s.guard->enabled();
   ctx_.clip_low_precision = tc.clip_low_precision;
-  s.gcomm.allgather = s.dopt.allgather;
+  s.gcomm.allgather = s.dopt().allgather;
   if (s.opts.faults.grad_inf_step >= 0)
     ctx_.fault = [&s](int64_t step) {
       FaultInjector& f = s.opts.faults;
@@ -204,7 +204,7 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
     const bool scheduled =
         (tc.checkpoint_interval > 0 && s.step % tc.checkpoint_interval == 0) || s.step == s.max_steps;
     const bool ckpt = scheduled || by_time || stopped_by;
-    if (s.comm && (ckpt || (s.dopt.check_interval > 0 && s.step % s.dopt.check_interval == 0))) {
+    if (s.comm && (ckpt || (s.dopt().check_interval > 0 && s.step % s.dopt().check_interval == 0))) {
       if (!s.stages) dist::check_same_weights(*s.comm, s.param_names, s.params, str_cat("step ", s.step));
       else s.stages->check_replica_weights(str_cat("step ", s.step));
     }
