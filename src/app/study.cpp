@@ -106,10 +106,7 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
   check_memory(training_memory(mcfg, B, T), hw::available_memory_bytes(), "snip correlate");
   LlamaForCausalLM model(mcfg);
   load_checkpoint_weights(ckpt, model);
-  const at::ScalarType gemm = gemm_dtype_of(tc);
-  set_bf16_gemm_backend(parse_bf16_gemm_backend(tc.gemm_backend));
-  model->set_precision(LinearPrecision{nullptr, gemm});
-  model->set_non_linear_gemm_dtype(gemm);
+  const at::ScalarType gemm = prepare_model(model, tc);
   auto opt = make_optimizer(model, tc);
   load_checkpoint_optimizer(ckpt, st, *opt, model, tc, step0);  // optimizer.pt or ZeRO shards
   std::vector<torch::Tensor> weights0;

@@ -205,7 +205,7 @@ void run_doctor(const DoctorOpts& o) {
       c.load_toml_file(o.config);
       run = RunConfig::from(c);
       check("config", true, o.config + " is valid");
-      set_bf16_gemm_backend(parse_bf16_gemm_backend(run->train.gemm_backend));
+      set_bf16_gemm_backend(run->train.gemm_backend);
       const std::string dir = run->data.dir;
       try {  // the shards as the trainer opens them (header, token range, size)
         for (const char* f : {"train.bin", "val.bin"}) {

@@ -70,10 +70,7 @@ policy::CostTable measure(Config& cfg, const PlanMeasureRequest& r) {
   check_memory(training_memory(f.config, B, T), hw::available_memory_bytes(), "snip plan --init-from");
   set_threads(tc.threads);
   LlamaForCausalLM model = import_hf(r.hf_dir);
-  const at::ScalarType gemm = gemm_dtype_of(tc);
-  set_bf16_gemm_backend(parse_bf16_gemm_backend(tc.gemm_backend));
-  model->set_precision(LinearPrecision{nullptr, gemm});
-  model->set_non_linear_gemm_dtype(gemm);
+  prepare_model(model, tc);
   auto opt = make_optimizer(model, tc);
   set_lr(*opt, tc.lr);
 

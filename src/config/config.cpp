@@ -2,6 +2,7 @@
 #include "snip/config/config.h"
 
 #include <algorithm>
+#include <array>
 #include <type_traits>
 #include <regex>
 #include <map>
@@ -13,6 +14,7 @@
 #include <fstream>
 #include <cmath>
 #include <sstream>
+#include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
 #include "snip/io/toml.h"
@@ -91,6 +93,36 @@ Opt field(std::string key, Section RunConfig::*section, F Section::*member, std:
   };
   s.def = s.get(defaults());
   return Opt{std::move(s)};
+}
+
+// An enum's words, E(i) written names[i] (to_string and the option's words).
+constexpr std::array<const char*, 3> kGemmBackendNames{"auto", "native", "emulated"};
+constexpr std::array<const char*, 2> kScheduleNames{"gpipe", "1f1b"};
+constexpr std::array<const char*, 2> kBoundaryNames{"fp32", "fp8"};
+constexpr std::array<const char*, 2> kLoraInitNames{"kaiming", "gaussian"};
+
+// An option whose words name an enum (names[i] is E(i)): the word as
+// written, the enum in `section`'s member `member`; the default is the
+// member's initializer.
+template <class Section, class E, size_t N>
+Opt choice(std::string key, Section RunConfig::*section, E Section::*member, const std::array<const char*, N>& names,
+           std::string help) {
+  const std::string what = "config: " + key;
+  Opt o = opt(std::move(key), T::kString, std::string(names[size_t((defaults().*section).*member)]), "",
+              std::move(help));
+  return std::move(o)
+      .words(std::vector<std::string>(names.begin(), names.end()))
+      .bind(
+          [section, member, names, what](const OptionValue& v, RunConfig& r) {
+            const std::string& w = std::get<std::string>(v);
+            for (size_t i = 0; i < N; ++i)
+              if (w == names[i]) return void((r.*section).*member = E(i));
+            fail(what, ": expected ", join_list(std::vector<std::string>(names.begin(), names.end())), ", got '", w,
+                 "'");
+          },
+          [section, member, names](const RunConfig& r) {
+            return OptionValue(std::string(names[size_t((r.*section).*member)]));
+          });
 }
 
 const char* const kActionNames[] = {"warn", "fp8-layer", "replan", "rollback", "stop"};
@@ -218,10 +250,9 @@ std::vector<OptionSpec> make_table() {
           .words({"bf16", "fp32"})
           .bind([](const OptionValue& v, RunConfig& r) { r.train.gemm_bf16 = std::get<std::string>(v) == "bf16"; },
                 [](const RunConfig& r) { return OptionValue(std::string(r.train.gemm_bf16 ? "bf16" : "fp32")); }),
-      field("train.gemm_backend", &RunConfig::train, &TrainConfig::gemm_backend, "",
-            "how BF16 GEMMs run: native (LibTorch's BF16 kernel), emulated (FP32 GEMM on BF16-rounded "
-            "operands, same numerics), auto (native where it accumulates in FP32; `snip doctor` shows it)")
-          .words({"auto", "native", "emulated"}),
+      choice("train.gemm_backend", &RunConfig::train, &TrainConfig::gemm_backend, kGemmBackendNames,
+             "how BF16 GEMMs run: native (LibTorch's BF16 kernel), emulated (FP32 GEMM on BF16-rounded "
+             "operands, same numerics), auto (native where it accumulates in FP32; `snip doctor` shows it)"),
       field("train.eval_interval", &RunConfig::train, &TrainConfig::eval_interval, "steps",
             "evaluate every N steps (and at the end)")
           .in(positive),
@@ -282,17 +313,15 @@ std::vector<OptionSpec> make_table() {
             "first, final norm and lm_head with the last); the world is stages x data-parallel replicas, rank = "
             "stage * replicas + replica (docs/distributed.md \"Pipeline stages\"); 1 = no pipeline")
           .in({1, 1024}),
-      field("dist.pipeline_schedule", &RunConfig::dist, &DistConfig::pipeline_schedule, "",
-            "pipeline schedule: gpipe (all forwards, then all backwards) or 1f1b (one forward, one backward in "
-            "the steady state: at most stages - stage micro-batches of activations held)")
-          .words({"gpipe", "1f1b"}),
+      choice("dist.pipeline_schedule", &RunConfig::dist, &DistConfig::pipeline_schedule, kScheduleNames,
+             "pipeline schedule: gpipe (all forwards, then all backwards) or 1f1b (one forward, one backward in "
+             "the steady state: at most stages - stage micro-batches of activations held)"),
       field("dist.micro_batches", &RunConfig::dist, &DistConfig::micro_batches, "",
             "micro-batches per step and data-parallel replica under pipeline stages; 0 = train.grad_accum")
           .in({0, 1e6}),
-      field("dist.boundary_comm", &RunConfig::dist, &DistConfig::boundary_comm, "",
-            "how activations and their gradients cross stage boundaries: fp32, or fp8 (activations E4M3, "
-            "gradients E5M2, one FP32 per-tensor scale each, packed bytes on the wire)")
-          .words({"fp32", "fp8"}),
+      choice("dist.boundary_comm", &RunConfig::dist, &DistConfig::boundary_comm, kBoundaryNames,
+             "how activations and their gradients cross stage boundaries: fp32, or fp8 (activations E4M3, "
+             "gradients E5M2, one FP32 per-tensor scale each, packed bytes on the wire)"),
       field("dist.stage_boundary", &RunConfig::dist, &DistConfig::stage_boundary, "",
             "precision option pinned on the first and last quantized layer of every pipeline stage (docs/method.md "
             "section 4), or none"),
@@ -320,10 +349,9 @@ std::vector<OptionSpec> make_table() {
           .in({0, 0.999}),
       field("lora.target", &RunConfig::lora, &LoraConfig::target, "list",
             "comma-separated globs over Hugging Face layer names that get adapters, e.g. '*.q_proj,*.v_proj'"),
-      field("lora.init", &RunConfig::lora, &LoraConfig::init, "",
-            "adapter initialisation: kaiming (A Kaiming-uniform, B zero: the LoRA paper, PEFT's default) or "
-            "gaussian (A ~ N(0, 1/r^2), B zero: PEFT's init_lora_weights='gaussian')")
-          .words({"kaiming", "gaussian"}),
+      choice("lora.init", &RunConfig::lora, &LoraConfig::init, kLoraInitNames,
+             "adapter initialisation: kaiming (A Kaiming-uniform, B zero: the LoRA paper, PEFT's default) or "
+             "gaussian (A ~ N(0, 1/r^2), B zero: PEFT's init_lora_weights='gaussian')"),
       field("lora.train_norms", &RunConfig::lora, &LoraConfig::train_norms, "",
             "also train the RMSNorm weights (exported as PEFT modules_to_save)"),
       field("lora.pack_base", &RunConfig::lora, &LoraConfig::pack_base, "",
@@ -928,6 +956,15 @@ const char* to_string(Policy p) {
   }
   return "?";
 }
+
+const char* to_string(GemmBackend b) { return kGemmBackendNames[size_t(b)]; }
+const char* to_string(PipelineSchedule s) { return kScheduleNames[size_t(s)]; }
+const char* to_string(BoundaryComm c) { return kBoundaryNames[size_t(c)]; }
+const char* to_string(LoraInit i) { return kLoraInitNames[size_t(i)]; }
+void to_json(nlohmann::json& j, GemmBackend b) { j = to_string(b); }
+void to_json(nlohmann::json& j, PipelineSchedule s) { j = to_string(s); }
+void to_json(nlohmann::json& j, BoundaryComm c) { j = to_string(c); }
+void to_json(nlohmann::json& j, LoraInit i) { j = to_string(i); }
 
 const char* to_string(FirstOrder f) {
   switch (f) {

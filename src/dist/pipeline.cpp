@@ -183,14 +183,13 @@ std::map<std::string, double> stage_cost_factors(const std::string& spec, const 
   return out;
 }
 
-std::vector<std::pair<bool, int>> schedule_ops(const std::string& schedule, int S, int s, int M) {
+std::vector<std::pair<bool, int>> schedule_ops(PipelineSchedule schedule, int S, int s, int M) {
   std::vector<std::pair<bool, int>> ops;
-  if (schedule == "gpipe") {
+  if (schedule == PipelineSchedule::kGpipe) {
     for (int m = 0; m < M; ++m) ops.emplace_back(true, m);
     for (int m = 0; m < M; ++m) ops.emplace_back(false, m);
     return ops;
   }
-  SNIP_CHECK(schedule == "1f1b", "unknown pipeline schedule ", schedule);
   const int warm = std::min(S - s - 1, M);
   int f = 0, b = 0;
   for (; f < warm; ++f) ops.emplace_back(true, f);

@@ -72,15 +72,15 @@ class PerGemmQuantizer : public OperandQuantizer {
 // What a plan-phase re-plan at step `s` changed, for the log: one line with
 // the count and the FP4 share, then up to kShown "  item: old -> new" lines
 // (the rest counted; the whole plan is in run_dir/plans/step-S.json).
-std::string format_plan_changes(int64_t s, const std::map<std::string, std::string>& before,
-                                const std::map<std::string, std::string>& after, double fp4_share,
+std::string format_plan_changes(int64_t s, const std::map<PlanKey, std::string>& before,
+                                const std::map<PlanKey, std::string>& after, double fp4_share,
                                 const std::string& run_dir) {
   constexpr size_t kShown = 12;
   std::vector<std::string> lines;
   for (const auto& [item, option] : after) {
     const auto it = before.find(item);
     const std::string was = it == before.end() ? "-" : it->second;
-    if (was != option) lines.push_back(fmt::format("  {}: {} -> {}\n", item, was, option));
+    if (was != option) lines.push_back(fmt::format("  {}: {} -> {}\n", item.str(), was, option));
   }
   std::string out = fmt::format("precision at step {}: re-plan changed {} of {} items (FP4 share {:.4f}){}\n", s,
                                 lines.size(), after.size(), fp4_share,
@@ -297,28 +297,28 @@ void PrecisionController::raise_precision(double budget_step, double smoothing) 
 std::vector<std::string> PrecisionController::force_option(const std::vector<std::string>& layers,
                                                            const std::string& option) {
   std::vector<std::string> changed;
-  if (!active_ || assign_.empty()) return changed;
+  if (!active_ || current_.empty()) return changed;
   (void)quantizer(option);  // known (SNIP_CHECK)
-  std::map<std::string, std::string> a = assign_;
+  std::map<PlanKey, std::string> a = current_.options;
   for (const std::string& layer : layers) {
     bool found = false, moved = false;
     for (const auto& l : layers_)
       if (l->name == layer) found = true;
     if (!found) fail("guard: no linear layer named '", layer, "'");
-    for (const std::string& item : item_names())
-      if (item == layer || item.rfind(layer + ":", 0) == 0) {
+    for (const PlanKey& item : item_keys())
+      if (item.layer == layer) {
         moved = moved || a[item] != option;
         a[item] = option;
       }
     if (moved) changed.push_back(layer);
   }
-  apply(a);
+  current_ = make_assignment(std::move(a));
   return changed;
 }
 
 std::vector<std::string> PrecisionController::layers_below_fp8() const {
   std::vector<std::string> out;
-  if (!active_ || assign_.empty()) return out;
+  if (!active_ || current_.empty()) return out;
   std::map<std::string, bool> low;  // option -> some operand has fewer than 8 element bits
   auto is_low = [&](const std::string& o) {
     auto it = low.find(o);
@@ -330,7 +330,7 @@ std::vector<std::string> PrecisionController::layers_below_fp8() const {
   };
   for (const auto& l : layers_) {
     bool b = false;
-    for (const std::string& o : layer_options(assign_, l->name).v) b = b || is_low(o);
+    for (const std::string& o : current_.layer_options(l->name).v) b = b || is_low(o);
     if (b) out.push_back(l->name);
   }
   return out;
@@ -408,31 +408,21 @@ void PrecisionController::set_pipeline(std::vector<int> stage_of_layer, int my_s
   }
 }
 
-std::vector<std::string> PrecisionController::item_names() const {
-  std::vector<std::string> out;
+std::vector<PlanKey> PrecisionController::item_keys() const {
+  std::vector<PlanKey> out;
   for (const auto& l : layers_) {
-    if (gran_ == policy::Granularity::layer) out.push_back(l->name);
+    if (gran_ == policy::Granularity::layer) out.push_back(PlanKey{l->name, std::nullopt});
     else
-      for (Gemm g : kAllGemms) out.push_back(plan_item_key(l->name, g));
+      for (Gemm g : kAllGemms) out.push_back(PlanKey{l->name, g});
   }
   return out;
 }
 
-PerGemm<std::string> PrecisionController::layer_options(const std::map<std::string, std::string>& assign,
-                                                        const std::string& layer) const {
-  PerGemm<std::string> o;
-  for (Gemm g : kAllGemms) {
-    const std::string key = gran_ == policy::Granularity::layer ? plan_item_key(layer) : plan_item_key(layer, g);
-    auto it = assign.find(key);
-    SNIP_CHECK(it != assign.end(), "plan has no option for ", key);
-    o[g] = it->second;
-  }
-  return o;
-}
-
-void PrecisionController::apply(const std::map<std::string, std::string>& assign) {
+PrecisionAssignment PrecisionController::make_assignment(std::map<PlanKey, std::string> options) {
+  PrecisionAssignment a;
+  a.options = std::move(options);
   for (auto& l : layers_) {
-    const PerGemm<std::string> o = layer_options(assign, l->name);
+    const PerGemm<std::string> o = a.layer_options(l->name);
     const std::string& f = o[Gemm::kFprop], &d = o[Gemm::kDgrad], &w = o[Gemm::kWgrad];
     std::shared_ptr<const OperandQuantizer> q;
     if (f == d && d == w) {
@@ -449,19 +439,20 @@ void PrecisionController::apply(const std::map<std::string, std::string>& assign
                  .first;
       q = it->second;
     }
-    l->precision = LinearPrecision{q, gemm_dtype_};
+    a.layer_names.push_back(l->name);
+    a.precision.push_back(LinearPrecision{q, gemm_dtype_});
   }
-  assign_ = assign;
+  return a;
 }
 
 double PrecisionController::fp4_share() const {
-  if (assign_.empty()) return 0.0;
+  if (current_.empty()) return 0.0;
   double low = 0, total = 0;
   for (const auto& l : layers_) {
     const double f = double(l->in_features) * double(l->out_features);
     total += f;
     int n = 0;  // GEMMs of this layer at the low option (a third of its FLOPs each)
-    for (const std::string& o : layer_options(assign_, l->name).v) n += o == low_;
+    for (const std::string& o : current_.layer_options(l->name).v) n += o == low_;
     low += f * double(n) / 3.0;
   }
   return total > 0 ? low / total : 0.0;
@@ -568,13 +559,16 @@ void PrecisionController::decide(int64_t s, Phase phase,
     }
     r = policy::run_heuristic(policy_, prob, o, uint64_t(pc_.seed));
   }
-  const std::map<std::string, std::string> assign = agree(s, root ? r.assignments() : decltype(assign_){}, plan_error);
+  std::map<PlanKey, std::string> planned;
+  if (root)
+    for (const auto& [item, option] : r.assignments()) planned[parse_plan_key(item, "the plan")] = option;
+  std::map<PlanKey, std::string> assign = agree(s, planned, plan_error);
   if (root)
     for (const std::string& w : r.warnings) spdlog::warn("precision plan at step {}: {}", s, w);
-  const bool changed = assign != assign_ || phase != phase_;
-  const std::map<std::string, std::string> before = assign_;
+  const bool changed = assign != current_.options || phase != phase_;
+  const std::map<PlanKey, std::string> before = current_.options;
   const Phase phase_before = phase_;
-  apply(assign);
+  current_ = make_assignment(std::move(assign));
   phase_ = phase;
   decided_at_ = s;
 
@@ -584,7 +578,7 @@ void PrecisionController::decide(int64_t s, Phase phase,
       json m = json::object();
       for (const auto& [name, os] : ls.options) m[name] = os.rel_err[Gemm::kFprop];
       m[kReference] = 0.0;
-      const std::string chosen = layer_options(assign_, ls.name)[Gemm::kFprop];
+      const std::string chosen = current_.layer_options(ls.name)[Gemm::kFprop];
       if (m.contains(chosen)) rel_chosen[ls.name] = m[chosen];
       rel[ls.name] = std::move(m);
     }
@@ -609,7 +603,7 @@ void PrecisionController::decide(int64_t s, Phase phase,
         std::fprintf(stderr, "precision at step %ld: plan unchanged (FP4 share %.4f)\n", long(s), r.fp4_share);
       else if (phase == Phase::kPlan && table_shown_ && phase_before == Phase::kPlan)
         // The table once per process; a later re-plan prints what it changed.
-        std::fprintf(stderr, "%s", format_plan_changes(s, before, assign_, r.fp4_share, run_dir_).c_str());
+        std::fprintf(stderr, "%s", format_plan_changes(s, before, current_.options, r.fp4_share, run_dir_).c_str());
       else if (phase == Phase::kPlan) {
         std::fprintf(stderr, "\n%s", format_plan_table(pj).c_str());
         table_shown_ = true;
@@ -626,7 +620,7 @@ void PrecisionController::decide(int64_t s, Phase phase,
 
   ev.decided = true;
   json prec = json::object();
-  for (const std::string& n : item_names()) prec[n] = assign_.at(n);
+  for (const PlanKey& k : item_keys()) prec[k.str()] = current_.options.at(k);
   ev.metrics["precision"] = std::move(prec);
   ev.metrics["plan_step"] = s;
   ev.metrics["phase"] = to_string(phase);
@@ -638,9 +632,8 @@ void PrecisionController::decide(int64_t s, Phase phase,
   }
 }
 
-std::map<std::string, std::string> PrecisionController::agree(int64_t s,
-                                                              const std::map<std::string, std::string>& assign,
-                                                              const std::string& error) {
+std::map<PlanKey, std::string> PrecisionController::agree(int64_t s, const std::map<PlanKey, std::string>& assign,
+                                                          const std::string& error) {
   if (!comm_ || comm_->size() == 1) {
     if (!error.empty()) fail("precision plan at step ", s, ": ", error);
     return assign;
@@ -649,7 +642,8 @@ std::map<std::string, std::string> PrecisionController::agree(int64_t s,
   // and CRC-32 (one int64 broadcast), then the bytes (one uint8 broadcast).
   const bool root = comm_->rank() == 0;
   std::string bytes;
-  if (root) bytes = (error.empty() ? json{{"assign", assign}} : json{{"error", error}}).dump();
+  if (root) bytes = (error.empty() ? json{{"assign", PrecisionAssignment{assign, {}, {}}.to_json()}}
+                                  : json{{"error", error}}).dump();
   torch::Tensor head = torch::tensor({int64_t(bytes.size()), int64_t(crc32_of(bytes))}, torch::kLong);
   comm_->broadcast(head, 0);
   const int64_t n = head[0].item<int64_t>();
@@ -664,14 +658,14 @@ std::map<std::string, std::string> PrecisionController::agree(int64_t s,
          " damaged (CRC-32 ", crc32_of(bytes), ", rank 0 sent ", crc, ")");
   const json j = io::parse_json(bytes, "the plan broadcast by rank 0");
   if (j.contains("error")) fail("precision plan at step ", s, ": ", j.at("error").get<std::string>());
-  std::map<std::string, std::string> got = j.at("assign").get<std::map<std::string, std::string>>();
+  std::map<PlanKey, std::string> got = PrecisionAssignment::options_from_json(j.at("assign"), "the plan broadcast");
   if (root) SNIP_CHECK(got == assign, "plan broadcast: rank 0's plan changed in its own JSON round trip");
   return got;
 }
 
 json PrecisionController::state() const {
   json st = {{"policy", policy_}, {"phase", to_string(phase_)}, {"decided_at", decided_at_},
-             {"assignments", assign_}};
+             {"assignments", current_.to_json()}};
   st["smoothed"] = smoothed_.layers.empty() ? json(nullptr) : to_json(smoothed_);
   st["quantizers"] = quantizer_state();
   // The guard's levers (raise_precision), so a resumed run keeps them.
@@ -701,7 +695,8 @@ void PrecisionController::restore(const json& st, const std::string& what) {
       replan_requested_ = st.at("replan_requested").get<bool>();
     }
     decided_at_ = st.at("decided_at").get<int64_t>();
-    const auto assign = st.at("assignments").get<std::map<std::string, std::string>>();
+    std::map<PlanKey, std::string> assign =
+        PrecisionAssignment::options_from_json(st.at("assignments"), what + ": precision.assignments");
     smoothed_ = st.at("smoothed").is_null() ? StatsStep{} : stats_from_json(st.at("smoothed"), what + ": smoothed");
     // Checkpoints written before quantizer state was saved have no
     // "quantizers": their delayed-scaling histories restart (warned).
@@ -725,14 +720,14 @@ void PrecisionController::restore(const json& st, const std::string& what) {
                      what, it.key());
     restore_quantizers(qs, what);
     if (phase_ != Phase::kNone) {
-      for (const std::string& n : item_names())
-        if (!assign.count(n))
-          fail(what, ": precision.assignments: no option for '", n, "' (precision.granularity changed?)");
+      for (const PlanKey& k : item_keys())
+        if (!assign.count(k))
+          fail(what, ": precision.assignments: no option for '", k.str(), "' (precision.granularity changed?)");
       for (const auto& kv : assign)
         if (!quant_.count(kv.second) && !extra_quant_.count(kv.second))
-          fail(what, ": precision.assignments: layer '", kv.first, "': option '", kv.second,
+          fail(what, ": precision.assignments: layer '", kv.first.str(), "': option '", kv.second,
                "' is not among the configured options");
-      apply(assign);
+      current_ = make_assignment(std::move(assign));
     }
   } catch (const json::exception& e) {
     fail(what, ": malformed precision state (", e.what(), ")");

@@ -232,15 +232,13 @@ std::vector<std::string> attach_lora(LlamaForCausalLM& model, const LoraConfig& 
       if (target_matches(cfg.target[i], l->name)) used[i] = hit = true;
     if (!hit) continue;
     torch::Tensor a;
-    if (cfg.init == "gaussian") {
+    if (cfg.init == LoraInit::kGaussian) {
       a = at::normal(0.0, 1.0 / double(cfg.rank), {cfg.rank, l->in_features}, gen, torch::kFloat);
-    } else if (cfg.init == "kaiming") {
+    } else {
       // kaiming_uniform_(a = sqrt(5)) on [r, IN]: gain sqrt(2 / (1 + 5)),
       // bound gain x sqrt(3 / fan_in) = 1 / sqrt(IN).
       const double bound = 1.0 / std::sqrt(double(l->in_features));
       a = at::rand({cfg.rank, l->in_features}, gen, torch::kFloat).mul_(2 * bound).sub_(bound);
-    } else {
-      fail("lora.init: expected kaiming or gaussian, got '", cfg.init, "'");
     }
     l->add_lora(a, torch::zeros({l->out_features, cfg.rank}, torch::kFloat), cfg.alpha / double(cfg.rank),
                 cfg.dropout);
@@ -303,7 +301,7 @@ nlohmann::json peft_adapter_config(LlamaForCausalLM& model, const LoraConfig& cf
                       {"bias", "none"},
                       {"fan_in_fan_out", false},
                       {"inference_mode", true},
-                      {"init_lora_weights", cfg.init == "gaussian" ? nlohmann::json("gaussian") : nlohmann::json(true)},
+                      {"init_lora_weights", cfg.init == LoraInit::kGaussian ? nlohmann::json("gaussian") : nlohmann::json(true)},
                       {"use_rslora", false},
                       {"use_dora", false},
                       {"layers_to_transform", nullptr},
@@ -380,7 +378,7 @@ LoraConfig lora_config_from_peft_fields(const nlohmann::json& j, const std::stri
   c.target.clear();  // not lora.target's default
   for (const auto& t : tm) c.target.push_back(t.get<std::string>());
   const nlohmann::json init = j.value("init_lora_weights", nlohmann::json(true));
-  c.init = init == "gaussian" ? "gaussian" : "kaiming";
+  c.init = init == "gaussian" ? LoraInit::kGaussian : LoraInit::kKaiming;
   c.train_norms = j.contains("modules_to_save") && !j.at("modules_to_save").is_null() && !j.at("modules_to_save").empty();
   return c;
 }

@@ -93,9 +93,9 @@ struct BackendChoice {
   std::string reason;
 };
 
-BackendChoice resolve(Bf16GemmBackend b) {
-  if (b == Bf16GemmBackend::kNative) return {true, "train.gemm_backend = native"};
-  if (b == Bf16GemmBackend::kEmulated) return {false, "train.gemm_backend = emulated"};
+BackendChoice resolve(GemmBackend b) {
+  if (b == GemmBackend::kNative) return {true, "train.gemm_backend = native"};
+  if (b == GemmBackend::kEmulated) return {false, "train.gemm_backend = emulated"};
   if (const char* e = std::getenv("SNIP_BF16_GEMM"); e && *e) {
     if (std::strcmp(e, "native") == 0) return {true, "SNIP_BF16_GEMM=native"};
     if (std::strcmp(e, "emulated") == 0) return {false, "SNIP_BF16_GEMM=emulated"};
@@ -121,14 +121,7 @@ std::string g_reason;
 
 }  // namespace
 
-Bf16GemmBackend parse_bf16_gemm_backend(const std::string& name) {
-  if (name == "auto") return Bf16GemmBackend::kAuto;
-  if (name == "native") return Bf16GemmBackend::kNative;
-  if (name == "emulated") return Bf16GemmBackend::kEmulated;
-  throw std::invalid_argument("gemm backend \"" + name + "\": expected auto, native or emulated");
-}
-
-void set_bf16_gemm_backend(Bf16GemmBackend b) {
+void set_bf16_gemm_backend(GemmBackend b) {
   BackendChoice c = resolve(b);
   std::lock_guard<std::mutex> lk(g_backend_mu);
   g_reason = c.reason;
@@ -138,7 +131,7 @@ void set_bf16_gemm_backend(Bf16GemmBackend b) {
 bool native_bf16_gemm() {
   int v = g_native.load(std::memory_order_relaxed);
   if (v < 0) {
-    BackendChoice c = resolve(Bf16GemmBackend::kAuto);
+    BackendChoice c = resolve(GemmBackend::kAuto);
     std::lock_guard<std::mutex> lk(g_backend_mu);
     if (g_native.load() < 0) {
       g_reason = c.reason;

@@ -107,7 +107,10 @@ void load_training_state(TrainSession& s, const std::string& dir, const json& st
     fail("--resume: ", e.what());
   }
   load_checkpoint_optimizer(dir, st, *s.optimizer, s.model, s.tc(), to, s.shard_part);
-  if (s.ctl->active() && st.contains("precision")) s.ctl->restore(st["precision"], what);
+  if (s.ctl->active() && st.contains("precision")) {
+    s.ctl->restore(st["precision"], what);
+    install_precision(s.model->linear_layers(), s.ctl->assignment());
+  }
   if (s.keeps_residuals)
     s.gcomm.residuals = load_grad_residuals(dir, st, s.params, s.world.rank, s.R, s.dopt().grad_comm);
 }
@@ -135,7 +138,7 @@ json Checkpointer::state() {
   if (s.stages) {
     st["data_parallel"] = s.DP;  // the loader's ranks (absent = world_size)
     st["pipeline"] = {{"stages", s.S}, {"replicas", s.DP}, {"bounds", s.stages->pc.layout.bounds},
-                      {"schedule", s.stages->pc.schedule}, {"micro_batches", s.accum}};
+                      {"schedule", to_string(s.stages->pc.schedule)}, {"micro_batches", s.accum}};
   }
   if (s.zero_stage > 0) st["zero_stage"] = s.zero_stage;
   if (!s.loader_base.is_null()) st["loader_base"] = s.loader_base;

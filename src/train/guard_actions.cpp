@@ -168,6 +168,7 @@ GuardOutcome GuardActions::after_step(const StepResult& r, json& rec, double dt,
     for (const GuardEvent& e : events) layers.insert(layers.end(), e.layers.begin(), e.layers.end());
     if (layers.empty()) layers = s.ctl->layers_below_fp8();
     const std::vector<std::string> moved = s.ctl->force_option(layers, gc.raise_option);
+    install_precision(s.model->linear_layers(), s.ctl->assignment());
     outcome = moved.empty() ? std::string("no layer to move (none below FP8, or no plan yet)")
                             : fmt::format("{} moved to {} until the next plan", fmt::join(moved, ", "), gc.raise_option);
     guard.state = GuardState::kRaised;

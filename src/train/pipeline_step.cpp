@@ -82,7 +82,7 @@ double clip_stage_gradients(PipelineContext& p, double max_norm) {
 }  // namespace
 
 StepResult pipeline_step(StepContext& c, PipelineContext& p, int64_t step, double lr) {
-  SNIP_CHECK(!c.comm && !c.grad_comm && !c.zero, "pipeline_step: ctx.comm, grad_comm and zero must be unset");
+  SNIP_CHECK(!c.comm && !c.reducer && !c.zero, "pipeline_step: ctx.comm, reducer and zero must be unset");
   set_lr(c.optimizer, lr);
   c.model->set_step(c.seed, step);
   c.optimizer.zero_grad();
@@ -132,6 +132,7 @@ StepResult pipeline_step(StepContext& c, PipelineContext& p, int64_t step, doubl
     });
     try {
       r.precision = c.controller->begin_step(step, [] { return Tensor(); }, c.optimizer);
+      if (r.precision.decided) install_precision(c.model->linear_layers(), c.controller->assignment());
     } catch (const NonFiniteStatsError& e) {
       if (!c.skip_nonfinite) throw;
       // Every rank met the same summed statistics: every rank skips.

@@ -300,7 +300,7 @@ void TrainSession::check_same_plan() {
   // Every rank applied rank 0's plan (PrecisionController::set_comm): the
   // assignments in force must be one.
   std::string plan;
-  for (const auto& [item, option] : ctl->assignments()) plan += item + "=" + option + ";";
+  for (const auto& [item, option] : ctl->assignment().options) plan += item.str() + "=" + option + ";";
   const std::vector<uint8_t> bytes(plan.begin(), plan.end());
   const torch::Tensor digest = dist::param_checksums(
       {torch::from_blob(const_cast<uint8_t*>(bytes.data()), {int64_t(bytes.size())}, torch::kUInt8)});

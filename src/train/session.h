@@ -53,6 +53,7 @@
 #include "snip/data/loader.h"
 #include "snip/data/token_client.h"
 #include "snip/dist/data_parallel.h"
+#include "snip/dist/grad_reducer.h"
 #include "snip/dist/world.h"
 #include "snip/dist/zero.h"
 #include "snip/io/dir_lock.h"
@@ -252,8 +253,8 @@ class PipelineStages {
 
  private:
   void assign_stage_params();
-  std::pair<std::vector<double>, double> block_costs(const std::map<std::string, std::string>& assign) const;
-  std::tuple<double, std::vector<int64_t>, double> balance(const std::map<std::string, std::string>& assign) const;
+  std::pair<std::vector<double>, double> block_costs(const std::map<PlanKey, std::string>& assign) const;
+  std::tuple<double, std::vector<int64_t>, double> balance(const std::map<PlanKey, std::string>& assign) const;
   TrainSession& s_;
   std::map<std::string, double> measured_factors_;
   std::vector<int64_t> pending_bounds_;  ///< the split to move to at the next checkpoint
@@ -399,6 +400,9 @@ class StepRunner {
 
  private:
   TrainSession& s_;
+  /// How the ranks' gradients meet, chosen once (dist/grad_reducer.h); null
+  /// in one process and under pipeline stages (PipelineContext's groups).
+  std::unique_ptr<dist::GradReducer> reducer_;
   StepContext ctx_;
 };
 

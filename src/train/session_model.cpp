@@ -111,10 +111,7 @@ void make_model(TrainSession& s) {
                                                       s.init->config.tie_word_embeddings))
       s.init_notes.push_back(std::move(n));
   }
-  s.gemm = gemm_dtype_of(tc);
-  set_bf16_gemm_backend(parse_bf16_gemm_backend(tc.gemm_backend));
-  s.model->set_precision(LinearPrecision{nullptr, s.gemm});
-  s.model->set_non_linear_gemm_dtype(s.gemm);
+  s.gemm = prepare_model(s.model, tc);
   s.optimizer = make_optimizer(s.model, tc);
   // ZeRO: this rank's AdamW holds the parameters it owns, nothing else.
   if (s.zero_stage > 0) {

@@ -40,7 +40,7 @@ PipelineStages::PipelineStages(TrainSession& s) : s_(s) {
   pc.replica = pc.layout.replica_of(s.world.rank);
   pc.schedule = dopt.pipeline_schedule;
   pc.micro_batches = s.accum;
-  pc.fp8_boundary = dopt.boundary_comm == "fp8";
+  pc.fp8_boundary = dopt.boundary_comm == BoundaryComm::kFp8;
   pc.tied = s.mcfg.tie_word_embeddings;
   assign_stage_params();
   s.optimizer = make_optimizer(pc.stage_params, s.tc());
@@ -53,7 +53,7 @@ PipelineStages::PipelineStages(TrainSession& s) : s_(s) {
   if (!s.quiet)
     spdlog::info("dist: {} pipeline stages x {} replica{} ({} schedule, {} micro-batches, boundaries in {}); "
                  "blocks per stage {}; estimated stage imbalance {:.3f} (slowest / mean); this rank: stage {}, "
-                 "replica {}", S, DP, DP == 1 ? "" : "s", pc.schedule, s.accum, dopt.boundary_comm,
+                 "replica {}", S, DP, DP == 1 ? "" : "s", to_string(pc.schedule), s.accum, to_string(dopt.boundary_comm),
                  pc.layout.describe(), dist::imbalance(costs), pc.stage, pc.replica);
   imbalance_now_ = std::get<0>(balance({}));
 }
@@ -81,7 +81,7 @@ void PipelineStages::assign_stage_params() {
 // the option's cost factor, dist.stage_cost; a layer without a plan at
 // factor 1), plus the attention products; and lm_head's, on the last stage.
 std::pair<std::vector<double>, double> PipelineStages::block_costs(
-    const std::map<std::string, std::string>& assign) const {
+    const std::map<PlanKey, std::string>& assign) const {
   const LlamaConfig& mcfg = s_.mcfg;
   const double N = double(s_.B * s_.T), C = double(mcfg.hidden_size);
   std::vector<double> block_cost(size_t(mcfg.num_hidden_layers), 12.0 * N * double(s_.T) * C);
@@ -98,10 +98,10 @@ std::pair<std::vector<double>, double> PipelineStages::block_costs(
     const int64_t blk = dist::block_of(l->name);
     const double gemm = 2.0 * N * double(l->in_features) * double(l->out_features);
     if (assign.empty()) block_cost[size_t(blk)] += 3.0 * gemm;
-    if (const auto it = assign.find(plan_item_key(l->name)); it != assign.end())  // a layer's option
+    if (const auto it = assign.find(PlanKey{l->name, std::nullopt}); it != assign.end())  // a layer's option
       block_cost[size_t(blk)] += gemm * factor(it->second) * 3.0;
     for (Gemm g : kAllGemms)  // or each GEMM's
-      if (const auto it = assign.find(plan_item_key(l->name, g)); it != assign.end())
+      if (const auto it = assign.find(PlanKey{l->name, g}); it != assign.end())
         block_cost[size_t(blk)] += gemm * factor(it->second);
   }
   return std::make_pair(block_cost, 6.0 * N * C * double(mcfg.vocab_size));
@@ -110,7 +110,7 @@ std::pair<std::vector<double>, double> PipelineStages::block_costs(
 // The stages' estimated imbalance under the assignment in force, the
 // balanced split for it and that split's imbalance.
 std::tuple<double, std::vector<int64_t>, double> PipelineStages::balance(
-    const std::map<std::string, std::string>& assign) const {
+    const std::map<PlanKey, std::string>& assign) const {
   const auto [block_cost, head] = block_costs(assign);
   const std::vector<double> now = dist::stage_costs(pc.layout.bounds, block_cost, 0.0, head);
   const std::vector<int64_t> best = dist::balanced_split(block_cost, s_.S, 0.0, head);
@@ -200,7 +200,7 @@ void PipelineStages::record(json& rec, const StepResult& r) {
 }
 
 void PipelineStages::after_plan(json& rec) {
-  const auto [imb, best, best_imb] = balance(s_.ctl->assignments());
+  const auto [imb, best, best_imb] = balance(s_.ctl->assignment().options);
   imbalance_now_ = imb;
   rec["stage_imbalance"] = imb;
   const bool better = best != pc.layout.bounds && best_imb < imb * 0.99;
@@ -245,7 +245,7 @@ void PipelineStages::rebalance_if_pending(const std::string& checkpoint) {
   load_checkpoint_optimizer(checkpoint, verify_checkpoint(checkpoint), optimizer, s_.model, s_.tc(), s_.step,
                             s_.shard_part);
   set_controller_stages();
-  imbalance_now_ = std::get<0>(balance(s_.ctl->assignments()));
+  imbalance_now_ = std::get<0>(balance(s_.ctl->assignment().options));
   if (!s_.quiet)
     spdlog::info("pipeline: rebalanced after step {}: blocks per stage {} -> {} (estimated imbalance {:.3f})",
                  s_.step, dist::PipelineLayout{s_.S, s_.DP, from}.describe(), pc.layout.describe(), imbalance_now_);
@@ -265,9 +265,9 @@ void PipelineStages::check_replica_weights(const std::string& when) {
 }
 
 json PipelineStages::summary() const {
-  return {{"stages", s_.S}, {"replicas", s_.DP}, {"schedule", pc.schedule},
+  return {{"stages", s_.S}, {"replicas", s_.DP}, {"schedule", to_string(pc.schedule)},
           {"micro_batches", s_.accum}, {"bounds", pc.layout.bounds},
-          {"boundary_comm", s_.dopt().boundary_comm}, {"boundary_bytes_per_step", boundary_bytes_},
+          {"boundary_comm", to_string(s_.dopt().boundary_comm)}, {"boundary_bytes_per_step", boundary_bytes_},
           {"bubble", bubble_steps_ ? json(bubble_sum_ / double(bubble_steps_)) : json(nullptr)},
           {"ideal_bubble", dist::ideal_bubble(s_.S, int(s_.accum))}, {"stage_imbalance", imbalance_now_}};
 }

@@ -3,9 +3,8 @@
 
 #include <cmath>
 #include <limits>
-#include <optional>
 
-#include "snip/dist/data_parallel.h"
+#include "snip/dist/grad_reducer.h"
 #include "snip/dist/zero.h"
 #include "snip/method/nonfinite.h"
 #include "snip/train/optimizer.h"
@@ -46,14 +45,8 @@ StepResult train_step(StepContext& c, int64_t step, double lr) {
   std::vector<torch::Tensor> params;
   for (const auto& p : c.model->parameters())
     if (p.requires_grad()) params.push_back(p);
-  // FP32 buckets all-reduced from autograd hooks during the last backward
-  // (dist.overlap; dist/data_parallel.h GradSync). The quantized paths need
-  // the shared amax of the whole gradient first: they run after backward.
-  // ZeRO-2 reduces each gradient to its owner after backward (not overlapped).
-  const bool overlap = c.comm && c.overlap && !(c.zero && c.zero_stage == 2) &&
-                       (!c.grad_comm || (c.grad_comm->compressor.is_fp32() && !c.grad_comm->allgather));
-  std::optional<dist::GradSync> sync;
-  if (overlap) sync.emplace(*c.comm, params);
+  SNIP_CHECK(!c.comm == !c.reducer, "train_step: ctx.comm and ctx.reducer go together");
+  if (c.reducer) c.reducer->begin(params);  // the overlapped reducer's buckets (dist/grad_reducer.h)
   double blocked0 = 0;  // Communicator::blocked_s() before the last backward
   for (int64_t m = 0; m < c.grad_accum; ++m) {
     for (int k = 0; k < R; ++k)  // micro-batch m·R + k of the step is rank k's
@@ -64,6 +57,7 @@ StepResult train_step(StepContext& c, int64_t step, double lr) {
       try {
         r.precision = c.controller->begin_step(
             step, [&] { return LlamaForCausalLMImpl::loss(c.model(ids), targets); }, c.optimizer);
+        if (r.precision.decided) install_precision(c.model->linear_layers(), c.controller->assignment());
       } catch (const NonFiniteStatsError& e) {
         if (!c.skip_nonfinite) throw;
         // The weights already give non-finite values: the guard decides
@@ -83,23 +77,15 @@ StepResult train_step(StepContext& c, int64_t step, double lr) {
     torch::Tensor loss = LlamaForCausalLMImpl::loss(c.model(ids), targets);
     if (m == c.grad_accum - 1) {
       if (c.comm) blocked0 = c.comm->blocked_s();
-      if (sync) sync->arm();
+      if (c.reducer) c.reducer->before_last_backward();
     }
     (loss / double(c.grad_accum * R)).backward();
     loss_sum += loss.item<double>();
   }
   if (c.comm) {
-    if (c.zero && c.zero_stage == 2) {
-      dist::reduce_gradients_to_owners(*c.comm, *c.zero);
-    } else if (sync) {
-      sync->finish();
-      if (c.grad_comm) r.grad_comm_bytes = r.grad_comm_sent_bytes = dist::fp32_bytes(params);
-    } else if (c.grad_comm) {
-      r.grad_comm_bytes = dist::allreduce_gradients_quantized(*c.comm, params, *c.grad_comm, c.seed, step);
-      r.grad_comm_sent_bytes = c.grad_comm->sent_bytes;
-    } else {
-      dist::allreduce_gradients(*c.comm, params);
-    }
+    const dist::ReduceBytes bytes = c.reducer->reduce(params, c.seed, step);
+    r.grad_comm_bytes = bytes.format;
+    r.grad_comm_sent_bytes = bytes.sent;
     r.comm_s = c.comm->blocked_s() - blocked0;
     std::vector<torch::Tensor> l{torch::full({1}, loss_sum, torch::kDouble)};
     c.comm->allreduce_sum(l);

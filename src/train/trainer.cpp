@@ -9,6 +9,7 @@
 
 #include "session.h"
 #include "snip/model/blas.h"
+#include "snip/model/matmul.h"
 #include "snip/train/checkpoint.h"
 #include "snip/train/optimizer.h"
 #include "snip/util/error.h"
@@ -25,17 +26,27 @@ void set_threads(int64_t threads) {
 
 at::ScalarType gemm_dtype_of(const TrainConfig& t) { return t.gemm_bf16 ? at::kBFloat16 : at::kFloat; }
 
+at::ScalarType prepare_model(LlamaForCausalLM& model, const TrainConfig& t) {
+  const at::ScalarType gemm = gemm_dtype_of(t);
+  set_bf16_gemm_backend(t.gemm_backend);
+  model->set_precision(LinearPrecision{nullptr, gemm});
+  model->set_non_linear_gemm_dtype(gemm);
+  return gemm;
+}
+
 StepRunner::StepRunner(TrainSession& s)
     : s_(s),
       ctx_{s.model, *s.optimizer, *s.loader, s.B, s.T, s.accum, s.tc().grad_clip, s.seed, s.ctl.get(),
            // Under pipeline stages the step talks through PipelineContext, not `comm`.
-           s.stages ? nullptr : s.comm.get(), s.comm && !s.stages ? &s.gcomm : nullptr,
-           s.zpart ? &*s.zpart : nullptr, s.zero_stage} {
+           s.stages ? nullptr : s.comm.get(), nullptr, s.zpart ? &*s.zpart : nullptr} {
   const TrainConfig& tc = s.tc();
-  ctx_.overlap = s.dopt().overlap;
   ctx_.skip_nonfinite = s.guard->enabled();
   ctx_.clip_low_precision = tc.clip_low_precision;
   s.gcomm.allgather = s.dopt().allgather;
+  if (ctx_.comm) {
+    reducer_ = dist::make_grad_reducer(*ctx_.comm, &s.gcomm, ctx_.zero, s.zero_stage, s.dopt().overlap);
+    ctx_.reducer = reducer_.get();
+  }
   if (s.opts.faults.grad_inf_step >= 0)
     ctx_.fault = [&s](int64_t step) {
       FaultInjector& f = s.opts.faults;

@@ -375,9 +375,13 @@ try:
         # --standalone is --rdzv_backend=c10d --rdzv_endpoint=localhost:29400 (a fixed port): the test picks a
         # free one. Debian 12's torchrun crashes with the default --tee 0 --redirects 0 (docs/distributed.md);
         # --tee 1 shows stdout, --tee 2 stderr (snip's progress and errors).
+        # The venv's torchrun, beside the interpreter running this test (not whatever PATH holds).
+        torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+        if not os.path.exists(torchrun):
+            torchrun = shutil.which("torchrun") or "torchrun"
         for tee in ("1", "2"):
             run = os.path.join(tmp, "torchrun" + tee)
-            args = ["torchrun", "--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=c10d",
+            args = [torchrun, "--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=c10d",
                     f"--rdzv_endpoint=127.0.0.1:{free_port()}", "--tee", tee, "--redirects", "2", "--no_python",
                     snip] + train + ["--run-dir", run]
             p = start(args, env)
@@ -393,7 +397,7 @@ try:
         # (torchrun and its ranks). Every rank stops after the same step, rank
         # 0 writes one checkpoint there, nothing half-written, nobody hangs.
         run = os.path.join(tmp, "torchrun-int")
-        args = ["torchrun", "--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=c10d",
+        args = [torchrun, "--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=c10d",
                 f"--rdzv_endpoint=127.0.0.1:{free_port()}", "--tee", "2", "--redirects", "2", "--no_python",
                 snip] + train + ["--run-dir", run, "--set", "train.max_steps=100000", "--set",
                                  "train.eval_interval=100000", "--set", "train.checkpoint_interval=0", "--set",

@@ -4,6 +4,8 @@
 
 #include <optional>
 
+#include <nlohmann/json.hpp>
+
 #include "snip/config/config.h"
 #include "snip/util/error.h"
 #include "micro.h"
@@ -143,6 +145,30 @@ TEST(Config, ResolvedTomlRoundTrips) {
 // each one's default is its member's initializer, and a value set through
 // its key comes back out of its member (RunConfig::from, then the table's
 // reader), for each option alone at a value other than its default.
+// The enums of word options: read from their words, written back as them
+// (the saved config.toml) and into JSON as them (summary.json, the report),
+// never as nlohmann's default integer.
+TEST(Config, EnumOptionsAreTheirWords) {
+  Config c;
+  c.set("dist.pipeline_schedule", std::string("gpipe"), "test");
+  c.set("dist.boundary_comm", std::string("fp8"), "test");
+  c.set("train.gemm_backend", std::string("emulated"), "test");
+  c.set("lora.init", std::string("gaussian"), "test");
+  const RunConfig r = RunConfig::from(c);
+  EXPECT_EQ(r.dist.pipeline_schedule, PipelineSchedule::kGpipe);
+  EXPECT_EQ(r.dist.boundary_comm, BoundaryComm::kFp8);
+  EXPECT_EQ(r.train.gemm_backend, GemmBackend::kEmulated);
+  EXPECT_EQ(r.lora.init, LoraInit::kGaussian);
+  EXPECT_EQ(RunConfig{}.dist.pipeline_schedule, PipelineSchedule::k1F1B);  // the documented defaults
+  EXPECT_EQ(RunConfig{}.train.gemm_backend, GemmBackend::kAuto);
+  const nlohmann::json j = {{"schedule", r.dist.pipeline_schedule}, {"boundary_comm", r.dist.boundary_comm},
+                            {"gemm_backend", r.train.gemm_backend}, {"init", r.lora.init}};
+  EXPECT_EQ(j.dump(), R"({"boundary_comm":"fp8","gemm_backend":"emulated","init":"gaussian","schedule":"gpipe"})");
+  Config bad;
+  bad.set("dist.pipeline_schedule", std::string("zb-h1"), "test");
+  EXPECT_THROW(RunConfig::from(bad), UserError);
+}
+
 TEST(Config, EveryOptionIsBoundToItsMember) {
   const RunConfig defaults;
   for (const OptionSpec& o : option_table()) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "snip/dist/data_parallel.h"
+#include "snip/dist/grad_reducer.h"
 
 namespace snip::dist {
 namespace {
@@ -153,6 +154,53 @@ TEST(DistOverlap, HooksAreRemovedAfterFinish) {
   sync.finish();
   EXPECT_NO_THROW(m.loss(x).backward());
   EXPECT_EQ(comm.launches.size(), 2u);
+}
+
+// The reducer is chosen once from the options, as grad_reducer.h's table says.
+TEST(DistReducer, ChosenFromTheOptionsTable) {
+  TwinComm comm;
+  Model m;
+  GradComm fp32{GradCompressor("fp32", true), {}};
+  GradComm gathered{GradCompressor("fp32", true), {}, /*allgather=*/true};
+  GradComm fp8{GradCompressor("fp8", true), {}};
+  const ZeroPartition part = zero_partition({"p0", "p1", "p2"}, {m.p0, m.p1, m.p2}, 2);
+  EXPECT_STREQ(make_grad_reducer(comm, nullptr, nullptr, 0, false)->name(), "allreduce");
+  EXPECT_STREQ(make_grad_reducer(comm, nullptr, nullptr, 0, true)->name(), "overlapped");
+  EXPECT_STREQ(make_grad_reducer(comm, &fp32, nullptr, 0, true)->name(), "overlapped");
+  EXPECT_STREQ(make_grad_reducer(comm, &fp32, nullptr, 0, false)->name(), "quantized");  // the exact FP32 path
+  EXPECT_STREQ(make_grad_reducer(comm, &gathered, nullptr, 0, true)->name(), "quantized");
+  EXPECT_STREQ(make_grad_reducer(comm, &fp8, nullptr, 0, true)->name(), "quantized");
+  EXPECT_STREQ(make_grad_reducer(comm, &fp32, &part, 1, true)->name(), "overlapped");  // ZeRO-1 reduces as stage 0
+  EXPECT_STREQ(make_grad_reducer(comm, &fp32, &part, 2, true)->name(), "zero2");
+}
+
+// The overlapped reducer over a step: the bits of allreduce_gradients after
+// backward, and the FP32 bytes of the gradient as both byte counts.
+TEST(DistReducer, OverlappedEqualsTheAllReduceAfterBackward) {
+  const torch::Tensor x1 = torch::randn({300000}), x2 = torch::randn({300000});
+  Model ref;
+  TwinComm ref_comm;
+  ref.loss(x1).backward();
+  ref.loss(x2).backward();
+  allreduce_gradients(ref_comm, ref.params());
+  Model m;
+  TwinComm comm;
+  GradComm fp32{GradCompressor("fp32", true), {}};
+  const auto reducer = make_grad_reducer(comm, &fp32, nullptr, 0, true);
+  reducer->begin(m.params());
+  m.loss(x1).backward();
+  reducer->before_last_backward();
+  comm.in_backward = true;
+  m.loss(x2).backward();
+  comm.in_backward = false;
+  const ReduceBytes b = reducer->reduce(m.params(), 0, 0);
+  ASSERT_EQ(comm.launches.size(), 2u);
+  EXPECT_TRUE(comm.launches[0].during_backward);
+  EXPECT_EQ(b.format, 3 * 300000 * 4);  // p2 counted once
+  EXPECT_EQ(b.sent, b.format);
+  EXPECT_TRUE(bitwise_equal(m.p0.grad(), ref.p0.grad()));
+  EXPECT_TRUE(bitwise_equal(m.p1.grad(), ref.p1.grad()));
+  EXPECT_TRUE(bitwise_equal(m.p2.grad(), ref.p2.grad()));
 }
 
 }  // namespace

@@ -119,7 +119,7 @@ TEST(PipelineSplit, ConfiguredSplits) {
 // Runs the S stages' schedules against each other: F(m) on stage s needs
 // F(m) done on s-1, B(m) on s needs B(m) done on s+1 (and F(m) on s). Returns
 // false on a deadlock; `held` = the most forwards awaiting their backward on each stage.
-bool simulate(const std::string& sched, int S, int M, std::vector<int>& held) {
+bool simulate(PipelineSchedule sched, int S, int M, std::vector<int>& held) {
   std::vector<std::vector<std::pair<bool, int>>> ops;
   for (int s = 0; s < S; ++s) ops.push_back(schedule_ops(sched, S, s, M));
   std::vector<size_t> pc(size_t(S), 0);
@@ -150,17 +150,17 @@ TEST(PipelineSchedule, OneFOneBOrder) {
   using Ops = std::vector<std::pair<bool, int>>;
   // PipeDream-Flush (Narayanan et al. 2021, section 2.2.1): S-s-1 warm-up
   // forwards, then one forward and one backward, then the remaining backwards.
-  EXPECT_EQ(schedule_ops("1f1b", 4, 0, 4),
+  EXPECT_EQ(schedule_ops(PipelineSchedule::k1F1B, 4, 0, 4),
             (Ops{{true, 0}, {true, 1}, {true, 2}, {true, 3}, {false, 0}, {false, 1}, {false, 2}, {false, 3}}));
-  EXPECT_EQ(schedule_ops("1f1b", 4, 1, 4),
+  EXPECT_EQ(schedule_ops(PipelineSchedule::k1F1B, 4, 1, 4),
             (Ops{{true, 0}, {true, 1}, {true, 2}, {false, 0}, {true, 3}, {false, 1}, {false, 2}, {false, 3}}));
-  EXPECT_EQ(schedule_ops("1f1b", 4, 3, 4),
+  EXPECT_EQ(schedule_ops(PipelineSchedule::k1F1B, 4, 3, 4),
             (Ops{{true, 0}, {false, 0}, {true, 1}, {false, 1}, {true, 2}, {false, 2}, {true, 3}, {false, 3}}));
-  EXPECT_EQ(schedule_ops("gpipe", 2, 1, 2), (Ops{{true, 0}, {true, 1}, {false, 0}, {false, 1}}));
+  EXPECT_EQ(schedule_ops(PipelineSchedule::kGpipe, 2, 1, 2), (Ops{{true, 0}, {true, 1}, {false, 0}, {false, 1}}));
 }
 
 TEST(PipelineSchedule, EveryScheduleCompletesAndBoundsActivations) {
-  for (const std::string sched : {"gpipe", "1f1b"})
+  for (const PipelineSchedule sched : {PipelineSchedule::kGpipe, PipelineSchedule::k1F1B})
     for (int S = 1; S <= 6; ++S)
       for (int M = 1; M <= 9; ++M) {
         for (int s = 0; s < S; ++s) {
@@ -170,9 +170,9 @@ TEST(PipelineSchedule, EveryScheduleCompletesAndBoundsActivations) {
           for (const auto& [fwd, m] : ops) ASSERT_EQ(m, fwd ? f++ : b++);
         }
         std::vector<int> held;
-        ASSERT_TRUE(simulate(sched, S, M, held)) << sched << " S=" << S << " M=" << M << " deadlocks";
+        ASSERT_TRUE(simulate(sched, S, M, held)) << to_string(sched) << " S=" << S << " M=" << M << " deadlocks";
         for (int s = 0; s < S; ++s)
-          EXPECT_EQ(held[size_t(s)], sched == "gpipe" ? M : std::min(M, S - s)) << sched << " S=" << S << " M=" << M;
+          EXPECT_EQ(held[size_t(s)], sched == PipelineSchedule::kGpipe ? M : std::min(M, S - s)) << to_string(sched) << " S=" << S << " M=" << M;
       }
   EXPECT_DOUBLE_EQ(ideal_bubble(4, 8), 3.0 / 11.0);
   EXPECT_DOUBLE_EQ(ideal_bubble(1, 8), 0.0);

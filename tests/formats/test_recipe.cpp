@@ -103,6 +103,26 @@ TEST(Recipe, OperandNamesAndLayouts) {
   EXPECT_STREQ(operand_layout(Operand::kWgradX).k_dim, "N");
 }
 
+// Plan item keys as the plan files write them (docs/method.md section 2):
+// "<layer>" or "<layer>:fprop|dgrad|wgrad"; ordered as that text.
+TEST(Recipe, PlanKeysRoundTripAndOrderAsText) {
+  const std::string l = "model.layers.0.mlp.up_proj";
+  EXPECT_EQ((PlanKey{l, std::nullopt}.str()), l);
+  EXPECT_EQ((PlanKey{l, Gemm::kWgrad}.str()), "model.layers.0.mlp.up_proj:wgrad");
+  EXPECT_EQ(parse_plan_key(l + ":dgrad", "t"), (PlanKey{l, Gemm::kDgrad}));
+  EXPECT_EQ(parse_plan_key(l, "t"), (PlanKey{l, std::nullopt}));
+  EXPECT_EQ(parse_plan_key("lm:head", "t"), (PlanKey{"lm:head", std::nullopt}));  // not a GEMM suffix
+  try {
+    parse_plan_key(":fprop", "plan.json");
+    ADD_FAILURE() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("plan.json: empty plan item ':fprop'", 0), 0u) << e.what();
+  }
+  // '.' (0x2E) sorts before ':' (0x3A): the text order, not (layer, gemm).
+  EXPECT_TRUE((PlanKey{"a.b", std::nullopt}) < (PlanKey{"a", Gemm::kFprop}));
+  EXPECT_TRUE((PlanKey{"a", Gemm::kWgrad}) < (PlanKey{"b", std::nullopt}));
+}
+
 TEST(Recipe, UnknownNameListsKnownOnes) {
   try {
     find_recipe("fp3");

@@ -100,6 +100,12 @@ TEST(Controller, LayersRunThePlannedQuantizer) {
   ASSERT_TRUE(ctl.active());
 
   EXPECT_TRUE(ctl.begin_step(0, loss_fn, opt).decided);  // warmup: all bf16 (no quantizer)
+  // The controller decides a value and writes no layer (assignment.h): the
+  // layers keep the precision they were built with until it is installed.
+  for (const auto& l : model->linear_layers()) EXPECT_EQ(l->precision.gemm_dtype, at::ScalarType::Undefined);
+  ASSERT_EQ(ctl.assignment().precision.size(), model->linear_layers().size());
+  EXPECT_EQ(ctl.assignment().precision[0].gemm_dtype, at::kBFloat16);
+  install_precision(model->linear_layers(), ctl.assignment());
   for (const auto& l : model->linear_layers()) {
     EXPECT_EQ(l->precision.quantizer, nullptr) << l->name;
     EXPECT_EQ(l->precision.gemm_dtype, at::kBFloat16);
@@ -109,11 +115,13 @@ TEST(Controller, LayersRunThePlannedQuantizer) {
 
   const PrecisionEvent ev = ctl.begin_step(2, loss_fn, opt);  // stats + ILP
   ASSERT_TRUE(ev.decided);
+  for (const auto& l : model->linear_layers()) EXPECT_EQ(l->precision.quantizer, nullptr) << "not installed yet";
+  install_precision(model->linear_layers(), ctl.assignment());
   EXPECT_GE(ctl.fp4_share(), 0.75 - 1e-9);
   EXPECT_LT(ctl.fp4_share(), 1.0);  // the budget leaves room for FP8 and Q prefers it somewhere
   int n4 = 0, n8 = 0;
   for (const auto& l : model->linear_layers()) {
-    const std::string& opt_name = ctl.assignments().at(l->name);
+    const std::string& opt_name = ctl.assignment().options.at(PlanKey{l->name, std::nullopt});
     ASSERT_NE(l->precision.quantizer, nullptr) << l->name;
     EXPECT_EQ(l->precision.quantizer->name(), opt_name) << l->name;
     EXPECT_EQ(ev.metrics["precision"][l->name], opt_name);
@@ -129,12 +137,14 @@ TEST(Controller, LayersRunThePlannedQuantizer) {
   PrecisionController other(c, model->linear_layers(), at::kBFloat16);
   for (auto& l : model->linear_layers()) l->precision = LinearPrecision{};
   other.restore(json::parse(st.dump()), "state");
+  install_precision(model->linear_layers(), other.assignment());
   EXPECT_EQ(other.state(), st);
   EXPECT_EQ(to_json(other.smoothed()), to_json(ctl.smoothed()));
   for (const auto& l : model->linear_layers())
-    EXPECT_EQ(l->precision.quantizer->name(), ctl.assignments().at(l->name));
+    EXPECT_EQ(l->precision.quantizer->name(), ctl.assignment().options.at(PlanKey{l->name, std::nullopt}));
 
   EXPECT_TRUE(ctl.begin_step(36, loss_fn, opt).decided);  // final phase: all fp8
+  install_precision(model->linear_layers(), ctl.assignment());
   for (const auto& l : model->linear_layers()) EXPECT_EQ(l->precision.quantizer->name(), "fp8");
   EXPECT_EQ(ctl.fp4_share(), 0.0);
 }
@@ -154,11 +164,12 @@ TEST(Controller, HeuristicPolicies) {
     PrecisionController ctl(c, model->linear_layers(), at::kBFloat16);
     const PrecisionEvent ev = ctl.begin_step(0, loss_fn, opt);
     ASSERT_TRUE(ev.decided);
+    install_precision(model->linear_layers(), ctl.assignment());
     EXPECT_EQ(ev.metrics.contains("rel_err_fprop"), p == "min-rel-err");  // only it needs stats
     if (p == "uniform-fp8") EXPECT_EQ(ctl.fp4_share(), 0.0);
     else EXPECT_GE(ctl.fp4_share(), 0.6 - 1e-9);
     for (const auto& l : model->linear_layers())
-      EXPECT_EQ(l->precision.quantizer->name(), ctl.assignments().at(l->name));
+      EXPECT_EQ(l->precision.quantizer->name(), ctl.assignment().options.at(PlanKey{l->name, std::nullopt}));
   }
 }
 
@@ -365,15 +376,18 @@ TEST(Controller, PerGemmGranularity) {
   const PrecisionEvent ev = ctl.begin_step(2, loss_fn, opt);
   ASSERT_TRUE(ev.decided);
   const auto layers = model->linear_layers();
-  ASSERT_EQ(ctl.assignments().size(), 3 * layers.size());
+  ASSERT_EQ(ctl.assignment().options.size(), 3 * layers.size());
   ASSERT_EQ(ev.metrics["precision"].size(), 3 * layers.size());
   // FP4 share by hand: each GEMM is a third of its layer's in*out.
   double low = 0, total = 0;
   for (const auto& l : layers) {
     const double f = double(l->in_features * l->out_features);
     total += f;
-    for (const char* g : {"fprop", "dgrad", "wgrad"})
-      if (ctl.assignments().at(l->name + ":" + g) == "fp4") low += f / 3;
+    for (const char* g : {"fprop", "dgrad", "wgrad"}) {
+      const std::string item = l->name + ":" + g;  // the plan files' key, by hand
+      if (ev.metrics["precision"].at(item) == "fp4") low += f / 3;
+      EXPECT_EQ(ctl.assignment().options.at(parse_plan_key(item, "test")), ev.metrics["precision"].at(item));
+    }
     EXPECT_TRUE(ev.metrics["rel_err_fprop"].contains(l->name)) << l->name;
   }
   EXPECT_NEAR(ctl.fp4_share(), low / total, 1e-12);
@@ -397,6 +411,7 @@ TEST(Controller, PerGemmGranularity) {
   c2.set("precision.options", std::string("fp4,fp8,bf16"), "test");
   PrecisionController other(c2, layers, at::kBFloat16);
   other.restore(st, "crafted");
+  install_precision(layers, other.assignment());
   const auto q = layers[0]->precision.quantizer;
   ASSERT_NE(q, nullptr);
   EXPECT_EQ(q->name(), "fp4/bf16/fp8");
@@ -433,10 +448,11 @@ TEST(Controller, LowOptionMxfp4) {
   PrecisionController ctl(c, model->linear_layers(), at::kBFloat16);
   ctl.begin_step(0, loss_fn, opt);
   ASSERT_TRUE(ctl.begin_step(2, loss_fn, opt).decided);
+  install_precision(model->linear_layers(), ctl.assignment());
   EXPECT_GE(ctl.fp4_share(), 0.5 - 1e-9);
   int low = 0;
   for (const auto& l : model->linear_layers()) {
-    const std::string& o = ctl.assignments().at(l->name);
+    const std::string& o = ctl.assignment().options.at(PlanKey{l->name, std::nullopt});
     EXPECT_TRUE(o == "mxfp4" || o == "fp8") << o;
     EXPECT_EQ(l->precision.quantizer->name(), o);
     low += o == "mxfp4";

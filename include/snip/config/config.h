@@ -26,6 +26,8 @@
 #include <variant>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace snip {
 
 struct RunConfig;
@@ -166,6 +168,27 @@ struct DataConfig {
   std::string dir = "data/kjv";  ///< data.dir: a prepared folder (train.bin, val.bin, tokenizer.model, meta.json)
 };
 
+/// How BF16 GEMMs run (train.gemm_backend; model/matmul.h says what each does).
+enum class GemmBackend { kAuto, kNative, kEmulated };
+/// The order of a pipeline stage's forwards and backwards (dist.pipeline_schedule; dist/pipeline.h).
+enum class PipelineSchedule { kGpipe, k1F1B };
+/// What crosses a pipeline stage boundary (dist.boundary_comm; dist/pipeline.h).
+enum class BoundaryComm { kFp32, kFp8 };
+/// How LoRA adapters start (lora.init; model/lora.h).
+enum class LoraInit { kKaiming, kGaussian };
+/// The option's words: "auto", "native", "emulated"; "gpipe", "1f1b";
+/// "fp32", "fp8"; "kaiming", "gaussian".
+const char* to_string(GemmBackend b);
+const char* to_string(PipelineSchedule s);
+const char* to_string(BoundaryComm c);
+const char* to_string(LoraInit i);
+/// Into JSON as their words (not nlohmann's default, the enum's integer):
+/// summary.json, trainer_state.json and the report read the words.
+void to_json(nlohmann::json& j, GemmBackend b);
+void to_json(nlohmann::json& j, PipelineSchedule s);
+void to_json(nlohmann::json& j, BoundaryComm c);
+void to_json(nlohmann::json& j, LoraInit i);
+
 /// [train]. B = batch_size sequences of T = seq_len tokens per micro-batch.
 struct TrainConfig {
   int64_t seed = 1234;  ///< train.seed
@@ -184,7 +207,7 @@ struct TrainConfig {
   double clip_low_precision = 1.0;  ///< train.clip_low_precision
   int64_t zero_stage = 0;  ///< train.zero_stage
   bool gemm_bf16 = true;  ///< train.gemm_dtype = "bf16" (else "fp32")
-  std::string gemm_backend = "auto";  ///< train.gemm_backend: auto, native or emulated (model/matmul.h)
+  GemmBackend gemm_backend = GemmBackend::kAuto;  ///< train.gemm_backend
   int64_t eval_interval = 100;  ///< train.eval_interval
   int64_t eval_batches = 16;  ///< train.eval_batches
   int64_t checkpoint_interval = 500;  ///< train.checkpoint_interval
@@ -276,7 +299,7 @@ struct LoraConfig {
   double alpha = 16.0;  ///< lora.alpha
   double dropout = 0.0;  ///< lora.dropout
   std::vector<std::string> target = {"*_proj"};  ///< lora.target
-  std::string init = "kaiming";  ///< lora.init
+  LoraInit init = LoraInit::kKaiming;  ///< lora.init
   bool train_norms = false;  ///< lora.train_norms
   bool pack_base = true;  ///< lora.pack_base
   bool enabled() const { return rank > 0; }
@@ -293,9 +316,9 @@ struct DistConfig {
   bool allgather = false;  ///< dist.grad_comm_path = "allgather" (else "allreduce")
   bool overlap = true;  ///< dist.overlap
   int pipeline_stages = 1;  ///< dist.pipeline_stages
-  std::string pipeline_schedule = "1f1b";  ///< dist.pipeline_schedule
+  PipelineSchedule pipeline_schedule = PipelineSchedule::k1F1B;  ///< dist.pipeline_schedule
   int64_t micro_batches = 0;  ///< dist.micro_batches
-  std::string boundary_comm = "fp32";  ///< dist.boundary_comm
+  BoundaryComm boundary_comm = BoundaryComm::kFp32;  ///< dist.boundary_comm
   std::string stage_boundary = "fp8";  ///< dist.stage_boundary
   std::string stage_split = "balanced";  ///< dist.stage_split
   bool rebalance = true;  ///< dist.rebalance

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "snip/config/config.h"
 #include "snip/dist/zero.h"
 
 namespace snip::dist {
@@ -96,7 +97,7 @@ std::map<std::string, double> stage_cost_factors(const std::string& spec, const 
 /// one forward and one backward, then the remaining backwards. Backwards run
 /// in micro-batch order in both, so gradients accumulate in the order of a
 /// one-process step with M accumulation steps.
-std::vector<std::pair<bool, int>> schedule_ops(const std::string& schedule, int S, int s, int M);
+std::vector<std::pair<bool, int>> schedule_ops(PipelineSchedule schedule, int S, int s, int M);
 
 /// (S-1)/(M+S-1): the idle fraction of GPipe and 1F1B with equal stages and
 /// a backward of twice the forward (Narayanan et al. 2021, section 2.2.1).

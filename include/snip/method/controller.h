@@ -49,10 +49,12 @@
 // ("warmup" | "plan" | "final") and, when stats exist, "q_table"
 // {layer: {option: Q}} and "rel_err_fprop" {layer: {option: rel}}.
 //
-// Applying a plan sets each layer's precision to {quantizer of the option,
-// train.gemm_dtype}; one quantizer per option, shared by the layers; "bf16" =
-// no quantizer. With several data-parallel ranks, rank 0 decides and every
-// rank applies rank 0's assignment (set_comm).
+// A decision is a PrecisionAssignment (assignment.h): per layer {quantizer
+// of the option, train.gemm_dtype}; one quantizer per option, shared by the
+// layers; "bf16" = no quantizer. The controller never writes a layer's
+// precision: the caller installs assignment() (install_precision) at the
+// step boundary. With several data-parallel ranks, rank 0 decides and every
+// rank takes rank 0's assignment (set_comm).
 #pragma once
 
 #include <torch/torch.h>
@@ -70,6 +72,7 @@
 
 #include "snip/config/config.h"
 #include "snip/dist/world.h"
+#include "snip/method/assignment.h"
 #include "snip/model/linear.h"
 #include "snip/method/stats.h"
 #include "snip/policy/planner.h"
@@ -199,19 +202,20 @@ class PrecisionController {
 
   /// Call at the boundary before step `s` runs, after the LR is set and before
   /// its first forward. `loss_fn` evaluates the step's first micro-batch
-  /// (deterministic; used only by a stats step). May run a stats step and the
-  /// planner and change the layers' precision. Throws UserError at an
-  /// infeasible re-plan or non-finite statistics.
+  /// (deterministic; used only by a stats step). May run a stats step (under
+  /// the precision installed now) and the planner; when the event says
+  /// `decided`, assignment() is the new decision, for the caller to install
+  /// (install_precision) before the step's first forward. Throws UserError at
+  /// an infeasible re-plan or non-finite statistics.
   PrecisionEvent begin_step(int64_t s, const std::function<torch::Tensor()>& loss_fn,
                             torch::optim::AdamW& opt);
 
   /// FLOPs share of the low option (precision.low_option, "fp4" by default)
   /// in the current assignment, fraction.
   double fp4_share() const;
-  /// Plan item -> option of the current assignment (empty before the first
-  /// decision). Items are layer names, or "<layer>:fprop|dgrad|wgrad" with
-  /// precision.granularity = gemm.
-  const std::map<std::string, std::string>& assignments() const { return assign_; }
+  /// The current decision (empty before the first one): its items are the
+  /// layers, or their GEMMs with precision.granularity = gemm.
+  const PrecisionAssignment& assignment() const { return current_; }
   /// The smoothed statistics (no layers before the first stats step).
   const StatsStep& smoothed() const { return smoothed_; }
 
@@ -223,8 +227,9 @@ class PrecisionController {
   /// new budget applies from the next scheduled plan. Kept in state().
   void raise_precision(double budget_step, double smoothing);
   /// "fp8-layer": every plan item of `layers` runs `option` from the next
-  /// step until the next decision (which plans afresh). Returns the layers
-  /// that changed (those already at `option` are left out). Throws
+  /// step until the next decision (which plans afresh): assignment() changes,
+  /// for the caller to install. Returns the layers that changed (those
+  /// already at `option` are left out). Throws
   /// UserError for a layer name the model does not have. Needs a decision
   /// made before (no-op returning {} otherwise).
   std::vector<std::string> force_option(const std::vector<std::string>& layers, const std::string& option);
@@ -239,7 +244,8 @@ class PrecisionController {
 
   /// Everything resume needs (phase, last decision step, assignment, smoothed
   /// stats, the guard's budget and smoothing and a pending re-plan), as JSON;
-  /// restore() applies it to the layers exactly.
+  /// restore() makes it the controller's state exactly, and the caller
+  /// installs assignment() on the layers.
   nlohmann::json state() const;
   /// Throws UserError naming `what` for a malformed state.
   void restore(const nlohmann::json& st, const std::string& what);
@@ -249,14 +255,13 @@ class PrecisionController {
   std::function<std::unique_ptr<torch::optim::AdamW>()> stats_optimizer_;  // set_stats_optimizer
   /// Several ranks: rank 0's `assign` (or its planner error `error`, "" =
   /// none) on every rank, checked by CRC-32 (set_comm). One rank: `assign`.
-  std::map<std::string, std::string> agree(int64_t s, const std::map<std::string, std::string>& assign,
-                                           const std::string& error);
-  void apply(const std::map<std::string, std::string>& assign);
-  /// Plan item names: layer names, or "<layer>:fprop|dgrad|wgrad" per GEMM.
-  std::vector<std::string> item_names() const;
-  /// The options of a layer's fprop, dgrad and wgrad GEMMs under `assign`.
-  PerGemm<std::string> layer_options(const std::map<std::string, std::string>& assign,
-                                           const std::string& layer) const;
+  std::map<PlanKey, std::string> agree(int64_t s, const std::map<PlanKey, std::string>& assign,
+                                       const std::string& error);
+  /// The assignment of `options` (one option per plan item): each layer's
+  /// quantizer (a composite when its GEMMs differ) and gemm_dtype_.
+  PrecisionAssignment make_assignment(std::map<PlanKey, std::string> options);
+  /// Plan items: the layers, or their three GEMMs each.
+  std::vector<PlanKey> item_keys() const;
   policy::PlanProblem shape_only_problem() const;
   policy::PlanOptions plan_options(bool with_pins) const;
   void decide(int64_t s, Phase phase, const std::function<torch::Tensor()>& loss_fn,
@@ -295,7 +300,7 @@ class PrecisionController {
   // state (saved in checkpoints)
   Phase phase_ = Phase::kNone;
   int64_t decided_at_ = -1;
-  std::map<std::string, std::string> assign_;
+  PrecisionAssignment current_;
   StatsStep smoothed_;
 };
 

@@ -19,19 +19,16 @@
 
 #include <string>
 
+#include "snip/config/config.h"
+
 namespace snip {
 
-/// How BF16 GEMMs run (train.gemm_backend): kNative = LibTorch's own BF16
-/// matmul (oneDNN/AMX/AVX512-BF16 where present), kEmulated = FP32 GEMMs on
-/// BF16-rounded operands, result rounded to BF16 (the same numerics up to
-/// summation order), kAuto = native where the probe finds that LibTorch's BF16
-/// matmul accumulates in FP32 and the CPU has BF16 units (AVX512_BF16,
-/// AMX-BF16, Arm BF16), else emulated.
-enum class Bf16GemmBackend { kAuto, kNative, kEmulated };
-
-/// "auto" | "native" | "emulated" -> the backend; throws std::invalid_argument
-/// naming the value otherwise.
-Bf16GemmBackend parse_bf16_gemm_backend(const std::string& name);
+// How BF16 GEMMs run (train.gemm_backend, GemmBackend in config/config.h):
+// kNative = LibTorch's own BF16 matmul (oneDNN/AMX/AVX512-BF16 where
+// present), kEmulated = FP32 GEMMs on BF16-rounded operands, result rounded
+// to BF16 (the same numerics up to summation order), kAuto = native where the
+// probe finds that LibTorch's BF16 matmul accumulates in FP32 and the CPU has
+// BF16 units (AVX512_BF16, AMX-BF16, Arm BF16), else emulated.
 
 /// Sets the backend for the rest of the process (the trainer calls it with
 /// train.gemm_backend before the first GEMM). kAuto: the environment variable
@@ -40,7 +37,7 @@ Bf16GemmBackend parse_bf16_gemm_backend(const std::string& name);
 /// allowed (it is slow and inexact there: snip doctor warns). Throws
 /// snip::UserError when SNIP_BF16_GEMM is set to anything else (kAuto only;
 /// native_bf16_gemm() resolves kAuto the same way on first use).
-void set_bf16_gemm_backend(Bf16GemmBackend b);
+void set_bf16_gemm_backend(GemmBackend b);
 
 /// True when LibTorch's own BF16 matmul accumulates in FP32 on this machine:
 /// a probe, run once per process (a [16, 4096] x [4096, 16] product of fixed

@@ -16,6 +16,7 @@
 
 #include <array>
 #include <cstddef>
+#include <optional>
 #include <string>
 
 namespace snip {
@@ -36,12 +37,28 @@ constexpr const char* gemm_name(Gemm g) {
   return g == Gemm::kFprop ? "fprop" : g == Gemm::kDgrad ? "dgrad" : g == Gemm::kWgrad ? "wgrad" : "?";
 }
 
-/// The key of a plan item (policy/planner.h PlanItem::name): the layer's
-/// Hugging Face name for a whole layer, "<layer>:<gemm>" for one of its
-/// GEMMs (precision.granularity = gemm). Plan files, assignments and the
-/// metrics record key their entries by it; built here only.
-inline std::string plan_item_key(const std::string& layer) { return layer; }
-inline std::string plan_item_key(const std::string& layer, Gemm g) { return layer + ":" + gemm_name(g); }
+/// A plan item's key (policy/planner.h PlanItem::name): a whole layer, or
+/// one GEMM of it (precision.granularity = gemm). Written as the layer's
+/// Hugging Face name, or "<layer>:<gemm>" ("model.layers.0.mlp.up_proj:wgrad");
+/// plan files, assignments and the metrics record key their entries by
+/// that text, built by str() only. Ordered as its text, so maps keyed by
+/// PlanKey iterate in the order of the plan files' keys.
+struct PlanKey {
+  std::string layer;           ///< the layer's Hugging Face name
+  std::optional<Gemm> gemm;    ///< nullopt = every GEMM of the layer
+  std::string str() const { return gemm ? layer + ":" + gemm_name(*gemm) : layer; }
+  friend bool operator<(const PlanKey& a, const PlanKey& b) { return a.str() < b.str(); }
+  friend bool operator==(const PlanKey& a, const PlanKey& b) { return a.layer == b.layer && a.gemm == b.gemm; }
+  friend bool operator!=(const PlanKey& a, const PlanKey& b) { return !(a == b); }
+};
+
+/// Inverse of PlanKey::str(): "<layer>:fprop|dgrad|wgrad" is a GEMM item,
+/// any other text a layer (Hugging Face names hold no ':'). Throws
+/// snip::UserError "<where>: empty plan item" for "" or ":fprop".
+PlanKey parse_plan_key(const std::string& text, const std::string& where);
+
+inline std::string plan_item_key(const std::string& layer) { return PlanKey{layer, std::nullopt}.str(); }
+inline std::string plan_item_key(const std::string& layer, Gemm g) { return PlanKey{layer, g}.str(); }
 
 /// "fprop.x", "fprop.w", "dgrad.dy", "dgrad.w", "wgrad.dy", "wgrad.x".
 constexpr const char* operand_name(Operand op) {

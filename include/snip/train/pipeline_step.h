@@ -48,7 +48,7 @@ namespace snip {
 struct PipelineContext {
   dist::PipelineLayout layout;
   int stage = 0, replica = 0;          ///< this rank's
-  std::string schedule = "1f1b";       ///< dist.pipeline_schedule
+  PipelineSchedule schedule = PipelineSchedule::k1F1B;  ///< dist.pipeline_schedule
   int64_t micro_batches = 1;           ///< M
   bool fp8_boundary = false;           ///< dist.boundary_comm = fp8
   dist::Communicator* pipe = nullptr;  ///< this replica's pipeline: group rank = stage

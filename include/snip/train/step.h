@@ -15,9 +15,10 @@
 //      when due, method/controller.h); forward, loss, backward of
 //      loss / (grad_accum·R) (gradients accumulate);
 //   3b. R > 1 data-parallel ranks (`comm`): gradients summed over the ranks
-//      in buckets (dist/data_parallel.h; with `overlap`, FP32 buckets start
-//      from autograd hooks during the last micro-batch's backward), the loss
-//      sum too (float64);
+//      by the run's `reducer` (dist/grad_reducer.h: FP32 buckets, started
+//      from autograd hooks during the last micro-batch's backward when
+//      overlapped, or a quantized format, or ZeRO-2's reduce to owners), the
+//      loss sum too (float64);
 //   4. the mean loss must be finite (else UserError "training diverged"),
 //      unless `skip_nonfinite` (the guard, train/guard.h);
 //   5. global gradient L2 norm computed and clipped to grad_clip (times
@@ -58,7 +59,7 @@
 #include "snip/model/llama.h"
 
 namespace snip::dist {
-struct GradComm;       // snip/dist/data_parallel.h
+class GradReducer;     // snip/dist/grad_reducer.h
 struct ZeroPartition;  // snip/dist/zero.h
 }
 
@@ -78,12 +79,12 @@ struct StepContext {
   uint64_t seed = 0;               ///< run seed (stochastic-rounding keys)
   PrecisionController* controller = nullptr;  ///< adaptive precision; nullptr or inactive = none
   dist::Communicator* comm = nullptr;  ///< data-parallel ranks; nullptr = one process
-  dist::GradComm* grad_comm = nullptr;  ///< quantized gradient communication (with comm); nullptr = FP32
+  /// How the ranks' gradients meet (with comm; dist/grad_reducer.h): chosen
+  /// once per run (make_grad_reducer), run at every step. Required with comm.
+  dist::GradReducer* reducer = nullptr;
   /// ZeRO (train.zero_stage >= 1, dist/zero.h): who owns which parameter;
   /// `optimizer` then holds this rank's parameters only. nullptr = stage 0.
   const dist::ZeroPartition* zero = nullptr;
-  int zero_stage = 0;  ///< 1 or 2 with `zero`: 2 reduces each gradient to its owner only
-  bool overlap = false;  ///< dist.overlap: FP32 buckets all-reduced from autograd hooks during the last backward
   /// The guard is on (guard.enabled): a non-finite loss or gradient norm
   /// skips the update instead of throwing.
   bool skip_nonfinite = false;

@@ -131,6 +131,14 @@ void set_threads(int64_t threads);
 /// for "fp32".
 at::ScalarType gemm_dtype_of(const TrainConfig& t);
 
+/// Readies `model` to run as a training run of `t` does, for train, the
+/// correlation study and `snip plan --init-from` alike: the process's BF16
+/// GEMM backend set from train.gemm_backend (model/matmul.h), every linear
+/// layer unquantized with its GEMMs in train.gemm_dtype, the non-linear GEMMs
+/// (attention, lm_head) in it too. Returns that dtype (gemm_dtype_of). Throws
+/// UserError for a bad SNIP_BF16_GEMM (set_bf16_gemm_backend).
+at::ScalarType prepare_model(LlamaForCausalLM& model, const TrainConfig& t);
+
 /// How much of a validation shard an evaluate() call read.
 struct EvalCoverage {
   uint64_t batches = 0, batches_total = 0;  ///< micro-batches read, and in the whole shard
