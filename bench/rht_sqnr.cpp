@@ -1,6 +1,6 @@
 // Quantization error of the wgrad GEMM with and without the random Hadamard
-// transform, on real gradients: issue 13, item 7 (results in
-// docs/benchmarks.md, "Random Hadamard transform").
+// transform, on real gradients (results in docs/benchmarks.md, "Random
+// Hadamard transform").
 //
 //   build/bench/rht_sqnr --checkpoint RUN/checkpoints/step-N --data data/brown [--batches 4]
 //

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The evidence study of docs/results.md section 5 (issue 16): every arm of the
-# comparison with several seeds, and the correlation study with repeats, in
-# the regime of configs/study.toml (a 4-bit option with one FP32 scale per
-# tensor, which measurably hurts). Two jobs at a time (each run uses one
-# thread); about 2 hours on 2 cores. BF16 and the comparison at budget 0.75
-# (SNIP and the four heuristics) get 5 seeds, every other arm 3.
+# The evidence study of docs/results.md section 5: every arm of the comparison
+# with several seeds, and the correlation study with repeats, in the regime of
+# configs/study.toml (a 4-bit option with one FP32 scale per tensor, which
+# measurably hurts). Two jobs at a time (each run uses one thread); about 2
+# hours on 2 cores. BF16 and the comparison at budget 0.75 (SNIP and the four
+# heuristics) get 5 seeds, every other arm 3.
 #
 # usage: scripts/study.sh [OUT]   (default runs/study; needs build/snip)
 #        SNIP=path/to/snip to use another binary

@@ -29,6 +29,7 @@
 #include "snip/io/safetensors.h"
 #include "snip/policy/planner.h"
 #include "snip/report/report.h"
+#include "snip/run/trainer_state.h"
 #include "snip/util/error.h"
 #include "snip/util/statistics.h"
 
@@ -66,7 +67,8 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
          "training only (write the adapted model with `snip export --merge`, train from it with --init-from, and "
          "study that run)");
   const json st = verify_checkpoint(ckpt);
-  const int64_t step0 = st.at("step").get<int64_t>();
+  const TrainerState ts = TrainerState::from_json(st, (fs::path(ckpt) / "trainer_state.json").string());
+  const int64_t step0 = ts.step;
   if (o.option == "bf16" || o.option == "none")
     fail("--option: expected a quantizing recipe (e.g. fp4, mxfp4), got the reference '", o.option, "'");
   std::shared_ptr<const OperandQuantizer> quant;
@@ -87,8 +89,8 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
   // the run (train.grad_accum, or dist.micro_batches under pipeline stages,
   // times the data-parallel ranks), which is the same step bit for bit
   // (docs/distributed.md) and where the checkpoint's loader position is.
-  const int64_t ranks = st.value("data_parallel", st.value("world_size", int64_t{1}));
-  const int64_t run_accum = st.contains("pipeline") ? st["pipeline"].value("micro_batches", tc.grad_accum) : tc.grad_accum;
+  const int64_t ranks = ts.loader_ranks();
+  const int64_t run_accum = ts.pipeline ? ts.pipeline->micro_batches : tc.grad_accum;
   if (ranks < 1 || run_accum < 1)
     fail("--run: ", ckpt, ": world_size/data_parallel and micro-batches must be >= 1 (corrupt trainer_state.json?)");
   const int64_t B = tc.batch_size, T = tc.seq_len, accum = run_accum * ranks;

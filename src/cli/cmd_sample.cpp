@@ -10,6 +10,7 @@
 #include "snip/config/config.h"
 #include "snip/data/token_client.h"
 #include "snip/model/hf.h"
+#include "snip/run/trainer_state.h"
 #include "snip/train/checkpoint.h"
 #include "snip/train/sample.h"
 #include "snip/util/error.h"
@@ -71,8 +72,8 @@ void add_sample_commands(CLI::App& app) {
       const HfTokenizer t = checkpoint_tokenizer(ckpt, st);
       tok = t.model_path;
       eos_id = t.eos_id;
-      if (st.contains("data") && st["data"].contains("vocab_size") && st["data"]["vocab_size"].is_number_integer())
-        tok_vocab = st["data"]["vocab_size"].get<int64_t>();
+      const TrainerState ts = TrainerState::from_json(st, ckpt + "/trainer_state.json");
+      if (ts.data) tok_vocab = ts.data->vocab_size;
     } else {
       if (fs::is_directory(tok)) fail("--tokenizer: ", tok, " is a folder; give its tokenizer.model");
       if (!fs::is_regular_file(tok)) fail("--tokenizer: ", tok, " does not exist");

@@ -92,10 +92,9 @@ std::vector<torch::Tensor> load_grad_residuals(const std::string& dir, const jso
 
 }  // namespace
 
-int64_t checkpoint_data_parallel(const json& st) { return st.value("data_parallel", st.value("world_size", int64_t{1})); }
-
 data::LoaderState checkpoint_position(const TrainSession& s, const json& st, const std::string& what) {
-  return checkpoint_loader_state(st, s.B, s.accum * checkpoint_data_parallel(st), s.loader->windows_per_epoch(), what);
+  const int64_t ranks = TrainerState::from_json(st, what).loader_ranks();
+  return checkpoint_loader_state(st, s.B, s.accum * ranks, s.loader->windows_per_epoch(), what);
 }
 
 void load_training_state(TrainSession& s, const std::string& dir, const json& st, int64_t to, bool resume) {
@@ -119,33 +118,36 @@ Checkpointer::Checkpointer(TrainSession& s, History& h, Evaluator& ev) : s_(s), 
 
 json Checkpointer::state() {
   TrainSession& s = s_;
-  auto ls = s.loader->state();
-  json st = {{"step", s.step}, {"tokens", s.tokens_trained},
-             {"loader", {{"epoch", ls.epoch}, {"cursor", ls.cursor}}}, {"seed", s.seed},
-             {"val_loss", std::isfinite(h_.last_val) ? json(h_.last_val) : json(nullptr)},
-             {"elapsed_s", s.elapsed0 + s.elapsed()}, {"resumed_at", s.resumed_at},
-             {"data", {{"dir", fs::absolute(s.data_dir).lexically_normal().string()},
-                       {"tokenizer_sha256", s.data_info.tokenizer_sha256},
-                       {"vocab_size", s.data_info.vocab_size},
-                       {"val_sha256", s.val_sha256},
-                       {"tokenizer", tokenizer_record(s.data_info)},
-                       {"seq_len", s.T}}}};
-  if (std::isfinite(s.init_val)) st["init_val_loss"] = s.init_val;
-  if (s.ctl->active()) st["precision"] = s.ctl->state();
+  TrainerState st;
+  st.step = s.step;
+  st.tokens = s.tokens_trained;
+  st.loader = s.loader->state();
+  st.seed = s.seed;
+  if (std::isfinite(h_.last_val)) st.val_loss = h_.last_val;
+  st.elapsed_s = s.elapsed0 + s.elapsed();
+  st.resumed_at = s.resumed_at;
+  st.data = TrainerStateData{fs::absolute(s.data_dir).lexically_normal().string(),
+                             s.data_info.tokenizer_sha256,
+                             int64_t(s.data_info.vocab_size),
+                             s.val_sha256,
+                             tokenizer_record(s.data_info),
+                             s.T};
+  if (std::isfinite(s.init_val)) st.init_val_loss = s.init_val;
+  if (s.ctl->active()) st.precision = s.ctl->state();
   if (s.ctl->active() && s.stages)
-    st["precision"]["quantizers"] = s.stages->quantizer_state(st["precision"]["quantizers"], false);
-  if (s.R > 1) st["world_size"] = s.R;  // resume checks it (absent = 1)
+    st.precision["quantizers"] = s.stages->quantizer_state(st.precision["quantizers"], false);
+  if (s.R > 1) st.world_size = s.R;  // resume checks it (absent = 1)
   if (s.stages) {
-    st["data_parallel"] = s.DP;  // the loader's ranks (absent = world_size)
-    st["pipeline"] = {{"stages", s.S}, {"replicas", s.DP}, {"bounds", s.stages->pc.layout.bounds},
-                      {"schedule", to_string(s.stages->pc.schedule)}, {"micro_batches", s.accum}};
+    st.data_parallel = s.DP;  // the loader's ranks (absent = world_size)
+    st.pipeline = TrainerStatePipeline{s.S, s.DP, s.stages->pc.layout.bounds, to_string(s.stages->pc.schedule),
+                                       s.accum};
   }
-  if (s.zero_stage > 0) st["zero_stage"] = s.zero_stage;
-  if (!s.loader_base.is_null()) st["loader_base"] = s.loader_base;
-  if (s.guard->enabled()) st["guard"] = s.guard->to_json();
-  if (!s.lora.ref.is_null()) st["lora"] = s.lora.ref;
-  if (!rollback_record.is_null()) st["rollback_record"] = rollback_record;
-  return st;
+  if (s.zero_stage > 0) st.zero_stage = s.zero_stage;
+  st.loader_base = s.loader_base;
+  if (s.guard->enabled()) st.guard = s.guard->to_json();
+  st.lora = s.lora.ref;
+  st.rollback_record = rollback_record;
+  return st.to_json();
 }
 
 void Checkpointer::write(bool scheduled, bool eval_step, const json* validated) {

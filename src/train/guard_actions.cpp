@@ -63,7 +63,8 @@ std::pair<int64_t, std::string> GuardActions::rollback(const std::string& target
   TrainSession& s = s_;
   data::TokenLoader& loader = *s.loader;
   const std::string what = (fs::path(target) / "trainer_state.json").string();
-  const int64_t to = st.at("step").get<int64_t>();
+  const TrainerState ts = TrainerState::from_json(st, what);
+  const int64_t to = ts.step;
   load_training_state(s, target, st, to, /*resume=*/false);
   // The data since the checkpoint is skipped: the loader keeps its position
   // (loader_base records it for the loader check of a later resume).
@@ -74,9 +75,8 @@ std::pair<int64_t, std::string> GuardActions::rollback(const std::string& target
   s.loader_base = {{"step", to}, {"windows", now}};
   const int64_t from = s.step;
   s.step = to;
-  s.tokens_trained = st.value("tokens", to * s.tokens_per_step);
-  h_.rollback_to(to, st.contains("val_loss") && st["val_loss"].is_number() ? st["val_loss"].get<double>()
-                                                                            : std::nan(""));
+  s.tokens_trained = ts.tokens.value_or(to * s.tokens_per_step);
+  h_.rollback_to(to, ts.val_loss.value_or(std::nan("")));
   std::string dropped;
   if (s.writer)
     for (int64_t k : discard_checkpoints_after(s.opts.run_dir, to))

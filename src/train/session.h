@@ -61,6 +61,7 @@
 #include "snip/model/hf.h"
 #include "snip/model/lora.h"
 #include "snip/monitor/exporter.h"
+#include "snip/run/trainer_state.h"
 #include "snip/quant/recipe_file.h"
 #include "snip/train/faults.h"
 #include "snip/train/guard.h"
@@ -206,13 +207,11 @@ void announce(TrainSession& s);
 /// a weights error is said as --resume's.
 void load_training_state(TrainSession& s, const std::string& dir, const nlohmann::json& st, int64_t to, bool resume);
 
-/// The data-parallel ranks of the run that wrote a checkpoint (its
-/// trainer_state.json `st`: "data_parallel" under pipeline stages, else
-/// "world_size"; 1 when absent), and where this run's loader stood then:
-/// every rank's loader walks the whole step (step.h), accum x those ranks
+/// Where this run's loader stood when a checkpoint was written (its
+/// trainer_state.json `st`): every rank's loader walks the whole step
+/// (step.h), accum x the writer's loader ranks (TrainerState::loader_ranks)
 /// micro-batches. Throws UserError naming `what` for a malformed position
 /// (checkpointer.cpp).
-int64_t checkpoint_data_parallel(const nlohmann::json& st);
 data::LoaderState checkpoint_position(const TrainSession& s, const nlohmann::json& st, const std::string& what);
 
 /// Pipeline stages (dist/pipeline.h): this rank's stage, its parameters and

@@ -18,12 +18,13 @@ void restore_checkpoint(TrainSession& s) {
   const std::string& ckpt = s.resume_ckpt;
   const json& st = s.resume_state;
   const std::string what = (fs::path(ckpt) / "trainer_state.json").string();
-  s.step = st.at("step").get<int64_t>();
-  if (st.at("seed").get<uint64_t>() != s.seed)
-    fail("--resume: ", ckpt, "/trainer_state.json has seed ", st.at("seed").get<uint64_t>(), " but train.seed is ",
-         s.seed, " (the seed fixes the data order and the initialisation; corrupt?)");
-  if (st.contains("data") && st["data"].contains("vocab_size") && st["data"]["vocab_size"] != json(s.data_info.vocab_size))
-    fail("--resume: ", ckpt, "/trainer_state.json has data.vocab_size ", st["data"]["vocab_size"].dump(),
+  const TrainerState ts = TrainerState::from_json(st, what);
+  s.step = ts.step;
+  if (ts.seed != s.seed)
+    fail("--resume: ", ckpt, "/trainer_state.json has seed ", ts.seed, " but train.seed is ", s.seed,
+         " (the seed fixes the data order and the initialisation; corrupt?)");
+  if (ts.data && ts.data->vocab_size != int64_t(s.data_info.vocab_size))
+    fail("--resume: ", ckpt, "/trainer_state.json has data.vocab_size ", ts.data->vocab_size,
          " but data.dir's vocabulary is ", s.data_info.vocab_size, " (corrupt, or another data folder)");
   // The ids mean the pieces of one tokenizer: a run does not continue on
   // data tokenized by another.
@@ -42,12 +43,12 @@ void restore_checkpoint(TrainSession& s) {
     fail("--resume: the checkpoint is at step ", s.step, " and train.max_steps is ", s.max_steps,
          ": nothing to do (raise train.max_steps to train further)");
   load_training_state(s, ckpt, st, s.step, /*resume=*/true);
-  if (st.contains("guard"))  // what the guard did before (its windows refill)
-    s.guard->restore(st["guard"], what);
-  const int64_t saved_world = checkpoint_data_parallel(st);
+  if (!ts.guard.is_null())  // what the guard did before (its windows refill)
+    s.guard->restore(ts.guard, what);
+  const int64_t saved_world = ts.loader_ranks();
   const data::LoaderState ls = checkpoint_position(s, st, what);
   s.loader->restore(ls);
-  if (st.contains("loader_base")) s.loader_base = st["loader_base"];
+  if (!ts.loader_base.is_null()) s.loader_base = ts.loader_base;
   if (saved_world != s.DP) {
     // Another number of ranks (docs/distributed.md "Resuming on another
     // number of ranks"): the weights and the AdamW state by parameter name
@@ -56,7 +57,7 @@ void restore_checkpoint(TrainSession& s) {
     if (!s.quiet)
       spdlog::warn("--resume: {} was written by {} rank{}, this run has {}: {}a step now reads {} tokens instead "
                    "of {}", ckpt, saved_world, saved_world == 1 ? "" : "s", s.DP,
-                   s.zero_stage > 0 || (st.contains("zero_stage") && st["zero_stage"] != json(0))
+                   s.zero_stage > 0 || ts.zero_stage.value_or(0) != 0
                        ? "the optimizer state is re-sharded by parameter name; "
                        : "",
                    s.B * s.T * s.accum * s.DP, s.B * s.T * s.accum * saved_world);

@@ -52,7 +52,7 @@ expect "negative eps" "train.eps: expected a finite number in (0, 1000\\]" -- \
   "$snip" train --config "$tmp/ok.toml" --set train.eps=-1 --run-dir "$tmp/r7"
 absent "$tmp/r7"
 
-# Issue 17: measured crashes and internal errors on malformed input.
+# Measured crashes and internal errors on malformed input.
 expect "lr beyond FP32 (was an internal error)" "train.lr: expected a finite number in (0, 1000\\], got 1e+308" -- \
   "$snip" train --config "$tmp/ok.toml" --set train.lr=1e308 --run-dir "$tmp/r8"
 expect "grad_clip beyond FP32 (was an internal error)" "train.grad_clip: expected a finite number in \\[0, 1e+30\\]" -- \

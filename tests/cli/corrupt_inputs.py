@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Corrupt checkpoints, run folders, data folders and oversized models
-through the real `snip` binary (issue 17, items 2-4): every case must end
-with exit status 2 and one line `snip: error: ...` naming the file and what
-is wrong, within seconds, and must leave the run folder as it was; a stray
-folder under checkpoints/ is ignored with a warning.
+"""Corrupt checkpoints, run folders, data folders and oversized models through
+the real `snip` binary: every case must end with exit status 2 and one line
+`snip: error: ...` naming the file and what is wrong, within seconds, and must
+leave the run folder as it was; a stray folder under checkpoints/ is ignored
+with a warning.
 
 Each case here failed before the fix (a SIGSEGV, `snip: internal error`,
 a silent acceptance or a run past its time limit).

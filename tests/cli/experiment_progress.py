@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`snip experiment` for a person (issue 18, item 8), through the real binary:
+"""`snip experiment` for a person, through the real binary:
 
 - while an arm trains, the console shows that arm's progress (step/total,
   loss, ETA of the arm and of the experiment), read from the arm's own

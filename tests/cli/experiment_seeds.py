@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`snip experiment --seeds` (issue 16, the shortened study): the micro model,
+"""`snip experiment --seeds` (the shortened study): the micro model,
 arms none, uniform-fp4, snip-0.75 and snip-gemm-0.75 with 2 seeds, 8 steps.
 The statistics of results.json/md are checked against values computed here by
 hand from each run's own summary.json (mean, sample standard deviation, paired

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 13, items 2 and 3, through the real `snip` binary:
-#   2. a spec-valid safetensors dtype (F8_E8M0) is read, decoded and
+# Two checks through the real `snip` binary:
+#   1. a spec-valid safetensors dtype (F8_E8M0) is read, decoded and
 #      quantized; F6 (bit order undefined) is refused in one line;
-#   3. `snip train --init-from DIR` honours the fields of DIR/config.json
+#   2. `snip train --init-from DIR` honours the fields of DIR/config.json
 #      (rope_theta 500000 reaches the model, config.toml and the
 #      checkpoints), refuses in one line a field the run sets otherwise, and
 #      never drops a tensor of the file (an untied head, a stray tensor)
@@ -57,7 +57,7 @@ def f32(b):
     return list(struct.unpack('<%df' % (len(b) // 4), b))
 
 cmd = sys.argv[1]
-if cmd == 'mx':          # the issue's file: w F32 [1,4], w_scale F8_E8M0 [1] = 0x7F
+if cmd == 'mx':          # a spec-valid file: w F32 [1,4], w_scale F8_E8M0 [1] = 0x7F
     write(sys.argv[2], {'w': ['F32', [1, 4], struct.pack('<4f', 1.0, 0.5, -3.0, 2.0 ** -10)],
                         'w_scale': ['F8_E8M0', [1], b'\x7f']})
 elif cmd == 'f6':
@@ -93,7 +93,7 @@ elif cmd == 'retype':    # model.norm.weight as DTYPE: I32 (refused) or F8_E4M3 
 PY
 st() { python3 "$tmp/st.py" "$@"; }
 
-# ---- item 2: snip quantize reads every dtype of the format
+# ---- check 1: snip quantize reads every dtype of the format
 st mx "$tmp/mx.safetensors"
 "$snip" quantize --scheme bf16 --input "$tmp/mx.safetensors" --output "$tmp/mx_out.safetensors" >"$tmp/q" 2>"$tmp/qerr" \
   && ok || { bad "quantize of an F8_E8M0 scale:"; cat "$tmp/qerr" >&2; }
@@ -108,7 +108,7 @@ expect "F6 refused" "tensor 'w6': F6_E2M3 is not decoded" -- \
   "$snip" quantize --scheme bf16 --input "$tmp/f6.safetensors" --output "$tmp/f6_out.safetensors"
 absent "$tmp/f6_out.safetensors"
 
-# ---- item 3: --init-from
+# ---- check 2: --init-from
 # A tiny tied model exported as a Hugging Face folder; t.toml sets its shape
 # but neither rope_theta nor tie_word_embeddings.
 micro_toml "$tmp/t.toml" "$data" "max_steps = 2"

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""`snip train --nproc-per-node N` (issue 11: N local ranks without
-torchrun; docs/distributed.md), through the real binary, the micro model:
+"""`snip train --nproc-per-node N` (N local ranks without torchrun;
+docs/distributed.md), through the real binary, the micro model:
 
   exact    --nproc-per-node 2 == 1 process with grad_accum 2: metrics of
            every step and model.safetensors byte for byte (the equality the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 12: a real Prometheus scrapes a real `snip train` (CTest label monitor).
+"""A real Prometheus scrapes a real `snip train` (CTest label monitor).
 
 usage: monitor_prometheus.py SNIP DATA_DIR
 

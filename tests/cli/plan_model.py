@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`snip plan --config MODEL.toml` (issue 18, item 1) through the real binary:
+"""`snip plan --config MODEL.toml` through the real binary:
 
 * --stats: a micro SNIP run's stats file planned for the same model through
   --config gives the plan of `snip plan --stats` alone (FLOPs from the shapes

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The README's command table and `snip ... --help` agree (issue 36, item 8).
+"""The README's command table and `snip ... --help` agree.
 
 For every row of the table under "## The `snip` command" in README.md that starts
 with `snip SUB [SUBSUB]`: each option the row names (--name) is an option

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""precision.recipe_file (issue 12, item 6) through the real binary: a recipe
-file's recipe (weights E2M1 per channel with error feedback, activations
-E4M3 per tensor, gradients E5M2 delayed with compensation_freq) trains the
-micro model under precision.policy = uniform-<name>; the plan names it; the
-run keeps recipes.json and precision.recipe_file; a run stopped by SIGTERM
-and resumed has the losses of an uninterrupted run bit for bit (the
-checkpoint holds the error-feedback residuals); a changed file warns on
-resume; `snip formats --recipes --config` lists it; `snip experiment --no-train`
-tabulates an arm trained with it; bad files are one-line
-errors naming file, recipe and field.
+"""precision.recipe_file through the real binary: a recipe file's recipe
+(weights E2M1 per channel with error feedback, activations E4M3 per tensor,
+gradients E5M2 delayed with compensation_freq) trains the micro model under
+precision.policy = uniform-<name>; the plan names it; the run keeps
+recipes.json and precision.recipe_file; a run stopped by SIGTERM and resumed
+has the losses of an uninterrupted run bit for bit (the checkpoint holds the
+error-feedback residuals); a changed file warns on resume;
+`snip formats --recipes --config` lists it; `snip experiment --no-train`
+tabulates an arm trained with it; bad files are one-line errors naming file,
+recipe and field.
 
 usage: recipe_file.py SNIP_BINARY PREPARED_DATA_DIR
 """

@@ -179,7 +179,7 @@ def diff(a, b, path, out):
 
 
 def expected_after_fixes(recorded, now, problems):
-    """The recorded numbers with the faults that issue 9 fixed applied, each
+    """The recorded numbers with the fixes of the faults below applied, each
     checked against an independent expectation instead of being skipped:
 
     - uniform-mxfp4 reported an FP4 FLOPs share of 0 (only precision.low_option

@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
-"""Reports that compare like with like (issue 18, item 6), through the real
-binary:
+"""Reports that compare like with like, through the real binary:
 
 - `snip report RUN --reference OTHER` with OTHER trained on data of another
   tokenizer and vocabulary: refused with one line naming both runs and what

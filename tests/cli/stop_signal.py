@@ -1,12 +1,11 @@
 #!/usr/bin/env python3
-"""Ctrl-C and SIGTERM during `snip train` (issue 18, item 4), through the
-real binary: the step in progress is finished and checkpointed, the run says
-where the checkpoint is and how to continue, and the process ends by the
-signal (a shell shows 130 / 143); --resume then completes the run with every
-step recorded exactly once and the same losses as an uninterrupted run. A
-second Ctrl-C more than 1 s later ends the process at once (within 1 s it
-is the same request arriving twice, as under torchrun). train.checkpoint_minutes writes
-checkpoints by wall time.
+"""Ctrl-C and SIGTERM during `snip train`, through the real binary: the step in
+progress is finished and checkpointed, the run says where the checkpoint is and
+how to continue, and the process ends by the signal (a shell shows 130 / 143);
+--resume then completes the run with every step recorded exactly once and the
+same losses as an uninterrupted run. A second Ctrl-C more than 1 s later ends
+the process at once (within 1 s it is the same request arriving twice, as under
+torchrun). train.checkpoint_minutes writes checkpoints by wall time.
 
 usage: stop_signal.py SNIP_BINARY PREPARED_DATA_DIR
 """

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Several `snip train` processes over c10d Gloo on 127.0.0.1 (issue 11,
-phase 1; docs/distributed.md), through the real binary, 1 thread per rank,
-the micro model:
+"""Several `snip train` processes over c10d Gloo on 127.0.0.1
+(docs/distributed.md), through the real binary, 1 thread per rank, the micro
+model:
 
   exact      2 ranks (grad_accum 1) == 1 rank with grad_accum 2, bit for bit:
              loss, grad_norm, val_loss of every step in metrics.jsonl; the

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""SNIP-LoRA (issue 15; docs/lora.md) through the real binary, on the micro
-model (clitest.micro_toml, 2 blocks) pretrained for 20 steps on Brown and
-exported with `snip export` as the base:
+"""SNIP-LoRA (docs/lora.md) through the real binary, on the micro model
+(clitest.micro_toml, 2 blocks) pretrained for 20 steps on Brown and exported
+with `snip export` as the base:
 
   learns    adapters (rank 4) under policy snip at FP4 budget 0.5 on Brown:
             the validation loss falls at each of the 3 evaluations;

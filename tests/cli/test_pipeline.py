@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
-"""Pipeline stages (issue 14; docs/distributed.md "Pipeline stages") through
-the real binary: `snip train` processes over c10d Gloo on 127.0.0.1, one
-thread per rank, the micro model with 4 decoder blocks (untied lm_head
-unless said):
+"""Pipeline stages (docs/distributed.md "Pipeline stages") through the real
+binary: `snip train` processes over c10d Gloo on 127.0.0.1, one thread per
+rank, the micro model with 4 decoder blocks (untied lm_head unless said):
 
   exact     2 stages (1F1B and GPipe, M = 2) == 1 process with grad_accum 2,
             bit for bit: loss, grad_norm, val_loss of every step; the final

@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
-"""ZeRO stages 1 and 2 and per-rank optimizer shards (issue 11, items 3 and 7;
-docs/distributed.md "ZeRO"), through the real binary on 2 Gloo ranks on
-127.0.0.1, 1 thread per rank, the micro model, grad_clip 0.5 (so clipping
-acts):
+"""ZeRO stages 1 and 2 and per-rank optimizer shards (docs/distributed.md
+"ZeRO"), through the real binary on 2 Gloo ranks on 127.0.0.1, 1 thread per
+rank, the micro model, grad_clip 0.5 (so clipping acts):
 
   stages     train.zero_stage = 1 and 2 on 2 ranks == stage 0 on 2 ranks, bit
              for bit: loss, grad_norm, val_loss of every step, the final

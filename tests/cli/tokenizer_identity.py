@@ -1,20 +1,19 @@
 #!/usr/bin/env python3
-"""Which tokenizer a model was trained with (issue 18, item 3), through the
-real binary: a checkpoint records the data's tokenizer SHA-256; evaluating
-or resuming on data tokenized by another tokenizer is refused (one line,
-exit 2) unless --allow-other-tokenizer; `snip export` writes the tokenizer
-beside the model (tokenizer.model byte-identical to the data's, the Hugging
-Face tokenizer_config.json / special_tokens_map.json with the pieces of the
+"""Which tokenizer a model was trained with, through the real binary: a
+checkpoint records the data's tokenizer SHA-256; evaluating or resuming on data
+tokenized by another tokenizer is refused (one line, exit 2) unless
+--allow-other-tokenizer; `snip export` writes the tokenizer beside the model
+(tokenizer.model byte-identical to the data's, the Hugging Face
+tokenizer_config.json / special_tokens_map.json with the pieces of the
 BOS/EOS/UNK ids, bos_token_id/eos_token_id in config.json); `snip eval
---checkpoint HF_DIR --data D` evaluates the exported folder to the same loss
-as its checkpoint, and checks its tokenizer too.
+--checkpoint HF_DIR --data D` evaluates the exported folder to the same loss as
+its checkpoint, and checks its tokenizer too.
 
-A run folder is self-contained (issue 36, item 3): every checkpoint carries
-the tokenizer files, so after the data folder moves `snip sample` (with
---run-dir, or a checkpoint alone) and `snip export` still work, and export
-writes the same tokenizer; a checkpoint of an earlier snip (no tokenizer
-files) whose data folder is gone makes export fail (exit 2, nothing written)
-unless --model-only.
+A run folder is self-contained: every checkpoint carries the tokenizer files,
+so after the data folder moves `snip sample` (with --run-dir, or a checkpoint
+alone) and `snip export` still work, and export writes the same tokenizer; a
+checkpoint of an earlier snip (no tokenizer files) whose data folder is gone
+makes export fail (exit 2, nothing written) unless --model-only.
 
 usage: tokenizer_identity.py SNIP_BINARY PREPARED_DATA_DIR
 """

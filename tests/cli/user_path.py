@@ -1,25 +1,23 @@
 #!/usr/bin/env python3
-"""The user's path, second pass (issue 36): the stories a new user hit,
-through the real binary, each checked against what a person reads.
+"""The user's path: the stories a new user hit, through the real binary, each
+checked against what a person reads.
 
   log level    --quiet / --log-level / SNIP_LOG_LEVEL: no progress lines,
                info lines, plan tables or samples; warnings and the summary
-               stay; a bad level is one error line (item 6)
+               stay; a bad level is one error line
   plan table   printed once; later plan-phase re-plans print what changed
-               (item 6)
   quant error  a healthy FP4 run raises no quant_error warning (4-bit
                formats have their own threshold); a threshold below the
-               measured error still fires (item 6)
+               measured error still fires
   eval window  `snip eval` of a checkpoint alone or of its export uses the
-               run's train.seq_len and says so; same loss (item 7)
+               run's train.seq_len and says so; same loss
   step-0 eval  --init-from evaluates before the first step; the value is
                the exported model's `snip eval` loss on the same windows
-               (item 7)
   papercuts    a quoted number, the missing-data hint, --skip-invalid, the
                output-folder line before a missing --input, "snip
                --nproc-per-node" (not torchrun) in a local launch's log, a
-               misspelt command, --run-dir of a missing run (item 8 and
-               what a fresh user met)
+               misspelt command, --run-dir of a missing run, and what a
+               fresh user met
   found later  by a fresh user and a tester: log lines on stderr, the
                log level's precedence, --skip-invalid in the up-to-date key,
                a damaged tokenizer copy, --model-only --force, a lone
@@ -59,7 +57,7 @@ def val_loss(text):
     return float(m.group(1)) if m else None
 
 
-# ---- log level (item 6)
+# ---- log level
 cfg = os.path.join(tmp, "m.toml")
 micro_toml(cfg, data, "max_steps = 4\neval_interval = 2\nsample_tokens = 4\nlog_interval = 1\n"
            "[precision]\npolicy = \"snip\"\nbudget = 0.5\ninitial_interval = 1\n"
@@ -102,7 +100,7 @@ T.expect_error("an unknown log level", ["train", "--log-level", "loud", "--confi
                os.path.join(tmp, "never")], "--log-level: expected debug, info, warning or error, got 'loud'",
                absent=os.path.join(tmp, "never"))
 
-# ---- the plan table once, then the changes (item 6)
+# ---- the plan table once, then the changes
 cfg_p = os.path.join(tmp, "plan.toml")
 micro_toml(cfg_p, data, "max_steps = 12\neval_interval = 1000\nsample_tokens = 0\n"
            "[precision]\npolicy = \"snip\"\nbudget = 0.5\ninitial_interval = 1\nfinal_interval = 2\n"
@@ -126,7 +124,7 @@ for m in re.finditer(r"^precision at step (\d+): re-plan changed (\d+) of \d+ it
         check(items.get(item) == new, f"re-plan at step {n}: {item} is {new} in plans/step-{n}.json",
               f"{items.get(item)} != {new}")
 
-# ---- the quant-error guard on a healthy FP4 run (item 6)
+# ---- the quant-error guard on a healthy FP4 run
 cfg_q = os.path.join(tmp, "fp4.toml")
 micro_toml(cfg_q, data, "max_steps = 10\neval_interval = 1000\nsample_tokens = 0\n"
            "[precision]\npolicy = \"snip\"\nbudget = 1.0\ninitial_interval = 1\nfinal_interval = 2\n"
@@ -145,7 +143,7 @@ rc, out, err = run("train", "--config", cfg_q, "--run-dir", os.path.join(tmp, "f
 check(rc == 0 and re.search(r"quant_error: relative quantization error above its format's threshold .*\(> 0\.02, 4-bit\)",
                             out + err), "a 4-bit threshold below the error fires", (out + err)[-600:])
 
-# ---- the evaluation window (item 7)
+# ---- the evaluation window
 cfg_e = os.path.join(tmp, "e.toml")
 micro_toml(cfg_e, data, "max_steps = 2\neval_interval = 2\nsample_tokens = 0", seq_len=16)
 run_e = os.path.join(tmp, "e")
@@ -174,7 +172,7 @@ rc4, out4, _ = run("eval", "--checkpoint", bare, "--data", data, "--batches", "2
 check(rc4 == 0 and "windows of 32 tokens: the folder does not say its training length; --seq-len to choose" in out4,
       "a folder that does not say its length: min(256, max_position_embeddings), said", out4)
 
-# ---- step-0 evaluation with --init-from (item 7)
+# ---- step-0 evaluation with --init-from
 rc, out, err = run("train", "--config", cfg_e, "--run-dir", os.path.join(tmp, "ft"), "--init-from", hf,
                    "--set", "train.eval_batches=2")
 m = re.search(r"^step +0/2 \| val ([0-9.]+) \(16-token windows\): the --init-from model before training$", err, re.M)
@@ -190,7 +188,7 @@ check(m is not None and val_loss(out5) is not None and abs(val_loss(out5) - floa
 rc, out, err = run("train", "--config", cfg_e, "--run-dir", os.path.join(tmp, "scratch"))
 check(rc == 0 and not re.search(r"^step +0/", err, re.M), "no step-0 evaluation without --init-from", err[-300:])
 
-# ---- papercuts (item 8)
+# ---- papercuts
 bad_toml = os.path.join(tmp, "quoted.toml")
 micro_toml(bad_toml, data, 'lr = "3e-4"')
 T.expect_error("a quoted number", ["train", "--config", bad_toml, "--run-dir", os.path.join(tmp, "q")],

@@ -76,8 +76,8 @@ TEST(Config, DtypeNamesAreTheSameEverywhere) {
   EXPECT_EQ(c.get_string("data.dir"), "bfloat16");
 }
 
-// Issue 18, item 5: the unquantized policy is "none" (its GEMMs run in
-// train.gemm_dtype, FP32 too); "bf16", its name until 2026-12-01, reads as it.
+// The unquantized policy is "none" (its GEMMs run in train.gemm_dtype, FP32
+// too); "bf16", its name until 2026-12-01, reads as it.
 TEST(Config, UnquantizedPolicyIsNoneAndBf16IsItsOldName) {
   Config c;
   EXPECT_EQ(c.get_string("precision.policy"), "none");
@@ -241,8 +241,8 @@ std::string dotted(size_t parts) {
   return s;
 }
 
-// Issue 17: a header [a.a. ... .a] of 31,287 parts crashed `snip train`
-// (SIGSEGV in toml++'s recursion); nesting is bounded before toml++ parses.
+// A header [a.a. ... .a] of 31,287 parts crashed `snip train` (SIGSEGV in
+// toml++'s recursion); nesting is bounded before toml++ parses.
 TEST(ConfigRobustness, NestingIsBoundedBeforeTomlParses) {
   const std::string bound = "f.toml:1: expected tables, dotted keys, arrays and inline tables nested at most 64 deep, got more";
   EXPECT_EQ(toml_error("[" + dotted(31287) + "]\n"), bound);
@@ -262,8 +262,8 @@ TEST(ConfigRobustness, NestingIsBoundedBeforeTomlParses) {
   EXPECT_EQ(c.get_string("data.dir"), dotted(100) + "[[[[");
 }
 
-// Issue 17: lr = 1e308 passed the range (0, inf) and ended in an internal
-// error inside LibTorch; 1e309 was a TOML syntax error naming no option.
+// lr = 1e308 passed the range (0, inf) and ended in an internal error inside
+// LibTorch; 1e309 was a TOML syntax error naming no option.
 TEST(ConfigRobustness, NumbersBeyondAnOptionsRangeAreRefusedByName) {
   Config c;
   c.load_toml_string("[train]\nlr = 1e308\n", "f.toml");

@@ -128,9 +128,9 @@ TEST_F(LoaderTest, RestoreRejectsForeignState) {
 }
 
 TEST_F(LoaderTest, LastEpochIsARealEpoch) {
-  // Epoch 2^64 - 1 once read a permutation that was never made (it equalled
-  // the "none yet" marker): a SIGSEGV on resume (issue 17). Its windows must
-  // be a permutation of all windows, like any epoch's.
+  // Epoch 2^64 - 1 once read a permutation that was never made (it equalled the
+  // "none yet" marker): a SIGSEGV on resume. Its windows must be a permutation
+  // of all windows, like any epoch's.
   TokenLoader l(make_shard(1001), 4, kT, 42);
   l.restore({UINT64_MAX, 0});
   std::vector<uint64_t> w = take(l, 25);

@@ -135,7 +135,7 @@ TEST(Shard, ReaderRejectsBadFiles) {
   bad = good;
   bad[24] = bad[25] = bad[26] = bad[27] = 0;
   expect_error("vocab0.bin", bad, "vocab_size is 0");
-  for (size_t i : {size_t{28}, size_t{45}, size_t{63}}) {  // every reserved byte must be 0 (issue 17)
+  for (size_t i : {size_t{28}, size_t{45}, size_t{63}}) {  // every reserved byte must be 0
     bad = good;
     bad[i] = 1;
     expect_error("reserved" + std::to_string(i) + ".bin", bad,

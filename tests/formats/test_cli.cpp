@@ -324,7 +324,7 @@ std::vector<float> floats_of(const io::TensorRecord& r) {
   return f;
 }
 
-// Issue 13, item 2: `w` F32 [1,4] and `w_scale` F8_E8M0 [1] = 0x7F (2^0).
+// `w` F32 [1,4] and `w_scale` F8_E8M0 [1] = 0x7F (2^0).
 // Before, `snip quantize --scheme bf16` exited 2 with "unknown safetensors
 // dtype 'F8_E8M0'". Now the scale is decoded (1.0) and fake-quantized like
 // any float tensor; bf16 is an RNE cast, so 1.0 and 0.5/-3/2^-10 stay.

@@ -1,8 +1,8 @@
-// The random Hadamard transform (issue 13, item 7): H·Hᵀ = n·I for every
-// supported size (entries from the Sylvester definition, checked by exact
-// integer arithmetic), the fast transform against an explicit matrix product
-// in double, the inverse, GEMM invariance (A·R)(B·R)ᵀ = A·Bᵀ, TE's sign
-// vector, and the transform inside fake_quantize.
+// The random Hadamard transform: H·Hᵀ = n·I for every supported size (entries
+// from the Sylvester definition, checked by exact integer arithmetic), the fast
+// transform against an explicit matrix product in double, the inverse, GEMM
+// invariance (A·R)(B·R)ᵀ = A·Bᵀ, TE's sign vector, and the transform inside
+// fake_quantize.
 #include <gtest/gtest.h>
 
 #include <cfloat>

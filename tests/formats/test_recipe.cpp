@@ -248,8 +248,8 @@ TEST(Recipe, NewFormatPlugsInByRegistering) {
   }
 }
 
-// Found reviewing fuzz_recipe's parser (issue 17): get<int>() wrapped an integer
-// past 32 bits, so 2^32 + 5 history entries became 5 silently.
+// Found reviewing fuzz_recipe's parser: get<int>() wrapped an integer past 32
+// bits, so 2^32 + 5 history entries became 5 silently.
 TEST(Recipe, IntegersPast32BitsAreRefusedNotWrapped) {
   const auto with = [](const std::string& v) {
     return nlohmann::json::parse(R"({"name": "d", "operands": {"all": {"element": "e4m3", "rule": "delayed",
@@ -270,14 +270,14 @@ TEST(Recipe, IntegersPast32BitsAreRefusedNotWrapped) {
 }  // namespace
 }  // namespace snip::quant
 
-// Every registered recipe, every operand, over the extremes of FP32 (issue:
-// fidelity, "a finite input becomes Inf"): a finite input never dequantizes
-// to Inf or NaN, except where the element format itself is IEEE
-// non-saturating (the bf16 cast: FLT_MAX rounds to Inf in BF16, as every BF16
-// conversion does). Fast and reference paths agree bit for bit on these
-// inputs. Before the fix, FLT_MAX came out as +Inf under fp8, mxfp8_rceil,
-// mxfp4_rceil, int8 and posit8 (a code rounded up next to the largest value,
-// times a scale rounded up, overflows FP32).
+// Every registered recipe, every operand, over the extremes of FP32 ("a finite
+// input becomes Inf"): a finite input never dequantizes to Inf or NaN, except
+// where the element format itself is IEEE non-saturating (the bf16 cast:
+// FLT_MAX rounds to Inf in BF16, as every BF16 conversion does). Fast and
+// reference paths agree bit for bit on these inputs. Before the fix, FLT_MAX
+// came out as +Inf under fp8, mxfp8_rceil, mxfp4_rceil, int8 and posit8 (a code
+// rounded up next to the largest value, times a scale rounded up, overflows
+// FP32).
 TEST(Recipe, FiniteExtremesStayFiniteUnderEveryRecipe) {
   constexpr float kMax = std::numeric_limits<float>::max();
   const float extremes[] = {kMax, -kMax, std::nextafter(kMax, 0.0f), 0x1p-126f, -0x1p-126f, 0x1p-149f,

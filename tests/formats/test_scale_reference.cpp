@@ -1,5 +1,5 @@
 // Every scaling rule against an independent, literal transcription of its
-// reference's FP32 operation order (issue 13, item 1):
+// reference's FP32 operation order:
 //   kTwoLevel      TransformerEngine NVFP4 (common/cast/nvfp4/core_nvfp4.cuh:
 //                  compute_global_encode_scaling_factor_FP4,
 //                  compute_decoding_scaling_factor; block_scale_inverse of
@@ -89,7 +89,7 @@ int te_decoding_scale_code(float block_amax, float s_enc) {
   const float decode_scale = block_amax * (s_enc * fp4_max_inv);
   return rne_sat_code(kE4M3Grid, std::fmin(decode_scale, FLT_MAX));
 }
-// The order snip used before issue 13: fl(amax / 6) * S_enc.
+// The order snip used before it followed TE: fl(amax / 6) * S_enc.
 int old_decoding_scale_code(float block_amax, float s_enc) {
   return rne_sat_code(kE4M3Grid, block_amax / 6.0f * s_enc);
 }
@@ -118,7 +118,7 @@ QuantSpec nvfp4_spec(int64_t block = 16) {
 }
 
 TEST(ScaleReference, Nvfp4IssueExampleFollowsTeOperationOrder) {
-  // Issue 13 item 1: [1, 32], x[0] = 54.04526138305664, x[16] = 5.06674337387085.
+  // [1, 32], x[0] = 54.04526138305664, x[16] = 5.06674337387085.
   // S_enc = 2688 / 54.045261 = 49.736092; TE: 5.0667434 * (49.736092 * fl(1/6))
   // = 42.0000038 -> E4M3 44 (0x63); fl(5.0667434 / 6) * 49.736092 is exactly
   // 42, the tie between 40 and 44, which rounds to even: 40.
@@ -132,7 +132,7 @@ TEST(ScaleReference, Nvfp4IssueExampleFollowsTeOperationOrder) {
   EXPECT_EQ(old_decoding_scale_code(x[16], t.encode), 0x62);  // 40: the old order
   fake_quantize(x.data(), y.data(), 1, 32, spec, RoundingKey{});
   // 5.0667434 * (1 / (44 * S_dec)) = 5.0667434 / 0.88463 = 5.7275 -> E2M1 6;
-  // 6 * 44 * S_dec = 5.308016777 (the issue's value).
+  // 6 * 44 * S_dec = 5.308016777 (TE's value).
   EXPECT_NEAR(y[16], 5.308016777, 5e-9);
   EXPECT_EQ(fbits(y[16]), fbits(6.0f * te_nvfp4_block(x[16], x[0]).decode));
 }
@@ -194,7 +194,7 @@ TEST(ScaleReference, Nvfp4TenMillionRandomBlocksMatchTe) {
     old_differs += old_decoding_scale_code(amax_b, t.encode) != te.code;
   }
   // Measured with this seed (recorded in docs/formats.md): how many of the
-  // 10^7 blocks the pre-issue-13 order rounded differently.
+  // 10^7 blocks the old order rounded differently.
   RecordProperty("old_order_differs", std::to_string(old_differs));
   std::printf("NVFP4: %lld of %lld random blocks differ under the old order\n",
               (long long)old_differs, (long long)kN);

@@ -99,8 +99,8 @@ TEST(SafeTensorsDType, SubByteTensorsFillWholeBytes) {
   }
 }
 
-// Issue 13, item 2: a spec-valid file with an E8M0 scale was "unknown
-// safetensors dtype 'F8_E8M0'". Bytes written out by hand.
+// A spec-valid file with an E8M0 scale was "unknown safetensors dtype
+// 'F8_E8M0'". Bytes written out by hand.
 TEST(SafeTensorsDType, ReadsAnE8M0ScaleBesideItsWeights) {
   const std::string h =
       R"({"w":{"dtype":"F32","shape":[1,4],"data_offsets":[0,16]},)"

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """The layering of snip's libraries, enforced: a folder of src/ and
-include/snip/ may include headers of its own folder and of folders below it
-in LAYERS, never of one above (issue 31: the layers existed only in
-comments, and upward includes compiled because model, method, dist and train
-were one library). docs/architecture.md draws the same order.
+include/snip/ may include headers of its own folder and of folders below it in
+LAYERS, never of one above (upward includes would otherwise compile unnoticed
+wherever two layers share one library). docs/architecture.md draws the same
+order.
 
 Every #include "snip/<folder>/..." of every .h and .cpp under src/ and
 include/snip/ is checked; a folder that is not in LAYERS is an error too (a

@@ -88,10 +88,10 @@ TEST(CorrelationStudy, BaselineReproducesTheRunAndLayersMove) {
   for (std::string line; std::getline(csv, line);) ++lines;
   EXPECT_EQ(lines, 9);
 
-  // Repeats (issue 16): repeat 0 is the study above bit for bit; repeat 1
-  // trains on the next 4 steps' data with another SR seed (its own
-  // baseline); the layer's change is the mean of the two, its standard
-  // error sd/sqrt(2) = |d0 - d1| / 2.
+  // Repeats: repeat 0 is the study above bit for bit; repeat 1 trains on the
+  // next 4 steps' data with another SR seed (its own baseline); the layer's
+  // change is the mean of the two, its standard error
+  // sd/sqrt(2) = |d0 - d1| / 2.
   co.repeats = 2;
   co.out_dir = o.run_dir + "/corr2";
   const CorrelationResult r2 = correlation_study(co);

@@ -159,9 +159,9 @@ TEST(HuggingFace, FailedExportLeavesNoFolderBehind) {
 }
 
 // ---------------------------------------------------------------------------
-// Issue 13, items 2 and 3: every float dtype of the format loads with its
-// exact value; everything else, and every tensor nothing uses, is refused;
-// config.json's fields are honoured, equal or refused.
+// Every float dtype of the format loads with its exact value; everything else,
+// and every tensor nothing uses, is refused; config.json's fields are honoured,
+// equal or refused.
 // ---------------------------------------------------------------------------
 
 namespace {
@@ -424,7 +424,7 @@ tie_word_embeddings = true
 )";
 }  // namespace
 
-// Issue 13, item 3: rope_theta 500000 in the file was trained as 10000.
+// rope_theta 500000 in the file was trained as 10000.
 TEST(HuggingFace, InitFromTakesFieldsTheRunLeavesUnset) {
   nlohmann::json j = matching();
   j["rope_theta"] = 500000.0;

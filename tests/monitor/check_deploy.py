@@ -8,9 +8,9 @@ deploy/prometheus/snip-rules.yml, pulls the metric names out of each PromQL
 expression and checks each against the exporter's own list (the
 metric_names binary prints monitor::metric_table()). Prometheus's own series
 (`up`) are allowed in the rules only. Also checks the dashboard's structure:
-unique panel ids, a Prometheus datasource variable, the panels the issue asks
-for, and that the provisioning files name the dashboard's folder and a
-Prometheus datasource."""
+unique panel ids, a Prometheus datasource variable, the panels it must show,
+and that the provisioning files name the dashboard's folder and a Prometheus
+datasource."""
 import json
 import os
 import re

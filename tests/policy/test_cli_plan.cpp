@@ -255,8 +255,8 @@ TEST(CliPlan, UserErrors) {
   EXPECT_NE(run({"--costs", costs, "--budget", "0.5", "--per-gemm"})
                 .error.find("per-GEMM planning expected a \"gemms\" entry"),
             std::string::npos);
-  // Issue 17: an empty number was read as 0 (`--budget ''` planned for a
-  // share of 0), and an option no layer offers was silently dropped.
+  // An empty number was read as 0 (`--budget ''` planned for a share of 0), and
+  // an option no layer offers was silently dropped.
   for (const char* o : {"--budget", "--cost-budget", "--time-limit", "--stages", "--seed", "--steps"}) {
     std::string what;
     try {
@@ -341,7 +341,7 @@ TEST(CliPlan, ShowPrintsASavedPlan) {
                 "/run (plans were made at steps 3, 7; before the first, the warmup precision ran)");
   EXPECT_EQ(run({"show", d.path + "/nothing"}).error,
             "snip plan show: run folder " + d.path + "/nothing does not exist");
-  // A saved plan is user input too: the strict parser's checks (issue 17).
+  // A saved plan is user input too: the strict parser's checks.
   const std::string p9 = d.path + "/run/plans/step-9.json";
   std::ofstream(p9) << R"({"phase": "plan", "items": [], "items": []})";
   EXPECT_EQ(run({"show", d.path + "/run"}).error, p9 + ": (top level): expected each key once, got \"items\" twice");
@@ -369,7 +369,7 @@ TEST(CliPlan, StatsFileDefaultsToTheMeasuredOptions) {
   EXPECT_EQ(json::parse(r.out)["assignments"][L(1)], "bf16");
 }
 
-// `snip plan --config MODEL.toml` (issue 18, item 1): TinyLlama-1.1B's shapes
+// `snip plan --config MODEL.toml`: TinyLlama-1.1B's shapes
 // (configs/tinyllama-1.1b.toml's [model] and [train]); shares per role
 // 2/21 (q, o), 1/84 (k, v), 11/42 (gate, up, down), see test_model_plan.cpp.
 namespace {

@@ -192,10 +192,10 @@ TEST(CostTable, LoadFromFile) {
   EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;  // one line
 }
 
-// Measured defects (issue 17): 65,968 nested arrays as "layers", or nested
-// objects as a layer's "name", crashed `snip plan` (SIGSEGV: the error
-// message printed the value recursively); 1e309 escaped as nlohmann's
-// out_of_range (an internal error). Now one UserError naming file and path.
+// Measured defects: 65,968 nested arrays as "layers", or nested objects as a
+// layer's "name", crashed `snip plan` (SIGSEGV: the error message printed the
+// value recursively); 1e309 escaped as nlohmann's out_of_range (an internal
+// error). Now one UserError naming file and path.
 TEST(CostTable, DeepNestingAndOverflowingNumbersAreUserErrors) {
   TempDir dir;
   const std::string deep = dir.path + "/deep.json";

@@ -510,9 +510,9 @@ TEST(Report, ReadMetricsToleratesTornLineAndResumedTail) {
 
 // ---- the report ----------------------------------------------------------------
 
-// Issue 18, item 5: with train.gemm_dtype = fp32 the unquantized option (the
-// recipe "bf16" in plans) ran FP32 GEMMs; the precision map says fp32, in
-// the unquantized grey, and the error map's caption says so too.
+// With train.gemm_dtype = fp32 the unquantized option (the recipe "bf16" in
+// plans) ran FP32 GEMMs; the precision map says fp32, in the unquantized grey,
+// and the error map's caption says so too.
 TEST(Report, UnquantizedCellsOfAnFp32RunSayFp32) {
   TempDir t;
   write_synthetic_run(t, "run", /*torn_tail=*/false);
@@ -597,8 +597,8 @@ TEST(Report, Bf16RunHasNoPrecisionCharts) {
   EXPECT_NE(html.find("no precision decisions (policy none)"), std::string::npos);
   EXPECT_EQ(chart(html, "precision-map"), "");
   EXPECT_EQ(chart(html, "error-map"), "");
-  // With its GEMM dtype, wherever the policy is named (issue 18, item 5: an
-  // FP32 baseline was labelled bf16).
+  // With its GEMM dtype, wherever the policy is named (an FP32 baseline was
+  // labelled bf16).
   t.file("c/metrics.jsonl", metrics_line(1));
   t.file("c/config.toml", "[train]\ngemm_dtype = 'fp32'\n[precision]\npolicy = 'none'\n");
   const std::string c = report_html(t.str() + "/c");

@@ -1,6 +1,6 @@
-// The guard (train/guard.h): its conditions on hand-made numbers with the
-// boundaries the issue names (exactly 5%, two steps then a drop, three
-// steps), the checkpoint and metrics files a rollback leaves, and forced
+// The guard (train/guard.h): its conditions on hand-made numbers at their
+// boundaries (exactly 5%, two steps then a drop, three steps), the
+// checkpoint and metrics files a rollback leaves, and forced
 // divergences in micro-model runs (an injected Inf, a learning-rate spike):
 // caught within the step, rolled back, precision raised, a finite end, and
 // no non-finite checkpoint.
@@ -302,7 +302,7 @@ Config guarded_micro() {
 
 }  // namespace
 
-// The acceptance test of issue 12: an Inf injected into a gradient at step 6
+// The guard's acceptance test: an Inf injected into a gradient at step 6
 // is caught in that step (its update skipped), the run rolls back to the
 // step-4 checkpoint, re-plans with 10% less FP4 budget, and ends finite.
 // The test faults a run is given (train/faults.h): the two spellings of

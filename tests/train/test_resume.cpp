@@ -1,13 +1,12 @@
-// Resume is bit for bit under every registered recipe and every policy
-// (issue 13, item 4): everything that decides a step's numerics is in the
-// checkpoint (weights, AdamW state, loader position, controller and plan
-// state, delayed scaling's amax histories; stochastic rounding is keyed by
-// (seed, step, layer, operand) and keeps no state). Each case trains the
-// micro model once straight and once killed after step 3 and resumed from
-// the step-2 checkpoint; losses, gradient norms, validation losses and the
-// final weights must be equal. Evaluation runs after every step and must
-// not feed the amax histories: the training losses must equal those of a
-// run that never evaluates.
+// Resume is bit for bit under every registered recipe and every policy:
+// everything that decides a step's numerics is in the checkpoint (weights,
+// AdamW state, loader position, controller and plan state, delayed scaling's
+// amax histories; stochastic rounding is keyed by (seed, step, layer, operand)
+// and keeps no state). Each case trains the micro model once straight and once
+// killed after step 3 and resumed from the step-2 checkpoint; losses, gradient
+// norms, validation losses and the final weights must be equal. Evaluation runs
+// after every step and must not feed the amax histories: the training losses
+// must equal those of a run that never evaluates.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

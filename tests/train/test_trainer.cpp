@@ -13,6 +13,7 @@
 #include "snip/config/config.h"
 #include "snip/data/data_folder.h"
 #include "snip/run/checkpoint_files.h"
+#include "snip/run/trainer_state.h"
 #include "snip/train/trainer.h"
 #include "snip/io/atomic_file.h"
 #include "snip/io/dir_lock.h"
@@ -81,6 +82,32 @@ TEST(Trainer, LossDecreasesOnRealText) {
   fs::remove_all(run);
 }
 
+// A trainer_state.json field of the wrong type is named, not an internal error.
+TEST(TrainerState, WrongTypesAreNamed) {
+  const nlohmann::json ok = {{"step", 3}, {"loader", {{"epoch", 0}, {"cursor", 7}}}, {"seed", 1}, {"val_loss", nullptr}};
+  const TrainerState s = TrainerState::from_json(ok, "st");
+  EXPECT_EQ(s.step, 3);
+  EXPECT_EQ(s.loader.cursor, 7u);
+  EXPECT_FALSE(s.val_loss.has_value());
+  EXPECT_EQ(s.loader_ranks(), 1);
+  EXPECT_EQ(s.to_json(), ok);
+  nlohmann::json bad = ok;
+  bad["pipeline"] = {{"stages", 2}, {"replicas", 1}, {"bounds", {0, 2, 4}}, {"schedule", 1}, {"micro_batches", 2}};
+  try {
+    TrainerState::from_json(bad, "trainer_state.json");
+    ADD_FAILURE() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("trainer_state.json: pipeline: schedule: ", 0), 0u) << e.what();
+  }
+  bad = ok;
+  bad["world_size"] = 2;
+  bad["pipeline"] = {{"stages", 2}, {"replicas", 1}, {"bounds", {0, 2, 4}}, {"schedule", "1f1b"}, {"micro_batches", 2}};
+  bad["data_parallel"] = 1;
+  EXPECT_EQ(TrainerState::from_json(bad, "st").loader_ranks(), 1);  // data_parallel before world_size
+  bad.erase("data_parallel");
+  EXPECT_EQ(TrainerState::from_json(bad, "st").loader_ranks(), 2);
+}
+
 TEST(Trainer, ResumeIsExact) {
   require_data();
   Config c = micro_config();
@@ -120,6 +147,16 @@ TEST(Trainer, ResumeIsExact) {
   EXPECT_EQ(summary["seconds"].get<double>(), sum.seconds);
   const auto state16 = verify_checkpoint(r.run_dir + "/checkpoints/step-16");
   EXPECT_EQ(state16["resumed_at"], nlohmann::json::array({8}));
+  // The typed record reads the file and gives its JSON back unchanged (run/trainer_state.h).
+  const TrainerState ts16 = TrainerState::from_json(state16, "step-16");
+  EXPECT_EQ(ts16.to_json(), state16);
+  EXPECT_EQ(ts16.step, 16);
+  EXPECT_EQ(ts16.tokens.value_or(-1), 16 * 8 * 64 * 2);
+  EXPECT_EQ(ts16.resumed_at.value_or(std::vector<int64_t>{}), std::vector<int64_t>{8});
+  EXPECT_EQ(ts16.loader_ranks(), 1);
+  ASSERT_TRUE(ts16.data.has_value());
+  EXPECT_EQ(ts16.data->seq_len.value_or(-1), 64);
+  EXPECT_TRUE(ts16.extra.contains("crc32"));  // the writer's key, kept untyped
   // The validation set the losses are on: SHA-256 of val.bin.
   EXPECT_EQ(state16["data"]["val_sha256"],
             data::sha256_hex(io::read_file(state16["data"]["dir"].get<std::string>() + "/val.bin")));
