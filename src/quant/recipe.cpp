@@ -317,15 +317,6 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& where) {
   return r;
 }
 
-PlanKey parse_plan_key(const std::string& text, const std::string& where) {
-  PlanKey k{text, std::nullopt};
-  if (const size_t colon = text.rfind(':'); colon != std::string::npos)
-    for (Gemm g : kAllGemms)
-      if (text.compare(colon + 1, std::string::npos, gemm_name(g)) == 0) k = PlanKey{text.substr(0, colon), g};
-  if (k.layer.empty()) fail(where, ": empty plan item '", text, "' (expected a layer name or <layer>:fprop|dgrad|wgrad)");
-  return k;
-}
-
 }  // namespace snip::quant
 
 namespace snip {

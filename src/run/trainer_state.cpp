@@ -1,6 +1,8 @@
 // trainer_state.json as a typed record (trainer_state.h).
 #include "snip/run/trainer_state.h"
 
+#include <cmath>
+#include <limits>
 #include <set>
 
 #include "snip/util/error.h"
@@ -20,20 +22,51 @@ const std::set<std::string>& typed_keys() {
   return k;
 }
 
-template <class T>
-T get_as(const json& j, const char* key, const std::string& what) {
-  try {
-    return j.at(key).get<T>();
-  } catch (const json::exception& e) {
-    fail(what, ": ", key, ": ", e.what());
-  }
+// Strict field readers: the field's path in the message ("data.vocab_size"),
+// the kind of value expected, and what the file holds, in one line.
+[[noreturn]] void bad(const std::string& what, const std::string& field, const char* expected, const json& got) {
+  std::string shown = got.dump();
+  if (shown.size() > 40) shown = shown.substr(0, 40) + "...";
+  fail(what, ": ", field, ": expected ", expected, ", got ", shown);
 }
 
-template <class T>
-std::optional<T> get_opt(const json& j, const char* key, const std::string& what) {
-  if (!j.contains(key) || j.at(key).is_null()) return std::nullopt;
-  return get_as<T>(j, key, what);
+const json& need(const json& obj, const std::string& prefix, const char* key, const std::string& what) {
+  if (!obj.contains(key)) fail(what, ": ", prefix, key, ": missing");
+  return obj.at(key);
 }
+
+// An integer in [lo, hi] (a JSON integer; 2.0 or 2.5 are refused).
+int64_t int_in(const json& v, const std::string& what, const std::string& field, int64_t lo, int64_t hi,
+               const char* expected) {
+  if (!v.is_number_integer()) bad(what, field, expected, v);
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+    bad(what, field, expected, v);
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi) bad(what, field, expected, v);
+  return x;
+}
+
+uint64_t unsigned_of(const json& v, const std::string& what, const std::string& field) {
+  if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<int64_t>() < 0))
+    bad(what, field, "an integer >= 0", v);
+  return v.get<uint64_t>();
+}
+
+// A finite number >= 0.
+double nonneg(const json& v, const std::string& what, const std::string& field) {
+  if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0)
+    bad(what, field, "a finite number >= 0", v);
+  return v.get<double>();
+}
+
+std::string text(const json& v, const std::string& what, const std::string& field) {
+  if (!v.is_string()) bad(what, field, "a string", v);
+  return v.get<std::string>();
+}
+
+constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+constexpr int64_t kMaxSeq = int64_t{1} << 24;  // tokens per sequence: far above any model's context
+constexpr int64_t kMaxRanks = int64_t{1} << 20;
 
 }  // namespace
 
@@ -72,38 +105,65 @@ json TrainerState::to_json() const {
 TrainerState TrainerState::from_json(const json& j, const std::string& what) {
   if (!j.is_object()) fail(what, ": expected an object, got ", j.type_name());
   TrainerState s;
-  s.step = get_as<int64_t>(j, "step", what);
-  s.tokens = get_opt<int64_t>(j, "tokens", what);
-  s.loader.epoch = get_as<uint64_t>(get_as<json>(j, "loader", what), "epoch", what + ": loader");
-  s.loader.cursor = get_as<uint64_t>(j.at("loader"), "cursor", what + ": loader");
-  s.seed = get_as<uint64_t>(j, "seed", what);
-  s.val_loss = get_opt<double>(j, "val_loss", what);
-  s.elapsed_s = get_opt<double>(j, "elapsed_s", what);
-  s.resumed_at = get_opt<std::vector<int64_t>>(j, "resumed_at", what);
-  if (j.contains("data") && !j.at("data").is_null()) {
+  s.step = int_in(need(j, "", "step", what), what, "step", 0, kMax, "a step >= 0");
+  if (j.contains("tokens")) s.tokens = int_in(j.at("tokens"), what, "tokens", 0, kMax, "a token count >= 0");
+  const json& loader = need(j, "", "loader", what);
+  if (!loader.is_object()) bad(what, "loader", "an object {epoch, cursor}", loader);
+  s.loader.epoch = unsigned_of(need(loader, "loader.", "epoch", what), what, "loader.epoch");
+  s.loader.cursor = unsigned_of(need(loader, "loader.", "cursor", what), what, "loader.cursor");
+  s.seed = unsigned_of(need(j, "", "seed", what), what, "seed");
+  if (j.contains("val_loss") && !j.at("val_loss").is_null()) s.val_loss = nonneg(j.at("val_loss"), what, "val_loss");
+  if (j.contains("elapsed_s")) s.elapsed_s = nonneg(j.at("elapsed_s"), what, "elapsed_s");
+  if (j.contains("resumed_at")) {
+    const json& ra = j.at("resumed_at");
+    if (!ra.is_array()) bad(what, "resumed_at", "a list of steps", ra);
+    std::vector<int64_t> v;
+    for (const json& x : ra) v.push_back(int_in(x, what, "resumed_at", 0, s.step, "steps in [0, step]"));
+    s.resumed_at = std::move(v);
+  }
+  if (j.contains("data")) {
     const json& d = j.at("data");
-    const std::string w = what + ": data";
+    if (!d.is_object()) bad(what, "data", "an object", d);
     TrainerStateData td;
-    td.dir = d.contains("dir") ? get_as<std::string>(d, "dir", w) : std::string();
-    td.tokenizer_sha256 = get_as<std::string>(d, "tokenizer_sha256", w);
-    td.vocab_size = get_as<int64_t>(d, "vocab_size", w);
-    td.val_sha256 = get_opt<std::string>(d, "val_sha256", w);
+    if (d.contains("dir")) td.dir = text(d.at("dir"), what, "data.dir");
+    td.tokenizer_sha256 = text(need(d, "data.", "tokenizer_sha256", what), what, "data.tokenizer_sha256");
+    td.vocab_size = int_in(need(d, "data.", "vocab_size", what), what, "data.vocab_size", 1, int64_t{1} << 31,
+                           "a vocabulary size >= 1");
+    if (d.contains("val_sha256")) td.val_sha256 = text(d.at("val_sha256"), what, "data.val_sha256");
     td.tokenizer = d.value("tokenizer", json(nullptr));
-    td.seq_len = get_opt<int64_t>(d, "seq_len", w);
+    if (d.contains("seq_len"))
+      td.seq_len = int_in(d.at("seq_len"), what, "data.seq_len", 1, kMaxSeq, "tokens per sequence in [1, 2^24]");
     s.data = std::move(td);
   }
-  s.init_val_loss = get_opt<double>(j, "init_val_loss", what);
+  if (j.contains("init_val_loss")) s.init_val_loss = nonneg(j.at("init_val_loss"), what, "init_val_loss");
   s.precision = j.value("precision", json(nullptr));
-  s.world_size = get_opt<int64_t>(j, "world_size", what);
-  s.data_parallel = get_opt<int64_t>(j, "data_parallel", what);
-  if (j.contains("pipeline") && !j.at("pipeline").is_null()) {
+  if (j.contains("world_size"))
+    s.world_size = int_in(j.at("world_size"), what, "world_size", 1, kMaxRanks, "a number of ranks >= 1");
+  if (j.contains("data_parallel"))
+    s.data_parallel = int_in(j.at("data_parallel"), what, "data_parallel", 1, kMaxRanks, "a number of ranks >= 1");
+  if (j.contains("pipeline")) {
     const json& p = j.at("pipeline");
-    const std::string w = what + ": pipeline";
-    s.pipeline = TrainerStatePipeline{get_as<int64_t>(p, "stages", w), get_as<int64_t>(p, "replicas", w),
-                                      get_as<std::vector<int64_t>>(p, "bounds", w),
-                                      get_as<std::string>(p, "schedule", w), get_as<int64_t>(p, "micro_batches", w)};
+    if (!p.is_object()) bad(what, "pipeline", "an object", p);
+    TrainerStatePipeline tp;
+    tp.stages = int_in(need(p, "pipeline.", "stages", what), what, "pipeline.stages", 1, 1024, "stages in [1, 1024]");
+    tp.replicas = int_in(need(p, "pipeline.", "replicas", what), what, "pipeline.replicas", 1, kMaxRanks,
+                         "replicas >= 1");
+    const json& b = need(p, "pipeline.", "bounds", what);
+    if (!b.is_array() || b.size() != size_t(tp.stages) + 1)
+      bad(what, "pipeline.bounds", "stages + 1 block bounds", b);
+    for (size_t i = 0; i < b.size(); ++i) {
+      const int64_t lo = i == 0 ? 0 : tp.bounds.back() + 1;  // every stage holds a block
+      tp.bounds.push_back(int_in(b[i], what, "pipeline.bounds", i == 0 ? 0 : lo, i == 0 ? 0 : kMax,
+                                 "ascending block bounds from 0, one block or more per stage"));
+    }
+    tp.schedule = text(need(p, "pipeline.", "schedule", what), what, "pipeline.schedule");
+    if (tp.schedule != "gpipe" && tp.schedule != "1f1b") bad(what, "pipeline.schedule", "gpipe or 1f1b", p["schedule"]);
+    tp.micro_batches = int_in(need(p, "pipeline.", "micro_batches", what), what, "pipeline.micro_batches", 1,
+                              int64_t{1} << 30, "micro-batches >= 1");
+    s.pipeline = std::move(tp);
   }
-  s.zero_stage = get_opt<int64_t>(j, "zero_stage", what);
+  if (j.contains("zero_stage"))
+    s.zero_stage = int_in(j.at("zero_stage"), what, "zero_stage", 0, 2, "a ZeRO stage 0, 1 or 2");
   s.loader_base = j.value("loader_base", json(nullptr));
   s.guard = j.value("guard", json(nullptr));
   s.lora = j.value("lora", json(nullptr));

@@ -27,6 +27,7 @@
 #include "snip/model/hf.h"
 #include "snip/train/memory.h"
 #include "snip/train/optimizer.h"
+#include "snip/run/trainer_state.h"
 #include "snip/util/error.h"
 
 namespace snip {
@@ -458,8 +459,8 @@ std::optional<Config> checkpoint_run_config(const std::string& dir) {
 }  // namespace
 
 int64_t checkpoint_seq_len(const std::string& dir, const json& state) {
-  if (state.contains("data") && state["data"].contains("seq_len") && state["data"]["seq_len"].is_number_integer())
-    return state["data"]["seq_len"].get<int64_t>();
+  const TrainerState ts = TrainerState::from_json(state, (fs::path(dir) / "trainer_state.json").string());
+  if (ts.data && ts.data->seq_len) return *ts.data->seq_len;
   const std::optional<Config> rc = checkpoint_run_config(dir);
   return rc ? rc->get_int("train.seq_len") : -1;
 }

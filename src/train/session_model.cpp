@@ -145,7 +145,11 @@ void join_ranks(TrainSession& s) {
 void build_model(TrainSession& s) {
   make_model(s);
   // The checkpoint a resume starts from, verified once (CRC of every file).
-  if (!s.resume_ckpt.empty()) s.resume_state = verify_checkpoint(s.resume_ckpt);
+  // Its typed fields are checked here too, before anything reads them.
+  if (!s.resume_ckpt.empty()) {
+    s.resume_state = verify_checkpoint(s.resume_ckpt);
+    TrainerState::from_json(s.resume_state, (fs::path(s.resume_ckpt) / "trainer_state.json").string());
+  }
   setup_lora(s);
   if (s.S > 1) s.stages = std::make_unique<PipelineStages>(s);
   s.shard_part = s.zpart ? &*s.zpart : s.stages ? &s.stages->stage_part : nullptr;

@@ -30,11 +30,10 @@ PipelineStages::PipelineStages(TrainSession& s) : s_(s) {
   // A resumed run keeps the split its checkpoint had (a rebalance moved it)
   // when the stage count and the rule are the same.
   if (!s.resume_ckpt.empty() && dopt.stage_split == "balanced") {
-    const json saved = s.resume_state.value("pipeline", json());
-    if (saved.is_object() && saved.value("stages", 0) == S && saved.contains("bounds") &&
-        saved["bounds"].get<std::vector<int64_t>>().size() == size_t(S) + 1 &&
-        saved["bounds"].get<std::vector<int64_t>>().back() == s.mcfg.num_hidden_layers)
-      pc.layout.bounds = saved["bounds"].get<std::vector<int64_t>>();
+    const TrainerState saved = TrainerState::from_json(
+        s.resume_state, (std::filesystem::path(s.resume_ckpt) / "trainer_state.json").string());
+    if (saved.pipeline && saved.pipeline->stages == S && saved.pipeline->bounds.back() == s.mcfg.num_hidden_layers)
+      pc.layout.bounds = saved.pipeline->bounds;
   }
   pc.stage = pc.layout.stage_of(s.world.rank);
   pc.replica = pc.layout.replica_of(s.world.rank);

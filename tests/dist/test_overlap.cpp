@@ -69,14 +69,20 @@ struct Model {
   }
 };
 
-TEST(DistOverlap, BucketsStartDuringBackwardAndEqualTheAllReduceAfterIt) {
-  const torch::Tensor x1 = torch::randn({300000}), x2 = torch::randn({300000});
-  // Reference: accumulate two backwards, then allreduce_gradients.
+// The reference of every overlapped path: two backwards accumulated, then
+// allreduce_gradients after them.
+Model reference_grads(const torch::Tensor& x1, const torch::Tensor& x2, TwinComm& comm) {
   Model ref;
-  TwinComm ref_comm;
   ref.loss(x1).backward();
   ref.loss(x2).backward();
-  allreduce_gradients(ref_comm, ref.params());
+  allreduce_gradients(comm, ref.params());
+  return ref;
+}
+
+TEST(DistOverlap, BucketsStartDuringBackwardAndEqualTheAllReduceAfterIt) {
+  const torch::Tensor x1 = torch::randn({300000}), x2 = torch::randn({300000});
+  TwinComm ref_comm;
+  const Model ref = reference_grads(x1, x2, ref_comm);
   ASSERT_EQ(ref_comm.launches.size(), 2u);
   // Overlapped: hooks armed only for the second (last) backward.
   Model m;
@@ -178,11 +184,8 @@ TEST(DistReducer, ChosenFromTheOptionsTable) {
 // backward, and the FP32 bytes of the gradient as both byte counts.
 TEST(DistReducer, OverlappedEqualsTheAllReduceAfterBackward) {
   const torch::Tensor x1 = torch::randn({300000}), x2 = torch::randn({300000});
-  Model ref;
   TwinComm ref_comm;
-  ref.loss(x1).backward();
-  ref.loss(x2).backward();
-  allreduce_gradients(ref_comm, ref.params());
+  const Model ref = reference_grads(x1, x2, ref_comm);
   Model m;
   TwinComm comm;
   GradComm fp32{GradCompressor("fp32", true), {}};

@@ -97,7 +97,31 @@ TEST(TrainerState, WrongTypesAreNamed) {
     TrainerState::from_json(bad, "trainer_state.json");
     ADD_FAILURE() << "no error";
   } catch (const UserError& e) {
-    EXPECT_EQ(std::string(e.what()).rfind("trainer_state.json: pipeline: schedule: ", 0), 0u) << e.what();
+    EXPECT_EQ(std::string(e.what()), "trainer_state.json: pipeline.schedule: expected a string, got 1");
+  }
+  // Values of the right JSON type but out of range, each named with its field.
+  for (const auto& [key, value, field] : std::vector<std::tuple<std::string, nlohmann::json, std::string>>{
+           {"world_size", 1.9, "world_size"},
+           {"world_size", 0, "world_size"},
+           {"zero_stage", 9, "zero_stage"},
+           {"tokens", -1, "tokens"},
+           {"init_val_loss", -5.0, "init_val_loss"},
+           {"data", {{"tokenizer_sha256", "x"}, {"vocab_size", 512.7}}, "data.vocab_size"},
+           {"data", {{"tokenizer_sha256", "x"}, {"vocab_size", 512}, {"seq_len", int64_t{1} << 40}}, "data.seq_len"},
+           {"pipeline", {{"stages", 2}, {"replicas", 1}, {"bounds", {0, 2, 2}}, {"schedule", "1f1b"},
+                         {"micro_batches", 2}}, "pipeline.bounds"},
+           {"pipeline", {{"stages", 2}, {"replicas", 1}, {"bounds", {0, 1, 2}}, {"schedule", "GPipe"},
+                         {"micro_batches", 2}}, "pipeline.schedule"},
+           {"pipeline", {{"stages", 2}, {"replicas", 1}, {"bounds", {0, 1, 2}}, {"schedule", "gpipe"},
+                         {"micro_batches", 2.5}}, "pipeline.micro_batches"}}) {
+    nlohmann::json j = ok;
+    j[key] = value;
+    try {
+      TrainerState::from_json(j, "st");
+      ADD_FAILURE() << key << " = " << value.dump() << " accepted";
+    } catch (const UserError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("st: " + field + ": expected ", 0), 0u) << e.what();
+    }
   }
   bad = ok;
   bad["world_size"] = 2;

@@ -1,7 +1,9 @@
 // snip/run/trainer_state.h: a checkpoint's trainer_state.json as a typed
 // record: where the run stands after `step` optimizer steps, written by the
-// trainer's Checkpointer and read by --resume, a rollback, `snip correlate`,
-// `snip sample` and `snip report --compare` through this one type.
+// trainer's Checkpointer and read through this one type by --resume, a
+// rollback, the pipeline stages' saved split, `snip correlate` and `snip
+// sample` (`snip report --reference` reads it leniently as JSON: a report
+// shows what it can of a damaged run).
 //
 // verify_checkpoint (checkpoint_files.h) checks the file's values (ranges,
 // hashes, CRC-32s) before anything reads it; from_json reads what it
@@ -72,8 +74,12 @@ struct TrainerState {
   int64_t loader_ranks() const { return data_parallel.value_or(world_size.value_or(1)); }
 
   nlohmann::json to_json() const;
-  /// From a verified trainer_state.json (verify_checkpoint). Throws UserError
-  /// naming `what` and the field for a value of the wrong type.
+  /// From a verified trainer_state.json (verify_checkpoint). Checks every
+  /// typed field: integers are JSON integers in range (step, tokens >= 0;
+  /// ranks >= 1; data.vocab_size >= 1; data.seq_len in [1, 2^24];
+  /// zero_stage 0-2; pipeline bounds ascending from 0 with a block per stage,
+  /// schedule gpipe or 1f1b), losses finite and >= 0. Throws UserError
+  /// "<what>: <field>: expected ..., got <value>" naming the first bad field.
   static TrainerState from_json(const nlohmann::json& j, const std::string& what);
 };
 
