@@ -151,9 +151,16 @@ GuardOutcome GuardActions::after_step(const StepResult& r, json& rec, double dt,
     outcome = "no good checkpoint yet to roll back to: " + raise();
     guard.state = GuardState::kRaised;
   } else if (act == GuardAction::kRollback) {
-    const json st = verify_checkpoint(target);
+    json st;
+    std::pair<int64_t, std::string> back;
+    try {
+      st = verify_checkpoint(target);
+      back = rollback(target, st);
+    } catch (const UserError& e) {  // the target was damaged since it was written
+      fail("guard: rolling back after step ", s.step, " to ", target, ": ", e.what());
+    }
     const json validated = st.value("validation", json(nullptr));
-    const auto [to, line] = rollback(target, st);
+    const auto& [to, line] = back;
     rec["rollback_to"] = to;
     outcome = line + "; " + raise();
     out.rolled_back = true;

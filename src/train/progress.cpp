@@ -34,7 +34,8 @@ void write_run_report(const std::string& run_dir) {
   }
 }
 
-Progress::Progress(TrainSession& s) : s_(s), tty_(s.chatty && isatty(STDERR_FILENO)) {}
+Progress::Progress(TrainSession& s)
+    : s_(s), tty_(s.chatty && isatty(STDERR_FILENO)), recorded_(s.ctl->assignment().options) {}
 
 json Progress::record(const StepResult& r, double lr, double dt) {
   TrainSession& s = s_;
@@ -48,6 +49,13 @@ json Progress::record(const StepResult& r, double lr, double dt) {
   if (r.comm_s >= 0) rec["comm_s"] = r.comm_s;
   if (s.stages) s.stages->record(rec, r);
   for (auto& [k, v] : r.precision.metrics.items()) rec[k] = v;
+  // A precision change without a decision (the guard's fp8-layer action, a
+  // rollback's restored plan) is recorded at the first step it runs, so
+  // /metrics and the report follow what ran.
+  if (const auto& now = s.ctl->assignment().options; now != recorded_) {
+    if (!rec.contains("precision")) rec["precision"] = s.ctl->assignment().to_json();
+    recorded_ = now;
+  }
   if (r.grad_clip != clip_in_force_) {
     if (clip_in_force_ >= 0 && !s.quiet)
       spdlog::info("train.grad_clip in force from step {}: {:.4g} ({})", s.step, r.grad_clip,

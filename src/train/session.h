@@ -426,6 +426,9 @@ class Progress {
   bool tty_ = false;
   double clip_in_force_ = -1;  // the clipping threshold of the last step (logged when it changes)
   nlohmann::json memory_per_rank_;
+  /// The assignment the metrics last recorded (or the one in force when the
+  /// session opened): a change without a decision is recorded too.
+  std::map<PlanKey, std::string> recorded_;
 };
 
 }  // namespace snip

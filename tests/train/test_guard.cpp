@@ -426,6 +426,11 @@ TEST(GuardTrain, QuantErrorStreakMovesLayersToFp8) {
   // From step 9 on they run fp8: the FP4 share falls.
   EXPECT_GT(at8["fp4_share"].get<double>(), 0.5);
   EXPECT_LT(m[8]["fp4_share"].get<double>(), at8["fp4_share"].get<double>());
+  // And step 9's record says so: the moved layers at fp8, no plan made (no plan_step).
+  ASSERT_TRUE(m[8].contains("precision")) << m[8].dump();
+  EXPECT_FALSE(m[8].contains("plan_step"));
+  for (const std::string& layer : expected) EXPECT_EQ(m[8]["precision"][layer], "fp8") << layer;
+  EXPECT_FALSE(m[9].contains("precision"));  // recorded once, at the change
   fs::remove_all(run);
 }
 
