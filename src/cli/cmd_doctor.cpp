@@ -193,7 +193,7 @@ void run_doctor(const DoctorOpts& o) {
   std::vector<std::string> failures;
   auto check = [&](const std::string& name, bool ok, const std::string& detail) {
     checks.push_back({{"check", name}, {"ok", ok}, {"detail", detail}});
-    if (!ok) failures.push_back(name + ": " + detail);
+    if (!ok) failures.push_back(detail.rfind(name + ": ", 0) == 0 ? detail : name + ": " + detail);
   };
   // --config first: its train.gemm_backend decides the BF16 path judged below.
   std::optional<RunConfig> run;
@@ -218,7 +218,8 @@ void run_doctor(const DoctorOpts& o) {
       }
     } catch (const std::exception& e) {
       const std::string what = e.what();
-      check("config", false, what.rfind(o.config, 0) == 0 || o.config.empty() ? what : o.config + ": " + what);
+      // The file named once: most messages name it already ("config: FILE:20: ...").
+      check("config", false, what.find(o.config) != std::string::npos || o.config.empty() ? what : o.config + ": " + what);
       run.reset();
     }
   }

@@ -157,6 +157,8 @@ with tempfile.TemporaryDirectory() as tmp:
     bad = config(os.path.join(tmp, "bad.toml"), data, "gemm_backend = \"fastest\"")
     r = run("doctor", "--json", "--min-time", "0.01", "--config", bad)
     check("bad backend: exit", r.returncode != 0 and "train.gemm_backend" in r.stderr, r.stderr)
+    check("bad backend: the file and the check named once", r.stderr.count("bad.toml") == 1 and
+          "config: config:" not in r.stderr, r.stderr)
 
     # 5. The trainer honours train.gemm_backend and says so.
     r = run("train", "--config", good, "--run-dir", os.path.join(tmp, "run"), "--set", "train.gemm_backend=emulated")
