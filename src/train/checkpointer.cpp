@@ -92,9 +92,9 @@ std::vector<torch::Tensor> load_grad_residuals(const std::string& dir, const jso
 
 }  // namespace
 
-data::LoaderState checkpoint_position(const TrainSession& s, const json& st, const std::string& what) {
-  const int64_t ranks = TrainerState::from_json(st, what).loader_ranks();
-  return checkpoint_loader_state(st, s.B, s.accum * ranks, s.loader->windows_per_epoch(), what);
+data::LoaderState checkpoint_position(const TrainSession& s, const json& st, const TrainerState& ts,
+                                      const std::string& what) {
+  return checkpoint_loader_state(st, s.B, s.accum * ts.loader_ranks(), s.loader->windows_per_epoch(), what);
 }
 
 void load_training_state(TrainSession& s, const std::string& dir, const json& st, int64_t to, bool resume) {

@@ -70,7 +70,7 @@ std::pair<int64_t, std::string> GuardActions::rollback(const std::string& target
   // (loader_base records it for the loader check of a later resume).
   const data::LoaderState ls = loader.state();
   const uint64_t now = ls.epoch * loader.windows_per_epoch() + ls.cursor;
-  const data::LoaderState then = checkpoint_position(s, st, what);
+  const data::LoaderState then = checkpoint_position(s, st, ts, what);
   const uint64_t skipped = now - (then.epoch * loader.windows_per_epoch() + then.cursor);
   s.loader_base = {{"step", to}, {"windows", now}};
   const int64_t from = s.step;

@@ -113,6 +113,7 @@ struct TrainSession {
   // ---- the checkpoint --resume starts from ("" = none), verified once
   std::string resume_ckpt;
   nlohmann::json resume_state;  ///< its trainer_state.json
+  TrainerState resume_typed;    ///< the same, typed: read once (TrainerState::from_json)
   // ---- --init-from (or a LoRA run's base)
   std::optional<HfFolder> init;
   std::vector<std::string> init_notes;  ///< what the folder's config.json changed or means
@@ -209,10 +210,11 @@ void load_training_state(TrainSession& s, const std::string& dir, const nlohmann
 
 /// Where this run's loader stood when a checkpoint was written (its
 /// trainer_state.json `st`): every rank's loader walks the whole step
-/// (step.h), accum x the writer's loader ranks (TrainerState::loader_ranks)
-/// micro-batches. Throws UserError naming `what` for a malformed position
+/// (step.h), accum x the writer's loader ranks (`ts`, st typed:
+/// TrainerState::loader_ranks) micro-batches. Throws UserError naming `what` for a malformed position
 /// (checkpointer.cpp).
-data::LoaderState checkpoint_position(const TrainSession& s, const nlohmann::json& st, const std::string& what);
+data::LoaderState checkpoint_position(const TrainSession& s, const nlohmann::json& st, const TrainerState& ts,
+                                      const std::string& what);
 
 /// Pipeline stages (dist/pipeline.h): this rank's stage, its parameters and
 /// optimizer, the process groups, the stage balancer (dist.stage_cost,

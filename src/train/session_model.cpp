@@ -148,7 +148,7 @@ void build_model(TrainSession& s) {
   // Its typed fields are checked here too, before anything reads them.
   if (!s.resume_ckpt.empty()) {
     s.resume_state = verify_checkpoint(s.resume_ckpt);
-    TrainerState::from_json(s.resume_state, (fs::path(s.resume_ckpt) / "trainer_state.json").string());
+    s.resume_typed = TrainerState::from_json(s.resume_state, (fs::path(s.resume_ckpt) / "trainer_state.json").string());
   }
   setup_lora(s);
   if (s.S > 1) s.stages = std::make_unique<PipelineStages>(s);

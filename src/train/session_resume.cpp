@@ -18,7 +18,7 @@ void restore_checkpoint(TrainSession& s) {
   const std::string& ckpt = s.resume_ckpt;
   const json& st = s.resume_state;
   const std::string what = (fs::path(ckpt) / "trainer_state.json").string();
-  const TrainerState ts = TrainerState::from_json(st, what);
+  const TrainerState& ts = s.resume_typed;
   s.step = ts.step;
   if (ts.seed != s.seed)
     fail("--resume: ", ckpt, "/trainer_state.json has seed ", ts.seed, " but train.seed is ", s.seed,
@@ -46,7 +46,7 @@ void restore_checkpoint(TrainSession& s) {
   if (!ts.guard.is_null())  // what the guard did before (its windows refill)
     s.guard->restore(ts.guard, what);
   const int64_t saved_world = ts.loader_ranks();
-  const data::LoaderState ls = checkpoint_position(s, st, what);
+  const data::LoaderState ls = checkpoint_position(s, st, ts, what);
   s.loader->restore(ls);
   if (!ts.loader_base.is_null()) s.loader_base = ts.loader_base;
   if (saved_world != s.DP) {
@@ -75,7 +75,7 @@ void open_run_files(TrainSession& s) {
     if (!s.resume_ckpt.empty() && !fs::exists(s.resume_ckpt)) s.resume_ckpt = latest_checkpoint(opts.run_dir);  // renamed
     // checks what it reads back first
     s.metrics.emplace((s.run / "metrics.jsonl").string(), opts.resume ? s.step : -1,
-                      s.resume_ckpt.empty() ? json() : s.resume_state.value("rollback_record", json()));
+                      s.resume_ckpt.empty() ? json() : s.resume_typed.rollback_record);
     io::write_file_atomic((s.run / "config.toml").string(), s.cfg.to_toml());
     if (std::string w = quant::record_run_recipes(opts.run_dir, s.recipe_file, opts.resume); !w.empty())
       spdlog::warn(w);
@@ -86,7 +86,7 @@ void open_run_files(TrainSession& s) {
   // returns to its checkpoint's count), counted step by step: a resume on
   // another number of ranks changes tokens_per_step. Checkpoints before this
   // count was recorded: step x today's tokens per step.
-  s.tokens_trained = s.resume_ckpt.empty() ? 0 : s.resume_state.value("tokens", s.step * s.tokens_per_step);
+  s.tokens_trained = s.resume_ckpt.empty() ? 0 : s.resume_typed.tokens.value_or(s.step * s.tokens_per_step);
   // The /metrics endpoint (monitor/exporter.h), fed the record of each step.
   s.exporter = monitor::start_exporter(
       s.monitor_opts,
@@ -94,16 +94,14 @@ void open_run_files(TrainSession& s) {
        s.rc.guard.quant_error_threshold_fp4},
       s.world.local_rank, !opts.quiet);
   // Wall time of the earlier invocations (a resumed run's elapsed_s continues).
-  s.elapsed0 = s.resume_ckpt.empty() ? 0.0 : s.resume_state.value("elapsed_s", 0.0);
+  s.elapsed0 = s.resume_ckpt.empty() ? 0.0 : s.resume_typed.elapsed_s.value_or(0.0);
   s.start_step = s.step;
   if (!s.resume_ckpt.empty()) {
-    if (s.resume_state.contains("resumed_at")) s.resumed_at = s.resume_state["resumed_at"].get<std::vector<int64_t>>();
+    s.resumed_at = s.resume_typed.resumed_at.value_or(std::vector<int64_t>{});
     s.resumed_at.push_back(s.step);
   }
   // A resumed run keeps its baseline (trainer_state.json "init_val_loss").
-  if (s.resume_state.is_object() && s.resume_state.contains("init_val_loss") &&
-      s.resume_state["init_val_loss"].is_number())
-    s.init_val = s.resume_state["init_val_loss"].get<double>();
+  if (s.resume_typed.init_val_loss) s.init_val = *s.resume_typed.init_val_loss;
 }
 
 void announce(TrainSession& s) {

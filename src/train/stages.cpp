@@ -30,8 +30,7 @@ PipelineStages::PipelineStages(TrainSession& s) : s_(s) {
   // A resumed run keeps the split its checkpoint had (a rebalance moved it)
   // when the stage count and the rule are the same.
   if (!s.resume_ckpt.empty() && dopt.stage_split == "balanced") {
-    const TrainerState saved = TrainerState::from_json(
-        s.resume_state, (std::filesystem::path(s.resume_ckpt) / "trainer_state.json").string());
+    const TrainerState& saved = s.resume_typed;
     if (saved.pipeline && saved.pipeline->stages == S && saved.pipeline->bounds.back() == s.mcfg.num_hidden_layers)
       pc.layout.bounds = saved.pipeline->bounds;
   }
