@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "snip/app/plan_measure.h"
 #include "snip/config/config.h"
 #include "snip/config/llama_config.h"
 #include "snip/policy/model_plan.h"
@@ -81,11 +82,6 @@ struct PlanArgs {
   bool low_given = false;
   bool tokens_given = false, stats_batch_given = false;
 };
-
-PlanMeasure& plan_measure() {
-  static PlanMeasure m;
-  return m;
-}
 
 std::string fmt(const char* f, double v) {
   char buf[64];
@@ -388,15 +384,13 @@ void run_model_plan(const PlanArgs& given) {
   CostTable source;
   std::vector<std::string> default_options;
   if (!a.init_from.empty()) {
-    if (!plan_measure())
-      fail("--init-from: this build of `snip plan` has no LibTorch to run a stats step; use the snip program");
-    PlanMeasureRequest r;
+    app::PlanMeasureRequest r;
     r.hf_dir = a.init_from;
     r.data_dir = a.data;
     r.batch = a.stats_batch;
     r.per_gemm = a.per_gemm;
     r.allow_other_tokenizer = a.allow_other_tokenizer;
-    source = plan_measure()(cfg, r);  // adopts the folder's shapes into cfg
+    source = app::measure_plan_costs(cfg, r);  // adopts the folder's shapes into cfg
   } else if (!a.stats.empty()) {
     source = load_cost_table(a.stats);
     if (!cfg.values().count("precision.options")) default_options = stats_options(a.stats);
@@ -607,8 +601,6 @@ void run_plan(const PlanArgs& a) {
 }
 
 }  // namespace
-
-void set_plan_measure(PlanMeasure measure) { plan_measure() = std::move(measure); }
 
 void add_plan_commands(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();

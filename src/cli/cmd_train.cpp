@@ -10,7 +10,7 @@
 #include <optional>
 
 #include "commands.h"
-#include "tokenizer_check.h"
+#include "snip/app/tokenizer_check.h"
 #include "snip/config/config.h"
 #include "snip/data/data_folder.h"
 #include "snip/io/atomic_file.h"
@@ -270,7 +270,7 @@ void add_train_commands(CLI::App& app) {
     if (model_tok.empty())
       spdlog::warn("{} does not say which tokenizer the model was trained with: the data's tokenizer cannot be "
                    "checked", ckpt);
-    else if (other_tokenizer(data, info.tokenizer_sha256, model_tok_from, model_tok, ea->allow_other_tokenizer,
+    else if (app::other_tokenizer(data, info.tokenizer_sha256, model_tok_from, model_tok, ea->allow_other_tokenizer,
                              "the loss would be meaningless; evaluate on data prepared"))
       spdlog::warn("--allow-other-tokenizer: the data's tokenizer is not the model's");
     // A Hugging Face folder's weights, before any is allocated: the memory

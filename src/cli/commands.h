@@ -14,13 +14,6 @@
 
 #include "snip/util/error.h"
 
-namespace snip {
-class Config;
-namespace policy {
-struct CostTable;
-}
-}  // namespace snip
-
 namespace snip::cli {
 
 /// CLI11 reads an empty string as the value type's default, so `--budget ''`
@@ -71,25 +64,6 @@ void add_sample_commands(CLI::App& app);   // sample            (cmd_sample.cpp)
 void add_format_commands(CLI::App& app);   // formats, quantize (cmd_formats.cpp)
 void add_plan_commands(CLI::App& app);     // plan              (cmd_plan.cpp)
 
-/// What `snip plan --config MODEL.toml --init-from HF_DIR --data DIR` asks
-/// of the stats step that measures Q on the model itself.
-struct PlanMeasureRequest {
-  std::string hf_dir;    ///< Hugging Face folder: config.json, model.safetensors
-  std::string data_dir;  ///< prepared data folder (train.bin, tokenizer.model, meta.json)
-  int64_t batch = 1;     ///< sequences of train.seq_len tokens in the measured micro-batch
-  bool per_gemm = false;
-  bool allow_other_tokenizer = false;
-};
-/// Runs that stats step: adopts HF_DIR's config.json into `cfg` (the shapes
-/// planned are then the checkpoint's), loads the model, measures one
-/// micro-batch of DIR's train.bin and returns its cost table (layers in
-/// forward order, FLOPs of the measured micro-batch). LibTorch, so the snip
-/// executable installs it (cmd_plan_measure.cpp, add_plan_measure());
-/// without it --init-from is refused (test_policy compiles cmd_plan.cpp
-/// alone). Throws UserError as `snip eval` does for the folder and the data.
-using PlanMeasure = std::function<policy::CostTable(Config& cfg, const PlanMeasureRequest& r)>;
-void set_plan_measure(PlanMeasure measure);  // cmd_plan.cpp
-void add_plan_measure();                     // cmd_plan_measure.cpp: set_plan_measure(the stats step)
 void add_report_commands(CLI::App& app);   // report            (cmd_report.cpp)
 void add_experiment_commands(CLI::App& app);  // experiment, correlate (cmd_experiment.cpp)
 void add_doctor_commands(CLI::App& app);   // doctor            (cmd_doctor.cpp)

@@ -35,7 +35,6 @@ int main(int argc, char** argv) {
   app.add_subcommand("data", "prepare corpora into token shards (`snip data prepare --help`)");
   snip::cli::add_format_commands(app);
   snip::cli::add_plan_commands(app);
-  snip::cli::add_plan_measure();
   snip::cli::add_report_commands(app);
   snip::cli::add_experiment_commands(app);
   snip::cli::add_sample_commands(app);

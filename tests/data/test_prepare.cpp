@@ -3,7 +3,6 @@
 // and every error leaving no files behind. Also `snip data prepare` via CLI11.
 #include <gtest/gtest.h>
 
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -14,10 +13,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../../src/cli/commands.h"
 #include "snip/data/prepare.h"
 #include "snip/data/shard.h"
 #include "snip/data/tokenizer.h"
+#include "../common/program.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -336,34 +335,29 @@ TEST_F(PrepareErrors, BadOptions) {
   EXPECT_FALSE(fs::exists(t_ / "out"));
 }
 
-// ---- CLI: snip data prepare
+// ---- CLI: snip data prepare, through the built snip-data program
 
-int parse(CLI::App& app, std::vector<std::string> args) {
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  app.parse(static_cast<int>(argv.size()), argv.data());
-  return 0;
+// Runs `snip-data data prepare <args>` (tests/common/program.h).
+test::Ran prepare_cli(std::vector<std::string> args) {
+  args.insert(args.begin(), {"data", "prepare"});
+  return test::run_program(SNIP_DATA_EXE, args);
 }
 
 TEST(CliDataPrepare, HelpShowsDefaults) {
-  CLI::App app("snip");
-  cli::add_data_commands(app);
-  const std::string help = app.get_subcommand("data")->get_subcommand("prepare")->help();
+  const test::Ran r = prepare_cli({"--help"});
+  EXPECT_EQ(r.status, 0);
   for (const char* s : {"--input", "--corpus", "kjv", "wordnet", "brown", "data/CORPUS", "--tokenizer", "8192", "0.01", "1234",
                         "--text-field", "data/cache"})
-    EXPECT_NE(help.find(s), std::string::npos) << s << "\n" << help;
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
 }
 
 TEST(CliDataPrepare, RunsPrepare) {
   TempDir t;
   testing::write_synthetic_folder(t / "corpus", 30);
-  CLI::App app("snip");
-  cli::add_data_commands(app);
-  ::testing::internal::CaptureStdout();
-  parse(app, {"snip", "data", "prepare", "--input", t / "corpus", "--out", t / "o", "--vocab-size", "300",
-              "--val-fraction", "0.1", "--seed", "3"});
-  const std::string out = ::testing::internal::GetCapturedStdout();
-  EXPECT_NE(out.find("documents: 30 (27 train, 3 val)"), std::string::npos) << out;
+  const test::Ran r = prepare_cli({"--input", t / "corpus", "--out", t / "o", "--vocab-size", "300", "--val-fraction",
+                                   "0.1", "--seed", "3"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("documents: 30 (27 train, 3 val)"), std::string::npos) << r.out;
   const auto meta = nlohmann::json::parse(read_bytes(t / "o/meta.json"));
   EXPECT_EQ(meta["vocab_size"], 300);
   EXPECT_EQ(meta["key"]["corpus"], nullptr) << "--input without --corpus means no Brown";
@@ -371,24 +365,18 @@ TEST(CliDataPrepare, RunsPrepare) {
 
 TEST(CliDataPrepare, VocabSizeRangeIsOneClearLine) {
   for (const std::string v : {"1", "0", "-3", "260", "4194305", "abc", "300.5"}) {
-    CLI::App app("snip");
-    cli::add_data_commands(app);
-    std::string msg = "(no error)";
-    try {
-      parse(app, {"snip", "data", "prepare", "--input", "x", "--vocab-size", v});
-    } catch (const CLI::ParseError& e) {
-      msg = e.what();
-    }
-    EXPECT_EQ(msg, "--vocab-size: expected an integer in [261, 4194304], got " + v);
+    const test::Ran r = prepare_cli({"--input", "x", "--vocab-size", v});
+    EXPECT_EQ(r.status, 2);
+    EXPECT_EQ(r.error, "--vocab-size: expected an integer in [261, 4194304], got " + v + " (see --help)");
   }
 }
 
 TEST(CliDataPrepare, UserErrorPropagates) {
   TempDir t;
-  CLI::App app("snip");
-  cli::add_data_commands(app);
-  const std::string msg = user_error_of([&] { parse(app, {"snip", "data", "prepare", "--input", t / "missing", "--out", t / "o"}); });
-  EXPECT_EQ(msg, "input path " + (t / "missing") + " does not exist");
+  const test::Ran r = prepare_cli({"--input", t / "missing", "--out", t / "o"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.error, "input path " + (t / "missing") + " does not exist");
+  EXPECT_FALSE(fs::exists(t / "o"));
 }
 
 }  // namespace

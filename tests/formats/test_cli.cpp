@@ -1,5 +1,4 @@
-// `snip formats` and `snip quantize` through the real CLI11 registration
-// (src/cli/cmd_formats.cpp is compiled into this test).
+// `snip formats` and `snip quantize` through the built snip program.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -17,61 +16,31 @@
 #include <string>
 #include <vector>
 
-#include "commands.h"
 #include "snip/formats/fake_quant.h"
 #include "snip/formats/hadamard.h"
 #include "snip/formats/minifloat.h"
 #include "snip/io/safetensors.h"
 #include "snip/quant/recipe.h"
 #include "snip/util/error.h"
+#include "program.h"
 #include "test_util.h"
 
 namespace snip::cli {
 namespace {
 
-// Runs `snip <args>` and returns what it printed on stdout.
+// Runs the built `snip <args>` and returns what it printed on stdout; a
+// `snip: error: <message>` becomes UserError(message).
 std::string run(const std::string& args) {
-  CLI::App app("snip");
-  add_format_commands(app);
-  std::ostringstream captured;
-  std::streambuf* old = std::cout.rdbuf(captured.rdbuf());
-  try {
-    app.parse(args, /*program_name_included=*/false);
-  } catch (...) {
-    std::cout.rdbuf(old);
-    throw;
-  }
-  std::cout.rdbuf(old);
-  return captured.str();
+  const test::Ran r = test::run_program(SNIP_EXE, args);
+  if (!r.error.empty()) throw UserError(r.error);
+  if (r.status != 0) throw std::runtime_error("snip " + args + " exited " + std::to_string(r.status) + ": " + r.err);
+  return r.out;
 }
 
-// What one `snip <args>` printed on stdout and stderr, and the message of the
-// UserError it threw ("" if none).
-struct Ran {
-  std::string out, err, error;
-};
-Ran run_all(const std::string& args) {
-  CLI::App app("snip");
-  add_format_commands(app);
-  std::ostringstream out, err;
-  Ran r;
-  std::streambuf* old_out = std::cout.rdbuf(out.rdbuf());
-  std::streambuf* old_err = std::cerr.rdbuf(err.rdbuf());
-  try {
-    app.parse(args, /*program_name_included=*/false);
-  } catch (const UserError& e) {
-    r.error = e.what();
-  } catch (...) {
-    std::cout.rdbuf(old_out);
-    std::cerr.rdbuf(old_err);
-    throw;
-  }
-  std::cout.rdbuf(old_out);
-  std::cerr.rdbuf(old_err);
-  r.out = out.str();
-  r.err = err.str();
-  return r;
-}
+// What one `snip <args>` printed on stdout and stderr, and the message of its
+// `snip: error:` line ("" if none).
+using Ran = test::Ran;
+Ran run_all(const std::string& args) { return test::run_program(SNIP_EXE, args); }
 
 // Names in `dir` (to see that nothing, not even a temp file, was left).
 std::set<std::string> listing(const std::filesystem::path& dir) {
@@ -303,7 +272,8 @@ TEST_F(CliTest, QuantizeRefusesAnUnwritableOutputBeforePrintingAnything) {
     EXPECT_NE(r.error.find(reason), std::string::npos) << r.error;
     EXPECT_EQ(r.error.find('\n'), std::string::npos) << r.error;
     EXPECT_EQ(r.out, "");
-    EXPECT_EQ(r.err, "");
+    EXPECT_EQ(r.err, "snip: error: " + r.error + "\n");  // the error line alone
+    EXPECT_EQ(r.status, 2);
     EXPECT_FALSE(std::filesystem::is_regular_file(output));
   }
   EXPECT_EQ(listing(dir_), before);  // no temp file, no "missing" folder created

@@ -1,4 +1,4 @@
-// `snip plan` (src/cli/cmd_plan.cpp) driven through CLI11, as main() would.
+// `snip plan` through the built snip program (tests/common/program.h).
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -8,10 +8,9 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "commands.h"
+#include "program.h"
 #include "snip/util/error.h"
 
 using nlohmann::json;
@@ -32,33 +31,13 @@ struct TempDir {
   }
 };
 
-struct CliResult {
-  std::string out;    // stdout
-  std::string error;  // UserError message, "" when none
-};
+using CliResult = snip::test::Ran;
 
-// Runs `snip plan <args>`; stdout captured, UserError caught.
+// Runs the built `snip plan <args>` (out: stdout, err: stderr, error: the
+// message of its `snip: error:` line).
 CliResult run(std::vector<std::string> args) {
-  CLI::App app{"snip"};
-  snip::cli::add_plan_commands(app);
   args.insert(args.begin(), "plan");
-  args.insert(args.begin(), "snip");
-  std::vector<const char*> argv;
-  for (const std::string& a : args) argv.push_back(a.c_str());
-  std::ostringstream captured;
-  std::streambuf* old = std::cout.rdbuf(captured.rdbuf());
-  CliResult r;
-  try {
-    app.parse(static_cast<int>(argv.size()), argv.data());
-  } catch (const snip::UserError& e) {
-    r.error = e.what();
-  } catch (...) {
-    std::cout.rdbuf(old);
-    throw;
-  }
-  std::cout.rdbuf(old);
-  r.out = captured.str();
-  return r;
+  return snip::test::run_program(SNIP_EXE, args);
 }
 
 // Blocks 0..3, one up_proj each: FLOPs 1, 1, 2, 4 (total 8); Q(fp4) .1 .3
@@ -80,23 +59,16 @@ TEST(CliPlan, FirstLastFp8WarnsOnStderrAndInTheJson) {
   TempDir d;
   const std::string costs = d.file("costs.json", kTable);
   const std::string out = d.path + "/plan.json";
-  std::ostringstream err;
-  std::streambuf* old = std::cerr.rdbuf(err.rdbuf());
   const CliResult r = run({"--costs", costs, "--budget", "1", "--heuristic", "first-last-fp8", "--out", out});
-  std::cerr.rdbuf(old);
   EXPECT_EQ(r.error, "");
   const std::string warning =
       "first-last-fp8: budget 1 cannot be met by the inner blocks alone: it forced 2 of the 2 items in "
       "the first and last blocks (0 and 3) to fp4";
-  EXPECT_EQ(err.str(), "snip: warning: " + warning + "\n");
+  EXPECT_EQ(r.err, "snip: warning: " + warning + "\n");
   std::ifstream in(out);
   EXPECT_EQ(json::parse(in)["warnings"], json::array({warning}));
   // b = 3/8: the inner blocks suffice; no warning, no "warnings" key.
-  err.str("");
-  old = std::cerr.rdbuf(err.rdbuf());
-  run({"--costs", costs, "--budget", "0.375", "--heuristic", "first-last-fp8", "--out", out});
-  std::cerr.rdbuf(old);
-  EXPECT_EQ(err.str(), "");
+  EXPECT_EQ(run({"--costs", costs, "--budget", "0.375", "--heuristic", "first-last-fp8", "--out", out}).err, "");
   std::ifstream in2(out);
   EXPECT_FALSE(json::parse(in2).contains("warnings"));
 }
@@ -258,13 +230,7 @@ TEST(CliPlan, UserErrors) {
   // An empty number was read as 0 (`--budget ''` planned for a share of 0), and
   // an option no layer offers was silently dropped.
   for (const char* o : {"--budget", "--cost-budget", "--time-limit", "--stages", "--seed", "--steps"}) {
-    std::string what;
-    try {
-      run({"--costs", costs, o, ""});
-    } catch (const CLI::ParseError& e) {
-      what = e.what();
-    }
-    EXPECT_EQ(what, std::string(o) + ": expected a number, got ''") << o;
+    EXPECT_EQ(run({"--costs", costs, o, ""}).error, std::string(o) + ": expected a number, got '' (see --help)") << o;
   }
   EXPECT_EQ(run({"--costs", costs, "--budget", "0.5", "--options", "fp4,zz"}).error,
             "--options: expected options the cost table " + costs + " gives a Q for (fp4, fp8), got 'zz'");
@@ -437,7 +403,7 @@ TEST(CliPlan, ConfigAloneGivesFlopsSharesAndFeasibility) {
   EXPECT_EQ(run({"--config", cfg, "--init-from", d.path}).error,
             "--init-from: needs --data DIR (the prepared text to measure Q on)");
   EXPECT_EQ(run({"--config", cfg, "--init-from", d.path, "--data", d.path}).error,
-            "--init-from: this build of `snip plan` has no LibTorch to run a stats step; use the snip program");
+            d.path + " is not a Hugging Face model folder: it has no config.json");
   EXPECT_EQ(run({"--costs", cfg, "--tokens-per-step", "5"}).error,
             "snip plan: --tokens-per-step needs --config MODEL.toml (the model to plan)");
   EXPECT_NE(run({"--config", cfg, "--set", "model.hidden_size=2047"}).error.find("hidden_size"), std::string::npos);

@@ -1,6 +1,6 @@
 // tests for snip_report: the SVG charts (svg.h), the metrics reader and the
-// run report (report.h), and `snip report` (src/cli/cmd_report.cpp, compiled
-// in) driven through CLI11. Expected coordinates are worked out by hand from
+// run report (report.h), and `snip report` run through the built snip
+// program. Expected coordinates are worked out by hand from
 // the layout constants documented in svg.h.
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -13,10 +13,9 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "commands.h"
+#include "program.h"
 #include "snip/data/data_folder.h"
 #include "snip/data/shard.h"
 #include "snip/io/atomic_file.h"
@@ -1000,29 +999,11 @@ TEST(Report, ResumedRunCardsCoverEverySession) {
 // ---- `snip report` ------------------------------------------------------------
 
 namespace {
-struct CliResult {
-  std::string out, error;
-};
+using CliResult = snip::test::Ran;
+// Runs the built `snip report <args>` (tests/common/program.h).
 CliResult run_cli(std::vector<std::string> args) {
-  CLI::App app{"snip"};
-  snip::cli::add_report_commands(app);
-  args.insert(args.begin(), {"snip", "report"});
-  std::vector<const char*> argv;
-  for (const std::string& a : args) argv.push_back(a.c_str());
-  std::ostringstream captured;
-  std::streambuf* old = std::cout.rdbuf(captured.rdbuf());
-  CliResult r;
-  try {
-    app.parse(static_cast<int>(argv.size()), argv.data());
-  } catch (const snip::UserError& e) {
-    r.error = e.what();
-  } catch (...) {
-    std::cout.rdbuf(old);
-    throw;
-  }
-  std::cout.rdbuf(old);
-  r.out = captured.str();
-  return r;
+  args.insert(args.begin(), "report");
+  return snip::test::run_program(SNIP_EXE, args);
 }
 }  // namespace
 

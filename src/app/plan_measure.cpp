@@ -1,6 +1,5 @@
-// cmd_plan_measure.cpp: the stats step behind `snip plan --config MODEL.toml
-// --init-from HF_DIR --data DIR` (commands.h, PlanMeasure). LibTorch, so it
-// lives apart from cmd_plan.cpp, which test_policy compiles without LibTorch.
+// src/app/plan_measure.cpp: the stats step behind `snip plan --config
+// MODEL.toml --init-from HF_DIR --data DIR` (snip/app/plan_measure.h).
 //
 // What it measures is what `snip train` measures at a re-plan (docs/method.md
 // section 3; snip/method/stats.h): every quantizable layer of the model at
@@ -17,8 +16,8 @@
 #include <vector>
 
 
-#include "commands.h"
-#include "tokenizer_check.h"
+#include "snip/app/plan_measure.h"
+#include "snip/app/tokenizer_check.h"
 #include "snip/config/config.h"
 #include "snip/data/data_folder.h"
 #include "snip/data/loader.h"
@@ -37,11 +36,9 @@
 
 namespace fs = std::filesystem;
 
-namespace snip::cli {
+namespace snip::app {
 
-namespace {
-
-policy::CostTable measure(Config& cfg, const PlanMeasureRequest& r) {
+policy::CostTable measure_plan_costs(Config& cfg, const PlanMeasureRequest& r) {
   const HfFolder f = read_hf_folder(r.hf_dir);
   // Notes go to stderr: stdout is the plan (or its JSON).
   for (const std::string& n : adopt_hf_config(f, cfg)) std::cerr << "snip: note: " << n << "\n";
@@ -104,8 +101,4 @@ policy::CostTable measure(Config& cfg, const PlanMeasureRequest& r) {
   return t;
 }
 
-}  // namespace
-
-void add_plan_measure() { set_plan_measure(measure); }
-
-}  // namespace snip::cli
+}  // namespace snip::app

@@ -1,4 +1,4 @@
-// src/cli/tokenizer_check.h: the one check that data was tokenized by the
+// snip/app/tokenizer_check.h: the one check that data was tokenized by the
 // model's tokenizer, shared by `snip eval` and `snip plan --init-from`.
 #pragma once
 
@@ -6,7 +6,7 @@
 
 #include "snip/util/error.h"
 
-namespace snip::cli {
+namespace snip::app {
 
 /// Compares the SHA-256 (hex) of the data folder's tokenizer with the
 /// model's (`model_from` names where the model's came from). Equal: false.
@@ -24,4 +24,4 @@ inline bool other_tokenizer(const std::string& data_dir, const std::string& data
   return true;
 }
 
-}  // namespace snip::cli
+}  // namespace snip::app
