@@ -30,13 +30,9 @@
 #include "snip/quant/recipe_file.h"
 #include "snip/app/experiment.h"
 #include "snip/app/study.h"
-#include "snip/io/atomic_file.h"
 #include "snip/io/dir_lock.h"
 #include "snip/io/json.h"
-#include "snip/report/report.h"
-#include "snip/report/svg.h"
 #include "snip/util/error.h"
-#include "snip/util/statistics.h"
 
 extern char** environ;
 
@@ -133,55 +129,7 @@ void add_experiment_commands(CLI::App& app) {
         if (!t.empty()) o.layers.push_back(t);
       r = correlation_study(o);
     }
-    const std::vector<double> x = predictor_values(r, c->predictor);  // UserError for an unknown name
-    std::vector<double> dv;
-    std::vector<report::ScatterPoint> pts;
-    for (size_t i = 0; i < r.layers.size(); ++i) {
-      std::string shortname = r.layers[i].name;
-      if (shortname.rfind("model.layers.", 0) == 0) shortname = shortname.substr(13);
-      pts.push_back({x[i], r.layers[i].delta_val, shortname, ""});
-      dv.push_back(r.layers[i].delta_val);
-    }
-    report::ScatterOptions so;
-    so.id = "correlation";
-    so.title = fmt::format("{} vs measured loss change", c->predictor);
-    so.subtitle = fmt::format("{} layers, {} alone for {} steps from step {}{}: Pearson {:.3f}, Spearman {:.3f}",
-                              r.layers.size(), r.option, r.steps, r.step,
-                              r.repeats > 1 ? fmt::format(", mean of {} repeats", r.repeats) : std::string(),
-                              pearson(x, dv), spearman(x, dv));
-    so.x_label = "predicted " + c->predictor + " (stats step)";
-    so.y_label = "measured delta val loss (nats/token)";
-    so.show_labels = r.layers.size() <= 40;
-    std::string file = c->predictor == "q" ? "scatter.svg" : "scatter-" + c->predictor + ".svg";
-    for (char& ch : file)
-      if (ch == '[' || ch == ']' || ch == ',' || ch == '=') ch = '_';
-    io::ensure_writable_dir(out_dir);
-    const std::string svg_path = (fs::path(out_dir) / file).string();
-    io::write_file_atomic(svg_path, report::svg_scatter(pts, so) + "\n");
-    const bool rep = r.repeats > 1;
-    std::cout << fmt::format("{:<44} {:>10} {:>10} {:>10} {:>12}{}\n", "layer", "Q", "LD", "WD", "dval",
-                             rep ? fmt::format(" {:>10}", "se") : std::string());
-    for (const auto& l : r.layers)
-      std::cout << fmt::format("{:<44} {:>10.4g} {:>10.4g} {:>10.4g} {:>+12.5f}{}\n", l.name, l.q, l.ld, l.wd,
-                               l.delta_val, rep ? fmt::format(" {:>10.5f}", l.delta_val_se) : std::string());
-    std::cout << fmt::format("\nbaseline (unquantized) val {:.5f} after {} steps from step {}{}\n", r.base_val_loss,
-                             r.steps, r.step, rep ? fmt::format(" (mean of {} repeats)", r.repeats) : std::string());
-    if (!c->replot.empty() && rep) add_bootstrap_intervals(r);
-    if (!r.correlations.count(c->predictor))  // --replot: the chosen predictor too
-      r.correlations[c->predictor] = {{"pearson", pearson(x, dv)}, {"spearman", spearman(x, dv)}};
-    std::cout << "predictor vs measured dval:      Pearson   Spearman"
-              << (rep ? "   (95% bootstrap intervals)" : "") << "\n";
-    for (const auto& [k, m] : r.correlations) {
-      if (k.find("/train") != std::string::npos) continue;
-      std::string ci;
-      if (m.count("pearson_lo"))
-        ci = fmt::format("   P [{:.2f}, {:.2f}]  S [{:.2f}, {:.2f}]", m.at("pearson_lo"), m.at("pearson_hi"),
-                         m.at("spearman_lo"), m.at("spearman_hi"));
-      std::cout << fmt::format("  {:<28} {:>9.3f} {:>10.3f}{}\n", k, m.at("pearson"), m.at("spearman"), ci);
-    }
-    std::cout << fmt::format("\nwritten: {}", svg_path);
-    if (c->replot.empty()) std::cout << fmt::format(", {}/correlation.json, correlation.csv ({:.0f} s)", out_dir, r.seconds);
-    std::cout << "\n";
+    present_correlation(r, c->predictor, out_dir, !c->replot.empty(), std::cout);
   });
 }
 

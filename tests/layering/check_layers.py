@@ -32,7 +32,7 @@ LAYERS = [
     "dist",     # the world, c10d, DDP buckets, ZeRO, pipeline stages
     "method",   # the stats step, the precision controller
     "train",    # the step, the loop, checkpoints, the guard
-    "app",      # drivers over whole runs (the correlation study)
+    "app",      # what the commands do: study, experiment, planning, doctor
     "cli",      # the snip and snip-data programs
 ]
 

@@ -24,7 +24,7 @@
 // with its standard error sd/√R.
 //
 // Correlations: Pearson (linear) and Spearman (Pearson of average ranks, ties
-// share their mean rank; report::pearson / report::spearman, report.h) between the measured Δval and each predictor: Q, LD,
+// share their mean rank; pearson / spearman, snip/util/statistics.h) between the measured Δval and each predictor: Q, LD,
 // WD, and the grid of open choices of docs/method.md section 3 — first-order term
 // abs | signed | drop × α ∈ {0, 0.25, 0.5, 0.75, 1} — recomputed from the
 // same measured parts (LD = max(0, F + ½·max(c,0)·||e||²), normalised by its
@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <iosfwd>
 #include <string>
 #include <vector>
 
@@ -119,5 +120,18 @@ void add_bootstrap_intervals(CorrelationResult& r);
 /// grid of the header comment, any α in [0, 1]). Throws UserError for an
 /// unknown name.
 std::vector<double> predictor_values(const CorrelationResult& r, const std::string& name);
+
+/// What `snip correlate` shows of a study: writes
+/// OUT_DIR/scatter.svg (or scatter-<predictor>.svg, with [],= as _) with
+/// `predictor` on x and the measured Δval (nats/token) on y, and prints on
+/// `out` the per-layer table (Q, LD, WD, Δval, its standard error when
+/// R >= 2), the baseline's validation loss and every predictor's Pearson and
+/// Spearman correlation with Δval. `replotted`: `r` came from
+/// correlation_from_json (bootstrap intervals recomputed, only the SVG named
+/// as written). Adds `predictor` to r.correlations when missing. Returns the
+/// SVG's path. Throws UserError for an unknown predictor or an unwritable
+/// out_dir.
+std::string present_correlation(CorrelationResult& r, const std::string& predictor, const std::string& out_dir,
+                                bool replotted, std::ostream& out);
 
 }  // namespace snip
