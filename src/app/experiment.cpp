@@ -29,6 +29,7 @@
 #include "snip/model/quantizers.h"
 #include "snip/quant/recipe_file.h"
 #include "snip/app/experiment.h"
+#include "snip/run/step_record.h"
 #include "snip/app/study.h"
 #include "snip/io/atomic_file.h"
 #include "snip/io/dir_lock.h"
@@ -174,11 +175,15 @@ std::optional<MetricsTail> read_metrics_tail(const fs::path& path) {
   if (begin == std::string::npos && from > 0) return std::nullopt;  // a line longer than the tail read
   const std::string line = tail.substr(begin == std::string::npos ? 0 : begin + 1,
                                        end - (begin == std::string::npos ? 0 : begin + 1));
-  const json r = json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (!r.is_object() || !r.contains("step") || !r["step"].is_number_integer()) return std::nullopt;
+  StepRecord r;
+  try {
+    r = step_record_from_json(json::parse(line), path.string());
+  } catch (const std::exception&) {  // a line being written, or not a record: no progress to show yet
+    return std::nullopt;
+  }
   MetricsTail t;
-  t.step = r["step"].get<int64_t>();
-  if (r.contains("loss") && r["loss"].is_number()) t.loss = r["loss"].get<double>();
+  t.step = r.step;
+  if (r.loss && !std::isnan(*r.loss)) t.loss = *r.loss;
   return t;
 }
 

@@ -60,10 +60,6 @@ std::string exposition(const std::vector<prometheus::MetricFamily>& families) {
   return t;
 }
 
-double num(const json& v) {
-  return v.is_number() ? v.get<double>() : kNaN;  // null (non-finite written by nlohmann) = NaN
-}
-
 }  // namespace
 
 // ---- options -------------------------------------------------------------
@@ -163,40 +159,36 @@ class Collector : public prometheus::Collectable {
     }
   };
 
-  void update(const json& r) {
+  void update(const StepRecord& r) {
     std::lock_guard<std::mutex> g(mu_);
-    auto set = [&](const char* key, const char* metric) {
-      if (r.contains(key)) scalar_[metric] = num(r[key]);
+    auto set = [&](const std::optional<double>& v, const char* metric) {
+      if (v) scalar_[metric] = *v;
     };
-    if (r.contains("step") && r["step"].is_number_integer()) {
-      step_ = r["step"].get<int64_t>();
-      scalar_["snip_step"] = double(step_);
-      scalar_["snip_last_step_timestamp_seconds"] = wall_now_s();
-    }
-    set("loss", "snip_loss");
-    set("val_loss", "snip_val_loss");
-    set("lr", "snip_learning_rate");
-    set("grad_norm", "snip_grad_norm");
-    set("tokens_per_s", "snip_tokens_per_second");
-    set("fp4_share", "snip_fp4_flops_share");
-    set("plan_step", "snip_plan_step");
-    set("stats_seconds", "snip_stats_step_seconds");
-    set("plan_solve_seconds", "snip_planner_solve_seconds");
-    if (r.contains("tokens_per_s") && info_.tokens_per_step > 0) {
-      const double tps = num(r["tokens_per_s"]);
+    step_ = r.step;
+    scalar_["snip_step"] = double(step_);
+    scalar_["snip_last_step_timestamp_seconds"] = wall_now_s();
+    set(r.loss, "snip_loss");
+    set(r.val_loss, "snip_val_loss");
+    set(r.lr, "snip_learning_rate");
+    set(r.grad_norm, "snip_grad_norm");
+    set(r.tokens_per_s, "snip_tokens_per_second");
+    set(r.fp4_share, "snip_fp4_flops_share");
+    if (r.plan_step) scalar_["snip_plan_step"] = double(*r.plan_step);
+    set(r.stats_seconds, "snip_stats_step_seconds");
+    set(r.plan_solve_seconds, "snip_planner_solve_seconds");
+    if (r.tokens_per_s && info_.tokens_per_step > 0) {
+      const double tps = *r.tokens_per_s;
       scalar_["snip_step_seconds"] = tps > 0 ? double(info_.tokens_per_step) / tps : kNaN;
     }
-    if (r.contains("plan_status") && r["plan_status"].is_string()) plan_status_ = r["plan_status"].get<std::string>();
-    if (r.contains("precision") && r["precision"].is_object()) {
+    if (r.plan_status) plan_status_ = *r.plan_status;
+    if (r.precision) {
       bits_.clear();
-      for (const auto& [item, opt] : r["precision"].items()) {
-        if (!opt.is_string()) continue;
+      for (const auto& [item, option] : *r.precision) {
         // Items are layers ("layers.0.mlp.up_proj") or, with
         // precision.granularity = gemm, "layer:gemm".
         const size_t c = item.rfind(':');
         const std::string layer = c == std::string::npos ? item : item.substr(0, c);
         const std::string only = c == std::string::npos ? "" : item.substr(c + 1);
-        const std::string option = opt.get<std::string>();
         auto ob = info_.option_bits.find(option);
         for (const char* gemm : {"fprop", "dgrad", "wgrad"}) {
           if (!only.empty() && only != gemm) continue;
@@ -207,9 +199,9 @@ class Collector : public prometheus::Collectable {
         }
       }
     }
-    if (r.contains("rel_err_fprop") && r["rel_err_fprop"].is_object()) {
+    if (r.rel_err_fprop) {
       std::map<Key, double> fresh;
-      for (const auto& [layer, v] : r["rel_err_fprop"].items()) fresh[{layer, "fprop", "both"}] = num(v);
+      for (const auto& [layer, v] : *r.rel_err_fprop) fresh[{layer, "fprop", "both"}] = v;
       // A layer not measured at this stats step has no current value: drop it.
       rel_ = fresh;
       for (const auto& [k, v] : rel_) {
@@ -345,7 +337,7 @@ int Exporter::listen(const std::string& address, std::string* error) {
   return port;
 }
 
-void Exporter::update(const json& record) { collector_->update(record); }
+void Exporter::update(const StepRecord& record) { collector_->update(record); }
 void Exporter::checkpoint_written(int64_t step) { collector_->checkpoint_written(step); }
 void Exporter::set_guard_state(int state) { collector_->set_guard_state(state); }
 

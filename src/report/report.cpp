@@ -25,6 +25,7 @@
 #include "snip/io/json.h"
 #include "snip/report/compare.h"
 #include "snip/report/svg.h"
+#include "snip/run/step_record.h"
 #include "snip/util/error.h"
 #include "snip/util/statistics.h"
 
@@ -977,48 +978,44 @@ RunCurves read_metrics(const std::string& path) {
   };
   while (std::getline(in, line)) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    json j;
+    // A line that is not a record snip writes (a torn last line, a key of
+    // another type) is skipped and counted.
+    StepRecord r;
     try {
-      j = json::parse(line);
+      r = step_record_from_json(json::parse(line), path);
     } catch (const json::parse_error&) {
       ++c.skipped_lines;
       continue;
-    }
-    if (!j.is_object() || !j.contains("step") || !j["step"].is_number()) {
+    } catch (const UserError&) {
       ++c.skipped_lines;
       continue;
     }
-    const double step = j["step"].get<double>();
+    const double step = double(r.step);
     if (!c.step.empty() && step <= c.step.back()) truncate_from(step);
-    if (j.contains("guard") && j["guard"].is_array())
-      for (const json& e : j["guard"]) {
-        if (!e.is_object()) continue;
-        auto str = [&](const char* k) { return e.contains(k) && e[k].is_string() ? e[k].get<std::string>() : ""; };
-        c.guard.push_back({int64_t(step), str("condition"), str("action"), str("reason"), str("outcome")});
-      }
+    for (const GuardEvent& e : r.guard)
+      c.guard.push_back({r.step, e.condition, to_string(e.action), e.reason, e.outcome});
     c.step.push_back(step);
-    c.loss.push_back(num_or_nan(j, "loss"));
-    c.lr.push_back(num_or_nan(j, "lr"));
-    c.grad_norm.push_back(num_or_nan(j, "grad_norm"));
-    c.tokens_per_s.push_back(num_or_nan(j, "tokens_per_s"));
-    c.elapsed_s.push_back(num_or_nan(j, "elapsed_s"));
-    c.fp4_share.push_back(num_or_nan(j, "fp4_share"));
-    const double vl = num_or_nan(j, "val_loss");
+    c.loss.push_back(r.loss.value_or(kNaN));
+    c.lr.push_back(r.lr.value_or(kNaN));
+    c.grad_norm.push_back(r.grad_norm.value_or(kNaN));
+    c.tokens_per_s.push_back(r.tokens_per_s.value_or(kNaN));
+    c.elapsed_s.push_back(r.elapsed_s.value_or(kNaN));
+    c.fp4_share.push_back(r.fp4_share.value_or(kNaN));
+    const double vl = r.val_loss.value_or(kNaN);
     if (std::isfinite(vl)) {
       c.val_step.push_back(step);
       c.val_loss.push_back(vl);
-      c.val_ppl.push_back(num_or_nan(j, "val_ppl"));
+      c.val_ppl.push_back(r.val_ppl.value_or(kNaN));
     }
-    if (j.contains("precision") && j["precision"].is_object()) {
+    if (r.precision) {
       Decision d;
-      d.step = int64_t(step);
-      d.plan_step = j.contains("plan_step") && j["plan_step"].is_number_integer() ? j["plan_step"].get<int64_t>() : d.step - 1;
-      if (j.contains("phase") && j["phase"].is_string()) d.phase = j["phase"].get<std::string>();
-      for (const auto& [k, v] : j["precision"].items())
-        if (v.is_string()) d.precision[k] = v.get<std::string>();
-      if (j.contains("rel_err_fprop") && j["rel_err_fprop"].is_object())
-        for (const auto& [k, v] : j["rel_err_fprop"].items())
-          if (v.is_number()) d.rel_err_fprop[k] = v.get<double>();
+      d.step = r.step;
+      d.plan_step = r.plan_step.value_or(d.step - 1);
+      d.phase = r.phase.value_or("");
+      d.precision = *r.precision;
+      if (r.rel_err_fprop)
+        for (const auto& [k, v] : *r.rel_err_fprop)
+          if (!std::isnan(v)) d.rel_err_fprop[k] = v;
       c.decisions.push_back(std::move(d));
     }
   }

@@ -5,6 +5,7 @@
 #include <limits>
 #include <set>
 
+#include "json_fields.h"
 #include "snip/util/error.h"
 
 namespace snip {
@@ -13,6 +14,8 @@ using json = nlohmann::json;
 
 namespace {
 
+using namespace run_fields;
+
 // The keys TrainerState types; every other key goes to `extra`.
 const std::set<std::string>& typed_keys() {
   static const std::set<std::string> k = {
@@ -20,48 +23,6 @@ const std::set<std::string>& typed_keys() {
       "resumed_at", "data",          "init_val_loss", "precision", "world_size",  "data_parallel",
       "pipeline",   "zero_stage",    "loader_base",   "guard",     "lora",        "rollback_record"};
   return k;
-}
-
-// Strict field readers: the field's path in the message ("data.vocab_size"),
-// the kind of value expected, and what the file holds, in one line.
-[[noreturn]] void bad(const std::string& what, const std::string& field, const char* expected, const json& got) {
-  std::string shown = got.dump();
-  if (shown.size() > 40) shown = shown.substr(0, 40) + "...";
-  fail(what, ": ", field, ": expected ", expected, ", got ", shown);
-}
-
-const json& need(const json& obj, const std::string& prefix, const char* key, const std::string& what) {
-  if (!obj.contains(key)) fail(what, ": ", prefix, key, ": missing");
-  return obj.at(key);
-}
-
-// An integer in [lo, hi] (a JSON integer; 2.0 or 2.5 are refused).
-int64_t int_in(const json& v, const std::string& what, const std::string& field, int64_t lo, int64_t hi,
-               const char* expected) {
-  if (!v.is_number_integer()) bad(what, field, expected, v);
-  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
-    bad(what, field, expected, v);
-  const int64_t x = v.get<int64_t>();
-  if (x < lo || x > hi) bad(what, field, expected, v);
-  return x;
-}
-
-uint64_t unsigned_of(const json& v, const std::string& what, const std::string& field) {
-  if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<int64_t>() < 0))
-    bad(what, field, "an integer >= 0", v);
-  return v.get<uint64_t>();
-}
-
-// A finite number >= 0.
-double nonneg(const json& v, const std::string& what, const std::string& field) {
-  if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0)
-    bad(what, field, "a finite number >= 0", v);
-  return v.get<double>();
-}
-
-std::string text(const json& v, const std::string& what, const std::string& field) {
-  if (!v.is_string()) bad(what, field, "a string", v);
-  return v.get<std::string>();
 }
 
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();

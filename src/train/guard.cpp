@@ -24,11 +24,6 @@ double mean(const std::deque<double>& v) {
 
 }  // namespace
 
-json GuardEvent::to_json() const {
-  return {{"step", step}, {"condition", condition}, {"action", snip::to_string(action)},
-          {"reason", reason}, {"layers", layers},     {"outcome", outcome}};
-}
-
 Guard::Guard(const GuardConfig& cfg) : cfg_(cfg), streak_(cfg.quant_error_threshold) {
   // Ranges and words were checked by Config::validate; a GuardConfig built
   // in code is checked here.

@@ -102,14 +102,14 @@ std::string GuardActions::raise() {
                      ctl.budget(), s0, ctl.smoothing(), s_.step + 1);
 }
 
-GuardOutcome GuardActions::after_step(const StepResult& r, json& rec, double dt, int64_t steps_done) {
+GuardOutcome GuardActions::after_step(const StepResult& r, StepRecord& rec, double dt, int64_t steps_done) {
   TrainSession& s = s_;
   Guard& guard = *s.guard;
   const GuardConfig& gc = s.rc.guard;
   GuardOutcome out;
   if (r.skipped) {
     ++guard.skipped_steps;
-    rec["skipped"] = true;
+    rec.skipped = true;
     // An error-feedback residual never carries a non-finite value into the next step.
     for (torch::Tensor& e : s.gcomm.residuals) e.nan_to_num_(0.0, 0.0, 0.0);
   }
@@ -161,7 +161,7 @@ GuardOutcome GuardActions::after_step(const StepResult& r, json& rec, double dt,
     }
     const json validated = st.value("validation", json(nullptr));
     const auto& [to, line] = back;
-    rec["rollback_to"] = to;
+    rec.rollback_to = to;
     outcome = line + "; " + raise();
     out.rolled_back = true;
     consecutive_skips_ = 0;
@@ -188,15 +188,13 @@ GuardOutcome GuardActions::after_step(const StepResult& r, json& rec, double dt,
     outcome = "warned";
     if (guard.state == GuardState::kIdle) guard.state = GuardState::kWarned;
   }
-  json ev = json::array();
   for (GuardEvent& e : events) {
     e.outcome = e.action == asked ? outcome : std::string("(") + to_string(act) + " ran instead)";
-    ev.push_back(e.to_json());
+    rec.guard.push_back(e);
     guard.remember(e);
     if (s.writer)
       spdlog::warn("guard at step {}: {}: {} -> {}: {}", e.step, e.condition, e.reason, to_string(e.action), e.outcome);
   }
-  rec["guard"] = std::move(ev);
   if (act == GuardAction::kStop)
     out.stop_reason = events.front().condition + ": " + events.front().reason + " -> " + outcome;
   return out;

@@ -5,10 +5,10 @@ namespace snip {
 
 using json = nlohmann::json;
 
-void History::replay(const std::vector<json>& records) {
-  for (const json& r : records) {
-    if (r.contains("loss") && r["loss"].is_number()) add_loss(r["step"].get<int64_t>(), r["loss"].get<double>());
-    if (r.contains("val_loss") && r["val_loss"].is_number()) add_val(r["step"].get<int64_t>(), r["val_loss"].get<double>());
+void History::replay(const std::vector<StepRecord>& records) {
+  for (const StepRecord& r : records) {
+    if (r.loss) add_loss(r.step, *r.loss);  // add_loss drops a non-finite loss
+    if (r.val_loss && !std::isnan(*r.val_loss)) add_val(r.step, *r.val_loss);
   }
 }
 

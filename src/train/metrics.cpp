@@ -34,6 +34,7 @@ MetricsLog::MetricsLog(const std::string& path, int64_t resume_step, const json&
     struct Rec {
       std::string line;
       json r;
+      StepRecord typed;
       int64_t at;  // the step the run is at after this record (rollback_to for a rollback)
     };
     std::vector<Rec> recs;
@@ -46,27 +47,25 @@ MetricsLog::MetricsLog(const std::string& path, int64_t resume_step, const json&
         if (i + 1 == lines.size()) continue;  // a torn last line from a killed run
         fail(path, ": line ", line_no, ": not a JSON record (the file is corrupt)");
       }
-      if (!r.contains("step") || !r["step"].is_number_integer())
-        fail(path, ": line ", line_no, ": step: expected an integer (the file is corrupt; a resumed run keeps "
-             "the records up to its checkpoint)");
-      if (r.contains("loss") && !r["loss"].is_number() && !r["loss"].is_null())
-        fail(path, ": line ", line_no, ": loss: expected a number or null (the file is corrupt)");
-      if (r.contains("val_loss") && !r["val_loss"].is_number() && !r["val_loss"].is_null())
-        fail(path, ": line ", line_no, ": val_loss: expected a number or null (the file is corrupt)");
-      const int64_t step = r["step"].get<int64_t>();
+      StepRecord typed;
+      try {
+        typed = step_record_from_json(r, path + ": line " + std::to_string(line_no));
+      } catch (const UserError& e) {
+        fail(e.what(), " (the file is corrupt; a resumed run keeps the records up to its checkpoint)");
+      }
+      const int64_t step = typed.step;
       if (step != expect) {
         fail(path, ": line ", line_no, ": step ", step, " where step ", expect, " was expected (a record ",
              step < expect ? "repeated" : "missing", "; the file is corrupt)");
       }
       int64_t at = step;
-      if (r.contains("rollback_to")) {
-        if (!r["rollback_to"].is_number_integer() || r["rollback_to"].get<int64_t>() < 0 ||
-            r["rollback_to"].get<int64_t>() >= step)
+      if (typed.rollback_to) {
+        if (*typed.rollback_to < 0 || *typed.rollback_to >= step)
           fail(path, ": line ", line_no, ": rollback_to: expected a step below ", step, " (the file is corrupt)");
-        at = r["rollback_to"].get<int64_t>();
+        at = *typed.rollback_to;
       }
       expect = at + 1;
-      recs.push_back({line, std::move(r), at});
+      recs.push_back({line, std::move(r), std::move(typed), at});
     }
     // Keep up to the last record after which the run was at resume_step.
     int64_t last = -1;
@@ -89,7 +88,8 @@ MetricsLog::MetricsLog(const std::string& path, int64_t resume_step, const json&
           fail(path, ": holds no record of step ", s - 1, ", before the rollback at step ", s, " that the checkpoint "
                "of step ", resume_step, " records (records missing; the file is corrupt)");
         recs.resize(size_t(before) + 1);
-        recs.push_back({rollback_record.dump(), rollback_record, resume_step});
+        recs.push_back({rollback_record.dump(), rollback_record,
+                        step_record_from_json(rollback_record, "the checkpoint's rollback_record"), resume_step});
         last = int64_t(recs.size()) - 1;
         spdlog::info("{}: the rollback record of step {} was not written before the run stopped: written now", path, s);
       }
@@ -105,8 +105,8 @@ MetricsLog::MetricsLog(const std::string& path, int64_t resume_step, const json&
       kept += recs[size_t(i)].line + "\n";
       // earlier(): the trajectory that leads to the checkpoint (rolled-back
       // steps left out).
-      while (!earlier_.empty() && earlier_.back()["step"].get<int64_t>() > recs[size_t(i)].at) earlier_.pop_back();
-      if (!recs[size_t(i)].r.contains("rollback_to")) earlier_.push_back(recs[size_t(i)].r);
+      while (!earlier_.empty() && earlier_.back().step > recs[size_t(i)].at) earlier_.pop_back();
+      if (!recs[size_t(i)].typed.rollback_to) earlier_.push_back(recs[size_t(i)].typed);
     }
   }
   io::write_file_atomic(path, kept);
@@ -118,8 +118,8 @@ MetricsLog::~MetricsLog() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void MetricsLog::append(const json& record) {
-  const std::string line = record.dump() + "\n";
+void MetricsLog::append(const StepRecord& record) {
+  const std::string line = record.to_json().dump() + "\n";
   const off_t start = ::lseek(fd_, 0, SEEK_END);
   size_t done = 0;
   while (done < line.size()) {

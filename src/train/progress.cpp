@@ -37,23 +37,28 @@ void write_run_report(const std::string& run_dir) {
 Progress::Progress(TrainSession& s)
     : s_(s), tty_(s.chatty && isatty(STDERR_FILENO)), recorded_(s.ctl->assignment().options) {}
 
-json Progress::record(const StepResult& r, double lr, double dt) {
+StepRecord Progress::record(const StepResult& r, double lr, double dt) {
   TrainSession& s = s_;
   const TrainConfig& tc = s.tc();
-  json rec = {{"step", s.step}, {"loss", r.loss}, {"lr", lr}, {"grad_norm", r.grad_norm},
-              {"tokens_per_s", double(s.tokens_per_step) / dt}, {"elapsed_s", s.elapsed0 + s.elapsed()},
-              {"fp4_share", s.ctl->fp4_share()}};
-  rec["step_s"] = dt;
-  if (r.grad_comm_bytes >= 0) rec["grad_comm_bytes"] = r.grad_comm_bytes;
-  if (r.grad_comm_sent_bytes >= 0) rec["grad_comm_sent_bytes"] = r.grad_comm_sent_bytes;
-  if (r.comm_s >= 0) rec["comm_s"] = r.comm_s;
+  StepRecord rec;
+  rec.step = s.step;
+  rec.loss = r.loss;
+  rec.lr = lr;
+  rec.grad_norm = r.grad_norm;
+  rec.tokens_per_s = double(s.tokens_per_step) / dt;
+  rec.elapsed_s = s.elapsed0 + s.elapsed();
+  rec.fp4_share = s.ctl->fp4_share();
+  rec.step_s = dt;
+  if (r.grad_comm_bytes >= 0) rec.grad_comm_bytes = r.grad_comm_bytes;
+  if (r.grad_comm_sent_bytes >= 0) rec.grad_comm_sent_bytes = r.grad_comm_sent_bytes;
+  if (r.comm_s >= 0) rec.comm_s = r.comm_s;
   if (s.stages) s.stages->record(rec, r);
-  for (auto& [k, v] : r.precision.metrics.items()) rec[k] = v;
+  if (!r.precision.metrics.is_null()) rec.merge(r.precision.metrics, "the precision decision's record");
   // A precision change without a decision (the guard's fp8-layer action, a
   // rollback's restored plan) is recorded at the first step it runs, so
   // /metrics and the report follow what ran.
   if (const auto& now = s.ctl->assignment().options; now != recorded_) {
-    if (!rec.contains("precision")) rec["precision"] = s.ctl->assignment().to_json();
+    if (!rec.precision) rec.merge({{"precision", s.ctl->assignment().to_json()}}, "the precision in force");
     recorded_ = now;
   }
   if (r.grad_clip != clip_in_force_) {
@@ -61,7 +66,7 @@ json Progress::record(const StepResult& r, double lr, double dt) {
       spdlog::info("train.grad_clip in force from step {}: {:.4g} ({})", s.step, r.grad_clip,
                    r.grad_clip < tc.grad_clip ? "a layer runs below FP8: x train.clip_low_precision"
                                               : "no layer below FP8");
-    if (tc.clip_low_precision != 1.0) rec["grad_clip"] = r.grad_clip;
+    if (tc.clip_low_precision != 1.0) rec.grad_clip = r.grad_clip;
     clip_in_force_ = r.grad_clip;
   }
   return rec;

@@ -242,7 +242,7 @@ class PipelineStages {
   nlohmann::json quantizer_state(const nlohmann::json& mine, bool own);
   /// After a step that decided a plan: the imbalance under it, and the
   /// split to move to at the next checkpoint (dist.rebalance) or a hint.
-  void after_plan(nlohmann::json& rec);
+  void after_plan(StepRecord& rec);
   /// After a checkpoint: the split a rebalance decided, in force.
   void rebalance_if_pending(const std::string& checkpoint);
   /// The replicas of a stage hold the same stage weights (collective).
@@ -250,7 +250,7 @@ class PipelineStages {
   /// summary.json "pipeline".
   nlohmann::json summary() const;
   /// The step's record: what a rebalance moved to (once).
-  void record(nlohmann::json& rec, const StepResult& r);
+  void record(StepRecord& rec, const StepResult& r);
 
  private:
   void assign_stage_params();
@@ -259,7 +259,7 @@ class PipelineStages {
   TrainSession& s_;
   std::map<std::string, double> measured_factors_;
   std::vector<int64_t> pending_bounds_;  ///< the split to move to at the next checkpoint
-  nlohmann::json rebalanced_to_;         ///< the split a rebalance moved to (the next step's record)
+  std::optional<std::vector<int64_t>> rebalanced_to_;  ///< the split a rebalance moved to (the next step's record)
   double bubble_sum_ = 0;                ///< measured bubble fractions of this invocation's steps
   int64_t bubble_steps_ = 0, boundary_bytes_ = -1;
   double imbalance_now_ = 1.0;
@@ -272,7 +272,7 @@ class PipelineStages {
 class History {
  public:
   /// From the records a resume kept (MetricsLog::earlier).
-  void replay(const std::vector<nlohmann::json>& records);
+  void replay(const std::vector<StepRecord>& records);
   void add_loss(int64_t step, double loss);
   void add_val(int64_t step, double val);
   /// Drops what came after `step`; `val` is the checkpoint's validation loss (NaN = none).
@@ -341,7 +341,7 @@ class GuardActions {
   /// Observes step `r` (its record `rec`, `dt` seconds, `steps_done` of this
   /// invocation), carries out the strongest action and records the events
   /// in `rec`.
-  GuardOutcome after_step(const StepResult& r, nlohmann::json& rec, double dt, int64_t steps_done);
+  GuardOutcome after_step(const StepResult& r, StepRecord& rec, double dt, int64_t steps_done);
 
  private:
   std::pair<int64_t, std::string> rollback(const std::string& target, const nlohmann::json& st);
@@ -412,7 +412,7 @@ class Progress {
  public:
   explicit Progress(TrainSession& s);
   /// The record of step `r` (metrics.jsonl) before the guard and evaluation.
-  nlohmann::json record(const StepResult& r, double lr, double dt);
+  StepRecord record(const StepResult& r, double lr, double dt);
   /// Measures every rank's memory after this invocation's first step.
   void measure_memory();
   /// The progress line (every train.log_interval steps, the last and evaluations).

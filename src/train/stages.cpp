@@ -187,20 +187,20 @@ json PipelineStages::quantizer_state(const json& mine, bool own) {
   return kept;
 }
 
-void PipelineStages::record(json& rec, const StepResult& r) {
-  if (!rebalanced_to_.is_null()) rec["rebalanced_to"] = std::exchange(rebalanced_to_, json());
+void PipelineStages::record(StepRecord& rec, const StepResult& r) {
+  if (rebalanced_to_) rec.rebalanced_to = std::exchange(rebalanced_to_, std::nullopt);
   if (r.pipe_bubble < 0) return;
-  rec["pipe_bubble"] = r.pipe_bubble;
-  rec["boundary_bytes"] = r.boundary_bytes;
+  rec.pipe_bubble = r.pipe_bubble;
+  rec.boundary_bytes = r.boundary_bytes;
   if (!r.precision.metrics.contains("stats_seconds")) bubble_sum_ += r.pipe_bubble, ++bubble_steps_;
   boundary_bytes_ = r.boundary_bytes;
   if (r.precision.decided) after_plan(rec);
 }
 
-void PipelineStages::after_plan(json& rec) {
+void PipelineStages::after_plan(StepRecord& rec) {
   const auto [imb, best, best_imb] = balance(s_.ctl->assignment().options);
   imbalance_now_ = imb;
-  rec["stage_imbalance"] = imb;
+  rec.stage_imbalance = imb;
   const bool better = best != pc.layout.bounds && best_imb < imb * 0.99;
   if (better && s_.dopt().rebalance && s_.dopt().stage_split == "balanced") {
     pending_bounds_ = best;

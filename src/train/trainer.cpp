@@ -165,7 +165,7 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
     runner.after_step();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     history.add_loss(s.step, r.loss);
-    json rec = progress.record(r, lr, dt);
+    StepRecord rec = progress.record(r, lr, dt);
     // The guard (train/guard.h): every step, before anything is evaluated or saved.
     const GuardOutcome g = guard_actions.after_step(r, rec, dt, steps_done);
     const bool eval_step =
@@ -173,8 +173,8 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
     if (eval_step) {
       s.sync_weights();
       history.add_val(s.step, evaluator.validation_loss());
-      rec["val_loss"] = history.last_val;
-      rec["val_ppl"] = std::exp(history.last_val);
+      rec.val_loss = history.last_val;
+      rec.val_ppl = std::exp(history.last_val);
     }
     if (g.rolled_back) {
       // step-k is written again with what the guard did (its count, the
@@ -184,7 +184,7 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
       // before the rollback (and meets the same rollback again); killed
       // after it, as the rolled-back run, and the resume writes the record
       // the new step-k carries if it is not in metrics.jsonl yet.
-      checkpointer.rollback_record = rec;
+      checkpointer.rollback_record = rec.to_json();
       checkpointer.write(true, false, &g.rollback_checkpoint);
       checkpointer.rollback_record = nullptr;
       test_kill_point("rewrite-before-record");  // tests/cli/rollback_crash.py: kill -9 between the two

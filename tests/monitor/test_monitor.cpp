@@ -48,13 +48,16 @@ std::string family(const std::string& text, const std::string& name) {
   return out;
 }
 
+// A metrics.jsonl record as the trainer writes it.
+StepRecord rec(const json& j) { return step_record_from_json(j, "test record"); }
+
 }  // namespace
 
 TEST(Monitor, ScalarsAndNonFiniteValuesAsTheTextFormatSpellsThem) {
   Exporter e(info());
   json r = {{"step", 7}, {"loss", kNaN}, {"lr", 0.001}, {"grad_norm", -kInf}, {"tokens_per_s", 64.0},
             {"val_loss", kInf}, {"fp4_share", 0.75}};
-  e.update(r);
+  e.update(rec(r));
   const std::string t = e.text();
   EXPECT_EQ(family(t, "snip_loss"),
             "# HELP snip_loss Training loss of the last step (nats per token)\n"
@@ -93,13 +96,13 @@ TEST(Monitor, LabelValuesEscapedBackslashQuoteNewline) {
 
 TEST(Monitor, PerLayerErrorPrecisionAndPlanner) {
   Exporter e(info());
-  e.update({{"step", 3},
+  e.update(rec({{"step", 3},
             {"precision", {{"l.q", "fp4"}, {"l.k", "fp8"}}},
             {"rel_err_fprop", {{"l.q", 0.125}, {"l.k", 0.0}}},
             {"plan_step", 2},
             {"plan_status", "optimal"},
             {"plan_solve_seconds", 0.25},
-            {"stats_seconds", 1.5}});
+            {"stats_seconds", 1.5}}));
   const std::string t = e.text();
   EXPECT_EQ(family(t, "snip_quant_rel_error"),
             "# HELP snip_quant_rel_error Relative error ||Y_q - Y||/||Y|| of a GEMM's output under the layer's "
@@ -119,7 +122,7 @@ TEST(Monitor, PerLayerErrorPrecisionAndPlanner) {
   EXPECT_NE(t.find("\nsnip_stats_step_seconds 1.5\n"), std::string::npos);
   EXPECT_NE(t.find("\nsnip_plan_step 2\n"), std::string::npos);
   // per-GEMM granularity: "layer:gemm" items
-  e.update({{"step", 4}, {"precision", {{"l.q:fprop", "fp8"}, {"l.q:dgrad", "fp4"}, {"l.q:wgrad", "fp4"}}}});
+  e.update(rec({{"step", 4}, {"precision", {{"l.q:fprop", "fp8"}, {"l.q:dgrad", "fp4"}, {"l.q:wgrad", "fp4"}}}}));
   const std::string g = family(e.text(), "snip_layer_precision_bits");
   EXPECT_NE(g.find("{gemm=\"fprop\",layer=\"l.q\",operand=\"w\",option=\"fp8\"} 8\n"), std::string::npos);
   EXPECT_NE(g.find("{gemm=\"dgrad\",layer=\"l.q\",operand=\"w\",option=\"fp4\"} 4\n"), std::string::npos);
@@ -138,7 +141,7 @@ TEST(Monitor, StreakCountsMeasurementsStrictlyAbove5Percent) {
   for (size_t k = 0; k < 5; ++k) {
     json rel = json::object();
     for (int l = 0; l < 3; ++l) rel[layers[l]] = seq[size_t(l)][k];
-    e.update({{"step", k + 1}, {"rel_err_fprop", rel}});
+    e.update(rec({{"step", k + 1}, {"rel_err_fprop", rel}}));
     for (int l = 0; l < 3; ++l) EXPECT_EQ(e.streak(layers[l]), want[size_t(l)][k]) << layers[l] << " " << k;
   }
   // Exactly the threshold, three times: never a streak.
@@ -146,7 +149,7 @@ TEST(Monitor, StreakCountsMeasurementsStrictlyAbove5Percent) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(s.add("x", 0.05), 0);
   EXPECT_EQ(s.add("x", std::nextafter(0.05, 1.0)), 1);
   // Steps between stats steps carry no measurement: the streak stays.
-  e.update({{"step", 9}, {"loss", 1.0}});
+  e.update(rec({{"step", 9}, {"loss", 1.0}}));
   EXPECT_EQ(e.streak("a"), 4);
   EXPECT_NE(e.text().find("snip_quant_rel_error_streak{gemm=\"fprop\",layer=\"a\",operand=\"both\"} 4\n"),
             std::string::npos);
@@ -200,7 +203,7 @@ TEST(Monitor, ServesMetricsOnLoopbackAndReportsAPortInUse) {
   std::string why;
   const int port = e.listen("127.0.0.1:0", &why);
   ASSERT_GT(port, 0) << why;
-  e.update({{"step", 2}, {"loss", 3.5}});
+  e.update(rec({{"step", 2}, {"loss", 3.5}}));
   httplib::Client cli("127.0.0.1", port);
   auto res = cli.Get("/metrics");
   ASSERT_TRUE(res);

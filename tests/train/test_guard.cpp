@@ -250,7 +250,7 @@ TEST(GuardMetrics, ResumeKeepsRolledBackHistory) {
     io::write_file_atomic(path, lines);
     MetricsLog m(path, 4);  // the checkpoint at 4 written after the rollback
     ASSERT_EQ(m.earlier().size(), 4u);
-    EXPECT_EQ(m.earlier()[2]["loss"].get<double>(), 2.45);  // the trajectory that leads to step 4
+    EXPECT_EQ(*m.earlier()[2].loss, 2.45);  // the trajectory that leads to step 4
     EXPECT_EQ(io::read_file(path), lines);
   }
   {

@@ -13,6 +13,7 @@
 #include "snip/config/config.h"
 #include "snip/data/data_folder.h"
 #include "snip/run/checkpoint_files.h"
+#include "snip/run/step_record.h"
 #include "snip/run/trainer_state.h"
 #include "snip/train/trainer.h"
 #include "snip/io/atomic_file.h"
@@ -80,6 +81,58 @@ TEST(Trainer, LossDecreasesOnRealText) {
   EXPECT_TRUE(m.back().contains("val_loss"));
   EXPECT_TRUE(fs::exists(run + "/checkpoints/step-150/model.safetensors"));
   fs::remove_all(run);
+}
+
+// A metrics.jsonl record reads into its typed fields (values by hand) and
+// writes back as the same JSON, unknown keys included; a key of another type
+// is named in one line.
+TEST(StepRecord, ReadsWhatTheTrainerWritesAndNamesWrongTypes) {
+  const nlohmann::json line = nlohmann::json::parse(R"({"step": 41, "loss": null, "lr": 0.0005, "grad_norm": 1.25,
+    "tokens_per_s": 6400.5, "elapsed_s": 12.0, "fp4_share": 0.75, "step_s": 0.2, "val_loss": 4.5, "val_ppl": 90.0,
+    "precision": {"model.layers.0.mlp.up_proj": "fp4", "model.layers.0.self_attn.q_proj:fprop": "fp8"},
+    "plan_step": 40, "phase": "plan", "plan_status": "optimal", "plan_solve_seconds": 0.01, "stats_seconds": 0.5,
+    "rel_err_fprop": {"model.layers.0.mlp.up_proj": 0.125}, "guard_replan": true, "skipped": true,
+    "guard": [{"step": 41, "condition": "loss_spike", "action": "rollback", "reason": "r", "layers": [],
+               "outcome": "o"}],
+    "rollback_to": 20, "pipe_bubble": 0.25, "boundary_bytes": 4096, "stage_imbalance": 1.5,
+    "rebalanced_to": [0, 7, 8], "grad_comm_bytes": 100, "grad_comm_sent_bytes": 30, "comm_s": 0.125,
+    "grad_clip": 0.5, "a_future_key": {"x": [1, 2]}})");
+  const StepRecord r = step_record_from_json(line, "metrics.jsonl: line 41");
+  EXPECT_EQ(r.step, 41);
+  ASSERT_TRUE(r.loss.has_value());
+  EXPECT_TRUE(std::isnan(*r.loss));  // null: a non-finite loss
+  EXPECT_EQ(*r.lr, 0.0005);
+  EXPECT_EQ(*r.val_loss, 4.5);
+  EXPECT_EQ(r.precision->at("model.layers.0.self_attn.q_proj:fprop"), "fp8");
+  EXPECT_EQ(*r.plan_step, 40);
+  EXPECT_EQ(r.rel_err_fprop->at("model.layers.0.mlp.up_proj"), 0.125);
+  ASSERT_EQ(r.guard.size(), 1u);
+  EXPECT_EQ(r.guard[0].action, GuardAction::kRollback);
+  EXPECT_EQ(*r.rollback_to, 20);
+  EXPECT_EQ(*r.rebalanced_to, (std::vector<int64_t>{0, 7, 8}));
+  EXPECT_EQ(*r.boundary_bytes, 4096);
+  EXPECT_TRUE(r.skipped && r.guard_replan);
+  EXPECT_EQ(r.extra, (nlohmann::json{{"a_future_key", {{"x", {1, 2}}}}}));
+  EXPECT_EQ(r.to_json().dump(), line.dump());  // as written: NaN dumps as null
+  // A minimal record has no other key.
+  EXPECT_EQ(step_record_from_json({{"step", 1}}, "m").to_json(), (nlohmann::json{{"step", 1}}));
+  for (const auto& [bad, message] : std::vector<std::pair<nlohmann::json, std::string>>{
+           {{{"step", "x"}}, "m: step: expected an integer >= 0, got \"x\""},
+           {{{"step", 1.5}}, "m: step: expected an integer >= 0, got 1.5"},
+           {{{"loss", 2.0}}, "m: step: missing"},
+           {{{"step", 1}, {"loss", "x"}}, "m: loss: expected a number or null, got \"x\""},
+           {{{"step", 1}, {"precision", {{"l", 4}}}}, "m: precision.l: expected a string, got 4"},
+           {{{"step", 1}, {"guard", {{{"action", "explode"}}}}}, "m: guard[].action: expected warn, fp8-layer, replan, rollback or stop, got 'explode'"},
+           {{{"step", 1}, {"rebalanced_to", {0, 1.5}}}, "m: rebalanced_to[]: expected an integer, got 1.5"},
+           {nlohmann::json::array(), "m: expected a JSON record, got array"}}) {
+    std::string got = "(no error)";
+    try {
+      step_record_from_json(bad, "m");
+    } catch (const UserError& e) {
+      got = e.what();
+    }
+    EXPECT_EQ(got, message) << bad.dump();
+  }
 }
 
 // A trainer_state.json field of the wrong type is named, not an internal error.

@@ -35,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "snip/config/config.h"
+#include "snip/run/step_record.h"
 
 namespace httplib {
 class Server;
@@ -125,11 +126,12 @@ class Exporter {
   /// with `*error` set (e.g. the port is in use); the run goes on without it.
   int listen(const std::string& address, std::string* error);
 
-  /// Takes one metrics.jsonl record (a step's; keys in train/trainer.h):
-  /// step, loss, lr, grad_norm, tokens_per_s, fp4_share, val_loss,
-  /// precision, rel_err_fprop, stats_seconds, plan_status,
-  /// plan_solve_seconds. Absent keys keep their last value. null = NaN.
-  void update(const nlohmann::json& record);
+  /// Takes one step's metrics.jsonl record (snip/run/step_record.h): step,
+  /// loss, lr, grad_norm, tokens_per_s, fp4_share, val_loss, precision,
+  /// rel_err_fprop, plan_step, stats_seconds, plan_status,
+  /// plan_solve_seconds. Absent fields keep their last value; a non-finite
+  /// value (NaN) is exported as NaN.
+  void update(const StepRecord& record);
   /// A checkpoint was written now (its step).
   void checkpoint_written(int64_t step);
   /// The guard's state (train/guard.h GuardState: 0 idle, 1 warned, 2

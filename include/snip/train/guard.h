@@ -68,6 +68,7 @@
 
 #include "snip/config/config.h"
 #include "snip/monitor/exporter.h"
+#include "snip/run/step_record.h"
 
 namespace snip {
 
@@ -91,18 +92,8 @@ struct GuardObservation {
 };
 
 /// One condition that fired, and the action configured for it.
-struct GuardEvent {
-  int64_t step = 0;
-  std::string condition;        ///< "nonfinite", "loss_spike", "quant_error", "throughput_drop", "stall"
-  GuardAction action = GuardAction::kWarn;
-  std::string reason;           ///< one line with the numbers, e.g. "loss 9.12 > 1.5 x mean 4.10 of 20 steps"
-  std::vector<std::string> layers;  ///< the layers it names (quant_error), else empty
-  /// What the trainer did, filled in after the action ran (e.g. "rolled back
-  /// to checkpoints/step-20, skipped 40 windows"); "" until then.
-  std::string outcome;
-  /// {"step", "condition", "action", "reason", "layers", "outcome"}.
-  nlohmann::json to_json() const;
-};
+// GuardEvent (a condition seen and what was done) is snip/run/step_record.h:
+// the guard's events are part of the step's metrics record.
 
 /// Gauge values of snip_guard_state (monitor/exporter.h).
 enum class GuardState { kIdle = 0, kWarned = 1, kRaised = 2, kRolledBack = 3, kStopped = 4 };

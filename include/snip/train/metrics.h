@@ -1,5 +1,5 @@
 // snip/train/metrics.h: RUN/metrics.jsonl, one JSON object per optimizer
-// step (the keys are listed in train/trainer.h).
+// step (a StepRecord, snip/run/step_record.h).
 #pragma once
 
 #include <cstdint>
@@ -7,6 +7,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "snip/run/step_record.h"
 
 namespace snip {
 
@@ -19,8 +21,9 @@ class MetricsLog {
   /// and appends after them. Throws UserError when the file cannot be opened,
   /// or, before anything is written, when what it reads back is not what snip
   /// wrote: a line that is not a JSON record (but the last, a torn write), a
-  /// record without an integer "step", a "loss" or "val_loss" neither number
-  /// nor null (null: a non-finite value), or steps other than 1 ..
+  /// record step_record_from_json refuses (no integer "step", a key of
+  /// another type: "PATH: line N: loss: expected a number or null, got
+  /// ..."), or steps other than 1 ..
   /// resume_step in order (a record repeated or missing), naming the file
   /// and the line. A record with "rollback_to": k (the guard rolled back to
   /// step k, train/guard.h) is followed by step k + 1 again: the rolled-back
@@ -38,18 +41,18 @@ class MetricsLog {
 
   /// The records kept from earlier invocations (resume), in file order,
   /// without the rolled-back ones and the rollback records themselves.
-  const std::vector<nlohmann::json>& earlier() const { return earlier_; }
+  const std::vector<StepRecord>& earlier() const { return earlier_; }
 
   /// Writes `record` as one line. Throws UserError naming the file and the OS
   /// error (e.g. "No space left on device") when the write fails, so a run
   /// stops instead of losing its metrics; a partly written line is cut off
   /// again, so the file holds whole records only.
-  void append(const nlohmann::json& record);
+  void append(const StepRecord& record);
 
  private:
   std::string path_;
   int fd_ = -1;
-  std::vector<nlohmann::json> earlier_;
+  std::vector<StepRecord> earlier_;
 };
 
 }  // namespace snip

@@ -11,7 +11,8 @@
 //
 // A run on disk (README.md "A run on disk"):
 //   RUN/config.toml            resolved configuration (every option)
-//   RUN/metrics.jsonl          one JSON object per step: step, loss, lr,
+//   RUN/metrics.jsonl          one JSON object per step (a StepRecord,
+//                              run/step_record.h): step, loss, lr,
 //                              grad_norm, tokens_per_s, elapsed_s, fp4_share;
 //                              plus val_loss, val_ppl at evaluation steps and
 //                              precision, plan_step, phase, plan_status,
