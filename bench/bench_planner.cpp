@@ -44,10 +44,10 @@
 #include <tuple>
 #include <vector>
 
-#include "snip/policy/cost_table.h"
-#include "snip/policy/planner.h"
+#include "snip/plan/cost_table.h"
+#include "snip/plan/planner.h"
 
-using namespace snip::policy;
+using namespace snip::plan;
 
 namespace {
 
@@ -171,7 +171,7 @@ void run(benchmark::State& state, const PlanProblem& p, const PlanOptions& o_) {
   double optimal = 1, seconds = 0, share = 0, rel_gap = 0, gap = 0;
   std::string algorithm;
   for (auto _ : state) {
-    const PlanResult r = plan(p, o);
+    const PlanResult r = solve(p, o);
     benchmark::DoNotOptimize(r.objective);
     optimal = std::min(optimal, r.proven_optimal ? 1.0 : 0.0);
     seconds = r.solve_seconds;
@@ -390,7 +390,7 @@ void BM_Sweep_TinyLlama_OnePlanPerBudget(benchmark::State& state) {
   for (auto _ : state)
     for (double b : budget_steps(static_cast<int>(state.range(0)))) {
       o.budget = Budget::share(b);
-      benchmark::DoNotOptimize(plan(p, o).objective);
+      benchmark::DoNotOptimize(solve(p, o).objective);
     }
 }
 BENCHMARK(BM_Sweep_TinyLlama_OnePlanPerBudget)->Arg(20)->Arg(1000)->Unit(benchmark::kMillisecond)->Iterations(1);

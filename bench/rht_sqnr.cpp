@@ -26,10 +26,10 @@
 #include "snip/formats/fake_quant.h"
 #include "snip/formats/hadamard.h"
 #include "snip/model/llama.h"
-#include "snip/quant/recipe.h"
+#include "snip/recipes/recipe.h"
 #include "snip/train/checkpoint.h"
 #include "snip/train/step.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 using namespace snip;
 
@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
 
     std::vector<Variant> variants;
     for (const std::string r : {"nvfp4", "mxfp4", "fp4"}) {
-      const quant::Recipe rc = quant::find_recipe(r);
+      const recipes::Recipe rc = recipes::find_recipe(r);
       Variant v;
       v.dy = rc[Operand::kWgradDY];
       v.x = rc[Operand::kWgradX];

@@ -3,7 +3,7 @@
 # without, ~2 s with):
 #   src/model   Llama, the quantized linear layer, recipes bound to layers
 #               (quantizers.cpp; the LibTorch-free recipe registry is
-#               snip_recipes, src/quant/CMakeLists.txt), Hugging Face I/O
+#               snip_recipes, src/recipes/CMakeLists.txt), Hugging Face I/O
 #   src/dist    several ranks: the world, c10d Gloo (process_group.cpp only),
 #               the bucketed gradient all-reduce, weight checksums
 #   src/method  the stats step, the precision controller
@@ -31,7 +31,7 @@ function(snip_torch_library name folder)
 endfunction()
 # Not snip_data: SentencePiece must stay out of LibTorch processes (src/data/CMakeLists.txt).
 set(SNIP_TORCH_BELOW)
-foreach(dep snip_formats snip_recipes snip_io snip_tokens snip_policy snip_report snip_config snip_hw snip_run snip_monitor)
+foreach(dep snip_formats snip_recipes snip_io snip_tokens snip_plan snip_report snip_config snip_hw snip_run snip_monitor)
   if(TARGET ${dep})
     list(APPEND SNIP_TORCH_BELOW ${dep})
   endif()

@@ -10,7 +10,7 @@
 #include "snip/app/study.h"
 #include "snip/io/atomic_file.h"
 #include "snip/report/svg.h"
-#include "snip/util/statistics.h"
+#include "snip/core/statistics.h"
 
 namespace fs = std::filesystem;
 

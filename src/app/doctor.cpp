@@ -35,9 +35,9 @@
 #include "snip/model/blas.h"
 #include "snip/model/matmul.h"
 #include "snip/model/quantizers.h"
-#include "snip/quant/recipe.h"
+#include "snip/recipes/recipe.h"
 #include "snip/train/memory.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::app {
 
@@ -249,7 +249,7 @@ void run_doctor(const DoctorOpts& o) {
         // snip's recipes multiply it in before the GEMM today, so the BF16
         // GEMM sees one extra rounding that hardware (which scales the FP32
         // output) does not.
-        const quant::Recipe rc = quant::find_recipe(t.recipe);
+        const recipes::Recipe rc = recipes::find_recipe(t.recipe);
         const formats::QuantSpec& sa = rc[t.dgrad ? Operand::kDgradDY : Operand::kFpropX];
         if (sa.rule == formats::ScaleRule::kTwoLevel || sa.rule == formats::ScaleRule::kDelayed ||
             sa.scale_format == formats::ScaleFormat::kFP32)

@@ -27,7 +27,7 @@
 
 #include "snip/config/config.h"
 #include "snip/model/quantizers.h"
-#include "snip/quant/recipe_file.h"
+#include "snip/recipes/recipe_file.h"
 #include "snip/app/experiment.h"
 #include "snip/run/step_record.h"
 #include "snip/app/study.h"
@@ -36,8 +36,8 @@
 #include "snip/io/json.h"
 #include "snip/report/report.h"
 #include "snip/report/svg.h"
-#include "snip/util/error.h"
-#include "snip/util/statistics.h"
+#include "snip/core/error.h"
+#include "snip/core/statistics.h"
 
 extern char** environ;
 
@@ -824,10 +824,10 @@ void run_experiment(const ExperimentOptions& a) {
     if (fs::is_directory(out))
       for (const auto& e : fs::directory_iterator(out)) {
         if (fs::is_regular_file(e.path() / "recipes.json"))
-          quant::register_recipe_copy((e.path() / "recipes.json").string());
+          recipes::register_recipe_copy((e.path() / "recipes.json").string());
         for (const auto& sr : seed_runs(e.path()))
           if (fs::is_regular_file(sr.second / "recipes.json"))
-            quant::register_recipe_copy((sr.second / "recipes.json").string());
+            recipes::register_recipe_copy((sr.second / "recipes.json").string());
       }
     arms = a.arms_given ? parse_arm_list(a.arms) : arms_in(out);
     runs = trained_runs(arms, out);
@@ -843,7 +843,7 @@ void run_experiment(const ExperimentOptions& a) {
       Config c;
       c.load_toml_file(a.config);
       for (const auto& s : a.sets) c.set_override(s);
-      quant::register_recipe_file(c.get_string("precision.recipe_file"));
+      recipes::register_recipe_file(c.get_string("precision.recipe_file"));
     }
     arms = parse_arm_list(a.arms);
   }

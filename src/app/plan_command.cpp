@@ -35,18 +35,18 @@
 #include "snip/app/plan_measure.h"
 #include "snip/config/config.h"
 #include "snip/config/llama_config.h"
-#include "snip/policy/model_plan.h"
-#include "snip/policy/plan_file.h"
-#include "snip/policy/cost_table.h"
-#include "snip/policy/planner.h"
+#include "snip/plan/model_plan.h"
+#include "snip/plan/plan_file.h"
+#include "snip/plan/cost_table.h"
+#include "snip/plan/planner.h"
 #include "snip/io/json.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::app {
 
 namespace {
 
-using namespace snip::policy;
+using namespace snip::plan;
 
 
 
@@ -275,7 +275,7 @@ nlohmann::json plan_table(const PlanArgs& a, const CostTable& table, const std::
     else
       print_sweep(std::cout, pts);
   } else {
-    const PlanResult r = a.heuristic == "ilp" ? plan(problem, o)
+    const PlanResult r = a.heuristic == "ilp" ? solve(problem, o)
                                                : run_heuristic(a.heuristic, problem, o, a.seed);
     if (r.method == "ilp" && !r.proven_optimal)
       std::cerr << "snip: warning: the plan meets the budget but is not proven optimal ("
@@ -487,7 +487,7 @@ void run_model_plan(const PlanArgs& given) {
     if (!feasible) {  // nothing written (--out): planning failed
       PlanOptions po = o;
       po.budget = Budget::share(a.budget);
-      plan(problem, po);  // throws the planner's message: the pins that cap the share
+      solve(problem, po);  // throws the planner's message: the pins that cap the share
       fail("budget ", a.budget, " is infeasible: the pins allow at most ", fmt("%.4f", max_share));
     }
     if (!a.out.empty()) io::save_json_atomic(j, a.out);

@@ -26,24 +26,24 @@
 #include "snip/method/stats.h"
 #include "snip/model/hf.h"
 #include "snip/model/matmul.h"
-#include "snip/policy/cost_table.h"
-#include "snip/quant/recipe_file.h"
+#include "snip/plan/cost_table.h"
+#include "snip/recipes/recipe_file.h"
 #include "snip/train/memory.h"
 #include "snip/train/optimizer.h"
 #include "snip/train/step.h"
 #include "snip/train/trainer.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace fs = std::filesystem;
 
 namespace snip::app {
 
-policy::CostTable measure_plan_costs(Config& cfg, const PlanMeasureRequest& r) {
+plan::CostTable measure_plan_costs(Config& cfg, const PlanMeasureRequest& r) {
   const HfFolder f = read_hf_folder(r.hf_dir);
   // Notes go to stderr: stdout is the plan (or its JSON).
   for (const std::string& n : adopt_hf_config(f, cfg)) std::cerr << "snip: note: " << n << "\n";
   cfg.validate();
-  quant::register_recipe_file(cfg.get_string("precision.recipe_file"));  // its names may be precision.options
+  recipes::register_recipe_file(cfg.get_string("precision.recipe_file"));  // its names may be precision.options
   const RunConfig rc = RunConfig::from(cfg);
   const TrainConfig& tc = rc.train;
   const std::string train_bin = (fs::path(r.data_dir) / "train.bin").string();
@@ -96,7 +96,7 @@ policy::CostTable measure_plan_costs(Config& cfg, const PlanMeasureRequest& r) {
   char took[64];
   std::snprintf(took, sizeof took, "%.1f", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   std::cerr << "snip: stats step done in " << took << " s\n";
-  policy::CostTable t = to_cost_table(s, r.per_gemm);
+  plan::CostTable t = to_cost_table(s, r.per_gemm);
   t.source = "the stats step on " + r.hf_dir;
   return t;
 }

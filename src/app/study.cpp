@@ -18,7 +18,7 @@
 #include "snip/model/llama.h"
 #include "snip/model/matmul.h"
 #include "snip/model/quantizers.h"
-#include "snip/quant/recipe_file.h"
+#include "snip/recipes/recipe_file.h"
 #include "snip/method/stats.h"
 #include "snip/train/checkpoint.h"
 #include "snip/train/optimizer.h"
@@ -27,11 +27,11 @@
 #include "snip/data/loader.h"
 #include "snip/io/atomic_file.h"
 #include "snip/io/safetensors.h"
-#include "snip/policy/planner.h"
+#include "snip/plan/planner.h"
 #include "snip/report/report.h"
 #include "snip/run/trainer_state.h"
-#include "snip/util/error.h"
-#include "snip/util/statistics.h"
+#include "snip/core/error.h"
+#include "snip/core/statistics.h"
 
 namespace snip {
 
@@ -48,7 +48,7 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
     fail("--run: ", (run / "config.toml").string(), " does not exist (expected a run of `snip train`)");
   Config cfg;
   cfg.load_toml_file((run / "config.toml").string());
-  quant::register_recipe_file(cfg.get_string("precision.recipe_file"));  // --option may name one of its recipes
+  recipes::register_recipe_file(cfg.get_string("precision.recipe_file"));  // --option may name one of its recipes
   const RunConfig rc = RunConfig::from(cfg);
   const TrainConfig& tc = rc.train;
   std::string ckpt;
@@ -128,21 +128,21 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
 
   // The layers to study.
   std::vector<QuantLinear> all = model->linear_layers(), studied;
-  std::vector<policy::Pin> pins;
-  for (const auto& g : o.layers) pins.push_back(policy::parse_pin(g + "=" + o.option));
+  std::vector<plan::Pin> pins;
+  for (const auto& g : o.layers) pins.push_back(plan::parse_pin(g + "=" + o.option));
   for (const auto& l : all) {
-    policy::PlanItem it;
+    plan::PlanItem it;
     it.name = it.layer = l->name;
     bool take = pins.empty();
-    for (const auto& p : pins) take = take || policy::pin_matches(p, it, policy::Granularity::layer);
+    for (const auto& p : pins) take = take || plan::pin_matches(p, it, plan::Granularity::layer);
     if (take) studied.push_back(l);
   }
   for (size_t i = 0; i < pins.size(); ++i) {
     bool any = false;
     for (const auto& l : all) {
-      policy::PlanItem it;
+      plan::PlanItem it;
       it.name = it.layer = l->name;
-      any = any || policy::pin_matches(pins[i], it, policy::Granularity::layer);
+      any = any || plan::pin_matches(pins[i], it, plan::Granularity::layer);
     }
     if (!any) fail("--layers: pattern '", o.layers[i], "' matches no quantizable layer");
   }

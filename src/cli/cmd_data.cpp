@@ -8,7 +8,7 @@
 
 #include "commands.h"
 #include "snip/data/prepare.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::cli {
 

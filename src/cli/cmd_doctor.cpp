@@ -6,7 +6,7 @@
 
 #include "commands.h"
 #include "snip/app/doctor.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::cli {
 

@@ -27,12 +27,12 @@
 #include "commands.h"
 #include "snip/config/config.h"
 #include "snip/model/quantizers.h"
-#include "snip/quant/recipe_file.h"
+#include "snip/recipes/recipe_file.h"
 #include "snip/app/experiment.h"
 #include "snip/app/study.h"
 #include "snip/io/dir_lock.h"
 #include "snip/io/json.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 extern char** environ;
 

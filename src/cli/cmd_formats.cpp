@@ -37,9 +37,9 @@
 #include "snip/io/safetensors.h"
 #include "snip/io/tensor_values.h"
 #include "snip/config/config.h"
-#include "snip/quant/recipe.h"
-#include "snip/quant/recipe_file.h"
-#include "snip/util/error.h"
+#include "snip/recipes/recipe.h"
+#include "snip/recipes/recipe_file.h"
+#include "snip/core/error.h"
 
 namespace snip::cli {
 namespace {
@@ -143,10 +143,10 @@ void print_codes(std::ostream& out, const std::string& name, bool json) {
 void print_recipes(std::ostream& out, bool json) {
   std::ostringstream os;
   nlohmann::json arr = nlohmann::json::array();
-  for (const std::string& name : quant::recipe_names()) {
-    const quant::Recipe r = quant::find_recipe(name);
+  for (const std::string& name : recipes::recipe_names()) {
+    const recipes::Recipe r = recipes::find_recipe(name);
     if (json) {
-      arr.push_back(quant::to_json(r));
+      arr.push_back(recipes::to_json(r));
       continue;
     }
     os << r.name << ": " << r.description << (r.error_feedback ? " [error feedback on W]" : "") << "\n";
@@ -210,7 +210,7 @@ void run_quantize(const QuantizeOpts& o, std::ostream& out, std::ostream& err) {
     out << os.str() << std::flush;
     os.str("");
   };
-  const quant::Recipe recipe = quant::find_recipe(o.scheme);
+  const recipes::Recipe recipe = recipes::find_recipe(o.scheme);
   const Operand op = parse_operand(o.operand, "--operand");
   const formats::QuantSpec spec = recipe[op];
   // An operand with a Hadamard transform (nvfp4's wgrad operands): the
@@ -343,9 +343,9 @@ void add_format_commands(CLI::App& app) {
     if (!fo->config.empty()) {
       Config cfg;
       cfg.load_toml_file(fo->config);
-      quant::register_recipe_file(cfg.get_string("precision.recipe_file"));
+      recipes::register_recipe_file(cfg.get_string("precision.recipe_file"));
     }
-    if (!fo->recipe_file.empty()) quant::register_recipe_file(fo->recipe_file);
+    if (!fo->recipe_file.empty()) recipes::register_recipe_file(fo->recipe_file);
     if (!fo->codes.empty()) {
       print_codes(std::cout, fo->codes, fo->json);
     } else if (fo->recipes) {

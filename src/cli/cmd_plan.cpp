@@ -8,8 +8,8 @@
 #include "commands.h"
 #include "snip/app/plan_command.h"
 #include "snip/io/json.h"
-#include "snip/policy/plan_file.h"
-#include "snip/util/error.h"
+#include "snip/plan/plan_file.h"
+#include "snip/core/error.h"
 
 namespace snip::cli {
 

@@ -19,7 +19,7 @@
 
 #include "commands.h"
 #include "snip/report/report.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::cli {
 

@@ -13,7 +13,7 @@
 #include "snip/run/trainer_state.h"
 #include "snip/train/checkpoint.h"
 #include "snip/train/sample.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::cli {
 

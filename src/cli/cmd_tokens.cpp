@@ -11,7 +11,7 @@
 
 #include "commands.h"
 #include "snip/data/tokenizer.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::cli {
 

@@ -22,7 +22,7 @@
 #include "snip/model/lora.h"
 #include "snip/train/memory.h"
 #include "snip/train/trainer.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::cli {
 

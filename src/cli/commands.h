@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::cli {
 

@@ -27,7 +27,7 @@
 #include <spdlog/spdlog.h>
 
 #include "commands.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 extern char** environ;
 

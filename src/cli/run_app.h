@@ -18,8 +18,8 @@
 #include <string>
 
 #include "commands.h"
-#include "snip/util/error.h"
-#include "snip/util/strings.h"
+#include "snip/core/error.h"
+#include "snip/core/strings.h"
 
 namespace snip::cli {
 

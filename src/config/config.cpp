@@ -18,8 +18,8 @@
 #include <toml++/toml.h>
 
 #include "snip/io/toml.h"
-#include "snip/util/error.h"
-#include "snip/util/strings.h"
+#include "snip/core/error.h"
+#include "snip/core/strings.h"
 
 namespace snip {
 namespace {

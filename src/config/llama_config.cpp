@@ -5,7 +5,7 @@
 #include <type_traits>
 
 #include "snip/config/config.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 

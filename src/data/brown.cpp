@@ -13,7 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "snip/io/atomic_file.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace fs = std::filesystem;
 

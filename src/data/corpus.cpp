@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "snip/io/atomic_file.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace fs = std::filesystem;
 

@@ -9,7 +9,7 @@
 
 #include "snip/io/atomic_file.h"
 #include "snip/io/json.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::data {
 

@@ -10,7 +10,7 @@
 #include <sys/wait.h>
 
 #include "snip/io/atomic_file.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace fs = std::filesystem;
 

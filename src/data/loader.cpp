@@ -3,7 +3,7 @@
 #include "snip/data/loader.h"
 
 #include "rng.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::data {
 

@@ -28,7 +28,7 @@
 #include "snip/data/tokenizer.h"
 #include "snip/io/atomic_file.h"
 #include "snip/io/signal_cleanup.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;

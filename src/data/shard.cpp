@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "snip/io/atomic_file.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::data {
 namespace {

@@ -15,7 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 extern char** environ;
 

@@ -9,7 +9,7 @@
 
 #include "snip/data/corpus.h"
 #include "snip/io/atomic_file.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::data {
 namespace {

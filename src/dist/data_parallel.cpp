@@ -11,9 +11,9 @@
 #include "snip/formats/fake_quant.h"
 #include "snip/formats/minifloat.h"
 #include "snip/formats/scale_format.h"
-#include "snip/quant/recipe.h"
-#include "snip/util/error.h"
-#include "snip/util/hash.h"
+#include "snip/recipes/recipe.h"
+#include "snip/core/error.h"
+#include "snip/core/hash.h"
 
 namespace snip::dist {
 
@@ -148,9 +148,9 @@ void allreduce_gradients(Communicator& comm, const std::vector<torch::Tensor>& a
 GradCompressor::GradCompressor(const std::string& format, bool error_feedback)
     : format_(format), fp32_(format == "fp32"), ef_(error_feedback) {
   if (fp32_) return;
-  quant::Recipe r;
+  recipes::Recipe r;
   try {
-    r = quant::find_recipe(format);
+    r = recipes::find_recipe(format);
   } catch (const UserError& e) {
     fail("dist.grad_comm: ", e.what(), "; or fp32");
   }

@@ -3,7 +3,7 @@
 
 #include <optional>
 
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::dist {
 namespace {

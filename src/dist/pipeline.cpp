@@ -11,8 +11,8 @@
 #include <unordered_set>
 
 #include "snip/formats/fake_quant.h"
-#include "snip/quant/recipe.h"
-#include "snip/util/error.h"
+#include "snip/recipes/recipe.h"
+#include "snip/core/error.h"
 
 namespace snip::dist {
 
@@ -149,7 +149,7 @@ std::map<std::string, double> stage_cost_factors(const std::string& spec, const 
     if (o != "bf16" && o != "none") {
       try {
         int bits = 16;
-        for (const auto& s : quant::find_recipe(o).operands) bits = std::min(bits, s.element.bits);
+        for (const auto& s : recipes::find_recipe(o).operands) bits = std::min(bits, s.element.bits);
         f = double(bits) / 16.0;
       } catch (const UserError&) {
         f = 1.0;  // not a recipe (a custom option): full cost
@@ -173,7 +173,7 @@ std::map<std::string, double> stage_cost_factors(const std::string& spec, const 
       fail("dist.stage_cost: option '", name, "' given twice in \"", spec, "\"");
     if (name != "bf16") {
       try {
-        quant::find_recipe(name);
+        recipes::find_recipe(name);
       } catch (const UserError&) {
         fail("dist.stage_cost: '", name, "' is not a precision option (a recipe of `snip formats --recipes`, or bf16)");
       }

@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "snip/dist/world.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::dist {
 

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <thread>
 
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::dist {
 

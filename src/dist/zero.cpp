@@ -13,7 +13,7 @@
 #include "snip/io/json.h"
 #include "snip/io/safetensors.h"
 #include "snip/run/checkpoint_files.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::dist {
 

@@ -15,7 +15,7 @@
 #include "snip/formats/minifloat.h"
 #include "snip/formats/posit.h"
 #include "snip/formats/rounding.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::formats {
 

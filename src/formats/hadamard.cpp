@@ -5,7 +5,7 @@
 #include <cfloat>
 #include <cmath>
 
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::formats {
 

@@ -6,7 +6,7 @@
 #include "snip/formats/quant_spec.h"
 
 #include "snip/formats/hadamard.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::formats {
 

@@ -9,7 +9,7 @@
 #include "fast_math.h"
 #include "snip/formats/scale_format.h"
 #include "snip/formats/scaling.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::formats {
 

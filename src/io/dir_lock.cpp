@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <string>
 
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::io {
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "snip/io/atomic_file.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::io {
 namespace {

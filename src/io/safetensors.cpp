@@ -14,7 +14,7 @@
 
 #include "snip/io/atomic_file.h"
 #include "snip/io/json.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "snip::io assumes a little-endian host (safetensors data is little-endian)");

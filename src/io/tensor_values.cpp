@@ -9,7 +9,7 @@
 #include "snip/formats/element_format.h"
 #include "snip/formats/minifloat.h"
 #include "snip/formats/scale_format.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::io {
 namespace {

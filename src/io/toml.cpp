@@ -7,7 +7,7 @@
 
 #include <toml++/toml.h>
 
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::io {
 

@@ -1,7 +1,7 @@
 // A precision assignment and the one function that installs it (assignment.h).
 #include "snip/method/assignment.h"
 
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 

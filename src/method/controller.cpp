@@ -2,7 +2,7 @@
 // plans inside the training loop (see controller.h).
 #include "snip/method/controller.h"
 
-#include "snip/policy/plan_file.h"
+#include "snip/plan/plan_file.h"
 
 #include <spdlog/spdlog.h>
 
@@ -19,11 +19,11 @@
 #include "snip/model/quantizers.h"
 #include "snip/io/atomic_file.h"
 #include "snip/model/matmul.h"
-#include "snip/policy/cost_table.h"
-#include "snip/quant/recipe.h"
+#include "snip/plan/cost_table.h"
+#include "snip/recipes/recipe.h"
 #include "snip/io/json.h"
 #include "snip/run/checkpoint_files.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 
@@ -43,7 +43,7 @@ std::string join(const std::vector<std::string>& v) {
 
 // A recipe whose fprop operands are 4-bit elements (E2M1, E1M2, INT4, ...).
 bool is_4bit_option(const std::string& name) {
-  return name != kReference && quant::find_recipe(name)[Operand::kFpropX].element.bits <= 4;
+  return name != kReference && recipes::find_recipe(name)[Operand::kFpropX].element.bits <= 4;
 }
 
 // Per-GEMM precision of one layer: the quantizer of the option chosen for the
@@ -182,7 +182,7 @@ PrecisionController::PrecisionController(const RunConfig& rc, std::vector<QuantL
   // run's config.toml never carries a value a later resume or `snip correlate`
   // would reject; what follows needs the layers or the recipe registry.
   policy_ = pc_.policy_name();
-  gran_ = pc_.per_gemm ? policy::Granularity::gemm : policy::Granularity::layer;
+  gran_ = pc_.per_gemm ? plan::Granularity::gemm : plan::Granularity::layer;
   stats_seed_ = uint64_t(rc.train.seed);
   low_ = pc_.low_option;
   if (low_.empty() || low_ == kReference)
@@ -237,7 +237,7 @@ PrecisionController::PrecisionController(const RunConfig& rc, std::vector<QuantL
   add(kReference, "precision.options", quant_);
   for (const auto& p : pc_.pins) {
     try {
-      pins_.push_back(policy::parse_pin(p));
+      pins_.push_back(plan::parse_pin(p));
     } catch (const UserError& e) {
       fail("config: precision.pins: ", e.what());
     }
@@ -247,7 +247,7 @@ PrecisionController::PrecisionController(const RunConfig& rc, std::vector<QuantL
   // the policy (with bf16, pins = "x[=fp8" would otherwise be accepted silently).
   if (!pins_.empty()) {
     try {
-      policy::resolve_pins(shape_only_problem(), plan_options(true));
+      plan::resolve_pins(shape_only_problem(), plan_options(true));
     } catch (const UserError& e) {
       fail("config: precision.pins: ", e.what());
     }
@@ -255,7 +255,7 @@ PrecisionController::PrecisionController(const RunConfig& rc, std::vector<QuantL
   if (pc_.policy == Policy::kNone) return;  // inactive: nothing is quantized
   if (rc.guard.enabled) add(rc.guard.raise_option, "guard.raise_option", extra_quant_);
   if (rc.guard.enabled && rc.guard.raise_option != kReference)
-    for (const auto& spec : quant::find_recipe(rc.guard.raise_option).operands)
+    for (const auto& spec : recipes::find_recipe(rc.guard.raise_option).operands)
       if (spec.element.bits < 8)
         fail("config: guard.raise_option: expected an option of 8 bits or more (fp8, bf16, ...), got '",
              rc.guard.raise_option, "' (", spec.element.bits, "-bit elements)");
@@ -264,13 +264,13 @@ PrecisionController::PrecisionController(const RunConfig& rc, std::vector<QuantL
   // Everything the planner can check on the layer list alone (pins that match
   // nothing, conflicting pins, options, budget feasibility): run the very
   // decision a plan step will make, on placeholder Q values.
-  policy::PlanProblem prob = shape_only_problem();
+  plan::PlanProblem prob = shape_only_problem();
   if (pc_.policy == Policy::kSnip) {
-    policy::plan(prob, plan_options(true));
+    plan::solve(prob, plan_options(true));
   } else {
-    policy::PlanOptions o = plan_options(true);
+    plan::PlanOptions o = plan_options(true);
     if (pc_.policy == Policy::kUniform) o.allowed_options.clear();
-    policy::run_heuristic(policy_, prob, o, uint64_t(pc_.seed));
+    plan::run_heuristic(policy_, prob, o, uint64_t(pc_.seed));
   }
 }
 
@@ -325,7 +325,7 @@ std::vector<std::string> PrecisionController::layers_below_fp8() const {
     if (it != low.end()) return it->second;
     bool b = false;
     if (o != kReference)
-      for (const auto& spec : quant::find_recipe(o).operands) b = b || spec.element.bits < 8;
+      for (const auto& spec : recipes::find_recipe(o).operands) b = b || spec.element.bits < 8;
     return low[o] = b;
   };
   for (const auto& l : layers_) {
@@ -339,21 +339,21 @@ std::vector<std::string> PrecisionController::layers_below_fp8() const {
 // Items with FLOPs 6·in·out per token (per step up to a common factor, which
 // shares ignore) and placeholder Q (1 at the low option, 0 elsewhere) for
 // every option the controller knows.
-policy::PlanProblem PrecisionController::shape_only_problem() const {
-  policy::PlanProblem p;
+plan::PlanProblem PrecisionController::shape_only_problem() const {
+  plan::PlanProblem p;
   p.granularity = gran_;
   for (const auto& l : layers_) {
-    policy::PlanItem it;
+    plan::PlanItem it;
     it.name = it.layer = l->name;
     it.flops = 6.0 * double(l->in_features) * double(l->out_features);
     for (const auto& kv : quant_) it.q[kv.first] = kv.first == low_ ? 1.0 : 0.0;
     it.rel_err[low_] = 1.0;
-    if (gran_ == policy::Granularity::layer) {
+    if (gran_ == plan::Granularity::layer) {
       p.items.push_back(std::move(it));
       continue;
     }
     for (Gemm g : kAllGemms) {
-      policy::PlanItem gi = it;
+      plan::PlanItem gi = it;
       gi.name = plan_item_key(l->name, g);
       gi.gemm = gemm_name(g);
       gi.flops = it.flops / 3.0;
@@ -364,9 +364,9 @@ policy::PlanProblem PrecisionController::shape_only_problem() const {
   return p;
 }
 
-policy::PlanOptions PrecisionController::plan_options(bool with_pins) const {
-  policy::PlanOptions o;
-  o.budget = policy::Budget::share(pc_.budget);
+plan::PlanOptions PrecisionController::plan_options(bool with_pins) const {
+  plan::PlanOptions o;
+  o.budget = plan::Budget::share(pc_.budget);
   o.low_option = low_;
   o.allowed_options = pc_.options;
   if (with_pins) o.pins = pins_;
@@ -377,11 +377,11 @@ policy::PlanOptions PrecisionController::plan_options(bool with_pins) const {
   return o;
 }
 
-void PrecisionController::add_stages(policy::PlanProblem& p) const {
+void PrecisionController::add_stages(plan::PlanProblem& p) const {
   if (stage_of_layer_.empty()) return;
   std::map<std::string, int> stage;
   for (size_t i = 0; i < layers_.size(); ++i) stage[layers_[i]->name] = stage_of_layer_[i];
-  for (policy::PlanItem& it : p.items) it.stage = stage.at(it.layer);
+  for (plan::PlanItem& it : p.items) it.stage = stage.at(it.layer);
 }
 
 void PrecisionController::set_pipeline(std::vector<int> stage_of_layer, int my_stage,
@@ -393,15 +393,15 @@ void PrecisionController::set_pipeline(std::vector<int> stage_of_layer, int my_s
   stage_boundary_ = boundary_option == "none" ? "" : boundary_option;
   if (!active_) return;
   // The checks of the constructor, with a budget row per stage.
-  policy::PlanProblem prob = shape_only_problem();
+  plan::PlanProblem prob = shape_only_problem();
   try {
     if (pc_.policy == Policy::kSnip) {
-      policy::plan(prob, plan_options(true));
+      plan::solve(prob, plan_options(true));
     } else {
-      policy::PlanOptions o = plan_options(true);
+      plan::PlanOptions o = plan_options(true);
       if (pc_.policy == Policy::kUniform) o.allowed_options.clear(), o.per_stage_budget = false,
                                           o.stage_boundary_option.clear();
-      policy::run_heuristic(policy_, prob, o, uint64_t(pc_.seed));
+      plan::run_heuristic(policy_, prob, o, uint64_t(pc_.seed));
     }
   } catch (const UserError& e) {
     fail("dist.pipeline_stages with dist.stage_boundary = ", boundary_option, ": ", e.what());
@@ -411,7 +411,7 @@ void PrecisionController::set_pipeline(std::vector<int> stage_of_layer, int my_s
 std::vector<PlanKey> PrecisionController::item_keys() const {
   std::vector<PlanKey> out;
   for (const auto& l : layers_) {
-    if (gran_ == policy::Granularity::layer) out.push_back(PlanKey{l->name, std::nullopt});
+    if (gran_ == plan::Granularity::layer) out.push_back(PlanKey{l->name, std::nullopt});
     else
       for (Gemm g : kAllGemms) out.push_back(PlanKey{l->name, g});
   }
@@ -480,17 +480,17 @@ void PrecisionController::decide(int64_t s, Phase phase,
   using clock = std::chrono::steady_clock;
   const bool root = !comm_ || comm_->rank() == 0;
   std::string plan_error;
-  policy::PlanResult r;
-  policy::PlanProblem prob;
+  plan::PlanResult r;
+  plan::PlanProblem prob;
   StatsStep fresh;
   bool have_stats = false;
   double stats_s = 0;
   const std::string& every_layer = phase == Phase::kWarmup ? pc_.warmup_precision : pc_.final_precision;
   if (phase != Phase::kPlan) {
     prob = shape_only_problem();
-    policy::PlanOptions o = plan_options(false);  // "every layer": pins do not apply
+    plan::PlanOptions o = plan_options(false);  // "every layer": pins do not apply
     o.allowed_options.clear();
-    r = policy::heuristic_uniform(prob, o, every_layer);
+    r = plan::heuristic_uniform(prob, o, every_layer);
   } else if (pc_.needs_stats()) {
     const auto t0 = clock::now();
     StatsOptions so;
@@ -530,7 +530,7 @@ void PrecisionController::decide(int64_t s, Phase phase,
     stats_s = std::chrono::duration<double>(clock::now() - t0).count();
     if (!run_dir_.empty()) {
       fs::create_directories(fs::path(run_dir_) / "stats");
-      const bool pg = gran_ == policy::Granularity::gemm;
+      const bool pg = gran_ == plan::Granularity::gemm;
       json j = to_json(smoothed_, pg);
       if (!stage_of_layer_.empty())  // `snip plan --stages S` on this file plans with the run's split
         for (size_t i = 0; i < layers_.size() && i < j["layers"].size(); ++i) j["layers"][i]["stage"] = stage_of_layer_[i];
@@ -540,24 +540,24 @@ void PrecisionController::decide(int64_t s, Phase phase,
     }
     prob = to_plan_problem(smoothed_, gran_);
     add_stages(prob);
-    const policy::PlanOptions o = plan_options(true);
+    const plan::PlanOptions o = plan_options(true);
     if (root) {  // several ranks: rank 0 alone solves; agree() hands its plan (or error) to the others
       try {
-        r = pc_.policy == Policy::kSnip ? policy::plan(prob, o)
-                                        : policy::run_heuristic(policy_, prob, o, uint64_t(pc_.seed));
+        r = pc_.policy == Policy::kSnip ? plan::solve(prob, o)
+                                        : plan::run_heuristic(policy_, prob, o, uint64_t(pc_.seed));
       } catch (const UserError& e) {
         plan_error = e.what();
       }
     }
   } else {
     prob = shape_only_problem();
-    policy::PlanOptions o = plan_options(true);
+    plan::PlanOptions o = plan_options(true);
     if (pc_.policy == Policy::kUniform) {  // one option everywhere: no stage rows, no stage-boundary pins
       o.allowed_options.clear();
       o.per_stage_budget = false;
       o.stage_boundary_option.clear();
     }
-    r = policy::run_heuristic(policy_, prob, o, uint64_t(pc_.seed));
+    r = plan::run_heuristic(policy_, prob, o, uint64_t(pc_.seed));
   }
   std::map<PlanKey, std::string> planned;
   if (root)
@@ -583,7 +583,7 @@ void PrecisionController::decide(int64_t s, Phase phase,
       rel[ls.name] = std::move(m);
     }
   if (root) {  // with several ranks the plan is rank 0's: it alone saves and prints it
-    json pj = policy::plan_to_json(r);
+    json pj = plan::plan_to_json(r);
     pj["step"] = s;
     pj["policy"] = policy_;
     pj["phase"] = to_string(phase);
@@ -704,7 +704,7 @@ void PrecisionController::restore(const json& st, const std::string& what) {
       bool delayed = false;
       for (const auto& [name, q] : quant_)
         if (q)
-          for (const auto& spec : quant::find_recipe(name).operands)
+          for (const auto& spec : recipes::find_recipe(name).operands)
             delayed = delayed || spec.rule == formats::ScaleRule::kDelayed;
       if (delayed)
         spdlog::warn("{}: no quantizer state (written by an older snip): delayed-scaling amax histories "

@@ -12,8 +12,8 @@
 #include <utility>
 
 #include "snip/model/quantizers.h"
-#include "snip/policy/cost_table.h"
-#include "snip/util/error.h"
+#include "snip/plan/cost_table.h"
+#include "snip/core/error.h"
 
 namespace snip {
 
@@ -682,13 +682,13 @@ void smooth(StatsStep& prev, const StatsStep& fresh, double s) {
   prev = std::move(out);
 }
 
-policy::CostTable to_cost_table(const StatsStep& s, bool per_gemm) {
+plan::CostTable to_cost_table(const StatsStep& s, bool per_gemm) {
   const double ld_n = s.ld_sum_low > 0 ? s.ld_sum_low : 1.0;
   const double wd_n = s.wd_sum_low > 0 ? s.wd_sum_low : 1.0;
-  policy::CostTable t;
+  plan::CostTable t;
   t.source = str_cat("stats step ", s.step);
   for (const LayerStats& ls : s.layers) {
-    policy::LayerCost lc;
+    plan::LayerCost lc;
     lc.name = ls.name;
     if (!per_gemm) {
       for (const auto& p : s.options) {
@@ -701,7 +701,7 @@ policy::CostTable to_cost_table(const StatsStep& s, bool per_gemm) {
     } else {
       lc.has_gemms = true;
       for (Gemm g : kAllGemms) {
-        policy::GemmCost& gc = lc.gemms[size_t(g)];
+        plan::GemmCost& gc = lc.gemms[size_t(g)];
         for (const auto& p : s.options) {
           const OptionStats& os = ls.options.at(p);
           gc.q[p] = g == Gemm::kFprop ? s.alpha * os.ld / ld_n
@@ -749,7 +749,7 @@ nlohmann::json to_json(const StatsStep& s, bool per_gemm) {
                   {"alpha", s.alpha},           {"ld_sum_low", s.ld_sum_low},
                   {"wd_sum_low", s.wd_sum_low}, {"ranks", s.ranks},
                   {"layers", std::move(details_layers)}};
-  json j = policy::to_json(to_cost_table(s, per_gemm));
+  json j = plan::to_json(to_cost_table(s, per_gemm));
   j["step"] = s.step;
   j["details"] = std::move(details);
   return j;
@@ -802,8 +802,8 @@ StatsStep stats_from_json(const nlohmann::json& j, const std::string& what) {
 }
 
 
-policy::PlanProblem to_plan_problem(const StatsStep& s, policy::Granularity g) {
-  return policy::make_problem(to_cost_table(s, g == policy::Granularity::gemm), g);
+plan::PlanProblem to_plan_problem(const StatsStep& s, plan::Granularity g) {
+  return plan::make_problem(to_cost_table(s, g == plan::Granularity::gemm), g);
 }
 
 }  // namespace snip

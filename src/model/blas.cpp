@@ -8,7 +8,7 @@
 #include <mutex>
 
 #include "snip/hw/capabilities.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 extern "C" void openblas_set_num_threads(int);
 

@@ -10,7 +10,7 @@
 #include "snip/io/atomic_file.h"
 #include "snip/io/json.h"
 #include "snip/io/tensor_values.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 

@@ -7,7 +7,7 @@
 #include "snip/model/lora.h"
 #include "snip/model/blas.h"
 #include "snip/model/matmul.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 #include <stdexcept>
 

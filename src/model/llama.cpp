@@ -8,7 +8,7 @@
 #include <optional>
 
 #include "snip/config/config.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 

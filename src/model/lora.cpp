@@ -16,19 +16,19 @@
 #include "snip/io/tensor_values.h"
 #include "snip/model/hf.h"
 #include "snip/model/matmul.h"
-#include "snip/policy/planner.h"
-#include "snip/util/error.h"
+#include "snip/plan/planner.h"
+#include "snip/core/error.h"
 
 namespace snip {
 
 namespace {
 
 // `pattern` against the whole layer name and every suffix after a '.', as
-// precision pins match (policy/planner.h pin_matches).
+// precision pins match (plan/planner.h pin_matches).
 bool target_matches(const std::string& pattern, const std::string& name) {
-  if (policy::glob_match(pattern, name)) return true;
+  if (plan::glob_match(pattern, name)) return true;
   for (size_t i = name.find('.'); i != std::string::npos; i = name.find('.', i + 1))
-    if (policy::glob_match(pattern, name.substr(i + 1))) return true;
+    if (plan::glob_match(pattern, name.substr(i + 1))) return true;
   return false;
 }
 

@@ -11,7 +11,7 @@
 #include <stdexcept>
 
 #include "snip/formats/bf16.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 

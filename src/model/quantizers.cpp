@@ -9,8 +9,8 @@
 #include "snip/formats/hadamard.h"
 #include "snip/formats/scaling.h"
 #include "snip/model/matmul.h"
-#include "snip/quant/recipe.h"
-#include "snip/util/error.h"
+#include "snip/recipes/recipe.h"
+#include "snip/core/error.h"
 
 namespace snip {
 
@@ -65,7 +65,7 @@ std::string base64_decode(const std::string& s, const std::string& where) {
 // error-feedback residual (Recipe::error_feedback) per layer.
 class RecipeQuantizer final : public OperandQuantizer {
  public:
-  explicit RecipeQuantizer(quant::Recipe r) : recipe_(std::move(r)) {}
+  explicit RecipeQuantizer(recipes::Recipe r) : recipe_(std::move(r)) {}
 
   torch::Tensor quantize(const torch::Tensor& t, const QuantKey& key) const override {
     TORCH_CHECK(t.dim() == 2, "quantize: expected [rows, K], got ", t.sizes());
@@ -304,7 +304,7 @@ class RecipeQuantizer final : public OperandQuantizer {
     torch::Tensor next;   // r_{t+1} [OUT, IN] FP32, added in the next step
   };
 
-  quant::Recipe recipe_;
+  recipes::Recipe recipe_;
   mutable std::mutex mu_;
   mutable std::map<std::pair<int64_t, int>, formats::DelayedScaling> delayed_;
   mutable std::mutex ef_mu_;                       // taken before mu_ when both are held
@@ -316,7 +316,7 @@ class RecipeQuantizer final : public OperandQuantizer {
 std::shared_ptr<const OperandQuantizer> make_recipe_quantizer(const std::string& recipe) {
   if (recipe == "none" || recipe.empty()) return nullptr;
   try {
-    return std::make_shared<RecipeQuantizer>(quant::find_recipe(recipe));
+    return std::make_shared<RecipeQuantizer>(recipes::find_recipe(recipe));
   } catch (const UserError& e) {
     fail("precision.recipe: ", e.what());
   }

@@ -21,8 +21,8 @@
 #include <spdlog/spdlog.h>
 
 #include "snip/config/config.h"
-#include "snip/quant/recipe.h"
-#include "snip/util/error.h"
+#include "snip/recipes/recipe.h"
+#include "snip/core/error.h"
 
 namespace snip::monitor {
 
@@ -350,8 +350,8 @@ int64_t Exporter::streak(const std::string& layer, const std::string& gemm, cons
 std::unique_ptr<Exporter> start_exporter(const MonitorOptions& opts, RunInfo info, int local_rank, bool log) {
   const std::string address = opts.address(info.rank, local_rank);
   if (address.empty()) return nullptr;
-  for (const std::string& name : quant::recipe_names()) {
-    const quant::Recipe r = quant::find_recipe(name);
+  for (const std::string& name : recipes::recipe_names()) {
+    const recipes::Recipe r = recipes::find_recipe(name);
     for (int op = 0; op < kNumOperands; ++op)
       info.option_bits[name][operand_name(Operand(op))] = r[Operand(op)].element.bits;
   }

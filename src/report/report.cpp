@@ -1,7 +1,7 @@
 // report.cpp: the run report (snip/report/report.h): reads a run directory
 // and renders one self-contained HTML page from the SVG charts of svg.h.
 #include "snip/report/report.h"
-#include "snip/quant/gemm.h"
+#include "snip/recipes/gemm.h"
 
 #include <algorithm>
 #include <array>
@@ -26,8 +26,8 @@
 #include "snip/report/compare.h"
 #include "snip/report/svg.h"
 #include "snip/run/step_record.h"
-#include "snip/util/error.h"
-#include "snip/util/statistics.h"
+#include "snip/core/error.h"
+#include "snip/core/statistics.h"
 
 namespace snip::report {
 

@@ -4,7 +4,7 @@
 // coordinates), so the same input always gives the same bytes (the tests
 // compare coordinates as strings).
 #include "snip/report/svg.h"
-#include "snip/util/hash.h"
+#include "snip/core/hash.h"
 
 #include <algorithm>
 #include <cctype>

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::run_fields {
 

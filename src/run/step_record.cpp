@@ -5,7 +5,7 @@
 #include <limits>
 
 #include "json_fields.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 

@@ -6,7 +6,7 @@
 #include <set>
 
 #include "json_fields.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 

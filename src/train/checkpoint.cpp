@@ -28,7 +28,7 @@
 #include "snip/train/memory.h"
 #include "snip/train/optimizer.h"
 #include "snip/run/trainer_state.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 

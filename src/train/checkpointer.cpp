@@ -7,7 +7,7 @@
 #include "snip/io/safetensors.h"
 #include "snip/model/hf.h"
 #include "snip/train/checkpoint.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 

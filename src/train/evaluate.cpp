@@ -3,7 +3,7 @@
 #include "session.h"
 
 #include "snip/model/quantizers.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 

@@ -6,7 +6,7 @@
 
 #include <spdlog/fmt/fmt.h>
 
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 

@@ -4,10 +4,10 @@
 
 #include <fmt/ranges.h>
 
-#include "snip/quant/recipe.h"
-#include "snip/quant/gemm.h"
+#include "snip/recipes/recipe.h"
+#include "snip/recipes/gemm.h"
 #include "snip/train/checkpoint.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 
@@ -46,8 +46,8 @@ GuardObservation observe(const StepResult& r, int64_t step, double tokens_per_s)
       // the layer, or "layer:fprop" under precision.granularity = gemm).
       const json& prec = r.precision.metrics.value("precision", json::object());
       const std::string item = prec.contains(layer) ? layer : plan_item_key(layer, Gemm::kFprop);
-      if (prec.contains(item) && prec[item].is_string() && quant::has_recipe(prec[item].get<std::string>())) {
-        const quant::Recipe q = quant::find_recipe(prec[item].get<std::string>());
+      if (prec.contains(item) && prec[item].is_string() && recipes::has_recipe(prec[item].get<std::string>())) {
+        const recipes::Recipe q = recipes::find_recipe(prec[item].get<std::string>());
         obs.quant_bits[layer] = std::min(q[Operand::kFpropX].element.bits, q[Operand::kFpropW].element.bits);
       }
     }

@@ -9,7 +9,7 @@
 #include "snip/io/safetensors.h"
 #include "snip/train/checkpoint.h"
 #include "snip/train/optimizer.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 

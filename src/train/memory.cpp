@@ -3,7 +3,7 @@
 
 #include <cstdio>
 
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 

@@ -12,7 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "snip/io/atomic_file.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 

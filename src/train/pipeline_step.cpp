@@ -9,7 +9,7 @@
 #include "snip/dist/data_parallel.h"
 #include "snip/method/nonfinite.h"
 #include "snip/train/optimizer.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 

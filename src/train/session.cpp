@@ -9,8 +9,8 @@
 #include "snip/io/atomic_file.h"
 #include "snip/io/json.h"
 #include "snip/train/checkpoint.h"
-#include "snip/util/error.h"
-#include "snip/util/hash.h"
+#include "snip/core/error.h"
+#include "snip/core/hash.h"
 
 namespace snip {
 
@@ -136,7 +136,7 @@ void read_init_folder(TrainSession& s) {
 // never reads are said.
 void resolve_config(TrainSession& s) {
   Config& cfg = s.cfg;
-  s.recipe_file = quant::register_recipe_file(cfg.get_string("precision.recipe_file"));
+  s.recipe_file = recipes::register_recipe_file(cfg.get_string("precision.recipe_file"));
   s.alias = resolve_precision_alias(cfg);
   try {
     s.rc = RunConfig::from(cfg);

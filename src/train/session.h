@@ -62,7 +62,7 @@
 #include "snip/model/lora.h"
 #include "snip/monitor/exporter.h"
 #include "snip/run/trainer_state.h"
-#include "snip/quant/recipe_file.h"
+#include "snip/recipes/recipe_file.h"
 #include "snip/train/faults.h"
 #include "snip/train/guard.h"
 #include "snip/train/metrics.h"
@@ -120,7 +120,7 @@ struct TrainSession {
   bool adopted = false;                 ///< some [model] option came from the folder's config.json
 
   // ---- the configuration, checked and typed
-  quant::RecipeFile recipe_file;
+  recipes::RecipeFile recipe_file;
   std::string alias;  ///< the precision alias line ("" = none)
   monitor::MonitorOptions monitor_opts;
   RunConfig rc;

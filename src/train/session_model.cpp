@@ -15,7 +15,7 @@
 #include "snip/train/memory.h"
 #include "snip/train/optimizer.h"
 #include "snip/train/checkpoint.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 

@@ -6,7 +6,7 @@
 #include "snip/model/matmul.h"
 #include "snip/train/checkpoint.h"
 #include "snip/train/optimizer.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 
@@ -77,7 +77,7 @@ void open_run_files(TrainSession& s) {
     s.metrics.emplace((s.run / "metrics.jsonl").string(), opts.resume ? s.step : -1,
                       s.resume_ckpt.empty() ? json() : s.resume_typed.rollback_record);
     io::write_file_atomic((s.run / "config.toml").string(), s.cfg.to_toml());
-    if (std::string w = quant::record_run_recipes(opts.run_dir, s.recipe_file, opts.resume); !w.empty())
+    if (std::string w = recipes::record_run_recipes(opts.run_dir, s.recipe_file, opts.resume); !w.empty())
       spdlog::warn(w);
   }
   if (s.writer) s.ctl->set_output(opts.run_dir, s.chatty);

@@ -10,11 +10,11 @@
 
 #include "snip/dist/pipeline.h"
 #include "snip/io/json.h"
-#include "snip/quant/gemm.h"
+#include "snip/recipes/gemm.h"
 #include "snip/train/checkpoint.h"
 #include "snip/train/optimizer.h"
 #include "snip/train/stage_cost.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 

@@ -8,7 +8,7 @@
 #include "snip/dist/zero.h"
 #include "snip/method/nonfinite.h"
 #include "snip/train/optimizer.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 

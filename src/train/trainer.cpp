@@ -12,7 +12,7 @@
 #include "snip/model/matmul.h"
 #include "snip/train/checkpoint.h"
 #include "snip/train/optimizer.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 

@@ -131,7 +131,7 @@ def collect_run(run_dir):
         with open(p) as f:
             j = json.load(f)
         layers = {}
-        for e in j["layers"]:  # the smoothed cost table the planner used (policy/cost_table.h)
+        for e in j["layers"]:  # the smoothed cost table the planner used (plan/cost_table.h)
             layers[e["name"]] = e["q"] if "q" in e else {g: d["q"] for g, d in e["gemms"].items()}
         out["stats"].append({"file": os.path.basename(p), "layers": layers})
     return out

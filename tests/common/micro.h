@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "snip/config/config.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::test {
 

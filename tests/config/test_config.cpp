@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "snip/config/config.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 #include "micro.h"
 
 using namespace snip;

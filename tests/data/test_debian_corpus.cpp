@@ -9,7 +9,7 @@
 
 #include "snip/data/debian_corpus.h"
 #include "snip/data/prepare.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 #include "test_util.h"
 
 namespace snip::data {

@@ -12,7 +12,7 @@
 
 #include "snip/dist/data_parallel.h"
 #include "snip/formats/fake_quant.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::dist {
 namespace {

@@ -17,7 +17,7 @@
 
 #include "snip/dist/pipeline.h"
 #include "snip/model/llama.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::dist {
 namespace {

@@ -10,7 +10,7 @@
 
 #include "snip/dist/data_parallel.h"
 #include "snip/dist/world.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::dist {
 namespace {

@@ -19,7 +19,7 @@
 #include "snip/io/atomic_file.h"
 #include "snip/model/llama.h"
 #include "snip/run/checkpoint_files.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::dist {
 namespace {

@@ -13,7 +13,7 @@
 #include "snip/formats/fake_quant.h"
 #include "snip/formats/hadamard.h"
 #include "snip/formats/minifloat.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 #include "test_util.h"
 
 namespace snip::formats {

@@ -17,11 +17,11 @@
 #include "snip/formats/integer.h"
 #include "snip/formats/minifloat.h"
 #include "snip/formats/posit.h"
-#include "snip/quant/recipe.h"
-#include "snip/util/error.h"
+#include "snip/recipes/recipe.h"
+#include "snip/core/error.h"
 #include "test_util.h"
 
-namespace snip::quant {
+namespace snip::recipes {
 namespace {
 
 using formats::BlockShape;
@@ -268,7 +268,7 @@ TEST(Recipe, IntegersPast32BitsAreRefusedNotWrapped) {
 }
 
 }  // namespace
-}  // namespace snip::quant
+}  // namespace snip::recipes
 
 // Every registered recipe, every operand, over the extremes of FP32 ("a finite
 // input becomes Inf"): a finite input never dequantizes to Inf or NaN, except
@@ -291,8 +291,8 @@ TEST(Recipe, FiniteExtremesStayFiniteUnderEveryRecipe) {
   for (int64_t r = 1; r < R; ++r)
     for (int64_t c = 0; c < C; ++c)
       in[size_t(r * C + c)] = (c + r) % 5 == 0 ? extremes[(c * 7 + r) % 16] : float((c - r) % 9) * 0.37f;
-  for (const std::string& name : snip::quant::recipe_names()) {
-    const snip::quant::Recipe rc = snip::quant::find_recipe(name);
+  for (const std::string& name : snip::recipes::recipe_names()) {
+    const snip::recipes::Recipe rc = snip::recipes::find_recipe(name);
     for (size_t op = 0; op < rc.operands.size(); ++op) {
       const snip::formats::QuantSpec& spec = rc.operands[op];
       std::vector<float> fast(in.size()), ref(in.size());

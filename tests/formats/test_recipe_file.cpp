@@ -1,4 +1,4 @@
-// Recipe files (precision.recipe_file, quant/recipe_file.h): the same recipe
+// Recipe files (precision.recipe_file, recipes/recipe_file.h): the same recipe
 // from TOML and JSON, roles expanded to operands with per-operand overrides,
 // compensation_freq as delayed scaling's refresh interval, one-line errors
 // naming file, recipe and field for every bad field, unknown keys and
@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "snip/formats/minifloat.h"
-#include "snip/quant/recipe_file.h"
-#include "snip/util/error.h"
+#include "snip/recipes/recipe_file.h"
+#include "snip/core/error.h"
 
-namespace snip::quant {
+namespace snip::recipes {
 namespace {
 
 namespace fs = std::filesystem;
@@ -243,4 +243,4 @@ TEST(RecipeFile, RegistersLikeABuiltInAndReregisters) {
 }
 
 }  // namespace
-}  // namespace snip::quant
+}  // namespace snip::recipes

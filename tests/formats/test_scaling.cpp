@@ -13,7 +13,7 @@
 #include "snip/formats/integer.h"
 #include "snip/formats/minifloat.h"
 #include "snip/formats/posit.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 #include "test_util.h"
 
 namespace snip::formats {

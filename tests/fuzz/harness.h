@@ -13,7 +13,7 @@
 #include <exception>
 #include <string_view>
 
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::fuzz {
 

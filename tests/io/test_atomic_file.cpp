@@ -9,7 +9,7 @@
 #include <string>
 
 #include "snip/io/atomic_file.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 #include "tmpdir.h"
 
 namespace snip::io {

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "snip/io/dir_lock.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 #include "tmpdir.h"
 
 namespace snip::io {

@@ -1,6 +1,6 @@
 // FNV-1a against the published test vectors (isthe.com/chongo/tech/comp/fnv,
 // "FNV test vectors"), not values computed by the code under test.
-#include "snip/util/hash.h"
+#include "snip/core/hash.h"
 
 #include <gtest/gtest.h>
 

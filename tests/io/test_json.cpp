@@ -5,7 +5,7 @@
 #include <string>
 
 #include "snip/io/json.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::io {
 namespace {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "snip/io/tensor_values.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::io {
 namespace {

@@ -17,14 +17,14 @@ import sys
 
 # Bottom to top. A folder may include itself and anything before it.
 LAYERS = [
-    "util",     # errors, statistics, FNV-1a (header-only core)
+    "core",     # errors, statistics, FNV-1a, strings (header-only)
     "formats",  # element formats, scaling, the float64 golden reference
     "io",       # atomic files, JSON/TOML, safetensors
-    "quant",    # recipes: one QuantSpec per GEMM operand, the registry, recipe files
+    "recipes",  # recipes: one QuantSpec per GEMM operand, the registry, recipe files
     "data",     # corpora, tokenizer, shards, the data loader
     "config",   # the run's options
     "hw",       # the machine: CPU, memory, BF16 GEMM backends
-    "policy",   # the planner: ILP, heuristics, pins, cost tables, plan files
+    "plan",     # the planner: ILP, heuristics, pins, cost tables, plan files
     "run",      # a run's files without LibTorch: checkpoint folders, manifests
     "report",   # report.html
     "monitor",  # /metrics, the quantization-error streak

@@ -9,13 +9,13 @@
 
 #include "snip/config/config.h"
 #include "snip/method/controller.h"
-#include "snip/policy/plan_file.h"
+#include "snip/plan/plan_file.h"
 #include "snip/model/llama.h"
 #include "snip/model/quantizers.h"
 #include "snip/train/trainer.h"
 #include "snip/io/atomic_file.h"
-#include "snip/policy/cost_table.h"
-#include "snip/util/error.h"
+#include "snip/plan/cost_table.h"
+#include "snip/core/error.h"
 #include "micro.h"
 
 using namespace snip;
@@ -200,8 +200,8 @@ TEST(Controller, SnipPlansDuringTraining) {
       const std::string sp = run + "/stats/step-" + std::to_string(s) + ".json";
       ASSERT_TRUE(fs::exists(sp));
       const json sj = read_json(sp);
-      const policy::CostTable t = policy::parse_cost_table(sj, sp);
-      const policy::PlanProblem prob = policy::make_problem(t, policy::Granularity::layer);
+      const plan::CostTable t = plan::parse_cost_table(sj, sp);
+      const plan::PlanProblem prob = plan::make_problem(t, plan::Granularity::layer);
       EXPECT_EQ(prob.items.size(), 14u);
       // and a stats step: from_json gives back what was written
       EXPECT_EQ(to_json(stats_from_json(sj, sp))["layers"], sj["layers"]);
@@ -394,11 +394,11 @@ TEST(Controller, PerGemmGranularity) {
   EXPECT_GE(ctl.fp4_share(), 0.5 - 1e-9);
 
   // Relaxation: per-GEMM optimum <= per-layer optimum on the same smoothed stats.
-  policy::PlanOptions po;
-  po.budget = policy::Budget::share(0.5);
+  plan::PlanOptions po;
+  po.budget = plan::Budget::share(0.5);
   po.allowed_options = {"fp4", "fp8"};
-  const double q_gemm = policy::plan(to_plan_problem(ctl.smoothed(), policy::Granularity::gemm), po).objective;
-  const double q_layer = policy::plan(to_plan_problem(ctl.smoothed(), policy::Granularity::layer), po).objective;
+  const double q_gemm = plan::solve(to_plan_problem(ctl.smoothed(), plan::Granularity::gemm), po).objective;
+  const double q_layer = plan::solve(to_plan_problem(ctl.smoothed(), plan::Granularity::layer), po).objective;
   EXPECT_LE(q_gemm, q_layer + 1e-9);
 
   // A crafted mixed assignment through restore(): fprop fp4, dgrad bf16, wgrad fp8 on layer 0.
@@ -478,7 +478,7 @@ TEST(Controller, PerGemmTrainsEndToEnd) {
   EXPECT_EQ(pj["granularity"], "gemm");
   EXPECT_GE(pj["fp4_share"].get<double>(), 0.75 - 1e-9);
   const json sj = read_json(o.run_dir + "/stats/step-4.json");
-  EXPECT_TRUE(policy::parse_cost_table(sj, "stats").per_gemm());
+  EXPECT_TRUE(plan::parse_cost_table(sj, "stats").per_gemm());
   const auto m = read_metrics(o.run_dir);
   ASSERT_EQ(m.size(), 12u);
   EXPECT_TRUE(m[4]["precision"].contains("model.layers.0.self_attn.q_proj:wgrad"));

@@ -11,9 +11,9 @@
 #include "snip/model/llama.h"
 #include "snip/model/quantizers.h"
 #include "snip/method/stats.h"
-#include "snip/policy/cost_table.h"
+#include "snip/plan/cost_table.h"
 #include "snip/io/json.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 using namespace snip;
 using torch::Tensor;
@@ -397,11 +397,11 @@ TEST(StatsJson, RoundTripsThroughTheCostTableParser) {
   const nlohmann::json j = nlohmann::json::parse(to_json(s).dump());  // through text
   EXPECT_EQ(j.at("step"), kStep);
   ASSERT_TRUE(j.at("details").is_object());
-  const policy::CostTable t = policy::parse_cost_table(j, "stats.json");
+  const plan::CostTable t = plan::parse_cost_table(j, "stats.json");
   ASSERT_EQ(t.layers.size(), 2u);
   const int64_t shapes[2][2] = {{TwoLayer::IN, TwoLayer::H}, {TwoLayer::H, TwoLayer::C}};
   for (size_t l = 0; l < 2; ++l) {
-    const policy::LayerCost& lc = t.layers[l];
+    const plan::LayerCost& lc = t.layers[l];
     EXPECT_EQ(lc.name, s.layers[l].name);
     EXPECT_EQ(lc.flops, 3.0 * 2.0 * TwoLayer::T * shapes[l][0] * shapes[l][1]);
     EXPECT_EQ(lc.q.at("bf16"), 0.0);
@@ -414,17 +414,17 @@ TEST(StatsJson, RoundTripsThroughTheCostTableParser) {
   // The file `snip plan --stats FILE` reads.
   const std::string path = ::testing::TempDir() + "stats_cost_table.json";
   io::save_json_atomic(to_json(s), path);
-  EXPECT_EQ(policy::load_cost_table(path).layers.size(), 2u);
+  EXPECT_EQ(plan::load_cost_table(path).layers.size(), 2u);
   std::remove(path.c_str());
 
   // Per-GEMM form: its per-layer view sums back to the layer's Q.
-  const policy::CostTable tg = policy::parse_cost_table(to_json(s, true), "stats-gemm.json");
+  const plan::CostTable tg = plan::parse_cost_table(to_json(s, true), "stats-gemm.json");
   ASSERT_TRUE(tg.per_gemm());
-  const policy::PlanProblem pl = policy::make_problem(tg, policy::Granularity::layer);
+  const plan::PlanProblem pl = plan::make_problem(tg, plan::Granularity::layer);
   for (size_t l = 0; l < 2; ++l)
     for (const char* p : {"fp4", "fp8"}) EXPECT_NEAR(pl.items[l].q.at(p), q_of(s, l, p), 1e-15);
   EXPECT_EQ(to_plan_problem(s).items.size(), 2u);
-  EXPECT_EQ(to_plan_problem(s, policy::Granularity::gemm).items.size(), 6u);
+  EXPECT_EQ(to_plan_problem(s, plan::Granularity::gemm).items.size(), 6u);
 }
 
 TEST(StatsMemory, NoProbeIsLeftSetAndPrecisionIsRestored) {
@@ -574,7 +574,7 @@ TEST(StatsLlama, RunsOnATinyModelWithTheRightUpstreamSets) {
     sum_q += s.layers[i].options.at("fp4").q;
   }
   EXPECT_NEAR(sum_q, 1.0, 1e-9);
-  EXPECT_NO_THROW(policy::parse_cost_table(to_json(s), "llama-stats.json"));
+  EXPECT_NO_THROW(plan::parse_cost_table(to_json(s), "llama-stats.json"));
 }
 
 TEST(StatsOptionsCheck, BadInputIsAUserError) {

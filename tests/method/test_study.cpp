@@ -13,8 +13,8 @@
 #include "snip/train/trainer.h"
 #include "snip/io/atomic_file.h"
 #include "snip/report/report.h"
-#include "snip/util/error.h"
-#include "snip/util/statistics.h"
+#include "snip/core/error.h"
+#include "snip/core/statistics.h"
 #include "micro.h"
 
 using namespace snip;

@@ -15,8 +15,8 @@
 #include "snip/formats/hadamard.h"
 #include "snip/model/linear.h"
 #include "snip/model/quantizers.h"
-#include "snip/quant/recipe.h"
-#include "snip/util/error.h"
+#include "snip/recipes/recipe.h"
+#include "snip/core/error.h"
 
 using namespace snip;
 
@@ -25,19 +25,19 @@ namespace {
 // A test recipe: fp4's specs (NVFP4 two-level E2M1, 1x16) with W in `wblock`
 // blocks, and error feedback. Registered once per name.
 std::string ef_recipe(const std::string& name, formats::BlockShape wblock) {
-  quant::Recipe r = quant::find_recipe("fp4");
+  recipes::Recipe r = recipes::find_recipe("fp4");
   r.name = name;
   r.description = "test: fp4 with error feedback";
   r.error_feedback = true;
   r[Operand::kFpropW].block = wblock;
   r[Operand::kDgradW].block = wblock;
-  quant::register_recipe(r, /*replace=*/true);
+  recipes::register_recipe(r, /*replace=*/true);
   return name;
 }
 
 // The scalar reference fake quantization of t [rows, K] by operand op's spec.
 torch::Tensor ref_q(const std::string& recipe, Operand op, const torch::Tensor& t, int64_t step, int64_t layer) {
-  const quant::Recipe r = quant::find_recipe(recipe);
+  const recipes::Recipe r = recipes::find_recipe(recipe);
   const torch::Tensor in = t.to(torch::kFloat).contiguous();
   torch::Tensor out = torch::empty_like(in);
   formats::RoundingKey rk{0, uint64_t(step), uint64_t(layer), uint32_t(op)};
@@ -262,7 +262,7 @@ TEST(ErrorFeedback, HadamardOnTheWeightsKeepsTheResidualInTheWeightDomain) {
   // without bound (seen: residuals of 9.4e7 on weights of 0.02). Checked
   // against a hand-written loop with R as a dense matrix, and by the
   // running-mean property: sum_t Q(v_t·R)·Rᵀ = K·W + r_0 - r_K.
-  quant::Recipe r = quant::find_recipe("fp4");
+  recipes::Recipe r = recipes::find_recipe("fp4");
   r.name = "ef_test_rht";
   r.description = "test: fp4 with a Hadamard transform and error feedback";
   r.error_feedback = true;
@@ -270,7 +270,7 @@ TEST(ErrorFeedback, HadamardOnTheWeightsKeepsTheResidualInTheWeightDomain) {
     r[op].hadamard_size = 16;
     r[op].hadamard_seed = 7;
   }
-  quant::register_recipe(r, /*replace=*/true);
+  recipes::register_recipe(r, /*replace=*/true);
   const auto q = make_recipe_quantizer(r.name);
   torch::manual_seed(21);
   const torch::Tensor w = torch::randn({8, 48}) * 0.02;  // W [OUT, IN], constant

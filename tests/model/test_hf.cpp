@@ -15,7 +15,7 @@
 #include "snip/config/config.h"
 #include "snip/model/hf.h"
 #include "snip/io/atomic_file.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 #include "micro.h"
 
 using namespace snip;

@@ -18,7 +18,7 @@
 #include "snip/model/lora.h"
 #include "snip/model/matmul.h"
 #include "snip/model/quantizers.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 using namespace snip;
 using torch::Tensor;

@@ -14,8 +14,8 @@
 #include "snip/train/trainer.h"
 #include "snip/formats/fake_quant.h"
 #include "snip/formats/scaling.h"
-#include "snip/quant/recipe.h"
-#include "snip/util/error.h"
+#include "snip/recipes/recipe.h"
+#include "snip/core/error.h"
 #include "micro.h"
 
 using namespace snip;
@@ -24,7 +24,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // Reference fake quantization of t [rows, K] (float32) with operand `op`'s spec.
-torch::Tensor ref_q(const quant::Recipe& r, Operand op, const torch::Tensor& t, const QuantKey& k) {
+torch::Tensor ref_q(const recipes::Recipe& r, Operand op, const torch::Tensor& t, const QuantKey& k) {
   const torch::Tensor in = t.contiguous();
   torch::Tensor out = torch::empty_like(in);
   const auto& spec = r.operands[size_t(op)];
@@ -41,9 +41,9 @@ torch::Tensor ref_q(const quant::Recipe& r, Operand op, const torch::Tensor& t, 
 }  // namespace
 
 TEST(QuantLinear, EveryRecipeEqualsReferenceQuantizeThenMatmul) {
-  for (const std::string& name : quant::recipe_names()) {
+  for (const std::string& name : recipes::recipe_names()) {
     SCOPED_TRACE(name);
-    const quant::Recipe r = quant::find_recipe(name);
+    const recipes::Recipe r = recipes::find_recipe(name);
     torch::manual_seed(7);
     // Awkward sizes: T=37 tokens, IN=150, OUT=200 (no block size divides them).
     QuantLinear l(150, 200, 0.05);

@@ -12,7 +12,7 @@
 
 #include "snip/config/config.h"
 #include "snip/monitor/exporter.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 using namespace snip;
 using namespace snip::monitor;

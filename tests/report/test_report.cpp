@@ -21,8 +21,8 @@
 #include "snip/io/atomic_file.h"
 #include "snip/report/report.h"
 #include "snip/report/svg.h"
-#include "snip/util/error.h"
-#include "snip/util/statistics.h"
+#include "snip/core/error.h"
+#include "snip/core/statistics.h"
 
 namespace fs = std::filesystem;
 using namespace snip::report;

@@ -21,7 +21,7 @@
 #include "snip/train/guard.h"
 #include "snip/train/metrics.h"
 #include "snip/train/trainer.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 #include "micro.h"
 
 using namespace snip;

@@ -7,7 +7,7 @@
 #include "micro.h"
 #include "snip/train/memory.h"
 #include "snip/train/optimizer.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 namespace {

@@ -19,7 +19,7 @@
 #include "micro.h"
 #include "snip/config/config.h"
 #include "snip/io/atomic_file.h"
-#include "snip/quant/recipe.h"
+#include "snip/recipes/recipe.h"
 #include "snip/train/trainer.h"
 
 using namespace snip;
@@ -85,7 +85,7 @@ TEST_P(ResumeEveryRecipe, IsBitForBit) {
   expect_exact_resume(c, "recipe-" + GetParam());
 }
 
-INSTANTIATE_TEST_SUITE_P(Registered, ResumeEveryRecipe, ::testing::ValuesIn(quant::recipe_names()),
+INSTANTIATE_TEST_SUITE_P(Registered, ResumeEveryRecipe, ::testing::ValuesIn(recipes::recipe_names()),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n)

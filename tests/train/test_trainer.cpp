@@ -18,7 +18,7 @@
 #include "snip/train/trainer.h"
 #include "snip/io/atomic_file.h"
 #include "snip/io/dir_lock.h"
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 #include "micro.h"
 
 using namespace snip;

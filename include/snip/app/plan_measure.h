@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "snip/policy/cost_table.h"
+#include "snip/plan/cost_table.h"
 
 namespace snip {
 class Config;
@@ -34,6 +34,6 @@ struct PlanMeasureRequest {
 /// Throws UserError, one line, as `snip eval` does: no such folder or
 /// train.bin, another tokenizer (unless allowed), a vocabulary larger than
 /// the model's, too little memory.
-policy::CostTable measure_plan_costs(Config& cfg, const PlanMeasureRequest& r);
+plan::CostTable measure_plan_costs(Config& cfg, const PlanMeasureRequest& r);
 
 }  // namespace snip::app

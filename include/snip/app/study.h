@@ -24,7 +24,7 @@
 // with its standard error sd/√R.
 //
 // Correlations: Pearson (linear) and Spearman (Pearson of average ranks, ties
-// share their mean rank; pearson / spearman, snip/util/statistics.h) between the measured Δval and each predictor: Q, LD,
+// share their mean rank; pearson / spearman, snip/core/statistics.h) between the measured Δval and each predictor: Q, LD,
 // WD, and the grid of open choices of docs/method.md section 3 — first-order term
 // abs | signed | drop × α ∈ {0, 0.25, 0.5, 0.75, 1} — recomputed from the
 // same measured parts (LD = max(0, F + ½·max(c,0)·||e||²), normalised by its

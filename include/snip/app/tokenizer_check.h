@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip::app {
 

@@ -136,7 +136,7 @@ class GradSync {
 /// v·H, not v).
 class GradCompressor {
  public:
-  /// `format`: "fp32" or a recipe name (quant/recipe.h). Throws UserError
+  /// `format`: "fp32" or a recipe name (recipes/recipe.h). Throws UserError
   /// "dist.grad_comm: unknown recipe 'x' (known: ...)" or "dist.grad_comm:
   /// recipe 'x' ... Hadamard transform ... not supported".
   explicit GradCompressor(const std::string& format = "fp32", bool error_feedback = true);

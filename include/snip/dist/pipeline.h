@@ -61,7 +61,7 @@ struct PipelineLayout {
 int64_t block_of(const std::string& name);
 
 /// `split` (dist.stage_split) for L blocks and S stages: "even" (the first
-/// L mod S stages one block more, as policy::assign_stages), "balanced"
+/// L mod S stages one block more, as plan::assign_stages), "balanced"
 /// (balanced_split of `block_cost`, with `first_extra` and `last_extra`
 /// added to the first and last stage), or S positive block counts "3,2"
 /// summing to L. Returns bounds [S+1]. Throws UserError naming

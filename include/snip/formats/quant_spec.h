@@ -5,7 +5,7 @@
 //
 // Shapes: an operand is a row-major matrix [R, C] whose last, contiguous
 // dimension C is the GEMM's reduction dimension K (callers transpose when
-// needed, see quant/recipe.h). A block is [BR, BC]; blocks tile [R, C] from
+// needed, see recipes/recipe.h). A block is [BR, BC]; blocks tile [R, C] from
 // the top-left corner; the last block of a row (column) is partial when C
 // (R) is not a multiple of BC (BR): its scale comes from the elements present
 // (the same as zero padding, since padding cannot raise the amax).

@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "snip/model/linear.h"
-#include "snip/quant/gemm.h"
+#include "snip/recipes/gemm.h"
 
 namespace snip {
 

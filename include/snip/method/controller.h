@@ -34,7 +34,7 @@
 //                with the previous smoothed stats (precision.smoothing), save
 //                stats/step-s.json (top level: the smoothed cost table the
 //                planner used; "measured": this step's raw stats), then the
-//                ILP (policy::plan) at precision.budget with precision.pins,
+//                ILP (plan::plan) at precision.budget with precision.pins,
 //                restricted to precision.options.
 //   min-rel-err  the same stats step (its rel_err per option), then the
 //                heuristic.
@@ -75,7 +75,7 @@
 #include "snip/method/assignment.h"
 #include "snip/model/linear.h"
 #include "snip/method/stats.h"
-#include "snip/policy/planner.h"
+#include "snip/plan/planner.h"
 
 namespace snip {
 
@@ -262,8 +262,8 @@ class PrecisionController {
   PrecisionAssignment make_assignment(std::map<PlanKey, std::string> options);
   /// Plan items: the layers, or their three GEMMs each.
   std::vector<PlanKey> item_keys() const;
-  policy::PlanProblem shape_only_problem() const;
-  policy::PlanOptions plan_options(bool with_pins) const;
+  plan::PlanProblem shape_only_problem() const;
+  plan::PlanOptions plan_options(bool with_pins) const;
   void decide(int64_t s, Phase phase, const std::function<torch::Tensor()>& loss_fn,
               torch::optim::AdamW& opt, PrecisionEvent& ev);
   std::shared_ptr<const OperandQuantizer> quantizer(const std::string& option) const;
@@ -279,7 +279,7 @@ class PrecisionController {
   bool frozen_ = false;                      // set_frozen_base
   std::function<void()> before_stats_;       // set_frozen_base
   /// Items get their layer's stage (no-op without stages).
-  void add_stages(policy::PlanProblem& p) const;
+  void add_stages(plan::PlanProblem& p) const;
 
   bool active_ = false;
   PrecisionConfig pc_;
@@ -289,10 +289,10 @@ class PrecisionController {
   PrecisionSchedule sched_;
   std::set<int64_t> plan_steps_;
   uint64_t stats_seed_ = 0;  // train.seed
-  std::vector<policy::Pin> pins_;
+  std::vector<plan::Pin> pins_;
   std::map<std::string, std::shared_ptr<const OperandQuantizer>> quant_;
   std::map<std::string, std::shared_ptr<const OperandQuantizer>> per_gemm_quant_;  // "fprop/dgrad/wgrad" options
-  policy::Granularity gran_ = policy::Granularity::layer;
+  plan::Granularity gran_ = plan::Granularity::layer;
   std::string low_ = "fp4";  // precision.low_option: the option the budget and fp4_share count
   std::string run_dir_;
   bool verbose_ = false;

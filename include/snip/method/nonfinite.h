@@ -3,7 +3,7 @@
 // hand it to the guard (train/guard.h "nonfinite") instead of ending the run.
 #pragma once
 
-#include "snip/util/error.h"
+#include "snip/core/error.h"
 
 namespace snip {
 

@@ -42,7 +42,7 @@
 //  Relative errors  rel_fprop = ||e_fprop||/||Y||, rel_dgrad = ||e_dgrad||/||dX||,
 //                   rel_wgrad = ||e_wgrad||/||dW|| (Frobenius; 0/0 = 0). The cost
 //                   table's per-layer rel_err is their mean (the FLOPs-weighted
-//                   mean of policy::make_problem, the three GEMMs cost the same).
+//                   mean of plan::make_problem, the three GEMMs cost the same).
 //
 //  Curvature   ε_l[t,:] = noise_scale · rms(Y_l[t,:]) · z,  z ~ N(0, I) seeded by
 //              (seed, step, layer_index, probe), rms(y) = sqrt(mean_j y_j²).
@@ -148,9 +148,9 @@
 
 #include "snip/config/config.h"
 #include "snip/model/linear.h"
-#include "snip/quant/gemm.h"
-#include "snip/policy/cost_table.h"
-#include "snip/policy/planner.h"
+#include "snip/recipes/gemm.h"
+#include "snip/plan/cost_table.h"
+#include "snip/plan/planner.h"
 
 namespace snip {
 
@@ -273,15 +273,15 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
 /// s ∉ [0,1] or the layer names differ.
 void smooth(StatsStep& prev_smoothed, const StatsStep& fresh, double s = 0.1);
 
-/// The planner's cost table (policy/cost_table.h), typed: per layer "flops"
+/// The planner's cost table (plan/cost_table.h), typed: per layer "flops"
 /// (3 GEMMs, FLOPs per step), "q": {options..., reference: 0}, "rel_err":
 /// {option: mean of the three GEMMs' relative errors}. per_gemm: per layer
 /// "gemms" {fprop: {flops, q: α·LDn, rel_err}, dgrad: {.., (1−α)·wd_upstream/ΣWD},
 /// wgrad: {.., (1−α)·wd_own/ΣWD}} (for fresh stats the three sum to the
 /// layer's Q: LD depends on fprop only, wd_upstream on dgrad, wd_own on wgrad).
-policy::CostTable to_cost_table(const StatsStep& s, bool per_gemm = false);
+plan::CostTable to_cost_table(const StatsStep& s, bool per_gemm = false);
 
-/// The stats file (RUN/stats/step-N.json): policy::to_json(to_cost_table(s,
+/// The stats file (RUN/stats/step-N.json): plan::to_json(to_cost_table(s,
 /// per_gemm)) plus "step" and "details" (every number: ld, wd, c, ...).
 nlohmann::json to_json(const StatsStep& s, bool per_gemm = false);
 
@@ -290,9 +290,9 @@ nlohmann::json to_json(const StatsStep& s, bool per_gemm = false);
 StatsStep stats_from_json(const nlohmann::json& j, const std::string& what);
 
 /// The planning problem of the stats at granularity g
-/// (policy::make_problem(to_cost_table(s, ...)); no JSON in between).
-policy::PlanProblem to_plan_problem(const StatsStep& s,
-                                    policy::Granularity g = policy::Granularity::layer);
+/// (plan::make_problem(to_cost_table(s, ...)); no JSON in between).
+plan::PlanProblem to_plan_problem(const StatsStep& s,
+                                    plan::Granularity g = plan::Granularity::layer);
 
 /// The AdamW update U(g) of `param` from `opt`'s current state (formula in
 /// the header comment; without the decoupled weight decay −lr·wd·W, which

@@ -33,7 +33,7 @@
 #include <optional>
 
 #include "snip/formats/fake_quant.h"
-#include "snip/quant/gemm.h"
+#include "snip/recipes/gemm.h"
 
 namespace snip {
 

@@ -132,7 +132,7 @@ class FrozenBase {
 
 /// Adds adapters (rank cfg.rank, scale cfg.alpha / cfg.rank, dropout) to every
 /// linear layer whose Hugging Face name (model.layers.i.self_attn.q_proj)
-/// matches one of cfg.target (policy/pins.h globs), initialised as
+/// matches one of cfg.target (plan/pins.h globs), initialised as
 /// cfg.init says from a generator seeded with `seed`. Returns the adapted
 /// layers' names in model order. Throws UserError "lora.target: ..." when a
 /// glob matches no layer.

@@ -126,7 +126,7 @@ bool model_order_less(const std::string& a, const std::string& b);
 /// Sorts names into model order (stable; duplicates kept).
 void sort_model_order(std::vector<std::string>& names);
 
-// pearson() and spearman() are snip/util/statistics.h.
+// pearson() and spearman() are snip/core/statistics.h.
 
 /// The differences between the runs `run_dir` and `reference_dir`
 /// (read_run_record, compare_runs). Throws UserError "snip report: RUN and
