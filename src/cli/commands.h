@@ -7,8 +7,6 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
-#include <filesystem>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -29,18 +27,6 @@ inline void refuse_empty_numbers(CLI::App& app) {
           "non-empty number"));
   }
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) refuse_empty_numbers(*sub);
-}
-
-/// A --run-dir given to a command that reads a run (eval, export, sample):
-/// UserError "--run-dir: DIR does not exist" or "... is not a run of `snip
-/// train` (it has no config.toml)"; nothing when `run_dir` is "".
-inline void check_run_dir(const std::string& run_dir) {
-  if (run_dir.empty()) return;
-  if (std::filesystem::exists(run_dir) && !std::filesystem::is_directory(run_dir))
-    throw UserError("--run-dir: " + run_dir + " is a file, not a run folder");
-  if (!std::filesystem::is_directory(run_dir)) throw UserError("--run-dir: " + run_dir + " does not exist");
-  if (!std::filesystem::is_regular_file(std::filesystem::path(run_dir) / "config.toml"))
-    throw UserError("--run-dir: " + run_dir + " is not a run of `snip train` (it has no config.toml)");
 }
 
 void add_train_commands(CLI::App& app);    // train, eval       (cmd_train.cpp)
