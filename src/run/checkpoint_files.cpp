@@ -1,6 +1,7 @@
 // The files of a checkpoint folder, read and checked without LibTorch (see
 // snip/run/checkpoint_files.h).
 #include "snip/run/checkpoint_files.h"
+#include "snip/run/trainer_state.h"
 
 #include <spdlog/spdlog.h>
 #include <zlib.h>
@@ -154,63 +155,23 @@ json verify_checkpoint(const std::string& dir) {
                    "checksum", dir, kManifest);
   }
   const json st = io::parse_json(io::read_file(sp), "checkpoint " + sp);
-  auto unsigned_at = [&](const json& j, const char* key, const char* where) -> uint64_t {
-    if (!j.is_object() || !j.contains(key) || !j[key].is_number_unsigned())
-      fail("checkpoint ", sp, ": ", where, key, ": expected a non-negative integer");
-    return j[key].get<uint64_t>();
-  };
-  if (!st.is_object() || !st.contains("crc32") || !st["crc32"].is_object())
-    fail("checkpoint ", sp, ": missing the 'crc32' object");
-  const uint64_t step = unsigned_at(st, "step", "");
-  if (step > uint64_t(std::numeric_limits<int64_t>::max()))
-    fail("checkpoint ", sp, ": step: ", step, " is out of range [0, 2^63)");
+  // The fields and their types, once (TrainerState::from_json names a wrong
+  // one: "checkpoint PATH: loader.cursor: expected an integer >= 0, got ...");
+  // then what only the folder can say.
+  const TrainerState ts = TrainerState::from_json(st, "checkpoint " + sp);
+  if (!st.contains("crc32") || !st["crc32"].is_object()) fail("checkpoint ", sp, ": missing the 'crc32' object");
+  const int64_t step = ts.step;
   const std::string folder = fs::path(dir).filename().string(), want = "step-" + std::to_string(step);
   if (folder != want && folder != want + ".old")  // .old: set aside by a rewrite (complete_checkpoints)
     fail("checkpoint ", sp, ": holds step ", step, " but its folder is ", fs::path(dir).filename().string());
-  if (!st.contains("loader")) fail("checkpoint ", sp, ": missing the 'loader' object");
-  unsigned_at(st["loader"], "epoch", "loader.");
-  unsigned_at(st["loader"], "cursor", "loader.");
-  unsigned_at(st, "seed", "");
-  if (st.contains("tokens") && unsigned_at(st, "tokens", "") > uint64_t(std::numeric_limits<int64_t>::max()))
-    fail("checkpoint ", sp, ": tokens: out of range [0, 2^63)");
-  if (st.contains("rollback_record") && !(st["rollback_record"].is_object() &&
-                                          st["rollback_record"].contains("step") &&
-                                          st["rollback_record"]["step"].is_number_unsigned() &&
-                                          st["rollback_record"].value("rollback_to", json()) == json(step)))
+  if (!ts.rollback_record.is_null() && !(ts.rollback_record.is_object() && ts.rollback_record.contains("step") &&
+                                         ts.rollback_record["step"].is_number_unsigned() &&
+                                         ts.rollback_record.value("rollback_to", json()) == json(step)))
     fail("checkpoint ", sp, ": rollback_record: expected the record of a rollback to step ", step);
-  if (st.contains("elapsed_s") &&
-      !(st["elapsed_s"].is_number() && std::isfinite(st["elapsed_s"].get<double>()) && st["elapsed_s"].get<double>() >= 0))
-    fail("checkpoint ", sp, ": elapsed_s: expected a finite number of seconds >= 0");
-  if (st.contains("val_loss") && !st["val_loss"].is_null() &&
-      !(st["val_loss"].is_number() && std::isfinite(st["val_loss"].get<double>()) && st["val_loss"].get<double>() >= 0))
-    fail("checkpoint ", sp, ": val_loss: expected a cross-entropy in nats >= 0, or null");
   // Checkpoints with a manifest (this snip) always record their data.
-  if (fs::exists(mp) && !st.contains("data"))
+  if (fs::exists(mp) && !ts.data)
     fail("checkpoint ", sp, ": missing the 'data' object (the tokenizer the model was trained with)");
-  if (st.contains("data")) {
-    const json& d = st["data"];
-    if (!d.is_object() || !d.contains("tokenizer_sha256") || !d["tokenizer_sha256"].is_string() ||
-        d["tokenizer_sha256"].get<std::string>().size() != 64 || (d.contains("dir") && !d["dir"].is_string()))
-      fail("checkpoint ", sp, ": data: expected {\"dir\": path, \"tokenizer_sha256\": 64 hex digits}");
-    if (d.contains("val_sha256") && !(d["val_sha256"].is_string() && d["val_sha256"].get<std::string>().size() == 64 &&
-                                      d["val_sha256"].get<std::string>().find_first_not_of("0123456789abcdef") ==
-                                          std::string::npos))
-      fail("checkpoint ", sp, ": data.val_sha256: expected 64 lower-case hex digits (the SHA-256 of val.bin)");
-  }
-  // The steps at which earlier sessions resumed the run: ascending, none past this step.
-  if (st.contains("resumed_at")) {
-    const json& ra = st["resumed_at"];
-    uint64_t prev = 0;
-    bool ok = ra.is_array() && ra.size() <= 1000000;
-    for (size_t i = 0; ok && i < ra.size(); ++i) {
-      ok = ra[i].is_number_unsigned() && ra[i].get<uint64_t>() >= prev && ra[i].get<uint64_t>() <= step;
-      if (ok) prev = ra[i].get<uint64_t>();
-    }
-    if (!ok)
-      fail("checkpoint ", sp, ": resumed_at: expected an ascending list of steps in [0, ", step, "]");
-  }
-  if (st.contains("precision") && !st["precision"].is_object())
-    fail("checkpoint ", sp, ": precision: expected an object");
+  if (!ts.precision.is_null() && !ts.precision.is_object()) fail("checkpoint ", sp, ": precision: expected an object");
   std::vector<std::string> covered{"model.safetensors", "config.json"};
   for (const std::string& f : checkpoint_optimizer_files(dir)) covered.push_back(f);
   // The extra files the checkpoint was written with (adapter_config.json,

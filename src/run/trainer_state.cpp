@@ -25,6 +25,14 @@ const std::set<std::string>& typed_keys() {
   return k;
 }
 
+// A SHA-256 as 64 lower-case hex digits.
+std::string sha256_text(const json& v, const std::string& what, const std::string& field, const char* expected) {
+  if (!v.is_string() || v.get<std::string>().size() != 64 ||
+      v.get<std::string>().find_first_not_of("0123456789abcdef") != std::string::npos)
+    bad(what, field, expected, v);
+  return v.get<std::string>();
+}
+
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 constexpr int64_t kMaxSeq = int64_t{1} << 24;  // tokens per sequence: far above any model's context
 constexpr int64_t kMaxRanks = int64_t{1} << 20;
@@ -76,10 +84,13 @@ TrainerState TrainerState::from_json(const json& j, const std::string& what) {
   if (j.contains("val_loss") && !j.at("val_loss").is_null()) s.val_loss = nonneg(j.at("val_loss"), what, "val_loss");
   if (j.contains("elapsed_s")) s.elapsed_s = nonneg(j.at("elapsed_s"), what, "elapsed_s");
   if (j.contains("resumed_at")) {
+    // The steps at which earlier sessions resumed the run: ascending, none past this step.
     const json& ra = j.at("resumed_at");
-    if (!ra.is_array()) bad(what, "resumed_at", "a list of steps", ra);
+    const std::string expected = "an ascending list of steps in [0, " + std::to_string(s.step) + "]";
+    if (!ra.is_array() || ra.size() > 1000000) bad(what, "resumed_at", expected.c_str(), ra);
     std::vector<int64_t> v;
-    for (const json& x : ra) v.push_back(int_in(x, what, "resumed_at", 0, s.step, "steps in [0, step]"));
+    for (const json& x : ra)
+      v.push_back(int_in(x, what, "resumed_at", v.empty() ? 0 : v.back(), s.step, expected.c_str()));
     s.resumed_at = std::move(v);
   }
   if (j.contains("data")) {
@@ -87,10 +98,13 @@ TrainerState TrainerState::from_json(const json& j, const std::string& what) {
     if (!d.is_object()) bad(what, "data", "an object", d);
     TrainerStateData td;
     if (d.contains("dir")) td.dir = text(d.at("dir"), what, "data.dir");
-    td.tokenizer_sha256 = text(need(d, "data.", "tokenizer_sha256", what), what, "data.tokenizer_sha256");
+    td.tokenizer_sha256 = sha256_text(need(d, "data.", "tokenizer_sha256", what), what, "data.tokenizer_sha256",
+                                      "64 hex digits (the SHA-256 of the tokenizer.model trained with)");
     td.vocab_size = int_in(need(d, "data.", "vocab_size", what), what, "data.vocab_size", 1, int64_t{1} << 31,
                            "a vocabulary size >= 1");
-    if (d.contains("val_sha256")) td.val_sha256 = text(d.at("val_sha256"), what, "data.val_sha256");
+    if (d.contains("val_sha256"))
+      td.val_sha256 = sha256_text(d.at("val_sha256"), what, "data.val_sha256",
+                                  "64 lower-case hex digits (the SHA-256 of val.bin)");
     td.tokenizer = d.value("tokenizer", json(nullptr));
     if (d.contains("seq_len"))
       td.seq_len = int_in(d.at("seq_len"), what, "data.seq_len", 1, kMaxSeq, "tokens per sequence in [1, 2^24]");

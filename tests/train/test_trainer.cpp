@@ -159,8 +159,13 @@ TEST(TrainerState, WrongTypesAreNamed) {
            {"zero_stage", 9, "zero_stage"},
            {"tokens", -1, "tokens"},
            {"init_val_loss", -5.0, "init_val_loss"},
-           {"data", {{"tokenizer_sha256", "x"}, {"vocab_size", 512.7}}, "data.vocab_size"},
-           {"data", {{"tokenizer_sha256", "x"}, {"vocab_size", 512}, {"seq_len", int64_t{1} << 40}}, "data.seq_len"},
+           {"data", {{"tokenizer_sha256", std::string(64, 'a')}, {"vocab_size", 512.7}}, "data.vocab_size"},
+           {"data", {{"tokenizer_sha256", std::string(64, 'a')}, {"vocab_size", 512}, {"seq_len", int64_t{1} << 40}},
+            "data.seq_len"},
+           {"data", {{"tokenizer_sha256", "x"}, {"vocab_size", 512}}, "data.tokenizer_sha256"},
+           {"data", {{"tokenizer_sha256", std::string(64, 'A')}, {"vocab_size", 512}}, "data.tokenizer_sha256"},
+           {"resumed_at", {2, 1}, "resumed_at"},   // descending
+           {"resumed_at", {4}, "resumed_at"},      // past the step (3)
            {"pipeline", {{"stages", 2}, {"replicas", 1}, {"bounds", {0, 2, 2}}, {"schedule", "1f1b"},
                          {"micro_batches", 2}}, "pipeline.bounds"},
            {"pipeline", {{"stages", 2}, {"replicas", 1}, {"bounds", {0, 1, 2}}, {"schedule", "GPipe"},
