@@ -8,7 +8,8 @@
 #               the bucketed gradient all-reduce, weight checksums
 #   src/method  the stats step, the precision controller
 #   src/train   the training step, the loop, checkpoints, optimizer
-#   src/app     drivers over whole runs: the correlation study
+#   src/app     what the commands do: the correlation study, the experiment,
+#               planning, the doctor, eval/export/sample, formats/quantize
 # Layering (an include only points down; tests/layering/check_layers.py
 # checks it, and docs/architecture.md draws it): app -> train -> method ->
 # dist -> model.

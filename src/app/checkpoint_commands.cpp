@@ -12,7 +12,7 @@
 #include <iostream>
 #include <optional>
 
-#include "snip/app/tokenizer_check.h"
+#include "tokenizer_check.h"
 #include "snip/config/config.h"
 #include "snip/core/error.h"
 #include "snip/data/data_folder.h"

@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "snip/app/plan_command.h"
-#include "snip/app/plan_measure.h"
+#include "plan_measure.h"
 #include "snip/config/config.h"
 #include "snip/config/llama_config.h"
 #include "snip/plan/model_plan.h"

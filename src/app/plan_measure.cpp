@@ -1,5 +1,5 @@
 // src/app/plan_measure.cpp: the stats step behind `snip plan --config
-// MODEL.toml --init-from HF_DIR --data DIR` (snip/app/plan_measure.h).
+// MODEL.toml --init-from HF_DIR --data DIR` (src/app/plan_measure.h).
 //
 // What it measures is what `snip train` measures at a re-plan (docs/method.md
 // section 3; snip/method/stats.h): every quantizable layer of the model at
@@ -16,8 +16,8 @@
 #include <vector>
 
 
-#include "snip/app/plan_measure.h"
-#include "snip/app/tokenizer_check.h"
+#include "plan_measure.h"
+#include "tokenizer_check.h"
 #include "snip/config/config.h"
 #include "snip/data/data_folder.h"
 #include "snip/data/loader.h"

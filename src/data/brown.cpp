@@ -1,6 +1,6 @@
 // Brown corpus: tag stripping, PTB-style detokenization, npm fetch, reading.
-// See include/snip/data/brown.h for the file format and the rules.
-#include "snip/data/brown.h"
+// See src/data/brown.h for the file format and the rules.
+#include "brown.h"
 
 #include <algorithm>
 #include <cctype>

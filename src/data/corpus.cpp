@@ -1,5 +1,5 @@
-// Input expansion and document reading; rules in include/snip/data/corpus.h.
-#include "snip/data/corpus.h"
+// Input expansion and document reading; rules in src/data/corpus.h.
+#include "corpus.h"
 
 #include <algorithm>
 #include <filesystem>

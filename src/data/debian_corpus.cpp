@@ -1,6 +1,6 @@
 // The built-in Debian corpora: the King James Bible (`bible -f`) and
-// WordNet's glosses. Formats and sources in include/snip/data/debian_corpus.h.
-#include "snip/data/debian_corpus.h"
+// WordNet's glosses. Formats and sources in src/data/debian_corpus.h.
+#include "debian_corpus.h"
 
 #include <cstdio>
 #include <cstdlib>

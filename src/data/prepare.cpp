@@ -21,9 +21,9 @@
 #include <spdlog/spdlog.h>
 
 #include "rng.h"
-#include "snip/data/brown.h"
-#include "snip/data/corpus.h"
-#include "snip/data/debian_corpus.h"
+#include "brown.h"
+#include "corpus.h"
+#include "debian_corpus.h"
 #include "snip/data/shard.h"
 #include "snip/data/tokenizer.h"
 #include "snip/io/atomic_file.h"

@@ -7,7 +7,7 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
-#include "snip/data/corpus.h"
+#include "corpus.h"
 #include "snip/io/atomic_file.h"
 #include "snip/core/error.h"
 

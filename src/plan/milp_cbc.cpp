@@ -3,7 +3,7 @@
 // The model is loaded into an OsiClpSolverInterface (every column integer in
 // [0,1]) and solved by CbcModel::branchAndBound with a chosen set of cut
 // generators and primal heuristics. Choices, each forced by the exhaustive
-// tests in tests/policy (random instances checked against enumeration):
+// tests in tests/plan (random instances checked against enumeration):
 //  * Not the `cbc` program's driver (CbcMain0/CbcMain1): with CBC 2.10.8 it
 //    returned wrong "optimal" plans on ~0.4% of small random knapsack-like
 //    models (suboptimal by up to 20%), through its preprocessing (CglPreProcess)
@@ -21,7 +21,7 @@
 //  * No warm start: handing CBC 2.10.8 a feasible incumbent
 //    (CbcModel::setBestSolution, with or without its check, after
 //    initialSolve) made it return a wrong "optimal" on a random 8-item,
-//    3-option cost-budget instance of tests/policy (3.7% above the optimum;
+//    3-option cost-budget instance of tests/plan (3.7% above the optimum;
 //    found by SNIP_STRESS_MULT=10). Callers keep their own incumbent and take
 //    the better of the two.
 #include <algorithm>
@@ -43,7 +43,7 @@
 #include <coin/CoinPackedVector.hpp>
 #include <coin/OsiClpSolverInterface.hpp>
 
-#include "snip/plan/milp.h"
+#include "milp.h"
 #include "snip/core/error.h"
 
 namespace snip::plan {

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "planner_internal.h"
-#include "snip/plan/milp.h"
+#include "milp.h"
 #include "snip/plan/planner.h"
 #include "snip/core/error.h"
 

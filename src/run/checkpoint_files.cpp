@@ -164,14 +164,15 @@ json verify_checkpoint(const std::string& dir) {
   const std::string folder = fs::path(dir).filename().string(), want = "step-" + std::to_string(step);
   if (folder != want && folder != want + ".old")  // .old: set aside by a rewrite (complete_checkpoints)
     fail("checkpoint ", sp, ": holds step ", step, " but its folder is ", fs::path(dir).filename().string());
-  if (!ts.rollback_record.is_null() && !(ts.rollback_record.is_object() && ts.rollback_record.contains("step") &&
-                                         ts.rollback_record["step"].is_number_unsigned() &&
-                                         ts.rollback_record.value("rollback_to", json()) == json(step)))
+  // (an explicit null is refused too: TrainerState reads it as absent)
+  if (st.contains("rollback_record") && !(ts.rollback_record.is_object() && ts.rollback_record.contains("step") &&
+                                          ts.rollback_record["step"].is_number_unsigned() &&
+                                          ts.rollback_record.value("rollback_to", json()) == json(step)))
     fail("checkpoint ", sp, ": rollback_record: expected the record of a rollback to step ", step);
   // Checkpoints with a manifest (this snip) always record their data.
   if (fs::exists(mp) && !ts.data)
     fail("checkpoint ", sp, ": missing the 'data' object (the tokenizer the model was trained with)");
-  if (!ts.precision.is_null() && !ts.precision.is_object()) fail("checkpoint ", sp, ": precision: expected an object");
+  if (st.contains("precision") && !st["precision"].is_object()) fail("checkpoint ", sp, ": precision: expected an object");
   std::vector<std::string> covered{"model.safetensors", "config.json"};
   for (const std::string& f : checkpoint_optimizer_files(dir)) covered.push_back(f);
   // The extra files the checkpoint was written with (adapter_config.json,

@@ -100,7 +100,9 @@ json StepRecord::to_json() const {
 
 void StepRecord::merge(const json& fields, const std::string& what) {
   if (!fields.is_object()) fail(what, ": expected a JSON object, got ", fields.type_name());
-  for (const auto& [key, v] : fields.items()) {
+  for (auto it = fields.begin(); it != fields.end(); ++it) {
+    const std::string& key = it.key();  // not a structured binding: lambdas capture these (C++17)
+    const json& v = it.value();
     const auto num = [&](std::optional<double>& f) { f = number_or_null(v, what, key); };
     const auto whole = [&](std::optional<int64_t>& f) { f = integer(v, what, key); };
     if (key == "step") step = int_in(v, what, key, 0, std::numeric_limits<int64_t>::max(), "an integer >= 0");

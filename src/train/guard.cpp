@@ -1,5 +1,5 @@
 // The in-process guard's conditions (see guard.h).
-#include "snip/train/guard.h"
+#include "guard.h"
 
 #include <cmath>
 #include <numeric>

@@ -1,5 +1,5 @@
 // RUN/metrics.jsonl (see metrics.h).
-#include "snip/train/metrics.h"
+#include "metrics.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,5 +1,5 @@
 // One optimizer step under pipeline stages (see train/pipeline_step.h).
-#include "snip/train/pipeline_step.h"
+#include "pipeline_step.h"
 
 #include <chrono>
 #include <cmath>

@@ -1,5 +1,5 @@
 // Measured cost factors of the precision options (see train/stage_cost.h).
-#include "snip/train/stage_cost.h"
+#include "stage_cost.h"
 
 #include <algorithm>
 #include <chrono>

@@ -13,7 +13,7 @@
 #include "snip/recipes/gemm.h"
 #include "snip/train/checkpoint.h"
 #include "snip/train/optimizer.h"
-#include "snip/train/stage_cost.h"
+#include "stage_cost.h"
 #include "snip/core/error.h"
 
 namespace snip {

@@ -40,16 +40,25 @@ inline std::string slurp_and_remove(const std::string& path) {
 }  // namespace detail
 
 /// Runs `exe args...` (no shell) with stdin from /dev/null, waits for it and
-/// returns its output. Throws std::runtime_error when it cannot be started.
+/// returns its output. `error` is the message of its last line starting
+/// `snip: error: `; a run that failed without one (an internal error, a
+/// signal) gets "exit status N: <its last stderr line>", so an empty `error`
+/// means status 0. Throws std::runtime_error when it cannot be started.
 inline Ran run_program(const std::string& exe, const std::vector<std::string>& args) {
   char out_tmpl[] = "/tmp/snip_test_outXXXXXX";
   char err_tmpl[] = "/tmp/snip_test_errXXXXXX";
-  const int out_fd = ::mkstemp(out_tmpl), err_fd = ::mkstemp(err_tmpl);
-  if (out_fd < 0 || err_fd < 0) throw std::runtime_error("run_program: cannot make a temporary file");
+  const int out_fd = ::mkostemp(out_tmpl, O_CLOEXEC);
+  if (out_fd < 0) throw std::runtime_error("run_program: cannot make a temporary file");
+  const int err_fd = ::mkostemp(err_tmpl, O_CLOEXEC);
+  if (err_fd < 0) {
+    ::close(out_fd);
+    ::unlink(out_tmpl);
+    throw std::runtime_error("run_program: cannot make a temporary file");
+  }
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
+  posix_spawn_file_actions_adddup2(&fa, out_fd, 1);  // dup2 clears close-on-exec on 1 and 2
   posix_spawn_file_actions_adddup2(&fa, err_fd, 2);
   std::vector<char*> argv{const_cast<char*>(exe.c_str())};
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -60,20 +69,27 @@ inline Ran run_program(const std::string& exe, const std::vector<std::string>& a
   ::close(out_fd);
   ::close(err_fd);
   Ran r;
+  bool waited = false;
   if (rc == 0) {
     int ws = 0;
-    while (::waitpid(pid, &ws, 0) < 0 && errno == EINTR) {
+    pid_t w;
+    while ((w = ::waitpid(pid, &ws, 0)) < 0 && errno == EINTR) {
     }
-    r.status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+    waited = w == pid;
+    if (waited) r.status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
   }
   r.out = detail::slurp_and_remove(out_tmpl);
   r.err = detail::slurp_and_remove(err_tmpl);
   if (rc != 0) throw std::runtime_error("run_program: cannot start " + exe);
+  if (!waited) throw std::runtime_error("run_program: cannot wait for " + exe);
   const std::string tag = "snip: error: ";
-  if (const size_t at = r.err.rfind(tag); at != std::string::npos) {
-    r.error = r.err.substr(at + tag.size());
-    r.error = r.error.substr(0, r.error.find('\n'));
+  std::istringstream lines(r.err);
+  std::string last;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(tag, 0) == 0) r.error = line.substr(tag.size());
+    if (!line.empty()) last = line;
   }
+  if (r.status != 0 && r.error.empty()) r.error = "exit status " + std::to_string(r.status) + ": " + last;
   return r;
 }
 

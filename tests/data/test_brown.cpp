@@ -2,7 +2,7 @@
 // expected strings were written by hand from the rules in brown.h.
 #include <gtest/gtest.h>
 
-#include "snip/data/brown.h"
+#include "data/brown.h"  // beside its .cpp in src/
 
 namespace snip::data {
 namespace {

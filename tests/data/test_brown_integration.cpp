@@ -10,7 +10,7 @@
 #include <regex>
 #include <sstream>
 
-#include "snip/data/brown.h"
+#include "data/brown.h"  // beside its .cpp in src/
 #include "snip/data/prepare.h"
 #include "snip/data/shard.h"
 #include "snip/data/tokenizer.h"

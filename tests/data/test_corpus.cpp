@@ -2,7 +2,7 @@
 // UTF-8 validation. Expected document lists are written out by hand.
 #include <gtest/gtest.h>
 
-#include "snip/data/corpus.h"
+#include "data/corpus.h"  // beside its .cpp in src/
 #include "test_util.h"
 
 namespace snip::data {

@@ -1,4 +1,4 @@
-// The built-in Debian corpora (snip/data/debian_corpus.h): the parsers on
+// The built-in Debian corpora (src/data/debian_corpus.h): the parsers on
 // hand-made input with hand-derived documents, and the real packages when
 // they are installed (scripts/setup.sh installs bible-kjv and wordnet-base;
 // the tests say so and skip where they are not).
@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "snip/data/debian_corpus.h"
+#include "data/debian_corpus.h"  // beside its .cpp in src/
 #include "snip/data/prepare.h"
 #include "snip/core/error.h"
 #include "test_util.h"

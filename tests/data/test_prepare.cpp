@@ -1,6 +1,7 @@
 // prepare_data end to end on small synthetic corpora: split sizes, shard
 // contents checked by re-encoding the documents, idempotence, determinism,
-// and every error leaving no files behind. Also `snip data prepare` via CLI11.
+// and every error leaving no files behind. Also `snip data prepare` through the
+// built snip-data program.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>

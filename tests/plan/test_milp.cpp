@@ -4,7 +4,7 @@
 #include <limits>
 #include <stdexcept>
 
-#include "snip/plan/milp.h"
+#include "plan/milp.h"  // beside its .cpp in src/
 #include "snip/core/error.h"
 
 using namespace snip::plan;

@@ -18,8 +18,8 @@
 #include "snip/io/atomic_file.h"
 #include "snip/io/safetensors.h"
 #include "snip/train/checkpoint.h"
-#include "snip/train/guard.h"
-#include "snip/train/metrics.h"
+#include "train/guard.h"  // beside its .cpp in src/
+#include "train/metrics.h"  // beside its .cpp in src/
 #include "snip/train/trainer.h"
 #include "snip/core/error.h"
 #include "micro.h"

@@ -1,6 +1,7 @@
 // snip/app/checkpoint_commands.h: `snip train`'s summary, and what `snip
-// eval` and `snip export` do with a checkpoint (README, "A run on disk" and "Starting from a Hugging Face
-// model"). The command lines are src/cli/cmd_train.cpp.
+// eval`, `snip export` and `snip sample` do with a checkpoint (README, "A run
+// on disk" and "Starting from a Hugging Face model"). The command lines are
+// src/cli/cmd_train.cpp and cmd_sample.cpp.
 #pragma once
 
 #include <cstdint>

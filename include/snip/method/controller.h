@@ -34,7 +34,7 @@
 //                with the previous smoothed stats (precision.smoothing), save
 //                stats/step-s.json (top level: the smoothed cost table the
 //                planner used; "measured": this step's raw stats), then the
-//                ILP (plan::plan) at precision.budget with precision.pins,
+//                ILP (plan::solve) at precision.budget with precision.pins,
 //                restricted to precision.options.
 //   min-rel-err  the same stats step (its rel_err per option), then the
 //                heuristic.

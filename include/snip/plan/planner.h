@@ -34,7 +34,7 @@
 // them, items whose Q differ by less than the LP tolerances could be chosen
 // in a slightly wrong order. The objective handed to the solver is scaled to
 // max |coefficient| = 1; plans are optimal to ~1e-9 of the largest per-item
-// Q difference (tests/policy checks 1e-9 relative against enumeration).
+// Q difference (tests/plan checks 1e-9 relative against enumeration).
 //
 // Methods (PlanOptions::method; PlanResult::algorithm says which ran):
 //   milp  the whole model above on CBC (milp.h). Proven optimal as described

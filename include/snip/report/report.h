@@ -103,12 +103,13 @@ struct RunCurves {
     std::string condition, action, reason, outcome;
   };
   std::vector<GuardEvent> guard;
-  int64_t skipped_lines = 0;         ///< unparsable or non-object lines (e.g. a torn last line)
+  int64_t skipped_lines = 0;         ///< lines that are not a record (e.g. a torn last line)
 };
 
-/// Reads RUN/metrics.jsonl (one JSON object per line). Unparsable lines (a
-/// torn last line of a killed run), blank lines and records without a
-/// numeric "step" are skipped and counted. When a step appears again (a log
+/// Reads RUN/metrics.jsonl (one StepRecord per line, run/step_record.h).
+/// Blank lines are skipped; lines that are not a record snip writes (a torn
+/// last line of a killed run, no integer "step", a key of another type) are
+/// skipped whole and counted. When a step appears again (a log
 /// that continues after a resume from an earlier checkpoint), the later
 /// records replace everything from that step on. Throws UserError "cannot
 /// read file PATH: ..." when the file cannot be read.

@@ -1,4 +1,4 @@
-// snip/data/corpus.h: turning input paths into documents (plain UTF-8 text).
+// src/data/corpus.h: turning input paths into documents (plain UTF-8 text).
 //
 // Rules for an `--input PATH` (documented for `snip data prepare`):
 //   - PATH is a folder: every regular file under it, recursively, in sorted

@@ -1,4 +1,4 @@
-// snip/train/stage_cost.h: per-option GEMM cost factors measured on this
+// src/train/stage_cost.h: per-option GEMM cost factors measured on this
 // machine, for the pipeline stages' balance (dist.stage_cost = measured;
 // dist/pipeline.h stage_cost_factors has the configured ones).
 #pragma once

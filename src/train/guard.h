@@ -1,4 +1,4 @@
-// snip/train/guard.h: the in-process guard (docs/operations.md "The guard").
+// src/train/guard.h: the in-process guard (docs/operations.md "The guard").
 //
 // After every optimizer step the trainer hands the guard what the step
 // measured (Observation); the guard evaluates its conditions and returns one

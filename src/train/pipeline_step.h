@@ -1,4 +1,4 @@
-// snip/train/pipeline_step.h: one optimizer step under pipeline stages
+// src/train/pipeline_step.h: one optimizer step under pipeline stages
 // (dist.pipeline_stages > 1; dist/pipeline.h has the layout and schedules,
 // docs/distributed.md "Pipeline stages" the whole story).
 //

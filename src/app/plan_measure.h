@@ -1,4 +1,4 @@
-// snip/app/plan_measure.h: Q measured on a model itself, for `snip plan
+// src/app/plan_measure.h: Q measured on a model itself, for `snip plan
 // --config MODEL.toml --init-from HF_DIR --data DIR` (docs/planner.md): the
 // stats step a re-plan of `snip train` runs (docs/method.md section 3;
 // snip/method/stats.h), on a Hugging Face checkpoint and one micro-batch of

@@ -1,4 +1,4 @@
-// snip/plan/milp.h: the one small interface the planner talks to a mixed
+// src/plan/milp.h: the one small interface the planner talks to a mixed
 // integer linear program solver through (docs/method.md section 4: "solve with a
 // real MILP solver ... keep the solver behind one small interface").
 //

@@ -1,4 +1,4 @@
-// snip/train/metrics.h: RUN/metrics.jsonl, one JSON object per optimizer
+// src/train/metrics.h: RUN/metrics.jsonl, one JSON object per optimizer
 // step (a StepRecord, snip/run/step_record.h).
 #pragma once
 
