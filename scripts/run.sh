@@ -15,8 +15,14 @@ if [ $# -gt 0 ]; then
   exec "$build/snip" train --config configs/tiny.toml --run-dir "runs/tiny-$(date +%Y%m%d-%H%M%S)" "$@"
 fi
 if [ -f "$run/summary.json" ]; then
-  echo "$run is already trained (delete it to train again); its summary:"
-  cat "$run/summary.json"
+  echo "$run is already trained (delete it to train again; the whole record: $run/summary.json, $run/report.html):"
+  "$PWD/.venv/bin/python" - "$run/summary.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(f"  {s['steps']} steps, {s['tokens']} tokens in {s['seconds']:.1f} s ({s['tokens_per_s']:.0f} tokens/s)")
+print(f"  train loss {s['final_train_loss']:.4f} | val loss {s['final_val_loss']:.4f} "
+      f"(perplexity {s['final_val_ppl']:.1f}) | best val {s['best_val_loss']:.4f} | policy {s['policy']}")
+PY
   exit 0
 fi
 if [ -f "$run/config.toml" ]; then   # interrupted (before or after its first checkpoint)

@@ -112,6 +112,9 @@ void check_run_dir(const std::string& run_dir) {
 }
 
 void run_eval(const EvalRequest& r) {
+  if (r.batch < 1) fail("--batch-size: expected an integer >= 1, got ", r.batch);
+  if (r.batches < 0) fail("--batches: expected an integer >= 0 (0 = the whole validation split), got ", r.batches);
+  if (r.seq < 0) fail("--seq-len: expected an integer >= 1 (0 or absent = what the model trained on), got ", r.seq);
   Config cfg;
   if (!r.run_dir.empty()) {
     const std::string saved = (fs::path(r.run_dir) / "config.toml").string();
@@ -272,7 +275,10 @@ void run_sample(const SampleRequest& r) {
   SampleOptions o = r.o;
   if (r.seed < 0) fail("--seed: expected an integer >= 0, got ", r.seed);
   o.seed = uint64_t(r.seed);
-  if (!std::isfinite(o.temperature)) fail("--temperature: expected a finite number >= 0, got ", o.temperature);
+  if (!std::isfinite(o.temperature) || o.temperature < 0)
+    fail("--temperature: expected a finite number >= 0 (0 = greedy), got ", o.temperature);
+  if (o.top_k < 0) fail("--top-k: expected an integer >= 0 (0 = every token), got ", o.top_k);
+  if (o.max_new_tokens < 0) fail("--max-new-tokens: expected an integer >= 0, got ", o.max_new_tokens);
   if (o.max_new_tokens > kMaxNewTokens)
     fail("--max-new-tokens: expected at most ", kMaxNewTokens, ", got ", o.max_new_tokens);
   if (r.run_dir.empty() && r.checkpoint.empty()) fail("give --run-dir or --checkpoint");

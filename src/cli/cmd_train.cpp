@@ -143,7 +143,8 @@ void add_train_commands(CLI::App& app) {
   });
 
   auto ea = std::make_shared<app::EvalRequest>();
-  CLI::App* ev = app.add_subcommand("eval", "validation loss and perplexity of a checkpoint");
+  CLI::App* ev = app.add_subcommand("eval", "validation loss and perplexity of a checkpoint, with FP32 GEMMs and no quantizer "
+                                    "(the weights' own quality; the run's evaluations use its precision)");
   ev->add_option("--run-dir", ea->run_dir, "run directory (its newest checkpoint and config are used)");
   ev->add_option("--checkpoint", ea->checkpoint,
                  "a checkpoint folder (default: newest of --run-dir), or a Hugging Face folder (config.json + "

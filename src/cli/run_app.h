@@ -143,7 +143,13 @@ inline int run_app(CLI::App& app, int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // --help and --version are "errors" with exit code 0: CLI11 prints them.
     if (e.get_exit_code() == 0) return app.exit(e);
-    std::cerr << "snip: error: " << e.what() << " (see --help)\n";
+    // CLI11's "Could not convert: --budget = abc" (a number option given
+    // something else) in the words of the other checks.
+    std::string msg = e.what();
+    const std::string conv = "Could not convert: ";
+    if (const size_t eq = msg.find(" = "); msg.rfind(conv, 0) == 0 && eq != std::string::npos)
+      msg = msg.substr(conv.size(), eq - conv.size()) + ": expected a number, got '" + msg.substr(eq + 3) + "'";
+    std::cerr << "snip: error: " << msg << " (see --help)\n";
     return 2;
   } catch (const UserError& e) {
     std::cerr << "snip: error: " << e.what() << "\n";

@@ -318,7 +318,7 @@ PrepareSummary prepare_data(const PrepareOptions& opt, const PrepareProgress& pr
   std::vector<std::string> docs;
   if (opt.corpus == "kjv" || opt.corpus == "wordnet") {
     const bool kjv = opt.corpus == "kjv";
-    SourceSummary s{opt.corpus, kjv ? "bible -f Gen1:1-Rev22:21" : kWordnetDir, 0, 0, 0};
+    SourceSummary s{opt.corpus, kjv ? "bible -f Gen1:1-Rev22:21" : kWordnetDir, 0, 0, 0, {}};
     for (auto& d : kjv ? read_kjv() : read_wordnet()) {
       ++s.documents;
       s.bytes += d.size();
@@ -329,7 +329,7 @@ PrepareSummary prepare_data(const PrepareOptions& opt, const PrepareProgress& pr
   }
   if (opt.corpus == "brown") {
     const std::string dir = ensure_brown(opt.cache_dir);
-    SourceSummary s{"brown", dir, 0, 0, 0};
+    SourceSummary s{"brown", dir, 0, 0, 0, {}};
     for (auto& d : read_brown(dir)) {
       ++s.files;
       if (!has_text(d.text)) continue;
@@ -340,7 +340,7 @@ PrepareSummary prepare_data(const PrepareOptions& opt, const PrepareProgress& pr
     summary.sources.push_back(s);
   }
   for (const auto& in : inputs) {
-    SourceSummary s{in.kind, in.path, 0, 0, 0};
+    SourceSummary s{in.kind, in.path, 0, 0, 0, {}};
     const size_t first = docs.size();
     for (const auto& f : in.files) {
       const size_t before = docs.size();

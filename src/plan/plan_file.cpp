@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "snip/core/error.h"
+#include "snip/io/atomic_file.h"
+#include "snip/io/toml.h"
 
 namespace snip {
 
@@ -137,7 +139,20 @@ std::string find_plan_file(const std::string& run_dir, int64_t step) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(run_dir)) fail("snip plan show: run folder ", run_dir, " does not exist");
   const fs::path dir = fs::path(run_dir) / "plans";
-  if (!fs::is_directory(dir)) fail("snip plan show: ", dir.string(), " does not exist (no plan was made in ", run_dir, ")");
+  if (!fs::is_directory(dir)) {
+    // Why: a run with precision.policy = none (the main job's) makes no plan.
+    std::string policy;
+    try {
+      const nlohmann::json c = io::parse_toml_as_json(io::read_file((fs::path(run_dir) / "config.toml").string()),
+                                                      "config.toml");
+      policy = c.at("precision").at("policy").get<std::string>();
+    } catch (const std::exception&) {  // no config.toml, or no policy in it: the default, none
+    }
+    if (policy.empty() || policy == "none" || policy == "bf16")
+      fail("snip plan show: ", run_dir, " made no plan: its precision.policy is none (every layer at "
+           "train.gemm_dtype); a run with precision.policy = snip, or a baseline, writes plans/step-N.json");
+    fail("snip plan show: ", dir.string(), " does not exist (no plan was made in ", run_dir, ")");
+  }
   std::vector<int64_t> steps;
   const std::regex re("step-([0-9]+)\\.json");
   for (auto& e : fs::directory_iterator(dir)) {

@@ -1102,6 +1102,7 @@ std::string report_html(const std::string& run_dir, const std::string& reference
 
 std::string write_report(const std::string& run_dir, const std::string& reference_dir, const std::string& out_path,
                          bool force) {
+  if (!out_path.empty()) io::ensure_writable_file(out_path, "--out");  // before the report is built
   const std::string html = report_html(run_dir, reference_dir, force);
   const std::string out = out_path.empty() ? (fs::path(run_dir) / "report.html").string() : out_path;
   io::write_file_atomic(out, html);

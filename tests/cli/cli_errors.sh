@@ -95,6 +95,15 @@ expect "fresh run into an existing run" "already holds a run" -- \
   "$snip" train --config "$tmp/ok.toml" --run-dir "$tmp/run"
 expect "resume with nothing to do" "nothing to do" -- \
   "$snip" train --config "$tmp/ok.toml" --run-dir "$tmp/run" --resume
+# a number option given a word: the option and what it expected (was CLI11's "Could not convert: --budget = abc")
+expect "budget abc" "--budget: expected a number, got 'abc' (see --help)$" -- "$snip" plan --costs x.json --budget abc
+expect "sample temperature -1" "--temperature: expected a finite number >= 0" -- \
+  "$snip" sample --run-dir "$tmp/run" --prompt x --temperature -1
+# eval's numbers name the option, not the loader inside
+expect "eval batch size 0" "--batch-size: expected an integer >= 1, got 0$" -- \
+  "$snip" eval --run-dir "$tmp/run" --batch-size 0
+expect "eval batches -1" "--batches: expected an integer >= 0" -- "$snip" eval --run-dir "$tmp/run" --batches -1
+expect "eval seq len -5" "--seq-len: expected an integer >= 1" -- "$snip" eval --run-dir "$tmp/run" --seq-len -5
 cp -r "$tmp/run" "$tmp/run2"
 sed -i 's/"step": 2/"step": 1/' "$tmp/run2/checkpoints/step-2/trainer_state.json"
 # manifest.json covers trainer_state.json (its fields: tests/cli/corrupt_inputs.py)

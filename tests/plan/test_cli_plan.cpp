@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -26,6 +27,7 @@ struct TempDir {
   ~TempDir() { std::system(("rm -rf '" + path + "'").c_str()); }
   std::string file(const std::string& name, const std::string& text) const {
     const std::string p = path + "/" + name;
+    std::filesystem::create_directories(std::filesystem::path(p).parent_path());
     std::ofstream(p) << text;
     return p;
   }
@@ -307,6 +309,14 @@ TEST(CliPlan, ShowPrintsASavedPlan) {
                 "/run (plans were made at steps 3, 7; before the first, the warmup precision ran)");
   EXPECT_EQ(run({"show", d.path + "/nothing"}).error,
             "snip plan show: run folder " + d.path + "/nothing does not exist");
+  // A run that makes no plan (precision.policy = none, the main job's) says why.
+  d.file("none/config.toml", "[precision]\npolicy = \"none\"\n");
+  EXPECT_EQ(run({"show", d.path + "/none"}).error,
+            "snip plan show: " + d.path + "/none made no plan: its precision.policy is none (every layer at "
+            "train.gemm_dtype); a run with precision.policy = snip, or a baseline, writes plans/step-N.json");
+  d.file("snip/config.toml", "[precision]\npolicy = \"snip\"\n");
+  EXPECT_EQ(run({"show", d.path + "/snip"}).error,
+            "snip plan show: " + d.path + "/snip/plans does not exist (no plan was made in " + d.path + "/snip)");
   // A saved plan is user input too: the strict parser's checks.
   const std::string p9 = d.path + "/run/plans/step-9.json";
   std::ofstream(p9) << R"({"phase": "plan", "items": [], "items": []})";

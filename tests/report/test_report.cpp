@@ -1020,6 +1020,9 @@ TEST(CliReport, WritesAndPrintsThePath) {
   const CliResult d = run_cli({t.str() + "/run"});
   EXPECT_EQ(d.out, t.str() + "/run/report.html\n");
   EXPECT_EQ(run_cli({t.str() + "/nope"}).error, "snip report: " + t.str() + "/nope does not exist");
+  // An --out in a folder that does not exist: named as such, nothing written.
+  EXPECT_EQ(run_cli({t.str() + "/run", "--out", t.str() + "/missing/r.html"}).error,
+            "--out " + t.str() + "/missing/r.html is not writable: folder " + t.str() + "/missing does not exist");
 }
 
 TEST(CliReport, IncomparableReferenceNeedsForce) {
