@@ -642,7 +642,9 @@ const OptionValue& Config::get(const std::string& key) const {
 
 std::string Config::origin(const std::string& key) const {
   const auto it = origins_.find(key);
-  return it == origins_.end() ? std::string("config") : "config: " + it->second;
+  if (it == origins_.end()) return "config";
+  // "--set k=v" names where already, as the parse errors of --set do.
+  return it->second.rfind("--set ", 0) == 0 ? it->second : "config: " + it->second;
 }
 
 bool Config::differs_from_default(const std::string& key) const {

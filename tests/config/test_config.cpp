@@ -276,7 +276,7 @@ TEST(ConfigRobustness, NumbersBeyondAnOptionsRangeAreRefusedByName) {
   Config o;
   o.set_override("precision.budget=1.5");
   EXPECT_EQ(test::error_of([&] { o.validate(); }),
-            "config: --set precision.budget=1.5: precision.budget: expected a finite number in [0, 1], got 1.5");
+            "--set precision.budget=1.5: precision.budget: expected a finite number in [0, 1], got 1.5");
   EXPECT_EQ(toml_error("[train]\n\nlr = 1e309\n"),
             "f.toml:3: train.lr: expected a finite number in (0, 1000], got 1e309 (beyond a double's range)");
   EXPECT_EQ(toml_error("[train]\nmax_steps = 99999999999999999999 # many\n"),

@@ -119,9 +119,9 @@ class Config {
   /// num_attention_heads).
   void validate() const;
 
-  /// Where `key`'s value came from, for messages: "config: FILE:LINE" or
-  /// "config: --set key=value" (the `what` it was set with), or "config"
-  /// for a default.
+  /// Where `key`'s value came from, for messages: "config: FILE:LINE",
+  /// "--set key=value" (the `what` it was set with, as --set's own parse
+  /// errors name it), or "config" for a default.
   std::string origin(const std::string& key) const;
 
  private:
