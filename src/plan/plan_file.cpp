@@ -141,14 +141,16 @@ std::string find_plan_file(const std::string& run_dir, int64_t step) {
   const fs::path dir = fs::path(run_dir) / "plans";
   if (!fs::is_directory(dir)) {
     // Why: a run with precision.policy = none (the main job's) makes no plan.
-    std::string policy;
+    bool have_config = false;
+    std::string policy = "none";  // the default
     try {
       const nlohmann::json c = io::parse_toml_as_json(io::read_file((fs::path(run_dir) / "config.toml").string()),
                                                       "config.toml");
-      policy = c.at("precision").at("policy").get<std::string>();
-    } catch (const std::exception&) {  // no config.toml, or no policy in it: the default, none
+      have_config = true;
+      if (c.contains("precision") && c["precision"].contains("policy")) policy = c["precision"]["policy"].get<std::string>();
+    } catch (const std::exception&) {  // no readable config.toml: nothing more to say
     }
-    if (policy.empty() || policy == "none" || policy == "bf16")
+    if (have_config && (policy == "none" || policy == "bf16"))
       fail("snip plan show: ", run_dir, " made no plan: its precision.policy is none (every layer at "
            "train.gemm_dtype); a run with precision.policy = snip, or a baseline, writes plans/step-N.json");
     fail("snip plan show: ", dir.string(), " does not exist (no plan was made in ", run_dir, ")");

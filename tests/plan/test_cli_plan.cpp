@@ -314,6 +314,9 @@ TEST(CliPlan, ShowPrintsASavedPlan) {
   EXPECT_EQ(run({"show", d.path + "/none"}).error,
             "snip plan show: " + d.path + "/none made no plan: its precision.policy is none (every layer at "
             "train.gemm_dtype); a run with precision.policy = snip, or a baseline, writes plans/step-N.json");
+  d.file("default/config.toml", "[train]\nmax_steps = 3\n");  // no [precision]: the default policy, none
+  EXPECT_NE(run({"show", d.path + "/default"}).error.find("made no plan: its precision.policy is none"),
+            std::string::npos);
   d.file("snip/config.toml", "[precision]\npolicy = \"snip\"\n");
   EXPECT_EQ(run({"show", d.path + "/snip"}).error,
             "snip plan show: " + d.path + "/snip/plans does not exist (no plan was made in " + d.path + "/snip)");
