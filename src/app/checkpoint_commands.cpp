@@ -102,6 +102,11 @@ void print_train_summary(const TrainSummary& s, std::ostream& out) {
   }
 }
 
+namespace {
+
+// A --run-dir given to a command that reads a run (eval, export, sample):
+// UserError "--run-dir: DIR does not exist" or "... is not a run of `snip
+// train` (it has no config.toml)"; nothing when `run_dir` is "".
 void check_run_dir(const std::string& run_dir) {
   if (run_dir.empty()) return;
   if (fs::exists(run_dir) && !fs::is_directory(run_dir))
@@ -111,7 +116,20 @@ void check_run_dir(const std::string& run_dir) {
     throw UserError("--run-dir: " + run_dir + " is not a run of `snip train` (it has no config.toml)");
 }
 
+// The checkpoint eval and export read: --checkpoint, else --run-dir's newest
+// complete one (UserError when neither is given, or the run has none).
+std::string checkpoint_to_read(const std::string& run_dir, const std::string& checkpoint) {
+  if (!checkpoint.empty()) return checkpoint;
+  if (run_dir.empty()) fail("give --run-dir or --checkpoint");
+  const std::string ckpt = latest_checkpoint(run_dir);
+  if (ckpt.empty()) fail("no complete checkpoint in ", run_dir, "/checkpoints");
+  return ckpt;
+}
+
+}  // namespace
+
 void run_eval(const EvalRequest& r) {
+  check_run_dir(r.run_dir);
   if (r.batch < 1) fail("--batch-size: expected an integer >= 1, got ", r.batch);
   if (r.batches < 0) fail("--batches: expected an integer >= 0 (0 = the whole validation split), got ", r.batches);
   if (r.seq < 0) fail("--seq-len: expected an integer >= 1 (0 or absent = what the model trained on), got ", r.seq);
@@ -120,12 +138,7 @@ void run_eval(const EvalRequest& r) {
     const std::string saved = (fs::path(r.run_dir) / "config.toml").string();
     if (fs::exists(saved)) cfg.load_toml_file(saved);
   }
-  std::string ckpt = r.checkpoint;
-  if (ckpt.empty()) {
-    if (r.run_dir.empty()) fail("give --run-dir or --checkpoint");
-    ckpt = latest_checkpoint(r.run_dir);
-    if (ckpt.empty()) fail("no complete checkpoint in ", r.run_dir, "/checkpoints");
-  }
+  const std::string ckpt = checkpoint_to_read(r.run_dir, r.checkpoint);
   // A snip checkpoint (trainer_state.json) or a Hugging Face folder.
   const bool hf = is_hf_folder(ckpt);
   if (hf && r.data.empty() && r.run_dir.empty())
@@ -221,12 +234,8 @@ void run_eval(const EvalRequest& r) {
 }
 
 void run_export(const ExportRequest& r) {
-  std::string ckpt = r.checkpoint;
-  if (ckpt.empty()) {
-    if (r.run_dir.empty()) fail("give --run-dir or --checkpoint");
-    ckpt = latest_checkpoint(r.run_dir);
-    if (ckpt.empty()) fail("no complete checkpoint in ", r.run_dir, "/checkpoints");
-  }
+  check_run_dir(r.run_dir);
+  const std::string ckpt = checkpoint_to_read(r.run_dir, r.checkpoint);
   LlamaForCausalLM model = load_checkpoint_model(ckpt);
   const json st = verify_checkpoint(ckpt);  // once: it reads every file of the checkpoint
   if (has_lora(model) && !r.merge) {

@@ -159,10 +159,7 @@ void add_train_commands(CLI::App& app) {
   ev->add_option("--logits-out", ea->logits_out,
                  "also write the first micro-batch and its logits as a safetensors file: input_ids I64 [B, T], "
                  "logits F32 [B, T, V] (to compare with transformers on the same ids)");
-  ev->callback([ea] {
-    app::check_run_dir(ea->run_dir);
-    app::run_eval(*ea);
-  });
+  ev->callback([ea] { app::run_eval(*ea); });
 
   auto xa = std::make_shared<app::ExportRequest>();
   CLI::App* ex = app.add_subcommand("export", "write a checkpoint as a Hugging Face folder "
@@ -180,10 +177,7 @@ void add_train_commands(CLI::App& app) {
                "checkpoint's tokenizer goes with the model, and its absence is an error)");
   ex->add_option("--dtype", xa->dtype, "float32 or bfloat16 (also fp32, bf16)")->capture_default_str()->check(
       CLI::IsMember({"float32", "bfloat16", "fp32", "bf16"}));
-  ex->callback([xa] {
-    app::check_run_dir(xa->run_dir);
-    app::run_export(*xa);
-  });
+  ex->callback([xa] { app::run_export(*xa); });
 }
 
 }  // namespace snip::cli

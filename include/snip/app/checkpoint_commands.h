@@ -23,11 +23,6 @@ namespace snip::app {
 /// also their layout, bubble and boundary bytes (from RUN/summary.json).
 void print_train_summary(const TrainSummary& s, std::ostream& out);
 
-/// A --run-dir given to a command that reads a run (eval, export, sample):
-/// UserError "--run-dir: DIR does not exist" or "... is not a run of `snip
-/// train` (it has no config.toml)"; nothing when `run_dir` is "".
-void check_run_dir(const std::string& run_dir);
-
 /// The options of `snip eval`.
 struct EvalRequest {
   std::string run_dir;      ///< --run-dir: its newest checkpoint and config.toml ("" = none)
@@ -42,8 +37,8 @@ struct EvalRequest {
 
 /// Evaluates the model of `r` (FP32 GEMMs, unquantized) on the validation
 /// split and prints one line: its loss in nats/token, perplexity, and the
-/// windows it covered. Throws UserError, one line, for a missing or corrupt
-/// checkpoint, missing data, another tokenizer (unless allowed), a
+/// windows it covered. Throws UserError, one line, for a --run-dir that is not a
+/// run, a missing or corrupt checkpoint, missing data, another tokenizer (unless allowed), a
 /// vocabulary larger than the model's, too little memory.
 void run_eval(const EvalRequest& r);
 
@@ -61,7 +56,8 @@ struct ExportRequest {
 /// Writes the checkpoint of `r` as a Hugging Face folder (config.json,
 /// model.safetensors, the tokenizer, snip_export.json), or, for a LoRA
 /// checkpoint without merge, as a PEFT adapter folder; prints what it wrote.
-/// Throws UserError, one line: no checkpoint, a corrupt one, merge without
+/// Throws UserError, one line: a --run-dir that is not a run, no
+/// checkpoint, a corrupt one, merge without
 /// adapters, a checkpoint without its tokenizer (unless model_only), an
 /// out that is not empty (unless force) or is a checkpoint folder.
 void run_export(const ExportRequest& r);
