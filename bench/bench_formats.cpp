@@ -70,7 +70,7 @@ void BM_FakeQuant(benchmark::State& state, const std::string& recipe, Rounding r
   const auto& x = input();
   const int64_t rows = reference ? 512 : kRows;
   snip::formats::QuantSpec spec =
-      snip::recipes::find_recipe(recipe)[snip::Operand::kFpropX];
+      snip::recipes::RecipeSet().find(recipe)[snip::Operand::kFpropX];
   spec.rounding = rounding;
   std::vector<float> y(size_t(rows * kCols));
   const snip::formats::RoundingKey key{1, 2, 3, 0};

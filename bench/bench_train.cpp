@@ -83,7 +83,7 @@ void BM_Linear(benchmark::State& state) {
   torch::manual_seed(0);
   snip::QuantLinear l(IN, OUT, 0.02);
   l->precision.gemm_dtype = at::kBFloat16;
-  if (which >= 2) l->precision.quantizer = snip::make_recipe_quantizer(kLinearRecipes[which]);
+  if (which >= 2) l->precision.quantizer = snip::make_recipe_quantizer(snip::recipes::RecipeSet(), kLinearRecipes[which]);
   torch::Tensor x = torch::randn({M, IN}).requires_grad_(true);
   torch::Tensor dy = torch::randn({M, OUT});
   for (auto _ : state) {

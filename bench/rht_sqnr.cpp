@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
 
     std::vector<Variant> variants;
     for (const std::string r : {"nvfp4", "mxfp4", "fp4"}) {
-      const recipes::Recipe rc = recipes::find_recipe(r);
+      const recipes::Recipe rc = recipes::RecipeSet().find(r);
       Variant v;
       v.dy = rc[Operand::kWgradDY];
       v.x = rc[Operand::kWgradX];

@@ -87,7 +87,7 @@ double measure_gflops(const Timed& t, double min_s) {
   torch::NoGradGuard ng;
   torch::manual_seed(0);
   const torch::Tensor a = torch::randn({kM, kK}), w = torch::randn({kN, kK}) * 0.05;
-  std::shared_ptr<const OperandQuantizer> q = t.recipe ? make_recipe_quantizer(t.recipe) : nullptr;
+  std::shared_ptr<const OperandQuantizer> q = t.recipe ? make_recipe_quantizer(recipes::RecipeSet(), t.recipe) : nullptr;  // built-in
   const Operand oa = t.dgrad ? Operand::kDgradDY : Operand::kFpropX;
   const Operand ob = t.dgrad ? Operand::kDgradW : Operand::kFpropW;
   double s;
@@ -237,6 +237,7 @@ void run_doctor(const DoctorOpts& o) {
                 {"support", hw::to_string(r.support)},
                 {"how", r.how},
                 {"source", r.source}};
+    const recipes::RecipeSet builtin;  // kTimed names built-in recipes
     for (const Timed& t : kTimed) {
       if (t.p != r.precision) continue;
       if (progress) std::cerr << "measuring " << hw::to_string(r.precision) << " GEMM ...\r" << std::flush;
@@ -249,7 +250,7 @@ void run_doctor(const DoctorOpts& o) {
         // snip's recipes multiply it in before the GEMM today, so the BF16
         // GEMM sees one extra rounding that hardware (which scales the FP32
         // output) does not.
-        const recipes::Recipe rc = recipes::find_recipe(t.recipe);
+        const recipes::Recipe& rc = builtin.find(t.recipe);
         const formats::QuantSpec& sa = rc[t.dgrad ? Operand::kDgradDY : Operand::kFpropX];
         if (sa.rule == formats::ScaleRule::kTwoLevel || sa.rule == formats::ScaleRule::kDelayed ||
             sa.scale_format == formats::ScaleFormat::kFP32)

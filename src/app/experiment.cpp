@@ -314,16 +314,11 @@ ArmResult collect(const Arm& arm, const fs::path& dir) {
 
 std::string cell(double v, const char* f) { return std::isfinite(v) ? fmt::format(fmt::runtime(f), v) : "-"; }
 
-/// Throws UserError when the arm's policy is not one snip knows.
-void check_arm_policy(const Arm& arm) {
+/// Throws UserError when the arm's policy is not one snip knows (a
+/// uniform-<recipe> names a recipe of `set`).
+void check_arm_policy(const Arm& arm, const recipes::RecipeSet& set) {
   const std::string& p = arm.policy;
-  auto is_recipe = [&](const std::string& r) {
-    try {
-      return make_recipe_quantizer(r) != nullptr;
-    } catch (const UserError&) {
-      return false;
-    }
-  };
+  auto is_recipe = [&](const std::string& r) { return set.has(r); };
   const bool known = p == "none" || p == "snip" || p == "min-rel-err" || p == "layer-type" ||
                      p == "first-last-fp8" || p == "random" ||
                      (p.rfind("uniform-", 0) == 0 && is_recipe(p.substr(8)));
@@ -333,8 +328,9 @@ void check_arm_policy(const Arm& arm) {
 }
 
 /// The arms of a comma-separated list (blanks around names ignored), each
-/// checked; UserError for a bad or repeated name or an empty list.
-std::vector<Arm> parse_arm_list(const std::string& list) {
+/// checked (`set`: the recipes a uniform-<recipe> arm may name); UserError
+/// for a bad or repeated name or an empty list.
+std::vector<Arm> parse_arm_list(const std::string& list, const recipes::RecipeSet& set) {
   std::vector<Arm> arms;
   std::stringstream ss(list);
   std::set<std::string> seen;
@@ -344,7 +340,7 @@ std::vector<Arm> parse_arm_list(const std::string& list) {
     if (b == std::string::npos) continue;
     Arm arm = parse_arm(t.substr(b, e - b + 1));
     if (!seen.insert(arm.name).second) fail("--arms: '", arm.name, "' given twice");
-    check_arm_policy(arm);
+    check_arm_policy(arm, set);
     // A budget the policy does not read would label a run with a number it never used.
     if (std::isfinite(arm.budget) && (arm.policy == "none" || arm.policy.rfind("uniform-", 0) == 0))
       fail("--arms: '", arm.name, "': policy ", arm.policy, " takes no budget (it plans nothing); write '",
@@ -383,8 +379,9 @@ std::vector<std::pair<int64_t, fs::path>> seed_runs(const fs::path& arm_dir) {
 /// like an arm and holding a config.toml), those of the default list first
 /// and in its order (so none is the reference when present; a "bf16" arm,
 /// its old name, right after it), then the
-/// others by name. UserError when OUT does not exist or holds none.
-std::vector<Arm> arms_in(const fs::path& out) {
+/// others by name (`set`: the recipes a uniform-<recipe> arm may name).
+/// UserError when OUT does not exist or holds none.
+std::vector<Arm> arms_in(const fs::path& out, const recipes::RecipeSet& set) {
   if (!fs::is_directory(out)) fail("--out: ", out.string(), " does not exist (nothing trained yet)");
   std::set<std::string> found;
   for (const auto& e : fs::directory_iterator(out))
@@ -396,7 +393,7 @@ std::vector<Arm> arms_in(const fs::path& out) {
     found.erase(name);
     try {
       Arm arm = parse_arm(name);
-      check_arm_policy(arm);
+      check_arm_policy(arm, set);
       arms.push_back(arm);
     } catch (const UserError&) {
       // a folder that is not an arm (its name is no policy): not tabulated
@@ -821,15 +818,17 @@ void run_experiment(const ExperimentOptions& a) {
   if (a.no_train) {
     // Re-tabulate: each run's own config.toml, no --config or --set needed;
     // recipes from a recipe file as each run trained with them (its recipes.json).
+    recipes::RecipeSet known;
+    auto add_copy = [&](const fs::path& copy) {
+      if (!fs::is_regular_file(copy)) return;
+      for (const recipes::Recipe& r : recipes::load_recipe_copy(copy.string())) known.add(r, /*replace=*/true);
+    };
     if (fs::is_directory(out))
       for (const auto& e : fs::directory_iterator(out)) {
-        if (fs::is_regular_file(e.path() / "recipes.json"))
-          recipes::register_recipe_copy((e.path() / "recipes.json").string());
-        for (const auto& sr : seed_runs(e.path()))
-          if (fs::is_regular_file(sr.second / "recipes.json"))
-            recipes::register_recipe_copy((sr.second / "recipes.json").string());
+        add_copy(e.path() / "recipes.json");
+        for (const auto& sr : seed_runs(e.path())) add_copy(sr.second / "recipes.json");
       }
-    arms = a.arms_given ? parse_arm_list(a.arms) : arms_in(out);
+    arms = a.arms_given ? parse_arm_list(a.arms, known) : arms_in(out, known);
     runs = trained_runs(arms, out);
     check_trained_arms(arms, runs, out);
     if (!a.config.empty() || !a.sets.empty() || a.seeds > 0)
@@ -839,13 +838,10 @@ void run_experiment(const ExperimentOptions& a) {
     if (a.config.empty())
       fail("--config FILE is required (only --no-train, which reads each arm's ", (out / "<arm>").string(),
            "/config.toml, goes without it)");
-    {  // precision.recipe_file first: an arm's policy may name one of its recipes
-      Config c;
-      c.load_toml_file(a.config);
-      for (const auto& s : a.sets) c.set_override(s);
-      recipes::register_recipe_file(c.get_string("precision.recipe_file"));
-    }
-    arms = parse_arm_list(a.arms);
+    Config c;  // precision.recipe_file first: an arm's policy may name one of its recipes
+    c.load_toml_file(a.config);
+    for (const auto& s : a.sets) c.set_override(s);
+    arms = parse_arm_list(a.arms, recipes::load_recipe_set(c.get_string("precision.recipe_file")));
   }
   // Validate everything up front: the config, every arm's policy/budget.
   Config base;

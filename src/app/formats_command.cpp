@@ -5,7 +5,7 @@
 //   snip formats --json               the same as a JSON array
 //   snip formats --codes e2m1 [--json]  every code of a format of <= 8 bits
 //   snip formats --recipes [--json] [--config RUN.toml | --recipe-file FILE]
-//                                     the registered recipes as plain config
+//                                     the recipes (built-in, and the files') as plain config
 //   snip quantize --scheme fp4 --input in.safetensors --output out.safetensors
 //        [--operand fprop.w] [--seed N] [--json]
 //     fake-quantizes every floating-point tensor along its last dimension
@@ -148,11 +148,23 @@ void print_codes(std::ostream& out, const std::string& name, bool json) {
   out << os.str();
 }
 
-void print_recipes(std::ostream& out, bool json) {
+recipes::RecipeSet listed_recipes(const std::string& config, const std::string& recipe_file) {
+  recipes::RecipeSet set;
+  if (!config.empty()) {
+    Config cfg;
+    cfg.load_toml_file(config);
+    set = recipes::load_recipe_set(cfg.get_string("precision.recipe_file"));
+  }
+  if (!recipe_file.empty())
+    for (const recipes::Recipe& r : recipes::load_recipe_file(recipe_file).recipes) set.add(r, /*replace=*/true);
+  return set;
+}
+
+void print_recipes(std::ostream& out, const recipes::RecipeSet& set, bool json) {
   std::ostringstream os;
   nlohmann::json arr = nlohmann::json::array();
-  for (const std::string& name : recipes::recipe_names()) {
-    const recipes::Recipe r = recipes::find_recipe(name);
+  for (const std::string& name : set.names()) {
+    const recipes::Recipe& r = set.find(name);
     if (json) {
       arr.push_back(recipes::to_json(r));
       continue;
@@ -216,7 +228,7 @@ void run_quantize(const QuantizeOpts& o, std::ostream& out, std::ostream& err) {
     out << os.str() << std::flush;
     os.str("");
   };
-  const recipes::Recipe recipe = recipes::find_recipe(o.scheme);
+  const recipes::Recipe recipe = recipes::RecipeSet().find(o.scheme);
   const Operand op = parse_operand(o.operand, "--operand");
   const formats::QuantSpec spec = recipe[op];
   // An operand with a Hadamard transform (nvfp4's wgrad operands): the

@@ -43,8 +43,7 @@ plan::CostTable measure_plan_costs(Config& cfg, const PlanMeasureRequest& r) {
   // Notes go to stderr: stdout is the plan (or its JSON).
   for (const std::string& n : adopt_hf_config(f, cfg)) std::cerr << "snip: note: " << n << "\n";
   cfg.validate();
-  recipes::register_recipe_file(cfg.get_string("precision.recipe_file"));  // its names may be precision.options
-  const RunConfig rc = RunConfig::from(cfg);
+  const RunConfig rc = RunConfig::from(cfg);  // rc.recipes: precision.options may name precision.recipe_file's
   const TrainConfig& tc = rc.train;
   const std::string train_bin = (fs::path(r.data_dir) / "train.bin").string();
   if (!fs::exists(train_bin)) fail("--data: ", train_bin, " does not exist");
@@ -78,6 +77,7 @@ plan::CostTable measure_plan_costs(Config& cfg, const PlanMeasureRequest& r) {
   model->set_step(uint64_t(tc.seed), 0);
 
   StatsOptions so;
+  so.recipes = rc.recipes;
   so.options.clear();
   for (const std::string& o : rc.precision.options)
     if (o != so.reference) so.options.push_back(o);

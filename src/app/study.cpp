@@ -48,8 +48,7 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
     fail("--run: ", (run / "config.toml").string(), " does not exist (expected a run of `snip train`)");
   Config cfg;
   cfg.load_toml_file((run / "config.toml").string());
-  recipes::register_recipe_file(cfg.get_string("precision.recipe_file"));  // --option may name one of its recipes
-  const RunConfig rc = RunConfig::from(cfg);
+  const RunConfig rc = RunConfig::from(cfg);  // rc.recipes: --option may name one of precision.recipe_file's
   const TrainConfig& tc = rc.train;
   std::string ckpt;
   if (o.step >= 0) {
@@ -73,7 +72,7 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
     fail("--option: expected a quantizing recipe (e.g. fp4, mxfp4), got the reference '", o.option, "'");
   std::shared_ptr<const OperandQuantizer> quant;
   try {
-    quant = make_recipe_quantizer(o.option);
+    quant = make_recipe_quantizer(rc.recipes, o.option);
   } catch (const UserError& e) {
     std::string m = e.what();
     const std::string pre = "precision.recipe: ";
@@ -166,6 +165,7 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
     loader.next(in, tg);
     const torch::Tensor ids = to_ids(in, B, T), targets = to_ids(tg, B, T);
     StatsOptions so;
+    so.recipes = rc.recipes;
     so.options = {o.option};
     if (o.option != "fp8") so.options.push_back("fp8");
     so.low_option = o.option;

@@ -7,9 +7,7 @@
 
 #include "commands.h"
 #include "snip/app/formats_command.h"
-#include "snip/config/config.h"
 #include "snip/core/error.h"
-#include "snip/recipes/recipe_file.h"
 
 namespace snip::cli {
 
@@ -33,7 +31,7 @@ void add_format_commands(CLI::App& app) {
                           "print every code of FORMAT (8 bits or fewer) with its value")
       ->type_name("FORMAT");
   formats_cmd->add_flag("--recipes", fo->recipes,
-                        "print the registered quantization recipes (per GEMM operand)");
+                        "print the quantization recipes (per GEMM operand)");
   formats_cmd->add_flag("--json", fo->json, "print JSON instead of a table");
   formats_cmd->add_option("--config", fo->config,
                           "with --recipes: also the recipes of this run configuration's precision.recipe_file");
@@ -43,16 +41,10 @@ void add_format_commands(CLI::App& app) {
     if (!fo->codes.empty() && fo->recipes) fail("snip formats: give --codes or --recipes, not both");
     if ((!fo->config.empty() || !fo->recipe_file.empty()) && !fo->recipes)
       fail("snip formats: --config and --recipe-file go with --recipes");
-    if (!fo->config.empty()) {
-      Config cfg;
-      cfg.load_toml_file(fo->config);
-      recipes::register_recipe_file(cfg.get_string("precision.recipe_file"));
-    }
-    if (!fo->recipe_file.empty()) recipes::register_recipe_file(fo->recipe_file);
     if (!fo->codes.empty()) {
       print_codes(std::cout, fo->codes, fo->json);
     } else if (fo->recipes) {
-      print_recipes(std::cout, fo->json);
+      print_recipes(std::cout, app::listed_recipes(fo->config, fo->recipe_file), fo->json);
     } else {
       print_format_table(std::cout, fo->json);
     }

@@ -18,6 +18,7 @@
 #include <toml++/toml.h>
 
 #include "snip/io/toml.h"
+#include "snip/recipes/recipe_file.h"
 #include "snip/core/error.h"
 #include "snip/core/strings.h"
 
@@ -997,7 +998,13 @@ std::string PrecisionConfig::policy_name() const {
 
 RunConfig RunConfig::from(const Config& c) {
   c.validate();
+  return from(c, recipes::load_recipe_set(c.get_string("precision.recipe_file")));
+}
+
+RunConfig RunConfig::from(const Config& c, recipes::RecipeSet recipes) {
+  c.validate();
   RunConfig r;
+  r.recipes = std::move(recipes);
   for (const OptionSpec& o : option_table()) o.set(c.get(o.key), r);
   const LoraConfig& l = r.lora;
   if (l.rank > 0 && l.target.empty()) fail("config: lora.target: expected at least one glob, got an empty list");

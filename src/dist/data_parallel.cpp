@@ -145,12 +145,12 @@ void allreduce_gradients(Communicator& comm, const std::vector<torch::Tensor>& a
   sync.finish();
 }
 
-GradCompressor::GradCompressor(const std::string& format, bool error_feedback)
+GradCompressor::GradCompressor(const recipes::RecipeSet& recipes, const std::string& format, bool error_feedback)
     : format_(format), fp32_(format == "fp32"), ef_(error_feedback) {
   if (fp32_) return;
   recipes::Recipe r;
   try {
-    r = recipes::find_recipe(format);
+    r = recipes.find(format);
   } catch (const UserError& e) {
     fail("dist.grad_comm: ", e.what(), "; or fp32");
   }

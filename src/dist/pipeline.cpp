@@ -142,14 +142,15 @@ std::vector<int64_t> stage_bounds(const std::string& split, int64_t L, int S, co
   return bounds;
 }
 
-std::map<std::string, double> stage_cost_factors(const std::string& spec, const std::vector<std::string>& options) {
+std::map<std::string, double> stage_cost_factors(const recipes::RecipeSet& recipes, const std::string& spec,
+                                                 const std::vector<std::string>& options) {
   std::map<std::string, double> out;
   for (const std::string& o : options) {
     double f = 1.0;
     if (o != "bf16" && o != "none") {
       try {
         int bits = 16;
-        for (const auto& s : recipes::find_recipe(o).operands) bits = std::min(bits, s.element.bits);
+        for (const auto& s : recipes.find(o).operands) bits = std::min(bits, s.element.bits);
         f = double(bits) / 16.0;
       } catch (const UserError&) {
         f = 1.0;  // not a recipe (a custom option): full cost
@@ -173,7 +174,7 @@ std::map<std::string, double> stage_cost_factors(const std::string& spec, const 
       fail("dist.stage_cost: option '", name, "' given twice in \"", spec, "\"");
     if (name != "bf16") {
       try {
-        recipes::find_recipe(name);
+        recipes.find(name);
       } catch (const UserError&) {
         fail("dist.stage_cost: '", name, "' is not a precision option (a recipe of `snip formats --recipes`, or bf16)");
       }

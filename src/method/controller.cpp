@@ -42,8 +42,8 @@ std::string join(const std::vector<std::string>& v) {
 }
 
 // A recipe whose fprop operands are 4-bit elements (E2M1, E1M2, INT4, ...).
-bool is_4bit_option(const std::string& name) {
-  return name != kReference && recipes::find_recipe(name)[Operand::kFpropX].element.bits <= 4;
+bool is_4bit_option(const recipes::RecipeSet& recipes, const std::string& name) {
+  return name != kReference && recipes.find(name)[Operand::kFpropX].element.bits <= 4;
 }
 
 // Per-GEMM precision of one layer: the quantizer of the option chosen for the
@@ -93,14 +93,14 @@ std::string format_plan_changes(int64_t s, const std::map<PlanKey, std::string>&
 
 }  // namespace
 
-std::string resolve_precision_alias(Config& cfg) {
+std::string resolve_precision_alias(Config& cfg, const recipes::RecipeSet& recipes) {
   const std::string recipe = cfg.get_string("precision.recipe");
   if (recipe.empty()) cfg.set("precision.recipe", std::string("none"), "precision.recipe");  // "" means none
   if (recipe.empty() || recipe == "none" || cfg.get_string("precision.policy") != "none") return "";
   const std::string what = "precision.recipe = '" + recipe + "'";
   cfg.set("precision.recipe", std::string("none"), what);
   if (recipe == kReference) return what + " is read as precision.policy = 'none' (nothing quantized)";
-  make_recipe_quantizer(recipe);  // UserError "precision.recipe: unknown recipe ..."
+  make_recipe_quantizer(recipes, recipe);  // UserError "precision.recipe: unknown recipe ..."
   std::string note = what + " is read as precision.policy = 'uniform-" + recipe + "'";
   cfg.set("precision.policy", "uniform-" + recipe, what);
   // Every layer, every step, as the recipe always ran: no warmup, no final phase.
@@ -177,10 +177,10 @@ Phase parse_phase(const std::string& s, const std::string& what) {
 
 PrecisionController::PrecisionController(const RunConfig& rc, std::vector<QuantLinear> layers,
                                          at::ScalarType gemm_dtype)
-    : pc_(rc.precision), layers_(std::move(layers)), gemm_dtype_(gemm_dtype) {
+    : pc_(rc.precision), recipes_(rc.recipes), layers_(std::move(layers)), gemm_dtype_(gemm_dtype) {
   // Ranges and words were checked by RunConfig::from for every policy, so a
   // run's config.toml never carries a value a later resume or `snip correlate`
-  // would reject; what follows needs the layers or the recipe registry.
+  // would reject; what follows needs the layers or the run's recipes.
   policy_ = pc_.policy_name();
   gran_ = pc_.per_gemm ? plan::Granularity::gemm : plan::Granularity::layer;
   stats_seed_ = uint64_t(rc.train.seed);
@@ -216,7 +216,7 @@ PrecisionController::PrecisionController(const RunConfig& rc, std::vector<QuantL
       return;
     }
     try {
-      into[name] = make_recipe_quantizer(name);
+      into[name] = make_recipe_quantizer(recipes_, name);
     } catch (const UserError& e) {
       std::string m = e.what();
       const std::string pre = "precision.recipe: ";
@@ -232,7 +232,7 @@ PrecisionController::PrecisionController(const RunConfig& rc, std::vector<QuantL
     add(pc_.uniform_option, "precision.policy", quant_);
     // A uniform 4-bit policy counts its own option in the FP4 share:
     // uniform-mxfp4 runs every GEMM in 4 bits whatever low_option names.
-    if (is_4bit_option(pc_.uniform_option)) low_ = pc_.uniform_option;
+    if (is_4bit_option(recipes_, pc_.uniform_option)) low_ = pc_.uniform_option;
   }
   add(kReference, "precision.options", quant_);
   for (const auto& p : pc_.pins) {
@@ -255,7 +255,7 @@ PrecisionController::PrecisionController(const RunConfig& rc, std::vector<QuantL
   if (pc_.policy == Policy::kNone) return;  // inactive: nothing is quantized
   if (rc.guard.enabled) add(rc.guard.raise_option, "guard.raise_option", extra_quant_);
   if (rc.guard.enabled && rc.guard.raise_option != kReference)
-    for (const auto& spec : recipes::find_recipe(rc.guard.raise_option).operands)
+    for (const auto& spec : recipes_.find(rc.guard.raise_option).operands)
       if (spec.element.bits < 8)
         fail("config: guard.raise_option: expected an option of 8 bits or more (fp8, bf16, ...), got '",
              rc.guard.raise_option, "' (", spec.element.bits, "-bit elements)");
@@ -325,7 +325,7 @@ std::vector<std::string> PrecisionController::layers_below_fp8() const {
     if (it != low.end()) return it->second;
     bool b = false;
     if (o != kReference)
-      for (const auto& spec : recipes::find_recipe(o).operands) b = b || spec.element.bits < 8;
+      for (const auto& spec : recipes_.find(o).operands) b = b || spec.element.bits < 8;
     return low[o] = b;
   };
   for (const auto& l : layers_) {
@@ -494,6 +494,7 @@ void PrecisionController::decide(int64_t s, Phase phase,
   } else if (pc_.needs_stats()) {
     const auto t0 = clock::now();
     StatsOptions so;
+    so.recipes = recipes_;
     so.options.clear();
     for (const auto& o : pc_.options)
       if (o != kReference) so.options.push_back(o);
@@ -704,7 +705,7 @@ void PrecisionController::restore(const json& st, const std::string& what) {
       bool delayed = false;
       for (const auto& [name, q] : quant_)
         if (q)
-          for (const auto& spec : recipes::find_recipe(name).operands)
+          for (const auto& spec : recipes_.find(name).operands)
             delayed = delayed || spec.rule == formats::ScaleRule::kDelayed;
       if (delayed)
         spdlog::warn("{}: no quantizer state (written by an older snip): delayed-scaling amax histories "

@@ -180,7 +180,7 @@ std::shared_ptr<const OperandQuantizer> resolve_quantizer(const StatsOptions& o,
   auto it = o.quantizers.find(name);
   if (it != o.quantizers.end()) return it->second;
   try {
-    return make_recipe_quantizer(name);
+    return make_recipe_quantizer(o.recipes, name);
   } catch (const UserError& e) {
     fail("stats.options: option '", name, "': ", e.what());
   }

@@ -313,10 +313,11 @@ class RecipeQuantizer final : public OperandQuantizer {
 
 }  // namespace
 
-std::shared_ptr<const OperandQuantizer> make_recipe_quantizer(const std::string& recipe) {
+std::shared_ptr<const OperandQuantizer> make_recipe_quantizer(const recipes::RecipeSet& recipes,
+                                                              const std::string& recipe) {
   if (recipe == "none" || recipe.empty()) return nullptr;
   try {
-    return std::make_shared<RecipeQuantizer>(recipes::find_recipe(recipe));
+    return std::make_shared<RecipeQuantizer>(recipes.find(recipe));
   } catch (const UserError& e) {
     fail("precision.recipe: ", e.what());
   }

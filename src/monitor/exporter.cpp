@@ -347,11 +347,12 @@ int64_t Exporter::streak(const std::string& layer, const std::string& gemm, cons
   return collector_->streak({layer, gemm, operand});
 }
 
-std::unique_ptr<Exporter> start_exporter(const MonitorOptions& opts, RunInfo info, int local_rank, bool log) {
+std::unique_ptr<Exporter> start_exporter(const MonitorOptions& opts, RunInfo info, const recipes::RecipeSet& recipes,
+                                         int local_rank, bool log) {
   const std::string address = opts.address(info.rank, local_rank);
   if (address.empty()) return nullptr;
-  for (const std::string& name : recipes::recipe_names()) {
-    const recipes::Recipe r = recipes::find_recipe(name);
+  for (const std::string& name : recipes.names()) {
+    const recipes::Recipe& r = recipes.find(name);
     for (int op = 0; op < kNumOperands; ++op)
       info.option_bits[name][operand_name(Operand(op))] = r[Operand(op)].element.bits;
   }

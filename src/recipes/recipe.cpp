@@ -1,11 +1,10 @@
-// The recipe registry and the built-in recipes (see recipes/recipe.h).
+// The built-in recipes and the RecipeSet of named recipes (see recipes/recipe.h).
 #include "snip/recipes/recipe.h"
 
 #include "snip/formats/hadamard.h"
 
 #include <algorithm>
 #include <map>
-#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "snip/formats/integer.h"
@@ -164,26 +163,10 @@ void check_hadamard_pairs(const Recipe& r, const std::string& where) {
 }
 }  // namespace
 
-struct Registry {
-  std::mutex mu;
-  std::map<std::string, Recipe> recipes;
-  Registry() {
-    for (const Recipe& r : builtin_recipes()) {
-      validate_recipe(r);
-      recipes.emplace(r.name, r);
-    }
-  }
-};
-
-Registry& registry() {
-  static Registry r;
-  return r;
-}
-
 }  // namespace
 
 void validate_recipe(const Recipe& r) {
-  if (r.name.empty()) fail("register_recipe: recipe name: expected a non-empty name");
+  if (r.name.empty()) fail("recipe name: expected a non-empty name");
   for (int i = 0; i < kNumOperands; ++i)
     formats::validate_quant_spec(r.operands[size_t(i)],
                                  str_cat("recipe '", r.name, "' ", operand_name(Operand(i))));
@@ -217,40 +200,42 @@ bool Recipe::is_passthrough() const {
   return true;
 }
 
-void register_recipe(const Recipe& recipe, bool replace) {
+RecipeSet::RecipeSet() {
+  static const std::map<std::string, Recipe> builtin = [] {
+    std::map<std::string, Recipe> m;
+    for (const Recipe& r : builtin_recipes()) {
+      validate_recipe(r);
+      m.emplace(r.name, r);
+    }
+    return m;
+  }();
+  recipes_ = builtin;
+}
+
+void RecipeSet::add(const Recipe& recipe, bool replace) {
   validate_recipe(recipe);
-  Registry& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mu);
-  const auto it = reg.recipes.find(recipe.name);
-  if (it != reg.recipes.end()) {
-    if (!replace) fail("register_recipe: a recipe named '", recipe.name, "' already exists");
+  const auto it = recipes_.find(recipe.name);
+  if (it != recipes_.end()) {
+    if (!replace) fail("RecipeSet::add: a recipe named '", recipe.name, "' already exists");
     it->second = recipe;
     return;
   }
-  reg.recipes.emplace(recipe.name, recipe);
+  recipes_.emplace(recipe.name, recipe);
 }
 
-Recipe find_recipe(const std::string& name) {
-  Registry& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mu);
-  const auto it = reg.recipes.find(name);
-  if (it != reg.recipes.end()) return it->second;
+const Recipe& RecipeSet::find(const std::string& name) const {
+  const auto it = recipes_.find(name);
+  if (it != recipes_.end()) return it->second;
   std::string known;
-  for (const auto& kv : reg.recipes) known += (known.empty() ? "" : ", ") + kv.first;
+  for (const auto& kv : recipes_) known += (known.empty() ? "" : ", ") + kv.first;
   fail("unknown recipe '", name, "' (known: ", known, ")");
 }
 
-bool has_recipe(const std::string& name) {
-  Registry& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mu);
-  return reg.recipes.count(name) > 0;
-}
+bool RecipeSet::has(const std::string& name) const { return recipes_.count(name) > 0; }
 
-std::vector<std::string> recipe_names() {
-  Registry& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mu);
+std::vector<std::string> RecipeSet::names() const {
   std::vector<std::string> names;
-  for (const auto& kv : reg.recipes) names.push_back(kv.first);
+  for (const auto& kv : recipes_) names.push_back(kv.first);
   return names;
 }
 

@@ -180,14 +180,15 @@ RecipeFile load_recipe_file(const std::string& path) {
   return parse_recipe_file_text(text, ext.substr(1), path);
 }
 
-RecipeFile register_recipe_file(const std::string& path) {
-  if (path.empty()) return {};
-  RecipeFile f = load_recipe_file(path);
-  for (const Recipe& r : f.recipes) register_recipe(r, /*replace=*/true);  // built-in names refused above
-  return f;
+RecipeSet recipe_set(const RecipeFile& file) {
+  RecipeSet set;
+  for (const Recipe& r : file.recipes) set.add(r);  // built-in names refused by the parser
+  return set;
 }
 
-std::vector<std::string> register_recipe_copy(const std::string& path) {
+RecipeSet load_recipe_set(const std::string& path) { return path.empty() ? RecipeSet() : recipe_set(load_recipe_file(path)); }
+
+std::vector<Recipe> load_recipe_copy(const std::string& path) {
   const json j = io::parse_json(io::read_file(path), path);
   if (!j.is_object() || !j.contains("recipes") || !j["recipes"].is_array())
     fail(path, ": recipes: expected a list of recipes");
@@ -195,11 +196,10 @@ std::vector<std::string> register_recipe_copy(const std::string& path) {
   for (size_t i = 0; i < j["recipes"].size(); ++i) {
     Recipe r = recipe_from_json(j["recipes"][i], str_cat(path, ": recipes[", i, "]"));
     if (is_builtin_recipe(r.name)) fail(path, ": recipe '", r.name, "': name: the name of a built-in recipe");
+    validate_recipe(r);
     rs.push_back(std::move(r));
   }
-  std::vector<std::string> names;
-  for (const Recipe& r : rs) register_recipe(r, /*replace=*/true), names.push_back(r.name);
-  return names;
+  return rs;
 }
 
 std::string record_run_recipes(const std::string& run_dir, const RecipeFile& file, bool resume) {

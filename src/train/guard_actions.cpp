@@ -32,8 +32,8 @@ std::string rollback_target(const std::string& run_dir) {
   return fallback;
 }
 
-// What the guard observes of step `r`.
-GuardObservation observe(const StepResult& r, int64_t step, double tokens_per_s) {
+// What the guard observes of step `r` (the run's `recipes` give an option's bits).
+GuardObservation observe(const StepResult& r, int64_t step, double tokens_per_s, const recipes::RecipeSet& recipes) {
   GuardObservation obs;
   obs.step = step;
   obs.loss = r.loss;
@@ -46,8 +46,8 @@ GuardObservation observe(const StepResult& r, int64_t step, double tokens_per_s)
       // the layer, or "layer:fprop" under precision.granularity = gemm).
       const json& prec = r.precision.metrics.value("precision", json::object());
       const std::string item = prec.contains(layer) ? layer : plan_item_key(layer, Gemm::kFprop);
-      if (prec.contains(item) && prec[item].is_string() && recipes::has_recipe(prec[item].get<std::string>())) {
-        const recipes::Recipe q = recipes::find_recipe(prec[item].get<std::string>());
+      if (prec.contains(item) && prec[item].is_string() && recipes.has(prec[item].get<std::string>())) {
+        const recipes::Recipe& q = recipes.find(prec[item].get<std::string>());
         obs.quant_bits[layer] = std::min(q[Operand::kFpropX].element.bits, q[Operand::kFpropW].element.bits);
       }
     }
@@ -117,7 +117,7 @@ GuardOutcome GuardActions::after_step(const StepResult& r, StepRecord& rec, doub
   // not a stats step (extra passes).
   const bool plain = steps_done > 1 && !r.precision.metrics.contains("stats_seconds");
   std::vector<GuardEvent> events =
-      guard.observe(observe(r, s.step, plain ? double(s.tokens_per_step) / dt : 0.0));
+      guard.observe(observe(r, s.step, plain ? double(s.tokens_per_step) / dt : 0.0, s.rc.recipes));
   if (!r.nonfinite_stats.empty())
     for (GuardEvent& e : events)
       if (e.condition == "nonfinite") e.reason = r.nonfinite_stats + " (the step was skipped)";

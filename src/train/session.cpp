@@ -136,10 +136,13 @@ void read_init_folder(TrainSession& s) {
 // never reads are said.
 void resolve_config(TrainSession& s) {
   Config& cfg = s.cfg;
-  s.recipe_file = recipes::register_recipe_file(cfg.get_string("precision.recipe_file"));
-  s.alias = resolve_precision_alias(cfg);
+  // The run's recipes: the built-ins and precision.recipe_file's (RunConfig::recipes).
+  if (!cfg.get_string("precision.recipe_file").empty())
+    s.recipe_file = recipes::load_recipe_file(cfg.get_string("precision.recipe_file"));
+  recipes::RecipeSet recipes = recipes::recipe_set(s.recipe_file);
+  s.alias = resolve_precision_alias(cfg, recipes);
   try {
-    s.rc = RunConfig::from(cfg);
+    s.rc = RunConfig::from(cfg, std::move(recipes));
   } catch (const UserError& e) {
     if (!s.adopted) throw;
     fail(e.what(), " (with [model] options taken from ", s.init->config_path, " by --init-from)");
@@ -273,7 +276,7 @@ void check_layout(TrainSession& s) {
   }
   s.DP = R / S;  // data-parallel ranks: R without stages
   // dist.grad_comm (validated here at any world size; used with several ranks).
-  s.gcomm = dist::GradComm{dist::GradCompressor(dopt.grad_comm, dopt.error_feedback), {}};
+  s.gcomm = dist::GradComm{dist::GradCompressor(s.rc.recipes, dopt.grad_comm, dopt.error_feedback), {}};
   if (R == 1 && !s.gcomm.compressor.is_fp32() && !s.quiet)
     spdlog::warn("dist.grad_comm = {} has no effect in one process (no gradient is communicated)", dopt.grad_comm);
   // Residuals of error feedback travel in checkpoints (grad_residuals.safetensors).

@@ -92,7 +92,7 @@ void open_run_files(TrainSession& s) {
       s.monitor_opts,
       {s.tokens_per_step, s.world.rank, s.R, s.ctl->policy(), {}, s.rc.guard.quant_error_threshold,
        s.rc.guard.quant_error_threshold_fp4},
-      s.world.local_rank, !opts.quiet);
+      s.rc.recipes, s.world.local_rank, !opts.quiet);
   // Wall time of the earlier invocations (a resumed run's elapsed_s continues).
   s.elapsed0 = s.resume_ckpt.empty() ? 0.0 : s.resume_typed.elapsed_s.value_or(0.0);
   s.start_step = s.step;

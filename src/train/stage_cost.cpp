@@ -10,14 +10,15 @@
 
 namespace snip {
 
-std::map<std::string, double> measure_stage_cost_factors(const std::vector<std::string>& options, int64_t N,
+std::map<std::string, double> measure_stage_cost_factors(const recipes::RecipeSet& recipes,
+                                                         const std::vector<std::string>& options, int64_t N,
                                                          int64_t IN, int64_t OUT, at::ScalarType gemm_dtype,
                                                          int repeats) {
   torch::manual_seed(0);  // deterministic operands; restored by the caller's seeding
   QuantLinear layer(IN, OUT, 0.02);
   const torch::Tensor x = torch::randn({N, IN}), dy = torch::randn({N, OUT});
   auto time_of = [&](const std::string& option) {
-    layer->precision = LinearPrecision{option == "bf16" ? nullptr : make_recipe_quantizer(option), gemm_dtype};
+    layer->precision = LinearPrecision{option == "bf16" ? nullptr : make_recipe_quantizer(recipes, option), gemm_dtype};
     double best = std::numeric_limits<double>::infinity();
     for (int k = 0; k <= repeats; ++k) {
       const torch::Tensor xi = x.clone().requires_grad_(true);

@@ -10,9 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "snip/recipes/recipe.h"
+
 namespace snip {
 
-/// For each option (a recipe name, or "bf16" = no quantizer), the wall time
+/// For each option (a recipe of `recipes`, or "bf16" = no quantizer), the wall time
 /// of one forward and backward of a quantized linear layer x [N, IN] ->
 /// [N, OUT] (QuantLinear with that option's quantizer and GEMMs in
 /// `gemm_dtype`), the fastest of `repeats` after one warm-up, divided by the
@@ -20,7 +22,8 @@ namespace snip {
 /// This build's kernels decide it (on a CPU the quantizers are emulated, so
 /// FP4 may cost more than BF16). Deterministic inputs; timing is not.
 /// Throws UserError for an unknown option.
-std::map<std::string, double> measure_stage_cost_factors(const std::vector<std::string>& options, int64_t N,
+std::map<std::string, double> measure_stage_cost_factors(const recipes::RecipeSet& recipes,
+                                                         const std::vector<std::string>& options, int64_t N,
                                                          int64_t IN, int64_t OUT, at::ScalarType gemm_dtype,
                                                          int repeats = 3);
 

@@ -87,7 +87,7 @@ std::pair<std::vector<double>, double> PipelineStages::block_costs(
   for (const auto& [item, o] : assign) options.push_back(o);
   const std::map<std::string, double> f = s_.dopt().stage_cost == "measured"
                                               ? measured_factors_
-                                              : dist::stage_cost_factors(s_.dopt().stage_cost, options);
+                                              : dist::stage_cost_factors(s_.rc.recipes, s_.dopt().stage_cost, options);
   auto factor = [&](const std::string& o) {  // an option without a factor costs as BF16
     const auto it = f.find(o);
     return it == f.end() ? 1.0 : it->second;
@@ -126,7 +126,7 @@ void PipelineStages::measure_costs() {
   if (rc.guard.enabled && rc.guard.raise_option != "bf16") options.push_back(rc.guard.raise_option);
   std::sort(options.begin(), options.end());
   options.erase(std::unique(options.begin(), options.end()), options.end());
-  const auto m = measure_stage_cost_factors(options, s_.B * s_.T, s_.mcfg.hidden_size, s_.mcfg.intermediate_size,
+  const auto m = measure_stage_cost_factors(rc.recipes, options, s_.B * s_.T, s_.mcfg.hidden_size, s_.mcfg.intermediate_size,
                                             s_.gemm);
   std::vector<double> v;
   for (const std::string& o : options) v.push_back(m.at(o));

@@ -46,7 +46,7 @@ bool bitwise_equal(const torch::Tensor& a, const torch::Tensor& b) {
 //     mantissa, g + e can round, and |r_t| <= ulp(v_t) / 2.
 void check_bookkeeping(const std::string& format, bool additions_exact) {
   SCOPED_TRACE(format);
-  const GradCompressor c(format, /*error_feedback=*/true);
+  const GradCompressor c(recipes::RecipeSet(), format, /*error_feedback=*/true);
   std::mt19937 rng(12345);
   const int64_t rows = 48, cols = 96;  // several 1x16 / 1x32 blocks, partial 128x128 blocks
   torch::Tensor e = torch::zeros({rows, cols}, torch::kFloat);
@@ -82,7 +82,7 @@ TEST(DistGradComm, ErrorFeedbackWithFp32ScalesIsExactUpToTheRoundingOfGPlusE) {
 }
 
 TEST(DistGradComm, Fp32SendsTheGradientAndKeepsNoResidual) {
-  const GradCompressor c("fp32", true);
+  const GradCompressor c(recipes::RecipeSet(), "fp32", true);
   EXPECT_TRUE(c.is_fp32());
   std::mt19937 rng(1);
   torch::Tensor e = torch::zeros({5, 7}, torch::kFloat);
@@ -95,7 +95,7 @@ TEST(DistGradComm, Fp32SendsTheGradientAndKeepsNoResidual) {
 }
 
 TEST(DistGradComm, WithoutErrorFeedbackTheResidualStaysZero) {
-  const GradCompressor c("fp4", false);
+  const GradCompressor c(recipes::RecipeSet(), "fp4", false);
   torch::Tensor e = torch::zeros({4, 32}, torch::kFloat);
   const torch::Tensor g = torch::randn({4, 32});
   const torch::Tensor q = c.compress(g, e, g.abs().max().item<float>(), formats::RoundingKey{});
@@ -108,7 +108,7 @@ TEST(DistGradComm, SharedAmaxEqualToTheOwnIsPlainFakeQuantize) {
   // rank's own: q equals the recipe's fake_quantize of v, bit for bit.
   for (const char* f : {"fp4", "nvfp4", "fp8_tensor"}) {
     SCOPED_TRACE(f);
-    const GradCompressor c(f, false);
+    const GradCompressor c(recipes::RecipeSet(), f, false);
     ASSERT_TRUE(c.shares_amax());
     const torch::Tensor g = torch::randn({33, 48});  // 33 rows: a partial 16-row block under nvfp4's 16x16
     torch::Tensor e = torch::zeros_like(g);
@@ -123,7 +123,7 @@ TEST(DistGradComm, SharedAmaxPutsEveryRankOnOneTensorScale) {
   // Two "ranks" with different data: quantized with the shared amax, each
   // rank's q equals the rows of the recipe's fake_quantize of both ranks'
   // data stacked (one tensor, one tensor amax): the scale is the same.
-  const GradCompressor c("fp4", false);
+  const GradCompressor c(recipes::RecipeSet(), "fp4", false);
   const torch::Tensor a = torch::randn({8, 32}), b = 3.0f * torch::randn({8, 32});
   const float amax = std::max(a.abs().max().item<float>(), b.abs().max().item<float>());
   torch::Tensor ea = torch::zeros_like(a), eb = torch::zeros_like(b);
@@ -140,20 +140,20 @@ TEST(DistGradComm, SharedAmaxPutsEveryRankOnOneTensorScale) {
 
 TEST(DistGradComm, WireBytesPerFormat) {
   // [64, 32] = 2048 elements.
-  EXPECT_EQ(GradCompressor("fp32").wire_bytes(64, 32), 2048 * 4);
-  EXPECT_EQ(GradCompressor("bf16").wire_bytes(64, 32), 2048 * 2);
+  EXPECT_EQ(GradCompressor(recipes::RecipeSet(), "fp32").wire_bytes(64, 32), 2048 * 4);
+  EXPECT_EQ(GradCompressor(recipes::RecipeSet(), "bf16").wire_bytes(64, 32), 2048 * 2);
   // fp8: 1 byte each + one 4-byte power-of-two scale per 128x128 block.
-  EXPECT_EQ(GradCompressor("fp8").wire_bytes(64, 32), 2048 + 4);
-  EXPECT_EQ(GradCompressor("fp8").wire_bytes(512, 32), 512 * 32 + 4 * 4);
+  EXPECT_EQ(GradCompressor(recipes::RecipeSet(), "fp8").wire_bytes(64, 32), 2048 + 4);
+  EXPECT_EQ(GradCompressor(recipes::RecipeSet(), "fp8").wire_bytes(512, 32), 512 * 32 + 4 * 4);
   // fp4: half a byte each + one E4M3 byte per 1x16 block + the FP32 tensor scale.
-  EXPECT_EQ(GradCompressor("fp4").wire_bytes(64, 32), 1024 + 128 + 4);
+  EXPECT_EQ(GradCompressor(recipes::RecipeSet(), "fp4").wire_bytes(64, 32), 1024 + 128 + 4);
   // nvfp4: 16x16 blocks for weights.
-  EXPECT_EQ(GradCompressor("nvfp4").wire_bytes(64, 32), 1024 + 8 + 4);
+  EXPECT_EQ(GradCompressor(recipes::RecipeSet(), "nvfp4").wire_bytes(64, 32), 1024 + 8 + 4);
   // mxfp4: half a byte each + one E8M0 byte per 1x32 block.
-  EXPECT_EQ(GradCompressor("mxfp4").wire_bytes(64, 32), 1024 + 64);
+  EXPECT_EQ(GradCompressor(recipes::RecipeSet(), "mxfp4").wire_bytes(64, 32), 1024 + 64);
   // A tied weight listed twice counts once; 1-D tensors are [1, n].
   const torch::Tensor w = torch::zeros({64, 32}), n = torch::zeros({32});
-  EXPECT_EQ(GradCompressor("fp4").wire_bytes(std::vector<torch::Tensor>{w, n, w}), 1156 + 16 + 2 + 4);
+  EXPECT_EQ(GradCompressor(recipes::RecipeSet(), "fp4").wire_bytes(std::vector<torch::Tensor>{w, n, w}), 1156 + 16 + 2 + 4);
 }
 
 // The allgather path (dist.grad_comm_path = allgather) against the exact
@@ -170,7 +170,7 @@ TEST(DistGradComm, AllgatherBytesDecodeToTheExactPathsQ) {
   for (const char* f : {"fp32", "bf16", "fp8", "mxfp8", "fp4", "nvfp4", "mxfp4", "fp8_tensor", "int8"}) {
     for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{33, 48}, {1, 33}, {130, 20}}) {
       SCOPED_TRACE(std::string(f) + " [" + std::to_string(rows) + ", " + std::to_string(cols) + "]");
-      const GradCompressor c(f, /*error_feedback=*/true);
+      const GradCompressor c(recipes::RecipeSet(), f, /*error_feedback=*/true);
       std::vector<torch::Tensor> g, e;
       float amax = 0;
       for (int r = 0; r < 3; ++r) {
@@ -207,7 +207,7 @@ TEST(DistGradComm, AllgatherBytesAreTheFormatsCodesAndScales) {
   // 6·448/6 = 448 = E4M3 code 0x7E, so every element's code is its own
   // E2M1 code: 0 = 0x0, 0.5 = 0x1, 1 = 0x2, 1.5 = 0x3, 2 = 0x4, 3 = 0x5,
   // 4 = 0x6, 6 = 0x7, sign in bit 3; two per byte, element 2i in the low nibble.
-  const GradCompressor c("fp4", false);
+  const GradCompressor c(recipes::RecipeSet(), "fp4", false);
   const std::vector<float> v = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.5f, -1, -6, 0, 0, 0, 0, 0};
   const torch::Tensor g = torch::tensor(v).reshape({1, 16});
   torch::Tensor e = torch::zeros_like(g);
@@ -225,7 +225,7 @@ TEST(DistGradComm, AllgatherBytesAreTheFormatsCodesAndScales) {
 
 TEST(DistGradComm, UnknownFormatIsAUserError) {
   try {
-    GradCompressor c("fp5");
+    GradCompressor c(recipes::RecipeSet(), "fp5");
     FAIL() << "no error";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("dist.grad_comm"), std::string::npos) << e.what();

@@ -166,9 +166,9 @@ TEST(DistOverlap, HooksAreRemovedAfterFinish) {
 TEST(DistReducer, ChosenFromTheOptionsTable) {
   TwinComm comm;
   Model m;
-  GradComm fp32{GradCompressor("fp32", true), {}};
-  GradComm gathered{GradCompressor("fp32", true), {}, /*allgather=*/true};
-  GradComm fp8{GradCompressor("fp8", true), {}};
+  GradComm fp32{GradCompressor(recipes::RecipeSet(), "fp32", true), {}};
+  GradComm gathered{GradCompressor(recipes::RecipeSet(), "fp32", true), {}, /*allgather=*/true};
+  GradComm fp8{GradCompressor(recipes::RecipeSet(), "fp8", true), {}};
   const ZeroPartition part = zero_partition({"p0", "p1", "p2"}, {m.p0, m.p1, m.p2}, 2);
   EXPECT_STREQ(make_grad_reducer(comm, nullptr, nullptr, 0, false)->name(), "allreduce");
   EXPECT_STREQ(make_grad_reducer(comm, nullptr, nullptr, 0, true)->name(), "overlapped");
@@ -188,7 +188,7 @@ TEST(DistReducer, OverlappedEqualsTheAllReduceAfterBackward) {
   const Model ref = reference_grads(x1, x2, ref_comm);
   Model m;
   TwinComm comm;
-  GradComm fp32{GradCompressor("fp32", true), {}};
+  GradComm fp32{GradCompressor(recipes::RecipeSet(), "fp32", true), {}};
   const auto reducer = make_grad_reducer(comm, &fp32, nullptr, 0, true);
   reducer->begin(m.params());
   m.loss(x1).backward();

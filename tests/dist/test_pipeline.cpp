@@ -179,17 +179,17 @@ TEST(PipelineSchedule, EveryScheduleCompletesAndBoundsActivations) {
 }
 
 TEST(PipelineCost, Factors) {
-  const auto f = stage_cost_factors("bits", {"fp4", "fp8", "bf16", "mxfp4", "nvfp4"});
+  const auto f = stage_cost_factors(recipes::RecipeSet(), "bits", {"fp4", "fp8", "bf16", "mxfp4", "nvfp4"});
   EXPECT_EQ(f.at("fp4"), 0.25);
   EXPECT_EQ(f.at("fp8"), 0.5);
   EXPECT_EQ(f.at("bf16"), 1.0);
   EXPECT_EQ(f.at("mxfp4"), 0.25);
-  const auto g = stage_cost_factors("fp4=0.4,fp8=0.7", {"fp4", "fp8", "bf16"});
+  const auto g = stage_cost_factors(recipes::RecipeSet(), "fp4=0.4,fp8=0.7", {"fp4", "fp8", "bf16"});
   EXPECT_EQ(g.at("fp4"), 0.4);
   EXPECT_EQ(g.at("fp8"), 0.7);
   EXPECT_EQ(g.at("bf16"), 1.0);
   for (const char* bad : {"fp4", "fp4=0", "fp4=-1", "=1", "fp4=x", "fp4=1,fp8"})
-    EXPECT_THROW(stage_cost_factors(bad, {"fp4"}), UserError) << bad;
+    EXPECT_THROW(stage_cost_factors(recipes::RecipeSet(), bad, {"fp4"}), UserError) << bad;
 }
 
 TEST(PipelinePartition, OwnersOffsetsAndTiedOnce) {

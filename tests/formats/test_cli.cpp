@@ -145,7 +145,7 @@ TEST_F(CliTest, QuantizeWritesFp32AndReportsSqnr) {
   const std::string out = run("quantize --scheme mxfp4 --input " + at("in.safetensors") +
                               " --output " + at("out.safetensors") + " --json");
   const io::SafeTensors got = io::read_safetensors(at("out.safetensors"));
-  const formats::QuantSpec spec = recipes::find_recipe("mxfp4")[Operand::kFpropW];
+  const formats::QuantSpec spec = recipes::RecipeSet().find("mxfp4")[Operand::kFpropW];
   // a: equals fake_quantize of the data.
   std::vector<float> ya(a.size());
   formats::QuantStats sa;
@@ -204,7 +204,7 @@ TEST_F(CliTest, QuantizeWithHadamardOperandWritesAnApproximationOfTheInput) {
   ASSERT_EQ(r.error, "");
   const io::SafeTensors got = io::read_safetensors(at("out.safetensors"));
   // Expected: x·R quantized with the plain spec, mapped back with Rᵀ.
-  formats::QuantSpec spec = recipes::find_recipe("nvfp4")[Operand::kWgradX];
+  formats::QuantSpec spec = recipes::RecipeSet().find("nvfp4")[Operand::kWgradX];
   ASSERT_EQ(spec.hadamard_size, 16);
   const auto signs = formats::hadamard_signs(16, spec.hadamard_seed);
   std::vector<float> t = a, q(a.size());

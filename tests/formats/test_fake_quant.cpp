@@ -34,8 +34,8 @@ struct Shape {
 std::vector<std::pair<std::string, QuantSpec>> recipe_specs() {
   std::vector<std::pair<std::string, QuantSpec>> out;
   std::set<std::string> seen;
-  for (const std::string& name : recipes::recipe_names()) {
-    const recipes::Recipe r = recipes::find_recipe(name);
+  for (const std::string& name : recipes::RecipeSet().names()) {
+    const recipes::Recipe r = recipes::RecipeSet().find(name);
     for (int i = 0; i < kNumOperands; ++i) {
       const QuantSpec& s = r.operands[size_t(i)];
       if (seen.insert(s.describe()).second)
@@ -151,7 +151,7 @@ TEST(FakeQuant, PartialLastBlockUsesTheElementsPresent) {
   // from them alone, exactly as if quantized on its own (= zero padded).
   const auto x = testing::awkward_data(4, 40, 77);
   for (const char* recipe : {"mxfp4", "fp4", "fp8", "block_fp8"}) {
-    const QuantSpec s = recipes::find_recipe(recipe)[Operand::kFpropX];
+    const QuantSpec s = recipes::RecipeSet().find(recipe)[Operand::kFpropX];
     std::vector<float> y(x.size());
     fake_quantize(x.data(), y.data(), 4, 40, s, RoundingKey{});
     const int64_t bc = s.block.cols;
@@ -166,7 +166,7 @@ TEST(FakeQuant, PartialLastBlockUsesTheElementsPresent) {
     }
   }
   // 2-D: 130 rows with 128x128 blocks: rows 128..129 form their own blocks.
-  const QuantSpec w = recipes::find_recipe("fp8")[Operand::kFpropW];
+  const QuantSpec w = recipes::RecipeSet().find("fp8")[Operand::kFpropW];
   auto x2 = testing::awkward_data(130, 130, 78);
   std::vector<float> y2(x2.size());
   fake_quantize(x2.data(), y2.data(), 130, 130, w, RoundingKey{});
@@ -178,7 +178,7 @@ TEST(FakeQuant, PartialLastBlockUsesTheElementsPresent) {
 TEST(FakeQuant, InPlaceEqualsOutOfPlace) {
   const auto x = testing::awkward_data(37, 300, 5);
   for (const char* recipe : {"fp8", "fp4", "mxfp8", "int8", "posit8"}) {
-    const QuantSpec s = recipes::find_recipe(recipe)[Operand::kWgradDY];
+    const QuantSpec s = recipes::RecipeSet().find(recipe)[Operand::kWgradDY];
     std::vector<float> y(x.size()), z(x), zr(x);
     QuantStats a, b, c;
     fake_quantize(x.data(), y.data(), 37, 300, s, RoundingKey{1, 2, 3, 4}, &a);
@@ -226,7 +226,7 @@ TEST(FakeQuant, StatsByHand) {
   std::vector<float> g(64 * 1024);
   for (float& v : g) v = nd(gen);
   std::vector<float> gy(g.size());
-  QuantSpec e4 = recipes::find_recipe("block_fp8")[Operand::kFpropX];
+  QuantSpec e4 = recipes::RecipeSet().find("block_fp8")[Operand::kFpropX];
   fake_quantize(g.data(), gy.data(), 64, 1024, e4, RoundingKey{}, &st);
   EXPECT_NEAR(st.sqnr_db(), 10 * std::log10(3.0 / (2 * std::log(2.0)) * 768.0), 1.0);
 }

@@ -30,7 +30,7 @@ using formats::ScaleFormat;
 using formats::ScaleRule;
 
 TEST(Recipe, PresetsExist) {
-  const auto names = recipe_names();
+  const auto names = RecipeSet().names();
   for (const char* n : {"bf16", "fp8", "fp4", "mxfp8", "mxfp4", "nvfp4", "block_fp8", "fp8_tensor",
                         "e1m2", "posit8", "int8"})
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
@@ -38,7 +38,7 @@ TEST(Recipe, PresetsExist) {
 }
 
 TEST(Recipe, Fp8MatchesMethodSection1) {
-  const Recipe r = find_recipe("fp8");
+  const Recipe r = RecipeSet().find("fp8");
   for (int i = 0; i < kNumOperands; ++i) {
     const Operand op = Operand(i);
     const formats::QuantSpec& s = r[op];
@@ -52,7 +52,7 @@ TEST(Recipe, Fp8MatchesMethodSection1) {
 }
 
 TEST(Recipe, Fp4MatchesMethodSection1) {
-  const Recipe r = find_recipe("fp4");
+  const Recipe r = RecipeSet().find("fp4");
   for (int i = 0; i < kNumOperands; ++i) {
     const Operand op = Operand(i);
     EXPECT_EQ(r[op].element, formats::kE2M1);
@@ -63,32 +63,32 @@ TEST(Recipe, Fp4MatchesMethodSection1) {
     EXPECT_EQ(r[op].rounding, grad ? Rounding::kStochastic : Rounding::kRNE) << operand_name(op);
   }
   // nvfp4: 16x16 weight blocks (TE's 2-D weight quantization).
-  EXPECT_EQ(find_recipe("nvfp4")[Operand::kDgradW].block, BlockShape::square(16));
-  EXPECT_EQ(find_recipe("nvfp4")[Operand::kFpropX].block, BlockShape::tile(16));
+  EXPECT_EQ(RecipeSet().find("nvfp4")[Operand::kDgradW].block, BlockShape::square(16));
+  EXPECT_EQ(RecipeSet().find("nvfp4")[Operand::kFpropX].block, BlockShape::tile(16));
 }
 
 TEST(Recipe, OtherPresets) {
-  const Recipe bf16 = find_recipe("bf16");
+  const Recipe bf16 = RecipeSet().find("bf16");
   EXPECT_TRUE(bf16.is_passthrough());
   EXPECT_FALSE(bf16[Operand::kFpropX].saturate);
-  EXPECT_FALSE(find_recipe("fp8").is_passthrough());
-  const Recipe mx = find_recipe("mxfp8");
+  EXPECT_FALSE(RecipeSet().find("fp8").is_passthrough());
+  const Recipe mx = RecipeSet().find("mxfp8");
   EXPECT_EQ(mx[Operand::kWgradX].block, BlockShape::tile(32));
   EXPECT_EQ(mx[Operand::kWgradX].scale_format, ScaleFormat::kE8M0);
   EXPECT_EQ(mx[Operand::kWgradX].rule, ScaleRule::kMxFloor);
-  EXPECT_EQ(find_recipe("mxfp8_rceil")[Operand::kFpropX].rule, ScaleRule::kCurrent);
-  const Recipe t = find_recipe("fp8_tensor");
+  EXPECT_EQ(RecipeSet().find("mxfp8_rceil")[Operand::kFpropX].rule, ScaleRule::kCurrent);
+  const Recipe t = RecipeSet().find("fp8_tensor");
   EXPECT_EQ(t[Operand::kFpropX].element, formats::kE4M3);
   EXPECT_EQ(t[Operand::kDgradW].element, formats::kE4M3);
   EXPECT_EQ(t[Operand::kDgradDY].element, formats::kE5M2);
   EXPECT_EQ(t[Operand::kWgradDY].element, formats::kE5M2);
   EXPECT_EQ(t[Operand::kWgradDY].rule, ScaleRule::kDelayed);
   EXPECT_EQ(t[Operand::kWgradDY].amax_history_len, 1024);
-  EXPECT_EQ(find_recipe("block_fp8")[Operand::kFpropW].block, BlockShape::tile(16));
-  EXPECT_EQ(find_recipe("e1m2")[Operand::kFpropW].element, formats::kE1M2);
-  EXPECT_EQ(find_recipe("posit8")[Operand::kFpropW].element, formats::kPosit8);
-  EXPECT_EQ(find_recipe("int8")[Operand::kFpropW].element, formats::kInt8);
-  EXPECT_EQ(find_recipe("int8")[Operand::kFpropW].block, BlockShape::row());
+  EXPECT_EQ(RecipeSet().find("block_fp8")[Operand::kFpropW].block, BlockShape::tile(16));
+  EXPECT_EQ(RecipeSet().find("e1m2")[Operand::kFpropW].element, formats::kE1M2);
+  EXPECT_EQ(RecipeSet().find("posit8")[Operand::kFpropW].element, formats::kPosit8);
+  EXPECT_EQ(RecipeSet().find("int8")[Operand::kFpropW].element, formats::kInt8);
+  EXPECT_EQ(RecipeSet().find("int8")[Operand::kFpropW].block, BlockShape::row());
 }
 
 TEST(Recipe, OperandNamesAndLayouts) {
@@ -125,7 +125,7 @@ TEST(Recipe, PlanKeysRoundTripAndOrderAsText) {
 
 TEST(Recipe, UnknownNameListsKnownOnes) {
   try {
-    find_recipe("fp3");
+    RecipeSet().find("fp3");
     FAIL();
   } catch (const UserError& e) {
     const std::string m = e.what();
@@ -136,15 +136,15 @@ TEST(Recipe, UnknownNameListsKnownOnes) {
 }
 
 TEST(Recipe, JsonRoundTrip) {
-  for (const std::string& name : recipe_names()) {
-    const Recipe r = find_recipe(name);
+  for (const std::string& name : RecipeSet().names()) {
+    const Recipe r = RecipeSet().find(name);
     const nlohmann::json j = to_json(r);
     const Recipe back = recipe_from_json(j, "test");
     EXPECT_EQ(back.name, r.name);
     for (int i = 0; i < kNumOperands; ++i)
       EXPECT_EQ(back.operands[size_t(i)], r.operands[size_t(i)]) << name << " " << i;
   }
-  const nlohmann::json j = to_json(find_recipe("fp8"));
+  const nlohmann::json j = to_json(RecipeSet().find("fp8"));
   EXPECT_EQ(j["operands"]["fprop.w"]["block"], "128x128");
   EXPECT_EQ(j["operands"]["fprop.x"]["scale_format"], "fp32_pow2");
   EXPECT_EQ(j["operands"]["fprop.x"]["element"], "e4m3");
@@ -196,7 +196,7 @@ TEST(Recipe, Nvfp4IsTransformerEngineDefaultRecipe) {
   // TE NVFP4BlockScaling defaults (common/recipe/__init__.py): inputs 1D,
   // weights 2D 16x16, SR on gradients, RHT on the wgrad (columnwise) usage
   // of inputs and gradients, none on weights.
-  const Recipe r = find_recipe("nvfp4");
+  const Recipe r = RecipeSet().find("nvfp4");
   for (Operand op : {Operand::kFpropX, Operand::kFpropW, Operand::kDgradDY, Operand::kDgradW})
     EXPECT_EQ(r[op].hadamard_size, 0) << operand_name(op);
   for (Operand op : {Operand::kWgradDY, Operand::kWgradX}) {
@@ -211,10 +211,11 @@ TEST(Recipe, Nvfp4IsTransformerEngineDefaultRecipe) {
   EXPECT_EQ(r[Operand::kWgradX].rounding, formats::Rounding::kRNE);
   EXPECT_EQ(to_json(r)["operands"]["wgrad.x"]["hadamard_seed"], "te");
   // snip's own fp4 recipe (METHOD.md section 1) has no transform.
-  for (const auto& spec : find_recipe("fp4").operands) EXPECT_EQ(spec.hadamard_size, 0);
+  const Recipe fp4 = RecipeSet().find("fp4");
+  for (const auto& spec : fp4.operands) EXPECT_EQ(spec.hadamard_size, 0);
 }
 
-TEST(Recipe, NewFormatPlugsInByRegistering) {
+TEST(Recipe, NewFormatPlugsInByAddingToASet) {
   // A new element format and a recipe using it, both from plain config; the
   // quantizer runs it without any caller knowing the format.
   formats::register_element_format(
@@ -224,10 +225,12 @@ TEST(Recipe, NewFormatPlugsInByRegistering) {
       "operands": {"all": {"element": "e3m3", "rule": "mx_floor", "scale_format": "e8m0", "block": "1x32"},
                    "wgrad.dy": {"rounding": "stochastic"}}})"),
                                     "test");
-  register_recipe(r);
-  EXPECT_THROW(register_recipe(r), UserError);  // taken
-  register_recipe(r, /*replace=*/true);
-  const Recipe got = find_recipe("mx_e3m3");
+  RecipeSet set;
+  set.add(r);
+  EXPECT_THROW(set.add(r), UserError);  // taken
+  set.add(r, /*replace=*/true);
+  EXPECT_FALSE(RecipeSet().has("mx_e3m3"));  // a value: another set does not see it
+  const Recipe got = set.find("mx_e3m3");
   EXPECT_EQ(got[Operand::kWgradDY].rounding, Rounding::kStochastic);
   EXPECT_EQ(got[Operand::kWgradX].rounding, Rounding::kRNE);
   EXPECT_EQ(got[Operand::kFpropX].element.max_value(), 30.0);  // 2^(7-3) * 1.875
@@ -241,7 +244,7 @@ TEST(Recipe, NewFormatPlugsInByRegistering) {
   bad.name = "bad";
   bad[Operand::kDgradDY].block = {-2, 1};
   try {
-    register_recipe(bad);
+    set.add(bad);
     FAIL();
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("recipe 'bad' dgrad.dy: block"), std::string::npos);
@@ -291,8 +294,8 @@ TEST(Recipe, FiniteExtremesStayFiniteUnderEveryRecipe) {
   for (int64_t r = 1; r < R; ++r)
     for (int64_t c = 0; c < C; ++c)
       in[size_t(r * C + c)] = (c + r) % 5 == 0 ? extremes[(c * 7 + r) % 16] : float((c - r) % 9) * 0.37f;
-  for (const std::string& name : snip::recipes::recipe_names()) {
-    const snip::recipes::Recipe rc = snip::recipes::find_recipe(name);
+  for (const std::string& name : snip::recipes::RecipeSet().names()) {
+    const snip::recipes::Recipe rc = snip::recipes::RecipeSet().find(name);
     for (size_t op = 0; op < rc.operands.size(); ++op) {
       const snip::formats::QuantSpec& spec = rc.operands[op];
       std::vector<float> fast(in.size()), ref(in.size());

@@ -206,34 +206,37 @@ TEST(RecipeFile, FileLevelErrors) {
       << msg(R"({"recipes": {"h": {"all": {}, "operands": {"wgrad.x": {"hadamard": 16}}}}})", "json");
 }
 
-TEST(RecipeFile, RegistersLikeABuiltInAndReregisters) {
+TEST(RecipeFile, JoinsTheBuiltInsInARecipeSet) {
   const fs::path dir = fs::temp_directory_path() / "snip_recipe_file_test";
   fs::remove_all(dir);
   fs::create_directories(dir);
   const std::string path = (dir / "recipes.toml").string();
   std::ofstream(path) << kToml;
-  EXPECT_EQ(register_recipe_file("").recipes.size(), 0u);
-  const RecipeFile f = register_recipe_file(path);
+  EXPECT_EQ(load_recipe_set("").names(), RecipeSet().names());  // no file: the built-ins
+  const RecipeFile f = load_recipe_file(path);
   ASSERT_EQ(f.recipes.size(), 1u);
-  const Recipe got = find_recipe("w4a8");
+  const RecipeSet set = load_recipe_set(path);
+  const Recipe got = set.find("w4a8");
   EXPECT_EQ(to_json(got), to_json(f.recipes[0]));
+  EXPECT_EQ(set.names().size(), RecipeSet().names().size() + 1);
+  EXPECT_TRUE(set.has("fp8"));
+  EXPECT_FALSE(RecipeSet().has("w4a8"));  // a value: the built-ins are untouched
   EXPECT_FALSE(is_builtin_recipe("w4a8"));
   EXPECT_TRUE(is_builtin_recipe("fp8"));
-  // The same file again (another command in this process) is fine.
-  EXPECT_NO_THROW(register_recipe_file(path));
   // Errors through the file name.
   std::ofstream(dir / "x.yaml") << "";
-  EXPECT_THROW(register_recipe_file((dir / "x.yaml").string()), UserError);
-  EXPECT_THROW(register_recipe_file((dir / "missing.toml").string()), UserError);
+  EXPECT_THROW(load_recipe_set((dir / "x.yaml").string()), UserError);
+  EXPECT_THROW(load_recipe_set((dir / "missing.toml").string()), UserError);
   // Run folder copy: written, then a resume with a changed recipe warns.
   const std::string run = (dir / "run").string();
   fs::create_directories(run);
   EXPECT_EQ(record_run_recipes(run, f, false), "");
   ASSERT_TRUE(fs::exists(dir / "run" / "recipes.json"));
   EXPECT_EQ(record_run_recipes(run, f, true), "");  // unchanged: no warning
-  // The copy registers what the run trained with (snip experiment --no-train).
-  EXPECT_EQ(register_recipe_copy(run + "/recipes.json"), std::vector<std::string>{"w4a8"});
-  EXPECT_EQ(to_json(find_recipe("w4a8")), to_json(f.recipes[0]));
+  // The copy holds what the run trained with (snip experiment --no-train).
+  const std::vector<Recipe> copy = load_recipe_copy(run + "/recipes.json");
+  ASSERT_EQ(copy.size(), 1u);
+  EXPECT_EQ(to_json(copy[0]), to_json(f.recipes[0]));
   RecipeFile changed = f;
   changed.recipes[0].operands[0].rounding = Rounding::kStochastic;
   const std::string w = record_run_recipes(run, changed, true);

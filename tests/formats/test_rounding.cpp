@@ -139,7 +139,7 @@ TEST(Rounding, MeanOfFiftyDrawsBeatsRne) {
   std::vector<float> x(size_t(R * C));
   for (float& v : x) v = nd(gen);
   for (const char* recipe : {"fp4", "mxfp4", "e1m2"}) {
-    QuantSpec sr = recipes::find_recipe(recipe)[Operand::kDgradDY];
+    QuantSpec sr = recipes::RecipeSet().find(recipe)[Operand::kDgradDY];
     ASSERT_EQ(sr.rounding, Rounding::kStochastic) << recipe;
     QuantSpec rne = sr;
     rne.rounding = Rounding::kRNE;
@@ -163,7 +163,7 @@ TEST(Rounding, IndependentOfThreadCount) {
   const auto x = testing::awkward_data(R, C, 5);
   const int saved = omp_get_max_threads();
   for (const char* recipe : {"fp4", "mxfp4", "fp8", "posit8", "int8", "bf16"}) {
-    QuantSpec s = recipes::find_recipe(recipe)[Operand::kWgradDY];
+    QuantSpec s = recipes::RecipeSet().find(recipe)[Operand::kWgradDY];
     s.rounding = Rounding::kStochastic;
     std::vector<float> y1(x.size()), y2(x.size()), y3(x.size());
     QuantStats st1, st2, st3;

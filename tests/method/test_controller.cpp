@@ -415,7 +415,7 @@ TEST(Controller, PerGemmGranularity) {
   const auto q = layers[0]->precision.quantizer;
   ASSERT_NE(q, nullptr);
   EXPECT_EQ(q->name(), "fp4/bf16/fp8");
-  const auto fp4 = make_recipe_quantizer("fp4"), fp8 = make_recipe_quantizer("fp8");
+  const auto fp4 = make_recipe_quantizer(recipes::RecipeSet(), "fp4"), fp8 = make_recipe_quantizer(recipes::RecipeSet(), "fp8");
   const torch::Tensor t = torch::randn({32, 64}, torch::kFloat);
   for (int op = 0; op < kNumOperands; ++op) {
     SCOPED_TRACE(operand_name(Operand(op)));

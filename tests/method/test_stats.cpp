@@ -117,7 +117,7 @@ TEST(StatsQuadratic, CurvatureIsExactAndSignedLdIsTheExactLossChange) {
   const Tensor Y = torch::mm(m.X, W.t());
   for (const char* p : {"fp4", "fp8"}) {
     SCOPED_TRACE(p);
-    auto q = make_recipe_quantizer(p);
+    auto q = make_recipe_quantizer(recipes::RecipeSet(), p);
     const Tensor Yq = torch::mm(q->quantize(m.X, key(0, Operand::kFpropX)),
                                 q->quantize(W, key(0, Operand::kFpropW)).t());
     const double dL = (m.loss_of(Yq) - m.loss_of(Y)).item<double>();
@@ -219,7 +219,7 @@ TEST(StatsWdOwn, EqualsTheDifferenceOfTwoRealAdamWSteps) {
     torch::NoGradGuard ng;
     for (const char* p : {"fp4", "fp8"}) {
       SCOPED_TRACE(p);
-      auto q = make_recipe_quantizer(p);
+      auto q = make_recipe_quantizer(recipes::RecipeSet(), p);
       const Tensor dWq = torch::mm(q->quantize(cap->dy.t().contiguous(), key(0, Operand::kWgradDY)),
                                    q->quantize(cap->x.t().contiguous(), key(0, Operand::kWgradX)).t());
       const double ref = ((real_step(dWq) - real_step(dW)).norm() / w0.norm()).item<double>();
@@ -250,7 +250,7 @@ TEST(StatsTwoLayer, LdMatchesTheMeasuredLossChangeOfAQuantizedFprop) {
     for (const char* p : {"fp4", "fp8"}) {
       SCOPED_TRACE(std::string(ls[l]->name) + " " + p);
       ls[l]->precision.quantizer = std::make_shared<OperandSubset>(
-          make_recipe_quantizer(p), std::set<Operand>{Operand::kFpropX, Operand::kFpropW});
+          make_recipe_quantizer(recipes::RecipeSet(), p), std::set<Operand>{Operand::kFpropX, Operand::kFpropW});
       const double dL = net.loss().item<double>() - base;
       ls[l]->precision.quantizer = nullptr;
       const OptionStats& os = s.layers[l].options.at(p);
@@ -288,7 +288,7 @@ TEST(StatsTwoLayer, UpstreamWdTracksTheEffectOfAQuantizedDgrad) {
   for (const char* p : {"fp4", "fp8"}) {
     SCOPED_TRACE(p);
     net.l1->precision.quantizer = std::make_shared<OperandSubset>(
-        make_recipe_quantizer(p), std::set<Operand>{Operand::kDgradDY, Operand::kDgradW});
+        make_recipe_quantizer(recipes::RecipeSet(), p), std::set<Operand>{Operand::kDgradDY, Operand::kDgradW});
     const Tensor dW0q = torch::autograd::grad({net.loss()}, {w0})[0];
     net.l1->precision.quantizer = nullptr;
     const double measured =
@@ -433,7 +433,7 @@ TEST(StatsMemory, NoProbeIsLeftSetAndPrecisionIsRestored) {
   torch::optim::AdamW opt({net.l0->weight, net.l1->weight}, torch::optim::AdamWOptions(1e-3));
   const StatsStep ref = run_stats_step(net.layers(), [&] { return net.loss(); }, opt, StatsOptions{}, kStep);
   // A layer running fp8 at BF16 GEMMs before the stats step.
-  auto fp8 = make_recipe_quantizer("fp8");
+  auto fp8 = make_recipe_quantizer(recipes::RecipeSet(), "fp8");
   net.l1->precision.quantizer = fp8;
   net.l1->precision.gemm_dtype = at::kBFloat16;
   const StatsStep s = run_stats_step(net.layers(), [&] { return net.loss(); }, opt, StatsOptions{}, kStep);

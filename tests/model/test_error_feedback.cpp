@@ -22,22 +22,28 @@ using namespace snip;
 
 namespace {
 
+// The recipes of these tests: the built-ins and the test recipes below.
+recipes::RecipeSet& test_recipes() {
+  static recipes::RecipeSet set;
+  return set;
+}
+
 // A test recipe: fp4's specs (NVFP4 two-level E2M1, 1x16) with W in `wblock`
-// blocks, and error feedback. Registered once per name.
+// blocks, and error feedback, added to test_recipes().
 std::string ef_recipe(const std::string& name, formats::BlockShape wblock) {
-  recipes::Recipe r = recipes::find_recipe("fp4");
+  recipes::Recipe r = test_recipes().find("fp4");
   r.name = name;
   r.description = "test: fp4 with error feedback";
   r.error_feedback = true;
   r[Operand::kFpropW].block = wblock;
   r[Operand::kDgradW].block = wblock;
-  recipes::register_recipe(r, /*replace=*/true);
+  test_recipes().add(r, /*replace=*/true);
   return name;
 }
 
 // The scalar reference fake quantization of t [rows, K] by operand op's spec.
 torch::Tensor ref_q(const std::string& recipe, Operand op, const torch::Tensor& t, int64_t step, int64_t layer) {
-  const recipes::Recipe r = recipes::find_recipe(recipe);
+  const recipes::Recipe r = test_recipes().find(recipe);
   const torch::Tensor in = t.to(torch::kFloat).contiguous();
   torch::Tensor out = torch::empty_like(in);
   formats::RoundingKey rk{0, uint64_t(step), uint64_t(layer), uint32_t(op)};
@@ -61,7 +67,7 @@ TEST(ErrorFeedback, RecurrenceEqualsAHandWrittenReferenceLoop) {
   // along IN for fprop.w and along OUT for dgrad.w: the two quantizations of
   // W differ, the residual is measured against fprop.w's.
   const std::string name = ef_recipe("ef_test_tile", formats::BlockShape::tile(16));
-  const auto q = make_recipe_quantizer(name);
+  const auto q = make_recipe_quantizer(test_recipes(), name);
   torch::manual_seed(3);
   const torch::Tensor w0 = torch::randn({8, 48}), dw = torch::randn({8, 48}) * 0.01;
   torch::Tensor r = torch::zeros({8, 48});  // r_0
@@ -86,7 +92,7 @@ TEST(ErrorFeedback, DgradFirstInAStepStillMeasuresAgainstFprop) {
   // The residual advances at a step's first weight call, whichever operand it
   // is; r is always v - Q_fprop.w(v).
   const std::string name = ef_recipe("ef_test_tile", formats::BlockShape::tile(16));
-  const auto a = make_recipe_quantizer(name), b = make_recipe_quantizer(name);
+  const auto a = make_recipe_quantizer(test_recipes(), name), b = make_recipe_quantizer(test_recipes(), name);
   torch::manual_seed(5);
   const torch::Tensor w = torch::randn({16, 32});
   for (int64_t t = 0; t < 3; ++t) {
@@ -104,7 +110,7 @@ TEST(ErrorFeedback, RunningMeanOfAConstantWeightConvergesToIt) {
   // quantized weights average to W. Plain quantization's mean is Q(W), off by
   // the quantization error at every K.
   const std::string name = ef_recipe("ef_test_row", formats::BlockShape::row());
-  const auto q = make_recipe_quantizer(name);
+  const auto q = make_recipe_quantizer(test_recipes(), name);
   torch::manual_seed(11);
   const torch::Tensor w = torch::randn({4, 64});
   const int64_t K = 256;
@@ -133,7 +139,7 @@ TEST(ErrorFeedback, ResidualAdvancesOncePerStepUnderRepeatedCalls) {
   // each call of step t uses W_t + r_t and returns the same tensor, and the
   // residual advances once.
   const std::string name = ef_recipe("ef_test_tile", formats::BlockShape::tile(16));
-  const auto once = make_recipe_quantizer(name), many = make_recipe_quantizer(name);
+  const auto once = make_recipe_quantizer(test_recipes(), name), many = make_recipe_quantizer(test_recipes(), name);
   torch::manual_seed(7);
   const torch::Tensor w0 = torch::randn({8, 32}), dw = torch::randn({8, 32}) * 0.02;
   for (int64_t t = 0; t < 4; ++t) {
@@ -152,7 +158,7 @@ TEST(ErrorFeedback, FreezeNeitherUpdatesNorDiffersFromTheNextStep) {
   // Evaluation and sampling (QuantStateFreeze) quantize W as the next training
   // step would (W + r_{t+1}) and change nothing.
   const std::string name = ef_recipe("ef_test_tile", formats::BlockShape::tile(16));
-  const auto a = make_recipe_quantizer(name), b = make_recipe_quantizer(name);
+  const auto a = make_recipe_quantizer(test_recipes(), name), b = make_recipe_quantizer(test_recipes(), name);
   torch::manual_seed(8);
   const torch::Tensor w = torch::randn({8, 32}), w2 = torch::randn({8, 32});
   for (const auto& q : {a, b}) q->quantize(w, key(0, Operand::kFpropW));
@@ -177,7 +183,7 @@ TEST(ErrorFeedback, StateRoundTripIsBitExact) {
   // The residual (as large as W) travels as base64 of its FP32 bytes; a
   // restored quantizer continues exactly as the original.
   const std::string name = ef_recipe("ef_test_tile", formats::BlockShape::tile(16));
-  const auto a = make_recipe_quantizer(name), b = make_recipe_quantizer(name);
+  const auto a = make_recipe_quantizer(test_recipes(), name), b = make_recipe_quantizer(test_recipes(), name);
   EXPECT_TRUE(a->state().is_null());
   torch::manual_seed(12);
   std::vector<torch::Tensor> ws;
@@ -207,7 +213,7 @@ TEST(ErrorFeedback, StateRoundTripIsBitExact) {
   bad = st;
   bad["residuals"][0]["f32_base64"] = "AAAA";
   EXPECT_THROW(b->restore_state(bad, "test", 2), UserError);
-  EXPECT_THROW(make_recipe_quantizer("fp4")->restore_state(st, "test", 2), UserError);
+  EXPECT_THROW(make_recipe_quantizer(test_recipes(), "fp4")->restore_state(st, "test", 2), UserError);
   // A residual of another shape than the layer's weight is refused at use.
   EXPECT_THROW(b->quantize(torch::randn({8, 16}), key(9, Operand::kFpropW, 0)), UserError);
 }
@@ -218,8 +224,8 @@ TEST(ErrorFeedback, QuantLinearUsesTheResidualInFpropAndDgrad) {
   const std::string name = ef_recipe("ef_test_tile", formats::BlockShape::tile(16));
   torch::manual_seed(13);
   QuantLinear l(32, 16, 0.5);
-  l->precision = LinearPrecision{make_recipe_quantizer(name), at::kFloat};
-  const auto ref = make_recipe_quantizer(name);  // the same recurrence by direct calls
+  l->precision = LinearPrecision{make_recipe_quantizer(test_recipes(), name), at::kFloat};
+  const auto ref = make_recipe_quantizer(test_recipes(), name);  // the same recurrence by direct calls
   for (int64_t t = 0; t < 3; ++t) {
     l->key_base.step = t;
     const torch::Tensor x = torch::randn({8, 32}).requires_grad_(true), dy = torch::randn({8, 16});
@@ -262,7 +268,7 @@ TEST(ErrorFeedback, HadamardOnTheWeightsKeepsTheResidualInTheWeightDomain) {
   // without bound (seen: residuals of 9.4e7 on weights of 0.02). Checked
   // against a hand-written loop with R as a dense matrix, and by the
   // running-mean property: sum_t Q(v_t·R)·Rᵀ = K·W + r_0 - r_K.
-  recipes::Recipe r = recipes::find_recipe("fp4");
+  recipes::Recipe r = test_recipes().find("fp4");
   r.name = "ef_test_rht";
   r.description = "test: fp4 with a Hadamard transform and error feedback";
   r.error_feedback = true;
@@ -270,8 +276,8 @@ TEST(ErrorFeedback, HadamardOnTheWeightsKeepsTheResidualInTheWeightDomain) {
     r[op].hadamard_size = 16;
     r[op].hadamard_seed = 7;
   }
-  recipes::register_recipe(r, /*replace=*/true);
-  const auto q = make_recipe_quantizer(r.name);
+  test_recipes().add(r, /*replace=*/true);
+  const auto q = make_recipe_quantizer(test_recipes(), r.name);
   torch::manual_seed(21);
   const torch::Tensor w = torch::randn({8, 48}) * 0.02;  // W [OUT, IN], constant
   const torch::Tensor R = rht_matrix(48, 16, formats::hadamard_signs(16, 7));

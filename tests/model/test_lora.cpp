@@ -153,7 +153,7 @@ TEST(Lora, PackedBaseDequantizesToTheFakeQuantizedOperandsExactly) {
   QuantKey key{9, 3, 5, Operand::kFpropW};
   for (const at::ScalarType dt : {at::ScalarType::Undefined, at::kBFloat16}) {
     for (const std::string recipe : {"fp4", "fp8", "nvfp4"}) {
-      const auto q = make_recipe_quantizer(recipe);
+      const auto q = make_recipe_quantizer(recipes::RecipeSet(), recipe);
       const auto f = freeze_weight(w, LinearPrecision{q, dt}, key);
       ASSERT_TRUE(f) << recipe;
       QuantKey kf = key, kd = key;
@@ -199,7 +199,7 @@ TEST(Lora, FrozenBaseLayerComputesWhatTheFp32LayerComputes) {
   }
   for (auto* l : {&a, &b}) {
     (*l)->name = "x";
-    (*l)->precision = LinearPrecision{make_recipe_quantizer("fp4"), at::kBFloat16};
+    (*l)->precision = LinearPrecision{make_recipe_quantizer(recipes::RecipeSet(), "fp4"), at::kBFloat16};
     (*l)->weight.set_requires_grad(false);
   }
   b->frozen = freeze_weight(b->weight.detach(), b->precision, QuantKey{0, 0, 0, Operand::kFpropW});
@@ -213,7 +213,7 @@ TEST(Lora, FrozenBaseLayerComputesWhatTheFp32LayerComputes) {
   yb.backward(g);
   EXPECT_TRUE(torch::equal(xa.grad(), xb.grad()));
   // A precision it was not packed for, with no way to re-read W: an error, not a silent wrong weight.
-  b->precision = LinearPrecision{make_recipe_quantizer("fp8"), at::kBFloat16};
+  b->precision = LinearPrecision{make_recipe_quantizer(recipes::RecipeSet(), "fp8"), at::kBFloat16};
   EXPECT_THROW(b(x), UserError);
 }
 

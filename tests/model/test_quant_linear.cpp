@@ -41,13 +41,13 @@ torch::Tensor ref_q(const recipes::Recipe& r, Operand op, const torch::Tensor& t
 }  // namespace
 
 TEST(QuantLinear, EveryRecipeEqualsReferenceQuantizeThenMatmul) {
-  for (const std::string& name : recipes::recipe_names()) {
+  for (const std::string& name : recipes::RecipeSet().names()) {
     SCOPED_TRACE(name);
-    const recipes::Recipe r = recipes::find_recipe(name);
+    const recipes::Recipe r = recipes::RecipeSet().find(name);
     torch::manual_seed(7);
     // Awkward sizes: T=37 tokens, IN=150, OUT=200 (no block size divides them).
     QuantLinear l(150, 200, 0.05);
-    l->precision.quantizer = make_recipe_quantizer(name);
+    l->precision.quantizer = make_recipe_quantizer(recipes::RecipeSet(), name);
     l->layer_index = 3;
     l->key_base.seed = 11;
     l->key_base.step = 5;
@@ -82,7 +82,7 @@ TEST(QuantLinear, Nvfp4HadamardWgradEstimatesTheTrueGradient) {
   torch::manual_seed(3);
   const int64_t N = 256, IN = 96, OUT = 80;
   QuantLinear l(IN, OUT, 0.05);
-  l->precision.quantizer = make_recipe_quantizer("nvfp4");
+  l->precision.quantizer = make_recipe_quantizer(recipes::RecipeSet(), "nvfp4");
   torch::Tensor xv = torch::randn({N, IN});
   xv.index_put_({torch::indexing::Slice(0, N, 37)}, xv.index({torch::indexing::Slice(0, N, 37)}) * 40.0);
   torch::Tensor x = xv.clone().requires_grad_(true);
@@ -100,7 +100,7 @@ TEST(QuantLinear, Bf16RecipeMatchesPlainLayerWithBf16Gemm) {
   QuantLinear a(96, 64, 0.1), b(96, 64, 0.1);
   { torch::NoGradGuard ng; b->weight.copy_(a->weight); }
   a->precision = LinearPrecision{nullptr, at::kBFloat16};
-  b->precision = LinearPrecision{make_recipe_quantizer("bf16"), at::kBFloat16};
+  b->precision = LinearPrecision{make_recipe_quantizer(recipes::RecipeSet(), "bf16"), at::kBFloat16};
   torch::Tensor x = torch::randn({33, 96});
   torch::Tensor xa = x.clone().requires_grad_(true), xb = x.clone().requires_grad_(true);
   torch::Tensor dy = torch::randn({33, 64});
@@ -117,7 +117,7 @@ TEST(QuantLinear, StochasticRoundingIsKeyedByStep) {
   // step another dX (counter-based generator keyed by seed/step/layer/operand).
   torch::manual_seed(9);
   QuantLinear l(64, 48, 0.1);
-  l->precision.quantizer = make_recipe_quantizer("fp4");
+  l->precision.quantizer = make_recipe_quantizer(recipes::RecipeSet(), "fp4");
   torch::Tensor x0 = torch::randn({32, 64}), dy = torch::randn({32, 48});
   auto dx_at = [&](int64_t step) {
     l->key_base.step = step;
@@ -140,7 +140,7 @@ TEST(QuantLinear, BackwardUsesThePrecisionOfItsForward) {
     b->weight.copy_(a->weight);
   }
   for (QuantLinear* l : {&a, &b}) {
-    (*l)->precision.quantizer = make_recipe_quantizer("fp4");  // SR on dY: the key matters
+    (*l)->precision.quantizer = make_recipe_quantizer(recipes::RecipeSet(), "fp4");  // SR on dY: the key matters
     (*l)->key_base.step = 7;
   }
   const torch::Tensor x0 = torch::randn({32, 64}), dy = torch::randn({32, 48});
@@ -158,7 +158,7 @@ TEST(QuantLinear, QuantizerRefusesTensorsOffTheCpu) {
   // The kernels read host memory through raw pointers: a tensor elsewhere is a
   // clear error, not a read of a device address. (A meta tensor stands in for
   // a CUDA one on machines without a GPU.)
-  const auto q = make_recipe_quantizer("fp4");
+  const auto q = make_recipe_quantizer(recipes::RecipeSet(), "fp4");
   const torch::Tensor t = torch::empty({4, 32}, torch::TensorOptions().device(torch::kMeta));
   try {
     q->quantize(t, QuantKey{});

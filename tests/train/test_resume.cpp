@@ -85,7 +85,7 @@ TEST_P(ResumeEveryRecipe, IsBitForBit) {
   expect_exact_resume(c, "recipe-" + GetParam());
 }
 
-INSTANTIATE_TEST_SUITE_P(Registered, ResumeEveryRecipe, ::testing::ValuesIn(recipes::recipe_names()),
+INSTANTIATE_TEST_SUITE_P(Registered, ResumeEveryRecipe, ::testing::ValuesIn(recipes::RecipeSet().names()),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n)

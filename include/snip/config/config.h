@@ -28,6 +28,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "snip/recipes/recipe.h"
+
 namespace snip {
 
 struct RunConfig;
@@ -341,9 +343,16 @@ struct RunConfig {
   LoraConfig lora;
   DistConfig dist;
   MonitorConfig monitor;
-  /// Checks `cfg` (Config::validate) and parses it. Throws UserError naming
-  /// the key for a bad value (e.g. an unknown precision.policy).
+  /// The recipes the run can name: the built-ins plus precision.recipe_file's.
+  recipes::RecipeSet recipes;
+  /// Checks `cfg` (Config::validate) and parses it; loads
+  /// precision.recipe_file into `recipes`. Throws UserError naming the key
+  /// for a bad value (e.g. an unknown precision.policy), or the recipe
+  /// file's error (recipes/recipe_file.h load_recipe_file).
   static RunConfig from(const Config& cfg);
+  /// As from(cfg), with the recipe set the caller loaded from
+  /// precision.recipe_file already (it must hold that file's recipes).
+  static RunConfig from(const Config& cfg, recipes::RecipeSet recipes);
 };
 
 }  // namespace snip

@@ -31,6 +31,7 @@
 #include "snip/dist/world.h"
 #include "snip/formats/quant_spec.h"
 #include "snip/formats/rounding.h"
+#include "snip/recipes/recipe.h"
 
 namespace torch::autograd {
 struct Node;
@@ -136,10 +137,13 @@ class GradSync {
 /// v·H, not v).
 class GradCompressor {
  public:
-  /// `format`: "fp32" or a recipe name (recipes/recipe.h). Throws UserError
-  /// "dist.grad_comm: unknown recipe 'x' (known: ...)" or "dist.grad_comm:
-  /// recipe 'x' ... Hadamard transform ... not supported".
-  explicit GradCompressor(const std::string& format = "fp32", bool error_feedback = true);
+  /// "fp32": the plain FP32 all-reduce.
+  GradCompressor() : GradCompressor(recipes::RecipeSet(), "fp32") {}
+  /// `format`: "fp32" or the name of a recipe of `recipes` (the run's,
+  /// RunConfig::recipes). Throws UserError "dist.grad_comm: unknown recipe
+  /// 'x' (known: ...)" or "dist.grad_comm: recipe 'x' ... Hadamard transform
+  /// ... not supported".
+  GradCompressor(const recipes::RecipeSet& recipes, const std::string& format, bool error_feedback = true);
 
   bool is_fp32() const { return fp32_; }
   bool error_feedback() const { return ef_; }

@@ -30,6 +30,7 @@
 
 #include "snip/config/config.h"
 #include "snip/dist/zero.h"
+#include "snip/recipes/recipe.h"
 
 namespace snip::dist {
 
@@ -88,8 +89,10 @@ double imbalance(const std::vector<double>& costs);
 /// the fewest element bits among the option's operands / 16 (fp4 0.25, fp8
 /// 0.5, bf16 1; an option with no quantizer 1), or a list
 /// "name=factor,..." (factors > 0; options it does not name fall back to
-/// "bits"). Throws UserError naming dist.stage_cost for a malformed list.
-std::map<std::string, double> stage_cost_factors(const std::string& spec, const std::vector<std::string>& options);
+/// "bits"). Recipe names are looked up in `recipes` (the run's). Throws
+/// UserError naming dist.stage_cost for a malformed list.
+std::map<std::string, double> stage_cost_factors(const recipes::RecipeSet& recipes, const std::string& spec,
+                                                 const std::vector<std::string>& options);
 
 /// One stage's order of work for M micro-batches: (true, m) = forward of
 /// micro-batch m, (false, m) = its backward. GPipe: F0..F(M-1), B0..B(M-1).

@@ -118,9 +118,10 @@ struct PrecisionEvent {
 /// unless set explicitly), i.e. R on every layer at every step, as the recipe
 /// always ran; R = bf16 is policy none. Rewrites `cfg` (precision.recipe
 /// becomes "none") and returns the one-line notice to print, or "" when there
-/// is no alias. Throws UserError for an unknown recipe. Call before
+/// is no alias. Throws UserError for a recipe `recipes` (the run's: the
+/// built-ins and precision.recipe_file's) does not hold. Call before
 /// constructing a PrecisionController.
-std::string resolve_precision_alias(Config& cfg);
+std::string resolve_precision_alias(Config& cfg, const recipes::RecipeSet& recipes);
 
 /// Decides and applies each layer's precision at step boundaries.
 class PrecisionController {
@@ -283,6 +284,7 @@ class PrecisionController {
 
   bool active_ = false;
   PrecisionConfig pc_;
+  recipes::RecipeSet recipes_;  // the run's (RunConfig::recipes)
   std::string policy_;  // pc_.policy_name()
   std::vector<QuantLinear> layers_;
   at::ScalarType gemm_dtype_;

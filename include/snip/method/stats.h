@@ -149,6 +149,7 @@
 #include "snip/config/config.h"
 #include "snip/model/linear.h"
 #include "snip/recipes/gemm.h"
+#include "snip/recipes/recipe.h"
 #include "snip/plan/cost_table.h"
 #include "snip/plan/planner.h"
 
@@ -156,12 +157,14 @@ namespace snip {
 
 /// The knobs of run_stats_step(). Validated by run_stats_step() (UserError naming the field).
 struct StatsOptions {
-  /// Candidate options, measured per layer: recipe names for
-  /// make_recipe_quantizer, or keys of `quantizers`. Non-empty, unique,
-  /// without `reference`.
+  /// Candidate options, measured per layer: names of `recipes`, or keys of
+  /// `quantizers`. Non-empty, unique, without `reference`.
   std::vector<std::string> options = {"fp4", "fp8"};
-  /// Quantizers by option name, overriding the recipe registry (nullptr =
-  /// identity, zero error). For custom or test options.
+  /// The recipes the options name (the run's, RunConfig::recipes; the
+  /// built-ins by default).
+  recipes::RecipeSet recipes;
+  /// Quantizers by option name, overriding `recipes` (nullptr = identity,
+  /// zero error). For custom or test options.
   std::map<std::string, std::shared_ptr<const OperandQuantizer>> quantizers;
   /// The cheapest option: LD and WD are normalised by their sum over layers
   /// at this option. Must be in `options`.

@@ -5,12 +5,14 @@
 #include <string>
 
 #include "snip/model/linear.h"
+#include "snip/recipes/recipe.h"
 
 namespace snip {
 
-/// The quantizer hook for a registered recipe name, or nullptr for "none"
-/// (no quantization: the GEMMs see the operands as they are). Throws
-/// UserError "precision.recipe: unknown recipe 'X' (known: ...)".
+/// The quantizer hook for the recipe of `recipes` named `recipe`, or nullptr
+/// for "none" or "" (no quantization: the GEMMs see the operands as they
+/// are). Throws UserError "precision.recipe: unknown recipe 'X' (known:
+/// ...)".
 ///
 /// Its state() (checkpointed by PrecisionController) holds, per layer, the
 /// delayed-scaling amax histories of kDelayed operands and, for a recipe with
@@ -19,6 +21,7 @@ namespace snip {
 /// feedback"): the weight operand of step t is Q(W_t + r_t) for fprop.w and
 /// dgrad.w alike, r_{t+1} = (W_t + r_t) - Q_fprop.w(W_t + r_t), advanced once
 /// per QuantKey::step; under QuantStateFreeze, W + r_{t+1} and no update.
-std::shared_ptr<const OperandQuantizer> make_recipe_quantizer(const std::string& recipe);
+std::shared_ptr<const OperandQuantizer> make_recipe_quantizer(const recipes::RecipeSet& recipes,
+                                                              const std::string& recipe);
 
 }  // namespace snip

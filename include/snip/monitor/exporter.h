@@ -35,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "snip/config/config.h"
+#include "snip/recipes/recipe.h"
 #include "snip/run/step_record.h"
 
 namespace httplib {
@@ -93,7 +94,7 @@ struct RunInfo {
   int rank = 0, world_size = 1;
   std::string policy;           ///< precision.policy as written
   /// Element bits per operand of each precision option (recipe name ->
-  /// {"fprop.x": 4, ...}); the trainer fills it from the recipe registry.
+  /// {"fprop.x": 4, ...}); start_exporter fills it from the run's recipes.
   std::map<std::string, std::map<std::string, int>> option_bits;
   /// The streak's thresholds (relative error, fraction), as the guard's
   /// (guard.quant_error_threshold, guard.quant_error_threshold_fp4): a
@@ -151,10 +152,11 @@ class Exporter {
 };
 
 /// Starts the exporter of this rank when `opts` says it serves one (else
-/// nullptr): fills info.option_bits from the recipe registry, binds
+/// nullptr): fills info.option_bits from `recipes` (the run's), binds
 /// opts.address(rank, local_rank) and logs the URL (when `log`). A port that
 /// cannot be bound is one warning naming it and what to set, and nullptr:
 /// metrics are never a reason to stop a run.
-std::unique_ptr<Exporter> start_exporter(const MonitorOptions& opts, RunInfo info, int local_rank, bool log);
+std::unique_ptr<Exporter> start_exporter(const MonitorOptions& opts, RunInfo info, const recipes::RecipeSet& recipes,
+                                         int local_rank, bool log);
 
 }  // namespace snip::monitor

@@ -1,5 +1,5 @@
 // snip/recipes/recipe.h: named recipes, i.e. how each of the six GEMM operands
-// of a linear layer is quantized, and the name -> recipe registry.
+// of a linear layer is quantized, and the set of them a run can name.
 //
 // A linear layer with W [out, in] and X [N, in] (N = B·T tokens) runs three GEMMs (docs/method.md
 // section 1). Scaling blocks run along each GEMM's reduction dimension K, so
@@ -40,6 +40,7 @@
 #pragma once
 
 #include <array>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -82,23 +83,38 @@ struct Recipe {
 };
 
 /// Checks every operand spec and the Hadamard pairs of `recipe`; throws
-/// snip::UserError "recipe 'x' dgrad.dy: ..." (what register_recipe checks).
+/// snip::UserError "recipe 'x' dgrad.dy: ..." (what RecipeSet::add checks).
 void validate_recipe(const Recipe& recipe);
 /// True for the names of the recipes built into snip (bf16, fp8, ...), which
 /// a recipe file may not reuse.
 bool is_builtin_recipe(const std::string& name);
 
-/// Adds (or with replace = true, overwrites) a recipe. Validates every
-/// operand spec. Throws snip::UserError on an empty name, an invalid spec
-/// ("recipe 'x' dgrad.dy: ...") or a taken name when !replace. Thread-safe.
-void register_recipe(const Recipe& recipe, bool replace = false);
-/// The recipe named `name` (a copy). Throws snip::UserError "unknown recipe
-/// 'x' (known: bf16, block_fp8, ...)".
-Recipe find_recipe(const std::string& name);
-/// True when a recipe named `name` is registered. Thread-safe.
-bool has_recipe(const std::string& name);
-/// Registered names, sorted.
-std::vector<std::string> recipe_names();
+/// A set of named recipes: the built-in ones, plus those a run's recipe file
+/// adds (recipe_file.h load_recipe_set). A value, not a registry: the run's
+/// configuration owns its set (RunConfig::recipes) and hands it to what
+/// resolves a recipe name (the precision controller, the quantizers, the
+/// gradient format of data parallelism, the exporter); copies are
+/// independent. Const access is thread-safe.
+class RecipeSet {
+ public:
+  /// The built-in recipes (bf16, fp8, fp4, ...), validated.
+  RecipeSet();
+  /// Adds `recipe` (or with replace = true, overwrites the one of its name).
+  /// Validates every operand spec. Throws snip::UserError on an empty name,
+  /// an invalid spec ("recipe 'x' dgrad.dy: ...") or a taken name when
+  /// !replace.
+  void add(const Recipe& recipe, bool replace = false);
+  /// The recipe named `name`. Throws snip::UserError "unknown recipe 'x'
+  /// (known: bf16, block_fp8, ...)".
+  const Recipe& find(const std::string& name) const;
+  /// True when the set holds a recipe named `name`.
+  bool has(const std::string& name) const;
+  /// The names, sorted.
+  std::vector<std::string> names() const;
+
+ private:
+  std::map<std::string, Recipe> recipes_;
+};
 
 /// Plain-config form: {"name", "description", "operands": {"fprop.x": {...
 /// QuantSpec ...}, ...}} (+ "error_feedback": true when set).

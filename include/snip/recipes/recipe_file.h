@@ -1,5 +1,5 @@
 // snip/recipes/recipe_file.h: user recipes from a file (precision.recipe_file),
-// registered beside the built-in ones (docs/formats.md "Recipe files").
+// added to the built-in ones in a RecipeSet (docs/formats.md "Recipe files").
 //
 // The file is TOML (.toml) or JSON (.json), chosen by extension, with the
 // same tree in both:
@@ -36,7 +36,7 @@
 
 namespace snip::recipes {
 
-/// The recipes of one file, parsed and validated (not registered).
+/// The recipes of one file, parsed and validated.
 struct RecipeFile {
   std::string path;              ///< as given (relative paths are relative to the working directory)
   std::vector<Recipe> recipes;   ///< sorted by name
@@ -58,18 +58,20 @@ RecipeFile parse_recipe_file_text(const std::string& text, const std::string& fo
 /// another extension.
 RecipeFile load_recipe_file(const std::string& path);
 
-/// load_recipe_file + register_recipe for each recipe (replacing a recipe of
-/// the same name registered earlier from a file in this process; a built-in
-/// name is refused). An empty path does nothing and returns an empty
-/// RecipeFile. Call it before any recipe name of the configuration is
-/// resolved (PrecisionController, resolve_precision_alias).
-RecipeFile register_recipe_file(const std::string& path);
+/// The built-in recipes plus those of `file`.
+RecipeSet recipe_set(const RecipeFile& file);
 
-/// Registers the recipes of a run folder's copy (RUN/recipes.json, the
-/// resolved form record_run_recipes writes): what the run trained with, for
-/// readers of a finished run (`snip experiment --no-train`). Throws UserError
-/// "<path>: ..." when it cannot be read or parsed, or names a built-in recipe.
-std::vector<std::string> register_recipe_copy(const std::string& path);
+/// The built-in recipes plus those of load_recipe_file(`path`); an empty
+/// path gives the built-ins. What RunConfig::from loads for
+/// precision.recipe_file. Throws UserError as load_recipe_file.
+RecipeSet load_recipe_set(const std::string& path);
+
+/// The recipes of a run folder's copy (RUN/recipes.json, the resolved form
+/// record_run_recipes writes), validated: what the run trained with, for
+/// readers of a finished run (`snip experiment --no-train`). Throws
+/// UserError "<path>: ..." when it cannot be read or parsed, or names a
+/// built-in recipe.
+std::vector<Recipe> load_recipe_copy(const std::string& path);
 
 /// For a training run's folder: on resume, compares `file`'s resolved form
 /// with RUN/recipes.json and warns (spdlog) when a recipe the run used
