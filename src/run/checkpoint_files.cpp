@@ -94,16 +94,40 @@ std::vector<std::string> checkpoint_optimizer_files(const std::string& dir) {
   return out;
 }
 
+CheckpointManifest::File CheckpointManifest::of_file(const std::string& dir, const std::string& name) {
+  const std::string bytes = io::read_file((fs::path(dir) / name).string());
+  return {uint64_t(bytes.size()), crc32_of(bytes)};
+}
+
+json CheckpointManifest::to_json() const {
+  json j = {{"format", "snip-checkpoint"}, {"version", 1}, {"files", json::object()}};
+  for (const auto& [name, f] : files) j["files"][name] = {{"bytes", f.bytes}, {"crc32", f.crc32}};
+  return j;
+}
+
+CheckpointManifest CheckpointManifest::from_json(const json& j, const std::string& what) {
+  if (!j.is_object() || !j.contains("files") || !j["files"].is_object())
+    fail(what, ": corrupt (expected a JSON object with a 'files' object)");
+  if (j.value("format", json()) != "snip-checkpoint" || j.value("version", json()) != 1)
+    fail(what, ": expected \"format\": \"snip-checkpoint\", \"version\": 1 (written by another snip version, or "
+         "corrupt)");
+  CheckpointManifest m;
+  for (const auto& [name, e] : j["files"].items()) {
+    if (!e.is_object() || !e.contains("crc32") || !e["crc32"].is_number_unsigned() || !e.contains("bytes") ||
+        !e["bytes"].is_number_unsigned() || e["crc32"].get<uint64_t>() > 0xffffffffu)
+      fail(what, ": files.", name.substr(0, 64), ": missing its bytes and crc32 (corrupt manifest)");
+    m.files[name] = {e["bytes"].get<uint64_t>(), uint32_t(e["crc32"].get<uint64_t>())};
+  }
+  return m;
+}
+
 void write_checkpoint_manifest(const std::string& dir, const std::vector<std::string>& optimizer_files) {
-  json manifest = {{"format", "snip-checkpoint"}, {"version", 1}, {"files", json::object()}};
+  CheckpointManifest manifest;
   std::vector<std::string> files{"model.safetensors", "config.json", "trainer_state.json"};
   const std::vector<std::string> opt = optimizer_files.empty() ? checkpoint_optimizer_files(dir) : optimizer_files;
-  files.insert(files.begin() + 1, opt.begin(), opt.end());
-  for (const std::string& f : files) {
-    const std::string bytes = io::read_file((fs::path(dir) / f).string());
-    manifest["files"][f] = {{"bytes", bytes.size()}, {"crc32", crc32_of(bytes)}};
-  }
-  io::write_file_atomic((fs::path(dir) / kManifest).string(), manifest.dump(2) + "\n");
+  files.insert(files.end(), opt.begin(), opt.end());
+  for (const std::string& f : files) manifest.files[f] = CheckpointManifest::of_file(dir, f);
+  io::write_file_atomic((fs::path(dir) / kManifest).string(), manifest.to_json().dump(2) + "\n");
 }
 
 json verify_checkpoint(const std::string& dir) {
@@ -124,28 +148,21 @@ json verify_checkpoint(const std::string& dir) {
   // snip before it have none; their trainer_state.json is read unchecked).
   const std::string mp = (fs::path(dir) / kManifest).string();
   if (fs::exists(mp)) {
-    const json man = io::parse_json(io::read_file(mp), "checkpoint " + mp);
-    if (!man.is_object() || !man.contains("files") || !man["files"].is_object())
-      fail("checkpoint ", mp, ": corrupt (expected a JSON object with a 'files' object)");
-    if (man.value("format", json()) != "snip-checkpoint" || man.value("version", json()) != 1)
-      fail("checkpoint ", mp, ": expected \"format\": \"snip-checkpoint\", \"version\": 1 (written by another "
-           "snip version, or corrupt)");
+    const CheckpointManifest man =
+        CheckpointManifest::from_json(io::parse_json(io::read_file(mp), "checkpoint " + mp), "checkpoint " + mp);
     std::vector<std::string> files{"model.safetensors", "config.json", "trainer_state.json"};
     for (const std::string& f : checkpoint_optimizer_files(dir)) files.push_back(f);
     const std::set<std::string> known(files.begin(), files.end());
-    for (auto& [name, e] : man["files"].items())
+    for (const auto& [name, e] : man.files)
       if (!known.count(name))
         fail("checkpoint ", mp, ": files: unexpected entry \"", name.substr(0, 64), "\" (corrupt manifest)");
-    for (const std::string& fname : files) {
-      const char* f = fname.c_str();
+    for (const std::string& f : files) {
       const std::string p = (fs::path(dir) / f).string();
       if (!fs::is_regular_file(p)) fail("checkpoint ", dir, ": missing file ", f);
-      const json& e = man["files"].contains(f) ? man["files"][f] : json();
-      if (!e.is_object() || !e.contains("crc32") || !e["crc32"].is_number_unsigned() || !e.contains("bytes") ||
-          !e["bytes"].is_number_unsigned())
-        fail("checkpoint ", mp, ": files.", f, ": missing its bytes and crc32 (corrupt manifest)");
-      const std::string bytes = io::read_file(p);
-      if (e["bytes"].get<uint64_t>() != bytes.size() || e["crc32"].get<uint64_t>() != crc32_of(bytes))
+      const auto e = man.files.find(f);
+      if (e == man.files.end()) fail("checkpoint ", mp, ": files.", f, ": missing its bytes and crc32 (corrupt manifest)");
+      const CheckpointManifest::File now = CheckpointManifest::of_file(dir, f);
+      if (e->second.bytes != now.bytes || e->second.crc32 != now.crc32)
         fail("checkpoint ", p, ": checksum mismatch with ", kManifest, " (the file is truncated or corrupted)");
     }
   } else {

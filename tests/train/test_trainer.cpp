@@ -83,6 +83,45 @@ TEST(Trainer, LossDecreasesOnRealText) {
   fs::remove_all(run);
 }
 
+// manifest.json as a type: a file's entry is its size and the CRC-32 of its
+// bytes (the standard check value: CRC-32 of "123456789" is 0xCBF43926), the
+// JSON is the documented form, and what is not one is named in one line.
+TEST(CheckpointManifest, EntriesAreSizeAndCrc32AndBadOnesAreNamed) {
+  const fs::path dir(fresh_dir("snip_manifest_type"));
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << "123456789";
+  const CheckpointManifest::File f = CheckpointManifest::of_file(dir.string(), "config.json");
+  EXPECT_EQ(f.bytes, 9u);
+  EXPECT_EQ(f.crc32, 0xCBF43926u);
+  CheckpointManifest m;
+  m.files["config.json"] = f;
+  m.files["model.safetensors"] = {0, 0};
+  const nlohmann::json j = m.to_json();
+  EXPECT_EQ(j.dump(), R"({"files":{"config.json":{"bytes":9,"crc32":3421780262},"model.safetensors":{"bytes":0,)"
+                      R"("crc32":0}},"format":"snip-checkpoint","version":1})");
+  EXPECT_EQ(CheckpointManifest::from_json(j, "m").to_json(), j);
+  const auto err = [](const std::string& text) {
+    try {
+      CheckpointManifest::from_json(nlohmann::json::parse(text), "m.json");
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string ok = R"("format": "snip-checkpoint", "version": 1)";
+  EXPECT_EQ(err("[]"), "m.json: corrupt (expected a JSON object with a 'files' object)");
+  EXPECT_EQ(err(R"({"format": "snip-checkpoint", "version": 2, "files": {}})"),
+            R"(m.json: expected "format": "snip-checkpoint", "version": 1 (written by another snip version, or corrupt))");
+  EXPECT_EQ(err("{" + ok + R"(, "files": {"a": {"bytes": 1}}})"),
+            "m.json: files.a: missing its bytes and crc32 (corrupt manifest)");
+  EXPECT_EQ(err("{" + ok + R"(, "files": {"a": {"bytes": -1, "crc32": 1}}})"),
+            "m.json: files.a: missing its bytes and crc32 (corrupt manifest)");
+  EXPECT_EQ(err("{" + ok + R"(, "files": {"a": {"bytes": 1, "crc32": 4294967296}}})"),
+            "m.json: files.a: missing its bytes and crc32 (corrupt manifest)");
+  EXPECT_EQ(err("{" + ok + R"(, "files": {"a": {"bytes": 1, "crc32": 4294967295}}})"), "no error");
+  fs::remove_all(dir);
+}
+
 // A metrics.jsonl record reads into its typed fields (values by hand) and
 // writes back as the same JSON, unknown keys included; a key of another type
 // is named in one line.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,6 +36,27 @@ std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::str
 /// The model shape `dir`/config.json describes (LlamaConfig::from_hf_json).
 /// Throws UserError naming the file for invalid JSON or a bad field.
 LlamaConfig checkpoint_model_config(const std::string& dir);
+
+/// A checkpoint's manifest.json: the size and CRC-32 of each of its files,
+/// {"format": "snip-checkpoint", "version": 1, "files": {"model.safetensors":
+/// {"bytes": N, "crc32": C}, ...}}. save_checkpoint writes it last, so a
+/// folder whose files match it is complete.
+struct CheckpointManifest {
+  struct File {
+    uint64_t bytes = 0;  ///< the file's size, bytes
+    uint32_t crc32 = 0;  ///< CRC-32 (crc32_of) of its bytes
+  };
+  std::map<std::string, File> files;  ///< by file name within the checkpoint folder
+
+  /// The entry of `dir`/`name` as it is now (reads the file; UserError when it cannot).
+  static File of_file(const std::string& dir, const std::string& name);
+  nlohmann::json to_json() const;
+  /// Inverse of to_json. Throws UserError "<what>: ..." for another format
+  /// or version, a missing "files" object, or an entry without an unsigned
+  /// "bytes" and a 32-bit "crc32" ("<what>: files.NAME: missing its bytes and
+  /// crc32 (corrupt manifest)").
+  static CheckpointManifest from_json(const nlohmann::json& j, const std::string& what);
+};
 
 /// Writes `dir`/manifest.json (atomically) from the bytes of the files now
 /// in the checkpoint folder `dir`: model.safetensors, config.json,
