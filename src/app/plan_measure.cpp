@@ -29,6 +29,7 @@
 #include "snip/plan/cost_table.h"
 #include "snip/recipes/recipe_file.h"
 #include "snip/train/memory.h"
+#include "snip/train/model_session.h"
 #include "snip/train/optimizer.h"
 #include "snip/train/step.h"
 #include "snip/train/trainer.h"
@@ -62,17 +63,12 @@ plan::CostTable measure_plan_costs(Config& cfg, const PlanMeasureRequest& r) {
     fail("--data ", r.data_dir, ": vocabulary ", info.vocab_size, " is larger than the model's ",
          f.config.vocab_size, " (", r.hf_dir, "): its ids have no embedding");
 
-  const int64_t B = r.batch, T = tc.seq_len;
-  check_memory(training_memory(f.config, B, T), hw::available_memory_bytes(), "snip plan --init-from");
-  set_threads(tc.threads);
-  LlamaForCausalLM model = import_hf(r.hf_dir);
-  prepare_model(model, tc);
-  auto opt = make_optimizer(model, tc);
-  set_lr(*opt, tc.lr);
-
-  data::TokenLoader loader(train_bin, int(B), int(T), uint64_t(tc.seed));
+  ModelSession ms = open_hf_session(rc, r.hf_dir, train_bin, r.batch, "snip plan --init-from");
+  LlamaForCausalLM& model = ms.model;
+  torch::optim::AdamW* opt = ms.optimizer.get();
+  const int64_t B = ms.B, T = ms.T;
   std::vector<int32_t> in, tg;
-  loader.next(in, tg);
+  ms.loader->next(in, tg);
   const torch::Tensor ids = to_ids(in, B, T), targets = to_ids(tg, B, T);
   model->set_step(uint64_t(tc.seed), 0);
 

@@ -21,6 +21,7 @@
 #include "snip/recipes/recipe_file.h"
 #include "snip/method/stats.h"
 #include "snip/train/checkpoint.h"
+#include "snip/train/model_session.h"
 #include "snip/train/optimizer.h"
 #include "snip/train/step.h"
 #include "snip/train/trainer.h"
@@ -65,9 +66,6 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
     fail("--run: ", o.run_dir, " trains LoRA adapters (lora.rank = ", rc.lora.rank, "): snip correlate studies full "
          "training only (write the adapted model with `snip export --merge`, train from it with --init-from, and "
          "study that run)");
-  const json st = verify_checkpoint(ckpt);
-  const TrainerState ts = TrainerState::from_json(st, (fs::path(ckpt) / "trainer_state.json").string());
-  const int64_t step0 = ts.step;
   if (o.option == "bf16" || o.option == "none")
     fail("--option: expected a quantizing recipe (e.g. fp4, mxfp4), got the reference '", o.option, "'");
   std::shared_ptr<const OperandQuantizer> quant;
@@ -81,49 +79,20 @@ CorrelationResult correlation_study(const CorrelationOptions& o) {
   }
   if (o.step < -1) fail("--step: expected a checkpoint step >= 0, got ", o.step);
 
-  const fs::path data_dir(rc.data.dir);
-  const std::string train_bin = (data_dir / "train.bin").string(), val_bin = (data_dir / "val.bin").string();
-  if (!fs::exists(train_bin)) fail("data.dir: ", train_bin, " does not exist (the run's data is needed)");
+  const std::string val_bin = (fs::path(rc.data.dir) / "val.bin").string();
   // One step of the run in one process: the micro-batches of every rank of
-  // the run (train.grad_accum, or dist.micro_batches under pipeline stages,
-  // times the data-parallel ranks), which is the same step bit for bit
-  // (docs/distributed.md) and where the checkpoint's loader position is.
-  const int64_t ranks = ts.loader_ranks();
-  const int64_t run_accum = ts.pipeline ? ts.pipeline->micro_batches : tc.grad_accum;
-  if (ranks < 1 || run_accum < 1)
-    fail("--run: ", ckpt, ": world_size/data_parallel and micro-batches must be >= 1 (corrupt trainer_state.json?)");
-  const int64_t B = tc.batch_size, T = tc.seq_len, accum = run_accum * ranks;
+  // the run, which is the same step bit for bit (train/model_session.h).
+  ModelSession ms = open_checkpoint_session(rc, ckpt, "snip correlate");
+  LlamaForCausalLM& model = ms.model;
+  data::TokenLoader& loader = *ms.loader;
+  std::unique_ptr<torch::optim::AdamW>& opt = ms.optimizer;  // reset() makes a new one
+  const int64_t B = ms.B, T = ms.T, accum = ms.accum, step0 = ms.step;
+  const at::ScalarType gemm = ms.gemm;
+  const data::LoaderState loader0 = ms.loader0;
   const uint64_t seed = uint64_t(tc.seed);
   const int64_t eval_batches = o.eval_batches >= 0 ? o.eval_batches : tc.eval_batches;
   auto lr_of = [&](int64_t step) { return lr_at(step, tc.max_steps, tc.warmup_steps, tc.lr, tc.min_lr_ratio); };
-  set_threads(tc.threads);
-  data::TokenLoader loader(train_bin, int(B), int(T), seed);
-  loader.restore(checkpoint_loader_state(st, B, accum, loader.windows_per_epoch(),
-                                         (fs::path(ckpt) / "trainer_state.json").string()));
-  const data::LoaderState loader0 = loader.state();
-
-  torch::manual_seed(seed);
-  const LlamaConfig mcfg = LlamaConfig::from_run_config(rc.model, loader.vocab_size());
-  check_memory(training_memory(mcfg, B, T), hw::available_memory_bytes(), "snip correlate");
-  LlamaForCausalLM model(mcfg);
-  load_checkpoint_weights(ckpt, model);
-  const at::ScalarType gemm = prepare_model(model, tc);
-  auto opt = make_optimizer(model, tc);
-  load_checkpoint_optimizer(ckpt, st, *opt, model, tc, step0);  // optimizer.pt or ZeRO shards
-  std::vector<torch::Tensor> weights0;
-  {
-    torch::NoGradGuard ng;
-    for (const auto& p : model->parameters()) weights0.push_back(p.detach().clone());
-  }
-  auto reset = [&] {
-    torch::NoGradGuard ng;
-    auto params = model->parameters();
-    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(weights0[i]);
-    opt = make_optimizer(model, tc);
-    load_checkpoint_optimizer(ckpt, st, *opt, model, tc, step0);
-    loader.restore(loader0);
-    model->set_precision(LinearPrecision{nullptr, gemm});
-  };
+  auto reset = [&] { ms.reset(); };
 
   // The layers to study.
   std::vector<QuantLinear> all = model->linear_layers(), studied;
