@@ -126,6 +126,44 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
 }  // namespace
 
 namespace {
+// The identity hook with a narrower GEMM dtype (the BF16 baseline): X and W
+// are cast once and the casts feed every GEMM (QuantLinearFunction's "cast").
+bool cast_path(const LinearPrecision& p, const torch::Tensor& x) {
+  const auto dt = p.gemm_dtype;
+  return !p.quantizer && dt != at::ScalarType::Undefined && dt != x.scalar_type();
+}
+}  // namespace
+
+torch::Tensor linear_fprop(const torch::Tensor& x, const torch::Tensor& w, const LinearPrecision& p,
+                           const QuantKey& key) {
+  StepPrecision sp;
+  sp.precision = p;
+  sp.key = key;
+  const auto dt = p.gemm_dtype;
+  if (cast_path(p, x)) return gemm_result(fp32_mm(gemm_operand(x, dt), gemm_operand(w, dt).t()), dt, x.scalar_type());
+  return gemm_nt(q(sp, x, Operand::kFpropX), qw(sp, w, Operand::kFpropW), dt, x.scalar_type());
+}
+
+std::pair<torch::Tensor, torch::Tensor> linear_backward(const torch::Tensor& dy, const torch::Tensor& x,
+                                                        const torch::Tensor& w, const LinearPrecision& p,
+                                                        const QuantKey& key, bool need_dx, bool need_dw) {
+  StepPrecision sp;
+  sp.precision = p;
+  sp.key = key;
+  const auto dt = p.gemm_dtype;
+  torch::Tensor dx, dw;
+  if (cast_path(p, x)) {
+    const torch::Tensor dyc = gemm_operand(dy, dt);
+    if (need_dx) dx = gemm_result(fp32_mm(dyc, gemm_operand(w, dt)), dt, dy.scalar_type());
+    if (need_dw) dw = gemm_result(fp32_mm(gemm_operand(x, dt).t(), dyc).t().contiguous(), dt, dy.scalar_type());
+    return {dx, dw};
+  }
+  if (need_dx) dx = gemm_nt(q(sp, dy, Operand::kDgradDY), qw(sp, w, Operand::kDgradW), dt, dy.scalar_type());
+  if (need_dw) dw = gemm_nt(q(sp, dy.t(), Operand::kWgradDY), q(sp, x.t(), Operand::kWgradX), dt, dy.scalar_type());
+  return {dx, dw};
+}
+
+namespace {
 thread_local int freeze_depth = 0;
 }  // namespace
 

@@ -7,6 +7,8 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include "snip/model/blas.h"
 #include "snip/model/llama.h"
@@ -70,6 +72,42 @@ TEST(QuantLinear, EveryRecipeEqualsReferenceQuantizeThenMatmul) {
     EXPECT_TRUE(torch::equal(l->weight.grad(), dw_ref));
     if (name != "bf16") {  // a real quantizer changes the result
       EXPECT_FALSE(torch::equal(y, torch::mm(X, W.t())));
+    }
+  }
+}
+
+// linear_fprop / linear_backward (what the Python package's custom operators
+// run) are the layer's arithmetic bit for bit: every recipe (fresh
+// quantizers on both sides, so delayed scaling starts alike), FP32 and BF16
+// GEMMs, and the unquantized BF16 baseline (the layer's cast path).
+TEST(QuantLinear, FreeFunctionsAreTheLayerBitForBit) {
+  std::vector<std::string> names = recipes::RecipeSet().names();
+  names.push_back("none");
+  for (const std::string& name : names) {
+    for (at::ScalarType dt : {at::ScalarType::Undefined, at::kBFloat16}) {
+      SCOPED_TRACE(name + (dt == at::kBFloat16 ? " bf16 GEMM" : " fp32 GEMM"));
+      torch::manual_seed(3);
+      QuantLinear l(150, 200, 0.05);
+      l->precision = LinearPrecision{make_recipe_quantizer(recipes::RecipeSet(), name), dt};
+      l->layer_index = 4;
+      l->key_base.seed = 9;
+      l->key_base.step = 2;
+      torch::Tensor x = torch::randn({37, 150}).requires_grad_(true);
+      const torch::Tensor dy = torch::randn({37, 200}) * 1e-2;
+      const torch::Tensor y = l(x);
+      y.backward(dy);
+      const LinearPrecision p{make_recipe_quantizer(recipes::RecipeSet(), name), dt};
+      const QuantKey k{9, 2, 4, Operand::kFpropX};
+      const torch::Tensor X = x.detach(), W = l->weight.detach();
+      EXPECT_TRUE(torch::equal(y, linear_fprop(X, W, p, k)));
+      const auto [dx, dw] = linear_backward(dy, X, W, p, k, true, true);
+      EXPECT_TRUE(torch::equal(x.grad(), dx));
+      EXPECT_TRUE(torch::equal(l->weight.grad(), dw));
+      // (a fresh quantizer: a second dgrad call would move delayed scaling's history)
+      const LinearPrecision p2{make_recipe_quantizer(recipes::RecipeSet(), name), dt};
+      const auto [dx_only, none] = linear_backward(dy, X, W, p2, k, true, false);
+      EXPECT_TRUE(torch::equal(dx_only, dx));
+      EXPECT_FALSE(none.defined());
     }
   }
 }

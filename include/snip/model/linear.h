@@ -28,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -132,6 +133,21 @@ struct LinearProbe {
   /// dgrad GEMM (WD-upstream calibration).
   std::function<torch::Tensor()> input_grad_noise;
 };
+
+/// QuantLinear's GEMMs as functions of tensors, for callers with no
+/// QuantLinear: the Python package's custom operators (snip::linear_fprop,
+/// snip::linear_backward; docs/python.md). The arithmetic of QuantLinear
+/// with precision `p` and key `key` (its operand set per call) bit for bit,
+/// without LoRA, a frozen base or stats-step probes.
+/// x [N, IN], w [OUT, IN] -> Y = Q(X) · Q(W)ᵀ [N, OUT], in x's dtype.
+torch::Tensor linear_fprop(const torch::Tensor& x, const torch::Tensor& w, const LinearPrecision& p,
+                           const QuantKey& key);
+/// dy [N, OUT], x [N, IN], w [OUT, IN] -> {dX = Q(dY) · Q(Wᵀ)ᵀ [N, IN],
+/// dW = Q(dYᵀ) · Q(Xᵀ)ᵀ [OUT, IN]}, in dy's dtype; a result not asked for
+/// (need_dx, need_dw) is an undefined tensor.
+std::pair<torch::Tensor, torch::Tensor> linear_backward(const torch::Tensor& dy, const torch::Tensor& x,
+                                                        const torch::Tensor& w, const LinearPrecision& p,
+                                                        const QuantKey& key, bool need_dx, bool need_dw);
 
 struct FrozenWeight;  // model/lora.h
 
