@@ -4,8 +4,9 @@
 # Python environment .venv with pip from requirements.txt (PyTorch 2.11 from
 # PyPI, whose LibTorch the C++ build uses, and the real consumers of snip's
 # files that the tests run: transformers, peft, torchao, ml_dtypes,
-# safetensors). Idempotent: installs only missing packages, reinstalls the
-# venv only when requirements.txt changed, rebuilds only what changed.
+# safetensors), then the Python package `snip` into .venv (pip install .).
+# Idempotent: installs only missing packages, reinstalls the venv only when
+# requirements.txt changed, rebuilds only what changed.
 #
 # usage: scripts/setup.sh [TARGET ...]   (from anywhere; works on the repo it is in)
 #        TARGETs are Ninja targets (e.g. snip); none = everything (tests, benchmarks, and the clang fuzz build in BUILD/fuzz)
@@ -67,6 +68,20 @@ if [ ! -f "$build/build.ninja" ]; then
 fi
 # 2 parallel jobs: LibTorch translation units take ~1.5 GiB each to compile.
 ninja -C "$build" -j "${SNIP_JOBS:-$(nproc)}" "$@" >&2
+
+# The Python package `snip` (pyproject.toml, docs/python.md) into .venv:
+# scikit-build-core reuses $build, so it compiles nothing the step above
+# built. Skipped while the package files and the operators are those it
+# installed last (a stamp of their SHA-256). Not when TARGETs are named.
+if [ $# -eq 0 ]; then
+  stamp="$(cat pyproject.toml python/snip/*.py "$build/python/_snip_ops.so" | sha256sum | cut -d' ' -f1)"
+  if [ "$(cat "$venv/snip-package.sha256" 2>/dev/null)" != "$stamp" ]; then
+    echo "setup: pip install . (the Python package snip) into $venv" >&2
+    "$venv/bin/python" -m pip install --disable-pip-version-check -q --no-build-isolation --no-deps \
+      --config-settings=build-dir="$build" --config-settings=cmake.build-type="${SNIP_BUILD_TYPE:-Release}" . >&2
+    echo "$stamp" >"$venv/snip-package.sha256"
+  fi
+fi
 
 # The fuzz build (docs/robustness.md): clang, libFuzzer, ASan/UBSan, only the
 # LibTorch-free parsers; its targets run in the test suite (CTest label fuzz).

@@ -24,6 +24,8 @@ function(snip_torch_library name folder)
   add_library(${name} STATIC ${srcs})
   target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR}/include)
   target_link_libraries(${name} PUBLIC ${ARGN})
+  # Position-independent: the Python package's shared library (src/python) links them.
+  set_target_properties(${name} PROPERTIES POSITION_INDEPENDENT_CODE ON)
   if(name STREQUAL "snip_model")
     target_precompile_headers(${name} PRIVATE <torch/torch.h> <nlohmann/json.hpp>)
   else()
@@ -37,6 +39,14 @@ foreach(dep snip_formats snip_recipes snip_io snip_tokens snip_plan snip_report 
     list(APPEND SNIP_TORCH_BELOW ${dep})
   endif()
 endforeach()
+# A program (or the Python operators' library) made of LibTorch TUs reuses
+# snip_model's precompiled header; GCC uses a header only under the -fPIC it
+# was made with (the libraries are position-independent, above), so the
+# program's TUs get -fPIC too (a PIE links -fPIC objects as well).
+function(snip_reuse_torch_pch target)
+  target_precompile_headers(${target} REUSE_FROM snip_model)
+  target_compile_options(${target} PRIVATE -fPIC)
+endfunction()
 snip_torch_library(snip_model model ${TORCH_LIBRARIES} nlohmann_json::nlohmann_json spdlog::spdlog
                    OpenMP::OpenMP_CXX ZLIB::ZLIB ${SNIP_OPENBLAS_LIBRARY} ${SNIP_TORCH_BELOW})
 snip_torch_library(snip_dist dist snip_model)

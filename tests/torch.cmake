@@ -8,7 +8,7 @@ file(GLOB SNIP_TORCH_TESTS CONFIGURE_DEPENDS
 add_executable(test_torch ${SNIP_TORCH_TESTS})
 target_link_libraries(test_torch PRIVATE snip_torch GTest::gtest_main)
 target_include_directories(test_torch PRIVATE ${CMAKE_CURRENT_LIST_DIR}/common ${PROJECT_SOURCE_DIR}/src)  # src: headers beside their .cpp
-target_precompile_headers(test_torch REUSE_FROM snip_model)
+snip_reuse_torch_pch(test_torch)
 target_compile_definitions(test_torch PRIVATE SNIP_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
                                               SNIP_BINARY_DIR="${CMAKE_BINARY_DIR}")
 

@@ -34,6 +34,7 @@ LAYERS = [
     "train",    # the step, the loop, checkpoints, the guard
     "app",      # what the commands do: study, experiment, planning, doctor
     "cli",      # the snip and snip-data programs
+    "python",   # the Python package's custom operators (TORCH_LIBRARY(snip))
 ]
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"snip/([a-z_]+)/([^"]+)"', re.M)

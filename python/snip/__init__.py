@@ -1,0 +1,96 @@
+"""snip: adaptive, layer-wise FP4/FP8 mixed-precision training, from PyTorch.
+
+    import snip
+    y = snip.fake_quant(x, "mxfp4")                  # quantize-dequantize along the last dim
+    layer = snip.nn.Linear(1024, 4096, recipe="nvfp4")
+    snip.convert(model, recipe="fp8", module_filter_fn=lambda m, fqn: fqn != "lm_head")
+
+Reference: docs/python.md. CPU kernels today; every error on bad input is a
+one-line ``snip.Error``.
+"""
+
+__version__ = "0.1.0"
+
+import typing
+
+import torch
+
+from . import _ops
+from .errors import ConvertError, DeviceError, Error, RecipeError
+from .recipes import Recipe, formats, load_recipes, recipe_arg, recipes
+from . import nn
+from .convert import convert, precision_table, set_step
+
+OPERANDS = ("fprop.x", "fprop.w", "dgrad.dy", "dgrad.w", "wgrad.dy", "wgrad.x")
+
+
+def fake_quant(x, recipe, operand="fprop.x", *, seed=0, step=0, layer=0):
+    """Quantizes ``x`` [..., K] (float32 or float64, CPU) along its last
+    dimension K with ``recipe``'s spec for ``operand`` (one of
+    snip.OPERANDS; blocks run along K, as the GEMM's reduction dimension) and
+    dequantizes it: a tensor of x's shape and dtype holding exactly the values
+    the GEMM would see (before its BF16/FP32 cast). ``seed``, ``step`` and
+    ``layer`` key stochastic rounding (integers >= 0).
+
+    Raises snip.RecipeError (unknown recipe or operand, dtype, shape),
+    snip.DeviceError (not on the CPU). Source: src/python/ops.cpp
+    (formats/fake_quant.h).
+    """
+    _ops.check_device(x)
+    return _ops.call(_ops.ops.fake_quant, x, recipe_arg(recipe), operand, int(seed), int(step), int(layer))
+
+
+class QuantizedTensor(typing.NamedTuple):
+    """What ``snip.quantize`` returns: a tensor [rows, cols] as element codes
+    and block scales (formats/fake_quant.h QuantizedTensor).
+
+    data: uint8 [packed bytes], the codes of the row-major [rows, cols]
+      input packed as PyTorch's float4_e2m1fn_x2 and TransformerEngine pack
+      them (4-bit: element 2i in the low nibble of byte i; 5 to 8 bits: a
+      byte each; more: 2 bytes little-endian).
+    scale_codes: int64 [GR, GC], each block's stored scale (E8M0 or E4M3
+      code, or the FP32 bits of an FP32 scale).
+    scales: float32 [GR, GC], each block's decode scale, the tensor scale
+      included (a value is decode(code) * scale).
+    tensor_scale: float32 [2], NVFP4's second level (decode, encode); 1, 1
+      for other rules.
+    block: (block_rows, block_cols); shape: (rows, cols); recipe, operand:
+      what quantized it.
+    """
+    data: torch.Tensor
+    scale_codes: torch.Tensor
+    scales: torch.Tensor
+    tensor_scale: torch.Tensor
+    block: tuple
+    shape: tuple
+    recipe: object
+    operand: str
+
+
+def quantize(x, recipe, operand="fprop.w", *, seed=0, step=0, layer=0):
+    """Quantizes ``x`` [..., K] (float32, or float64 rounded to float32 first;
+    CPU) along its last dimension with ``recipe``'s spec for ``operand`` to
+    codes and scales: a snip.QuantizedTensor of shape [rows, K], rows = the
+    product of the leading dimensions. ``dequantize(quantize(x))`` equals
+    ``fake_quant(x)`` bit for bit (but for NaN inputs of NaN-less formats).
+    Not traceable by torch.compile. Raises as fake_quant. Source:
+    src/python/ops.cpp (formats/fake_quant.h quantize_packed)."""
+    _ops.check_device(x)
+    data, codes, scales, ts, block = _ops.call(_ops.ops.quantize, x, recipe_arg(recipe), operand, int(seed),
+                                               int(step), int(layer))
+    rows = x.numel() // x.shape[-1] if x.dim() > 0 and x.shape[-1] > 0 else 0
+    return QuantizedTensor(data, codes, scales, ts, tuple(block.tolist()), (rows, x.shape[-1]), recipe, operand)
+
+
+def dequantize(q):
+    """The float32 [rows, cols] tensor ``q`` (a snip.QuantizedTensor)
+    stands for: each code decoded times its block's scale. Raises
+    snip.RecipeError for sizes that do not fit the recipe's format."""
+    return _ops.call(_ops.ops.dequantize, q.data, q.scales, torch.tensor(q.block, dtype=torch.int64), q.shape[0],
+                     q.shape[1], recipe_arg(q.recipe), q.operand)
+
+
+__all__ = [
+    "__version__", "Error", "RecipeError", "DeviceError", "ConvertError", "Recipe", "OPERANDS",
+    "formats", "recipes", "load_recipes", "fake_quant", "QuantizedTensor", "quantize", "dequantize", "nn", "convert", "set_step", "precision_table",
+]

@@ -1,0 +1,91 @@
+"""Loads snip's compiled custom operators (TORCH_LIBRARY(snip), src/python/ops.cpp)
+and registers what PyTorch needs besides their CPU kernels: fake (meta)
+kernels for torch.compile and the autograd formula of ``snip::linear_fprop``.
+
+The library is ``_snip_ops.so`` beside this file (``pip install .``), or the
+path in the environment variable ``SNIP_OPS_LIBRARY`` (the test suite points
+it at the build tree).
+"""
+
+import os
+import pathlib
+
+import torch
+
+from .errors import DeviceError, RecipeError
+
+
+def _library_path():
+    env = os.environ.get("SNIP_OPS_LIBRARY")
+    if env:
+        if not os.path.isfile(env):
+            raise ImportError(f"snip: SNIP_OPS_LIBRARY={env}: no such file (build it: scripts/setup.sh)")
+        return env
+    here = pathlib.Path(__file__).resolve().parent
+    found = sorted(here.glob("_snip_ops*.so"))
+    if not found:
+        raise ImportError(
+            f"snip: {here}/_snip_ops.so is missing: install the package with "
+            "`pip install --no-build-isolation .` from the repository (README), or set SNIP_OPS_LIBRARY"
+        )
+    return str(found[0])
+
+
+torch.ops.load_library(_library_path())
+ops = torch.ops.snip
+
+
+def call(op, *args):
+    """Runs custom operator ``op``; its ValueError (a snip::UserError) becomes
+    a one-line snip.RecipeError."""
+    try:
+        return op(*args)
+    except (ValueError, RuntimeError) as e:
+        text = str(e).strip().splitlines()
+        raise RecipeError(text[0] if text else type(e).__name__) from None
+
+
+def check_device(*tensors):
+    """Raises snip.DeviceError for a tensor that is not on the CPU."""
+    for t in tensors:
+        if t.device.type != "cpu":
+            raise DeviceError(
+                f"snip: tensor on {t.device}: the snip operators have CPU kernels only today (the GPU path is "
+                "being built); move the model and inputs to the CPU"
+            )
+
+
+@torch.library.register_fake("snip::fake_quant")
+def _fake_quant_fake(x, recipe, operand, seed, step, layer):
+    return torch.empty_like(x)
+
+
+@torch.library.register_fake("snip::linear_fprop")
+def _linear_fprop_fake(x, w, recipe, seed, step, layer, gemm):
+    return x.new_empty((x.shape[0], w.shape[0]))
+
+
+@torch.library.register_fake("snip::linear_backward")
+def _linear_backward_fake(dy, x, w, recipe, seed, step, layer, gemm, need_dx, need_dw):
+    dx = dy.new_empty(x.shape) if need_dx else dy.new_empty((0,))
+    dw = dy.new_empty(w.shape) if need_dw else dy.new_empty((0,))
+    return dx, dw
+
+
+def _linear_setup(ctx, inputs, output):
+    x, w, recipe, seed, step, layer, gemm = inputs
+    # The step at forward time: backward quantizes with the forward's key
+    # even if the layer's step moves before it runs (as QuantLinear does).
+    ctx.save_for_backward(x, w, step.clone())
+    ctx.args = (recipe, seed, layer, gemm)
+
+
+def _linear_backward(ctx, dy):
+    x, w, step = ctx.saved_tensors
+    recipe, seed, layer, gemm = ctx.args
+    need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    dx, dw = ops.linear_backward(dy.contiguous(), x, w, recipe, seed, step, layer, gemm, need_dx, need_dw)
+    return (dx if need_dx else None), (dw if need_dw else None), None, None, None, None, None
+
+
+torch.library.register_autograd("snip::linear_fprop", _linear_backward, setup_context=_linear_setup)

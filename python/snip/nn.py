@@ -1,0 +1,103 @@
+"""``snip.nn.Linear``: a drop-in for ``torch.nn.Linear`` whose three GEMMs
+run quantized by a recipe (docs/python.md).
+
+For x [..., IN] and weight W [OUT, IN], with N = the product of x's leading
+dimensions:
+
+    fprop  Y  = Q(X) · Q(W)ᵀ        X [N, IN]                 K = IN
+    dgrad  dX = Q(dY) · Q(Wᵀ)ᵀ      dY [N, OUT], Wᵀ [IN, OUT]  K = OUT
+    wgrad  dW = Q(dYᵀ) · Q(Xᵀ)ᵀ     dYᵀ [OUT, N], Xᵀ [IN, N]  K = N
+
+Q is the recipe's spec for that operand, blocks along the GEMM's reduction
+dimension K; the GEMM runs in ``gemm`` ("bf16": BF16 inputs with FP32
+accumulation, output rounded to BF16; "fp32"), and its output is cast back
+to x's dtype. The bias (when present) is added unquantized after the GEMM.
+The arithmetic is the C++ ``QuantLinear``'s (src/model/linear.cpp) bit for
+bit; stochastic rounding draws from (seed, step, layer, operand), so a run
+is reproducible.
+"""
+
+import torch
+
+from . import _ops
+from .recipes import recipe_arg, recipe_name
+
+
+class Linear(torch.nn.Linear):
+    """``torch.nn.Linear`` with quantized fprop/dgrad/wgrad.
+
+    Args: ``in_features``, ``out_features``, ``bias``, ``device``, ``dtype``
+    as torch.nn.Linear (float32 or float64 parameters, CPU); ``recipe``: a
+    recipe name ("fp8", "mxfp8", "nvfp4", "mxfp4", "fp4", ... from
+    ``snip.recipes()``), a ``snip.Recipe``, or "none"/None (no quantization,
+    GEMM in ``gemm``); ``gemm``: "bf16" or "fp32"; ``seed``, ``layer``:
+    integers >= 0 that key stochastic rounding. Attribute ``step`` (int,
+    optimizer steps done) keys it too: advance it once per optimizer step
+    (``snip.set_step``). Parameters and ``state_dict()`` keys are
+    torch.nn.Linear's (``weight`` [OUT, IN], ``bias`` [OUT]).
+
+    Raises snip.RecipeError for an unknown or unsupported recipe (at
+    construction), snip.DeviceError for tensors off the CPU.
+    """
+
+    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, recipe="fp8",
+                 gemm="bf16", seed=0, layer=0):
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self._init_snip(recipe, gemm, seed, layer)
+
+    def _init_snip(self, recipe, gemm, seed, layer):
+        # step lives in a 0-d int64 buffer (not in state_dict): a compiled
+        # graph reads it instead of recompiling for every step.
+        self.register_buffer("_step", torch.zeros((), dtype=torch.int64), persistent=False)
+        self.set_recipe(recipe, gemm=gemm)
+        self.seed = int(seed)
+        self.layer = int(layer)
+
+    @property
+    def step(self):
+        """Optimizer steps done (int): stochastic rounding's key."""
+        return int(self._step)
+
+    @step.setter
+    def step(self, value):
+        if int(value) < 0:
+            raise _ops.RecipeError(f"snip.nn.Linear: step: expected an integer >= 0, got {value}")
+        self._step.fill_(int(value))
+
+    def set_recipe(self, recipe, gemm=None):
+        """Changes the recipe (and GEMM dtype) from the next forward on.
+        Raises snip.RecipeError when it is unknown or unsupported."""
+        arg = recipe_arg(recipe)
+        gemm = gemm if gemm is not None else getattr(self, "gemm", "bf16")
+        if gemm not in ("bf16", "fp32"):
+            raise _ops.RecipeError(f"gemm: expected bf16 or fp32, got {gemm!r}")
+        # Checked now, not at the first forward: one tiny call resolves it.
+        _ops.call(_ops.ops.fake_quant, torch.zeros(1, 1), arg, "fprop.x", 0, 0, 0)
+        self.recipe = recipe if recipe is not None else "none"
+        self._recipe_arg = arg
+        self.gemm = gemm
+
+    @classmethod
+    def from_linear(cls, linear, *, recipe="fp8", gemm="bf16", seed=0, layer=0):
+        """A snip.nn.Linear sharing ``linear``'s parameters (the same
+        Parameter objects: an optimizer built before keeps working)."""
+        m = cls.__new__(cls)
+        torch.nn.Module.__init__(m)
+        m.in_features, m.out_features = linear.in_features, linear.out_features
+        m.weight = linear.weight
+        m.bias = linear.bias
+        m._init_snip(recipe, gemm, seed, layer)
+        return m
+
+    def forward(self, x):
+        _ops.check_device(x, self.weight)
+        if x.shape[-1] != self.in_features:
+            raise _ops.RecipeError(f"snip.nn.Linear: expected input [..., {self.in_features}], got {list(x.shape)}")
+        x2 = x.reshape(-1, self.in_features)
+        y = _ops.ops.linear_fprop(x2, self.weight, self._recipe_arg, self.seed, self._step, self.layer, self.gemm)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self):
+        return f"{super().extra_repr()}, recipe={recipe_name(self.recipe)}, gemm={self.gemm}"

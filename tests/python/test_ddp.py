@@ -1,0 +1,49 @@
+"""A converted model under DistributedDataParallel: 2 processes (Gloo,
+127.0.0.1, a free port), each on its half of the batch. DDP averages the
+gradients of snip's quantized GEMMs like any other, so both ranks hold the
+same weights, bit for bit, after every step."""
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import snip
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker(rank, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=__import__("datetime").timedelta(seconds=60))
+    torch.manual_seed(0)  # the same initial weights on both ranks
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 16))
+    snip.convert(model, recipe="nvfp4", seed=5)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    for step in range(3):
+        x = torch.randn(2, 16, 32, generator=g)[rank]  # this rank's half
+        loss = ddp(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        snip.set_step(model, step + 1)
+    torch.save({k: v.clone() for k, v in model.state_dict().items()}, os.path.join(out, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_two_ranks_agree_bit_for_bit(tmp_path):
+    mp.start_processes(worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True, start_method="spawn")
+    a, b = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert list(a) == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    torch.manual_seed(0)
+    init = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 16)).state_dict()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+        assert not torch.equal(a[k], init[k]), k  # trained

@@ -1,0 +1,141 @@
+"""snip.nn.Linear and snip.convert: forward and gradients against
+independent computations (torch's own linear without quantization; the
+operands quantized by snip.fake_quant, or by torchao's MX reference, and
+multiplied by torch), parameters and state_dict keys kept, one-line errors."""
+import pytest
+import torch
+from torchao.prototype.mx_formats.config import ScaleCalculationMode
+from torchao.prototype.mx_formats.mx_tensor import to_dtype, to_mx
+
+import snip
+
+
+def data(n=48, fin=64, fout=32, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, fin, generator=g, dtype=dtype)
+    w = torch.randn(fout, fin, generator=g, dtype=dtype) * 0.1
+    dy = torch.randn(n, fout, generator=g, dtype=dtype)
+    return x, w, dy
+
+
+def run(layer, x, dy):
+    x = x.clone().requires_grad_(True)
+    y = layer(x)
+    y.backward(dy)
+    return y.detach(), x.grad, layer.weight.grad, None if layer.bias is None else layer.bias.grad
+
+
+def make(recipe, w, gemm="fp32", bias=False, **kw):
+    layer = snip.nn.Linear(w.shape[1], w.shape[0], bias=bias, dtype=w.dtype, recipe=recipe, gemm=gemm, **kw)
+    with torch.no_grad():
+        layer.weight.copy_(w)
+    return layer
+
+
+def test_without_quantization_it_is_torch_linear():
+    x, w, dy = data()
+    ref = torch.nn.Linear(64, 32, dtype=torch.float64)
+    layer = make("none", w, bias=True)
+    with torch.no_grad():
+        ref.weight.copy_(w)
+        layer.bias.copy_(ref.bias)
+    for a, b in zip(run(layer, x, dy), run(ref, x, dy)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("recipe", ["fp8", "mxfp8", "mxfp4", "nvfp4", "fp4", "block_fp8", "int8", "e1m2"])
+def test_gemms_are_the_quantized_operands_multiplied(recipe):
+    # Each GEMM's operands quantized along its reduction dim by fake_quant
+    # with the layer's keys (stochastic rounding included), then multiplied
+    # in float64 by torch: the layer must give the same up to summation order.
+    x, w, dy = data()
+    layer = make(recipe, w, seed=3, layer=5)
+    layer.step = 7
+    y, dx, dw, _ = run(layer, x, dy)
+    q = lambda t, op: snip.fake_quant(t.contiguous(), recipe, op, seed=3, step=7, layer=5)
+    torch.testing.assert_close(y, q(x, "fprop.x") @ q(w, "fprop.w").T, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(dx, q(dy, "dgrad.dy") @ q(w.T, "dgrad.w").T, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(dw, q(dy.T, "wgrad.dy") @ q(x.T, "wgrad.x").T, rtol=1e-12, atol=1e-12)
+
+
+def test_mxfp8_forward_equals_torchao_reference_then_matmul():
+    x, w, _ = data(dtype=torch.float32)
+    layer = make("mxfp8", w)
+    ref = lambda t: to_dtype(*reversed(to_mx(t, torch.float8_e4m3fn, 32, ScaleCalculationMode.FLOOR)),
+                             torch.float8_e4m3fn, 32, torch.float32)
+    want = ref(x).double() @ ref(w).double().T
+    torch.testing.assert_close(layer(x).double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_gemm_rounds_the_output_to_bf16():
+    x, w, _ = data(dtype=torch.float32)
+    y = make("none", w, gemm="bf16")(x)
+    assert torch.equal(y, y.bfloat16().float())  # every value is a BF16 value
+    exact = x.bfloat16().double() @ w.bfloat16().double().T
+    torch.testing.assert_close(y.double(), exact, rtol=2 ** -8, atol=1e-6)
+
+
+def test_convert_keeps_parameters_names_and_state_dict():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    snip.convert(model, recipe="mxfp8", plan={"2": "fp8"}, gemm="fp32")
+    assert isinstance(model[0], snip.nn.Linear) and isinstance(model[2], snip.nn.Linear)
+    assert snip.precision_table(model) == {"0": "mxfp8", "2": "fp8"}
+    assert [id(p) for p in model.parameters()] == [id(p) for p in params]
+    assert list(model.state_dict()) == list(before)
+    assert all(torch.equal(a, model.state_dict()[k]) for k, a in before.items())
+    assert (model[0].layer, model[2].layer) == (0, 1)
+    model(torch.randn(4, 16)).square().mean().backward()
+    opt.step()  # the optimizer built before the conversion updates the converted layers
+    assert not torch.equal(before["0.weight"], model[0].weight)
+    snip.set_step(model, 3)
+    assert model[0].step == 3
+
+
+def test_convert_filter_and_errors():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 4))
+    snip.convert(model, recipe="fp8", module_filter_fn=lambda m, fqn: m.out_features % 16 == 0)
+    assert isinstance(model[0], snip.nn.Linear) and type(model[1]) is torch.nn.Linear
+    with pytest.raises(snip.ConvertError, match="no nn.Linear of ReLU was converted"):
+        snip.convert(torch.nn.ReLU())
+    with pytest.raises(snip.ConvertError, match="all refused by module_filter_fn"):
+        snip.convert(torch.nn.Sequential(torch.nn.Linear(2, 2)), module_filter_fn=lambda m, n: False)
+    with pytest.raises(snip.ConvertError, match="plan: 'nope' is not an nn.Linear"):
+        snip.convert(torch.nn.Sequential(torch.nn.Linear(2, 2)), plan={"nope": "fp8"})
+    with pytest.raises(snip.RecipeError, match="unknown recipe 'fp5'"):
+        snip.convert(torch.nn.Sequential(torch.nn.Linear(2, 2)), recipe="fp5")
+    with pytest.raises(snip.RecipeError, match="gemm: expected bf16 or fp32"):
+        snip.nn.Linear(4, 4, gemm="fp16")
+    with pytest.raises(snip.RecipeError, match=r"expected input \[..., 4\]"):
+        snip.nn.Linear(4, 4)(torch.ones(2, 5))
+
+
+def test_compiled_layer_follows_the_step_without_recompiling():
+    # fp4 rounds dY stochastically (dgrad.dy, wgrad.dy): the gradients
+    # depend on the step. Compiled (fullgraph) and eager agree at every
+    # step, and a new step is read from the layer, not compiled in.
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
+    snip.convert(eager, recipe="fp4", seed=11)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(eager, backend=backend, fullgraph=True)
+    x = torch.randn(16, 64)
+    grads = []
+    for step in range(3):
+        snip.set_step(eager, step)
+        for f in (eager, compiled):
+            eager.zero_grad()
+            f(x).square().mean().backward()
+            grads.append(eager[0].weight.grad.clone())
+    assert len(graphs) == 1
+    for step in range(3):
+        assert torch.equal(grads[2 * step], grads[2 * step + 1]), step
+    assert not torch.equal(grads[0], grads[2])  # another step, other random draws
