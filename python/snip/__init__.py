@@ -36,6 +36,7 @@ def fake_quant(x, recipe, operand="fprop.x", *, seed=0, step=0, layer=0):
     snip.DeviceError (not on the CPU). Source: src/python/ops.cpp
     (formats/fake_quant.h).
     """
+    _ops.check_tensor(x)
     _ops.check_device(x)
     return _ops.call(_ops.ops.fake_quant, x, recipe_arg(recipe), operand, int(seed), int(step), int(layer))
 
@@ -75,6 +76,7 @@ def quantize(x, recipe, operand="fprop.w", *, seed=0, step=0, layer=0):
     ``fake_quant(x)`` bit for bit (but for NaN inputs of NaN-less formats).
     Not traceable by torch.compile. Raises as fake_quant. Source:
     src/python/ops.cpp (formats/fake_quant.h quantize_packed)."""
+    _ops.check_tensor(x)
     _ops.check_device(x)
     data, codes, scales, ts, block = _ops.call(_ops.ops.quantize, x, recipe_arg(recipe), operand, int(seed),
                                                int(step), int(layer))
@@ -86,6 +88,15 @@ def dequantize(q):
     """The float32 [rows, cols] tensor ``q`` (a snip.QuantizedTensor)
     stands for: each code decoded times its block's scale. Raises
     snip.RecipeError for sizes that do not fit the recipe's format."""
+    if not isinstance(q, QuantizedTensor):
+        raise RecipeError(f"dequantize: expected a snip.QuantizedTensor, got {type(q).__name__}")
+    for name in ("data", "scales"):
+        _ops.check_tensor(getattr(q, name), name)
+    _ops.check_device(q.data, q.scales)
+    if len(q.shape) != 2 or len(q.block) != 2 or not all(isinstance(v, int) for v in (*q.shape, *q.block)):
+        raise RecipeError(f"dequantize: shape and block: expected two integers each, got {q.shape} and {q.block}")
+    if not all(0 <= v < 2 ** 62 for v in (*q.shape, *q.block)):
+        raise RecipeError(f"dequantize: shape and block: expected sizes in [0, 2^62), got {q.shape} and {q.block}")
     return _ops.call(_ops.ops.dequantize, q.data, q.scales, torch.tensor(q.block, dtype=torch.int64), q.shape[0],
                      q.shape[1], recipe_arg(q.recipe), q.operand)
 

@@ -42,7 +42,15 @@ def call(op, *args):
         return op(*args)
     except (ValueError, RuntimeError) as e:
         text = str(e).strip().splitlines()
-        raise RecipeError(text[0] if text else type(e).__name__) from None
+        line = text[0] if text else type(e).__name__
+        # A recipe file's read error names the option of `snip train`; here it is an argument.
+        raise RecipeError(line.removeprefix("precision.recipe_file: ")) from None
+
+
+def check_tensor(x, what="x"):
+    """Raises snip.RecipeError when ``x`` is not a torch.Tensor."""
+    if not isinstance(x, torch.Tensor):
+        raise RecipeError(f"{what}: expected a torch.Tensor, got {type(x).__name__}")
 
 
 def check_device(*tensors):
@@ -57,7 +65,13 @@ def check_device(*tensors):
 
 @torch.library.register_fake("snip::fake_quant")
 def _fake_quant_fake(x, recipe, operand, seed, step, layer):
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)  # contiguous, as the kernel's result
+
+
+# fake_quant's gradient is the straight-through estimator: dL/dx = dL/dy
+# (quantization is treated as the identity), as torchao's and TE's fake
+# quantization do.
+torch.library.register_autograd("snip::fake_quant", lambda ctx, dy: (dy, None, None, None, None, None))
 
 
 @torch.library.register_fake("snip::linear_fprop")

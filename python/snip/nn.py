@@ -23,6 +23,17 @@ from . import _ops
 from .recipes import recipe_arg, recipe_name
 
 
+def _checked_int(value, what, limit):
+    """int(value) when it is an integer in [0, limit); else snip.RecipeError."""
+    if isinstance(value, bool) or not isinstance(value, int) and not (
+            isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_floating_point()):
+        raise _ops.RecipeError(f"snip.nn.Linear: {what}: expected an integer, got {type(value).__name__}")
+    v = int(value)
+    if not 0 <= v < limit:
+        raise _ops.RecipeError(f"snip.nn.Linear: {what}: expected an integer in [0, {limit}), got {v}")
+    return v
+
+
 class Linear(torch.nn.Linear):
     """``torch.nn.Linear`` with quantized fprop/dgrad/wgrad.
 
@@ -50,8 +61,35 @@ class Linear(torch.nn.Linear):
         # graph reads it instead of recompiling for every step.
         self.register_buffer("_step", torch.zeros((), dtype=torch.int64), persistent=False)
         self.set_recipe(recipe, gemm=gemm)
-        self.seed = int(seed)
-        self.layer = int(layer)
+        self.seed = seed
+        self.layer = layer
+
+    @property
+    def recipe(self):
+        """The recipe (a name, a snip.Recipe, or "none"); setting it is set_recipe(value)."""
+        return self._recipe
+
+    @recipe.setter
+    def recipe(self, value):
+        self.set_recipe(value)
+
+    @property
+    def seed(self):
+        """Stochastic rounding's seed, an int in [0, 2^63)."""
+        return self._seed
+
+    @seed.setter
+    def seed(self, value):
+        self._seed = _checked_int(value, "seed", 2 ** 63)
+
+    @property
+    def layer(self):
+        """This layer's index in stochastic rounding's key, an int in [0, 2^32)."""
+        return self._layer
+
+    @layer.setter
+    def layer(self, value):
+        self._layer = _checked_int(value, "layer", 2 ** 32)
 
     @property
     def step(self):
@@ -60,9 +98,7 @@ class Linear(torch.nn.Linear):
 
     @step.setter
     def step(self, value):
-        if int(value) < 0:
-            raise _ops.RecipeError(f"snip.nn.Linear: step: expected an integer >= 0, got {value}")
-        self._step.fill_(int(value))
+        self._step.fill_(_checked_int(value, "step", 2 ** 32))
 
     def set_recipe(self, recipe, gemm=None):
         """Changes the recipe (and GEMM dtype) from the next forward on.
@@ -73,7 +109,7 @@ class Linear(torch.nn.Linear):
             raise _ops.RecipeError(f"gemm: expected bf16 or fp32, got {gemm!r}")
         # Checked now, not at the first forward: one tiny call resolves it.
         _ops.call(_ops.ops.fake_quant, torch.zeros(1, 1), arg, "fprop.x", 0, 0, 0)
-        self.recipe = recipe if recipe is not None else "none"
+        self._recipe = recipe if recipe is not None else "none"
         self._recipe_arg = arg
         self.gemm = gemm
 
@@ -86,15 +122,25 @@ class Linear(torch.nn.Linear):
         m.in_features, m.out_features = linear.in_features, linear.out_features
         m.weight = linear.weight
         m.bias = linear.bias
+        m.training = linear.training
+        # The hooks registered on `linear` keep firing on the layer that replaces it.
+        for hooks in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+                      "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs"):
+            if hasattr(linear, hooks):
+                setattr(m, hooks, getattr(linear, hooks))
         m._init_snip(recipe, gemm, seed, layer)
         return m
 
     def forward(self, x):
+        _ops.check_tensor(x)
         _ops.check_device(x, self.weight)
-        if x.shape[-1] != self.in_features:
+        if x.dim() < 1 or x.shape[-1] != self.in_features:
             raise _ops.RecipeError(f"snip.nn.Linear: expected input [..., {self.in_features}], got {list(x.shape)}")
+        if x.dtype != self.weight.dtype or x.dtype not in (torch.float32, torch.float64):
+            raise _ops.RecipeError(f"snip.nn.Linear: expected a {self.weight.dtype} input (the weight's dtype; "
+                                   f"float32 or float64), got {x.dtype}")
         x2 = x.reshape(-1, self.in_features)
-        y = _ops.ops.linear_fprop(x2, self.weight, self._recipe_arg, self.seed, self._step, self.layer, self.gemm)
+        y = _ops.ops.linear_fprop(x2, self.weight, self._recipe_arg, self._seed, self._step, self._layer, self.gemm)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)

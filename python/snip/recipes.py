@@ -1,6 +1,7 @@
 """Element formats and recipes, as ``snip formats`` lists them (docs/formats.md)."""
 
 import json
+import re
 
 from . import _ops
 
@@ -17,6 +18,13 @@ class Recipe:
     """
 
     def __init__(self, spec):
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not isinstance(
+                spec.get("operands"), dict):
+            raise _ops.RecipeError("snip.Recipe: expected a recipe's JSON form, a dict with 'name' (str) and "
+                                   "'operands' (dict), as snip.recipes() gives")
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,63}", spec["name"]) or spec["name"] == "none":
+            raise _ops.RecipeError(f"snip.Recipe: name: expected [A-Za-z][A-Za-z0-9_]* (at most 64 characters, "
+                                   f"not 'none'), got {spec['name']!r}")
         self.name = spec["name"]
         self.description = spec.get("description", "")
         self.operands = dict(spec["operands"])
@@ -45,6 +53,8 @@ def recipes(recipe_file=None):
     recipe file, docs/formats.md "Recipe files") when given: a dict name ->
     Recipe, sorted by name. Raises snip.RecipeError for a file that cannot be
     read or parsed (one line naming the file and field)."""
+    if recipe_file is not None and not str(recipe_file):
+        raise _ops.RecipeError("recipe_file: expected a path, got ''")
     out = {}
     for spec in json.loads(_ops.call(_ops.ops.recipes_json, str(recipe_file or ""))):
         out[spec["name"]] = Recipe(spec)
@@ -54,6 +64,8 @@ def recipes(recipe_file=None):
 def load_recipes(recipe_file):
     """Only the recipes of ``recipe_file`` (dict name -> Recipe). Raises
     snip.RecipeError as ``recipes``."""
+    if recipe_file is None:
+        raise _ops.RecipeError("recipe_file: expected a path, got None")
     builtin = recipes()
     return {n: r for n, r in recipes(recipe_file).items() if n not in builtin}
 
@@ -66,6 +78,8 @@ def recipe_arg(recipe):
     if isinstance(recipe, Recipe):
         return recipe.json
     if isinstance(recipe, str):
+        if not recipe:
+            raise _ops.RecipeError("recipe: expected a recipe name (snip.recipes()), 'none' or a snip.Recipe, got ''")
         return recipe
     raise _ops.RecipeError(f"recipe: expected a recipe name or a snip.Recipe, got {type(recipe).__name__}")
 

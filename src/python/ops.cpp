@@ -83,6 +83,8 @@ recipes::Recipe recipe_of(const std::string& recipe) {
       fail("recipe: expected a recipe name or its JSON, got invalid JSON (", e.what(), ")");
     }
     const recipes::Recipe r = recipes::recipe_from_json(j, "recipe");
+    if (r.name.empty() || r.name == "none")
+      fail("recipe: name: expected a name other than '", r.name, "' ('none' means no quantization)");
     set.add(r, /*replace=*/true);
     name = r.name;
   }
@@ -103,7 +105,8 @@ std::shared_ptr<const OperandQuantizer> quantizer_of(const std::string& recipe) 
   const auto it = cache.find(recipe);
   if (it != cache.end()) return it->second;
   std::shared_ptr<const OperandQuantizer> q;
-  if (recipe != "none" && !recipe.empty()) {
+  if (recipe.empty()) fail("recipe: expected a recipe name, 'none' or a recipe's JSON, got ''");
+  if (recipe != "none") {
     const recipes::Recipe r = recipe_of(recipe);
     recipes::RecipeSet set;
     set.add(r, /*replace=*/true);
@@ -222,7 +225,8 @@ torch::Tensor dequantize_op(const torch::Tensor& data, const torch::Tensor& deco
   return user_errors([&] {
     formats::QuantizedTensor q;
     q.spec = recipe_of(recipe)[parse_operand(operand, "operand")];
-    if (rows < 1 || cols < 1) fail("dequantize: expected rows, cols >= 1, got ", rows, ", ", cols);
+    if (rows < 0 || cols < 1 || rows > (int64_t(1) << 40) / cols)
+      fail("dequantize: expected rows >= 0, cols >= 1, rows x cols <= 2^40, got ", rows, ", ", cols);
     q.rows = rows;
     q.cols = cols;
     const int64_t want = formats::packed_bytes(rows * cols, q.spec.element.bits);
@@ -233,7 +237,8 @@ torch::Tensor dequantize_op(const torch::Tensor& data, const torch::Tensor& deco
     auto& s = q.scales;
     s.block_rows = block[0].item<int64_t>();
     s.block_cols = block[1].item<int64_t>();
-    if (s.block_rows < 1 || s.block_cols < 1) fail("dequantize: block: expected sizes >= 1");
+    if (s.block_rows < 1 || s.block_cols < 1 || s.block_rows > (int64_t(1) << 40) || s.block_cols > (int64_t(1) << 40))
+      fail("dequantize: block: expected sizes in [1, 2^40], got ", s.block_rows, " x ", s.block_cols);
     s.grid_rows = (rows + s.block_rows - 1) / s.block_rows;
     s.grid_cols = (cols + s.block_cols - 1) / s.block_cols;
     if (decode.scalar_type() != at::kFloat || decode.dim() != 2 || decode.size(0) != s.grid_rows ||
@@ -243,7 +248,8 @@ torch::Tensor dequantize_op(const torch::Tensor& data, const torch::Tensor& deco
     const torch::Tensor d = decode.contiguous();
     s.blocks.resize(size_t(s.grid_rows * s.grid_cols));
     for (size_t i = 0; i < s.blocks.size(); ++i) s.blocks[i].decode = d.data_ptr<float>()[i];
-    q.data.assign(data.data_ptr<uint8_t>(), data.data_ptr<uint8_t>() + want);
+    const torch::Tensor bytes = data.contiguous();  // a strided view reads as its elements
+    q.data.assign(bytes.data_ptr<uint8_t>(), bytes.data_ptr<uint8_t>() + want);
     torch::Tensor out = torch::empty({rows, cols}, torch::kFloat);
     formats::dequantize(q, out.data_ptr<float>());
     return out;

@@ -131,3 +131,31 @@ def test_nvfp4_has_two_scale_levels():
     assert q.block == (1, 16) and q.data.numel() == 4 * 64 // 2
     with pytest.raises(snip.RecipeError, match="expected 128 packed uint8 bytes"):
         snip.dequantize(q._replace(data=q.data[:-1]))
+
+
+def test_dequantize_reads_tensors_not_memory():
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(7))
+    q = snip.quantize(x, "mxfp4")
+    strided = torch.stack([q.data, torch.zeros_like(q.data)], 1).reshape(-1)[::2]
+    assert torch.equal(snip.dequantize(q._replace(data=strided)), snip.dequantize(q))
+    empty = snip.quantize(torch.randn(0, 64), "mxfp4")
+    assert snip.dequantize(empty).shape == (0, 64)
+    with pytest.raises(snip.RecipeError, match="shape and block: expected two integers each"):
+        snip.dequantize(q._replace(shape=(256,)))
+    with pytest.raises(snip.DeviceError):
+        snip.dequantize(q._replace(data=q.data.to("meta")))
+
+
+def test_recipe_objects_are_checked():
+    ops = snip.recipes()["mxfp4"].operands
+    for name in ("none", "a b", ""):
+        with pytest.raises(snip.RecipeError, match="name: expected"):
+            snip.Recipe({"name": name, "operands": ops})
+    with pytest.raises(snip.RecipeError, match="expected a recipe's JSON form"):
+        snip.Recipe({})
+    with pytest.raises(snip.RecipeError, match="expected a torch.Tensor, got list"):
+        snip.fake_quant([[1.0]], "fp8")
+    with pytest.raises(snip.RecipeError, match="expected a recipe name"):
+        snip.fake_quant(torch.ones(1, 4), "")
+    with pytest.raises(snip.RecipeError, match="^/nonexistent.toml"):
+        snip.load_recipes("/nonexistent.toml")

@@ -139,3 +139,72 @@ def test_compiled_layer_follows_the_step_without_recompiling():
     for step in range(3):
         assert torch.equal(grads[2 * step], grads[2 * step + 1]), step
     assert not torch.equal(grads[0], grads[2])  # another step, other random draws
+
+
+def test_convert_tied_root_all_or_nothing_twice_and_hooks():
+    # A module under two names (tied) is one snip.nn.Linear under both.
+    m = torch.nn.Module()
+    m.a = torch.nn.Linear(8, 8)
+    m.b = m.a
+    m.c = torch.nn.Linear(8, 8)
+    fired = []
+    m.c.register_forward_hook(lambda mod, i, o: fired.append(1))
+    snip.convert(m, "mxfp4")
+    assert isinstance(m.a, snip.nn.Linear) and m.b is m.a
+    assert snip.precision_table(m) == {"a": "mxfp4", "b": "mxfp4", "c": "mxfp4"}
+    m.c(torch.randn(2, 8))
+    assert fired == [1]  # the hook registered before the conversion still fires
+    assert (m.a.layer, m.c.layer) == (0, 1)
+    # Converting again: another recipe where the filter says, layer keys unique.
+    snip.convert(m, "fp8", module_filter_fn=lambda mod, fqn: fqn == "c", seed=4)
+    assert snip.precision_table(m) == {"a": "mxfp4", "b": "mxfp4", "c": "fp8"}
+    assert (m.a.layer, m.c.layer, m.c.seed) == (0, 1, 4)
+    # All or nothing: a bad recipe in the plan leaves the model as it was.
+    s = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    with pytest.raises(snip.RecipeError, match="unknown recipe 'bogus'"):
+        snip.convert(s, "fp8", plan={"1": "bogus"})
+    assert type(s[0]) is torch.nn.Linear and type(s[1]) is torch.nn.Linear
+    with pytest.raises(snip.ConvertError, match="model is itself a Linear layer"):
+        snip.convert(torch.nn.Linear(4, 4))
+    with pytest.raises(snip.ConvertError, match="expected a torch.nn.Module"):
+        snip.convert([torch.nn.Linear(4, 4)])
+
+
+def test_layer_settings_are_checked_when_set():
+    layer = snip.nn.Linear(16, 4, recipe="fp8")
+    for what, value, text in [("seed", -1, r"seed: expected an integer in \[0, 9223372036854775808\)"),
+                              ("layer", 2 ** 32, r"layer: expected an integer in \[0, 4294967296\)"),
+                              ("step", 2 ** 32, r"step: expected an integer in \[0, 4294967296\)"),
+                              ("step", None, "step: expected an integer, got NoneType"),
+                              ("recipe", "bogus", "unknown recipe 'bogus'"),
+                              ("recipe", "", "expected a recipe name")]:
+        with pytest.raises(snip.RecipeError, match=text):
+            setattr(layer, what, value)
+    assert layer.recipe == "fp8"  # a refused recipe changes nothing
+    layer.recipe = "mxfp8"
+    assert layer._recipe_arg == "mxfp8" and "recipe=mxfp8" in repr(layer)
+    with pytest.raises(snip.RecipeError, match="expected a torch.float32 input"):
+        layer(torch.randn(3, 16, dtype=torch.float64))
+    with pytest.raises(snip.RecipeError, match="expected a torch.float32 input"):
+        layer(torch.randn(3, 16).half())
+    with pytest.raises(snip.RecipeError, match=r"expected input \[..., 16\], got \[\]"):
+        layer(torch.tensor(1.0))
+
+
+def test_operators_pass_pytorchs_opcheck():
+    # Fake kernels (shapes and strides, transposed inputs included) and the
+    # autograd registration agree with the real kernels.
+    x = torch.randn(64, 8).t()
+    torch.library.opcheck(torch.ops.snip.fake_quant.default, (x, "mxfp4", "fprop.x", 0, 0, 0))
+    torch.library.opcheck(torch.ops.snip.fake_quant.default, (x.requires_grad_(), "mxfp4", "fprop.x", 0, 0, 0))
+    w = torch.randn(16, 64, requires_grad=True)
+    xs = torch.randn(8, 64, requires_grad=True)
+    torch.library.opcheck(torch.ops.snip.linear_fprop.default,
+                          (xs, w, "mxfp8", 0, torch.tensor(3), 0, "fp32"))
+
+
+def test_fake_quant_gradient_is_straight_through():
+    x = torch.randn(4, 64, requires_grad=True)
+    dy = torch.randn(4, 64)
+    snip.fake_quant(x, "mxfp4").backward(dy)
+    assert torch.equal(x.grad, dy)
