@@ -5,13 +5,14 @@ the project's corpus (a data folder of `snip-data prepare`: the King James
 Bible by default, scripts/run.sh makes it).
 
     python examples/plain_loop.py --data data/kjv --steps 200
-    python examples/plain_loop.py --recipe none        # the same loop unquantized
+    python examples/plain_loop.py --recipe none        # the same loop unquantized (BF16 GEMMs)
 
 Prints the loss every --log steps and a summary line at the end:
 "plain_loop: steps N, train loss first F -> last L (mean of 10 steps), val loss V".
 """
 import argparse
 import math
+import os
 import time
 
 import torch
@@ -30,6 +31,9 @@ p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (cosi
 p.add_argument("--log", type=int, default=20, help="print the loss every this many steps")
 p.add_argument("--seed", type=int, default=0)
 a = p.parse_args()
+if not os.path.isfile(f"{a.data}/train.bin"):
+    p.error(f"--data {a.data}: no train.bin there (scripts/run.sh prepares data/kjv; any folder of "
+            "`snip-data prepare` will do)")
 
 train = snip.data.read_tokens(f"{a.data}/train.bin")
 val = snip.data.read_tokens(f"{a.data}/val.bin")

@@ -11,13 +11,13 @@ one-line ``snip.Error``.
 
 __version__ = "0.1.0"
 
-import typing
+import typing as _typing
 
 import torch
 
 from . import _ops
 from .errors import ConvertError, DeviceError, Error, RecipeError
-from .recipes import Recipe, formats, load_recipes, recipe_arg, recipes
+from .recipes import Recipe, formats, load_recipes, recipe_arg as _recipe_arg, recipe_name as _recipe_name, recipes
 from . import nn
 from .convert import convert, precision_table, set_step
 
@@ -38,10 +38,10 @@ def fake_quant(x, recipe, operand="fprop.x", *, seed=0, step=0, layer=0):
     """
     _ops.check_tensor(x)
     _ops.check_device(x)
-    return _ops.call(_ops.ops.fake_quant, x, recipe_arg(recipe), operand, int(seed), int(step), int(layer))
+    return _ops.call(_ops.ops.fake_quant, x, _recipe_arg(recipe), operand, int(seed), int(step), int(layer))
 
 
-class QuantizedTensor(typing.NamedTuple):
+class QuantizedTensor(_typing.NamedTuple):
     """What ``snip.quantize`` returns: a tensor [rows, cols] as element codes
     and block scales (formats/fake_quant.h QuantizedTensor).
 
@@ -67,6 +67,11 @@ class QuantizedTensor(typing.NamedTuple):
     recipe: object
     operand: str
 
+    def __repr__(self):
+        return (f"snip.QuantizedTensor(shape={self.shape}, recipe={_recipe_name(self.recipe)}, "
+                f"operand={self.operand}, block={self.block}, data={self.data.numel()} bytes, "
+                f"scales={list(self.scales.shape)})")
+
 
 def quantize(x, recipe, operand="fprop.w", *, seed=0, step=0, layer=0):
     """Quantizes ``x`` [..., K] (float32, or float64 rounded to float32 first;
@@ -78,7 +83,7 @@ def quantize(x, recipe, operand="fprop.w", *, seed=0, step=0, layer=0):
     src/python/ops.cpp (formats/fake_quant.h quantize_packed)."""
     _ops.check_tensor(x)
     _ops.check_device(x)
-    data, codes, scales, ts, block = _ops.call(_ops.ops.quantize, x, recipe_arg(recipe), operand, int(seed),
+    data, codes, scales, ts, block = _ops.call(_ops.ops.quantize, x, _recipe_arg(recipe), operand, int(seed),
                                                int(step), int(layer))
     rows = x.numel() // x.shape[-1] if x.dim() > 0 and x.shape[-1] > 0 else 0
     return QuantizedTensor(data, codes, scales, ts, tuple(block.tolist()), (rows, x.shape[-1]), recipe, operand)
@@ -98,7 +103,7 @@ def dequantize(q):
     if not all(0 <= v < 2 ** 62 for v in (*q.shape, *q.block)):
         raise RecipeError(f"dequantize: shape and block: expected sizes in [0, 2^62), got {q.shape} and {q.block}")
     return _ops.call(_ops.ops.dequantize, q.data, q.scales, torch.tensor(q.block, dtype=torch.int64), q.shape[0],
-                     q.shape[1], recipe_arg(q.recipe), q.operand)
+                     q.shape[1], _recipe_arg(q.recipe), q.operand)
 
 
 __all__ = [

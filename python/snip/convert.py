@@ -1,6 +1,8 @@
 """``snip.convert``: swap a model's ``nn.Linear`` layers for ``snip.nn.Linear``
 in place (docs/python.md)."""
 
+import fnmatch
+
 import torch
 
 from . import nn as snip_nn
@@ -26,15 +28,17 @@ def convert(model, recipe="fp8", *, plan=None, module_filter_fn=None, gemm="bf16
     it was.
 
     Args:
-      model: a torch.nn.Module holding the layers (CPU, float32/float64
-        parameters); to convert a bare nn.Linear, use
+      model: a torch.nn.Module holding the layers (CPU; float32, float64,
+        bfloat16 or float16 parameters); to convert a bare nn.Linear, use
         snip.nn.Linear.from_linear.
       recipe: the recipe of every converted layer (a name, a snip.Recipe, or
         "none"), unless ``plan`` gives one.
-      plan: optional dict fully qualified module name -> recipe (e.g.
-        {"model.layers.0.mlp.down_proj": "fp8"}); a layer it does not name
-        gets ``recipe``. A name that is not an nn.Linear of the model is an
-        error.
+      plan: optional dict module name or glob -> recipe (e.g.
+        {"model.layers.0.mlp.down_proj": "fp8", "*.o_proj": "mxfp8"}): a
+        layer's exact name wins, else the first glob (fnmatch: *, ?, [...])
+        that matches it; a layer it does not match gets ``recipe``. A name
+        that is not an nn.Linear of the model, or a glob that matches none,
+        is an error.
       module_filter_fn: optional ``fn(module, fqn) -> bool`` (torchao's
         signature); False keeps that layer as it is (e.g. lm_head).
       gemm: "bf16" or "fp32", the GEMM dtype of every converted layer.
@@ -57,15 +61,26 @@ def convert(model, recipe="fp8", *, plan=None, module_filter_fn=None, gemm="bf16
         raise ConvertError(f"snip.convert: plan: expected a dict fqn -> recipe, got {type(plan).__name__}")
     linears = _linears(model)
     names = {n for n, _ in linears}
-    for fqn in plan or {}:
-        if fqn not in names:
-            raise ConvertError(f"snip.convert: plan: '{fqn}' is not an nn.Linear of the model")
+    globs = [k for k in plan or {} if any(c in k for c in "*?[")]
+    for key in plan or {}:
+        if key in globs and not any(fnmatch.fnmatchcase(n, key) for n in names):
+            raise ConvertError(f"snip.convert: plan: '{key}' matches no nn.Linear of the model")
+        if key not in globs and key not in names:
+            raise ConvertError(f"snip.convert: plan: '{key}' is not an nn.Linear of the model")
+
+    def planned(name):
+        if plan and name in plan:
+            return plan[name]
+        for g in globs:
+            if fnmatch.fnmatchcase(name, g):
+                return plan[g]
+        return recipe
     # Decide and build everything first: an error leaves the model untouched.
     chosen = {}  # id(module) -> (module, recipe)
     for name, module in linears:
         if module_filter_fn is not None and not module_filter_fn(module, name):
             continue
-        r = (plan or {}).get(name, recipe)
+        r = planned(name)
         if id(module) in chosen and chosen[id(module)][1] != r:
             raise ConvertError(f"snip.convert: plan: '{name}' is a module shared with another name that gets "
                                f"another recipe ({recipe_name(chosen[id(module)][1])} vs {recipe_name(r)})")

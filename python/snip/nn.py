@@ -23,6 +23,9 @@ from . import _ops
 from .recipes import recipe_arg, recipe_name
 
 
+_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
 def _checked_int(value, what, limit):
     """int(value) when it is an integer in [0, limit); else snip.RecipeError."""
     if isinstance(value, bool) or not isinstance(value, int) and not (
@@ -38,10 +41,13 @@ class Linear(torch.nn.Linear):
     """``torch.nn.Linear`` with quantized fprop/dgrad/wgrad.
 
     Args: ``in_features``, ``out_features``, ``bias``, ``device``, ``dtype``
-    as torch.nn.Linear (float32 or float64 parameters, CPU); ``recipe``: a
-    recipe name ("fp8", "mxfp8", "nvfp4", "mxfp4", "fp4", ... from
-    ``snip.recipes()``), a ``snip.Recipe``, or "none"/None (no quantization,
-    GEMM in ``gemm``); ``gemm``: "bf16" or "fp32"; ``seed``, ``layer``:
+    as torch.nn.Linear (float32, float64, bfloat16 or float16 parameters,
+    CPU; the GEMMs' operands are quantized from float32 values, float64 when
+    input and weight are float64, and the output has the input's dtype);
+    ``recipe``: a recipe name ("fp8", "mxfp8", "nvfp4", "mxfp4", "fp4", ...
+    from ``snip.recipes()``), a ``snip.Recipe``, or "none"/None (no
+    quantization: the GEMMs in ``gemm`` only, as ``snip train``'s policy
+    none); ``gemm``: "bf16" or "fp32"; ``seed``, ``layer``:
     integers >= 0 that key stochastic rounding. Attribute ``step`` (int,
     optimizer steps done) keys it too: advance it once per optimizer step
     (``snip.set_step``). Parameters and ``state_dict()`` keys are
@@ -136,14 +142,23 @@ class Linear(torch.nn.Linear):
         _ops.check_device(x, self.weight)
         if x.dim() < 1 or x.shape[-1] != self.in_features:
             raise _ops.RecipeError(f"snip.nn.Linear: expected input [..., {self.in_features}], got {list(x.shape)}")
-        if x.dtype != self.weight.dtype or x.dtype not in (torch.float32, torch.float64):
-            raise _ops.RecipeError(f"snip.nn.Linear: expected a {self.weight.dtype} input (the weight's dtype; "
-                                   f"float32 or float64), got {x.dtype}")
-        x2 = x.reshape(-1, self.in_features)
-        y = _ops.ops.linear_fprop(x2, self.weight, self._recipe_arg, self._seed, self._step, self._layer, self.gemm)
+        for t, what in ((x, "input"), (self.weight, "weight")):
+            if t.dtype not in _DTYPES:
+                raise _ops.RecipeError(f"snip.nn.Linear: {what}: expected float32, float64, bfloat16 or float16, "
+                                       f"got {t.dtype}")
+        # The operators compute in float64 when input and weight both are,
+        # else in float32 (bfloat16 and float16 values are float32 values:
+        # the operands quantize as they are); the output has x's dtype, or
+        # autocast's when it is on (as torch.nn.Linear's).
+        work = torch.float64 if x.dtype == self.weight.dtype == torch.float64 else torch.float32
+        dev = x.device.type
+        out = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        x2 = x.reshape(-1, self.in_features).to(work)
+        y = _ops.ops.linear_fprop(x2, self.weight.to(work), self._recipe_arg, self._seed, self._step, self._layer,
+                                  self.gemm)
         if self.bias is not None:
-            y = y + self.bias
-        return y.view(*x.shape[:-1], self.out_features)
+            y = y + self.bias.to(work)
+        return y.to(out).view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self):
         return f"{super().extra_repr()}, recipe={recipe_name(self.recipe)}, gemm={self.gemm}"

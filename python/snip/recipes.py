@@ -51,7 +51,8 @@ def formats():
 def recipes(recipe_file=None):
     """The built-in recipes, plus those of ``recipe_file`` (a .toml or .json
     recipe file, docs/formats.md "Recipe files") when given: a dict name ->
-    Recipe, sorted by name. Raises snip.RecipeError for a file that cannot be
+    Recipe, sorted by name. ("none", accepted wherever a recipe is, is no
+    recipe: no quantization.) Raises snip.RecipeError for a file that cannot be
     read or parsed (one line naming the file and field)."""
     if recipe_file is not None and not str(recipe_file):
         raise _ops.RecipeError("recipe_file: expected a path, got ''")

@@ -58,7 +58,7 @@ std::vector<Recipe> builtin_recipes() {
                    }));
   v.push_back(make("fp8",
                    "E4M3; X and dY in 1x128 tiles, W in 128x128 blocks; FP32 power-of-two "
-                   "scales (TE Float8BlockScaling, no saturation); RNE (DeepSeek-V3 layout, "
+                   "scales rounded up, so no element exceeds E4M3's max (TE Float8BlockScaling); RNE (DeepSeek-V3 layout, "
                    "docs/method.md section 1)",
                    [](Operand op) {
                      return spec(kE4M3, ScaleRule::kCurrent, ScaleFormat::kFP32Pow2,
@@ -92,7 +92,7 @@ std::vector<Recipe> builtin_recipes() {
                                  BlockShape::tile(32));
                    }));
   v.push_back(make("mxfp8_rceil",
-                   "MXFP8 with E8M0 scales rounded up (RCEIL, NVIDIA cuBLAS/TE): no saturation",
+                   "MXFP8 with E8M0 scales rounded up (RCEIL, NVIDIA cuBLAS/TE): no element exceeds E4M3's max",
                    [](Operand) {
                      return spec(kE4M3, ScaleRule::kCurrent, ScaleFormat::kE8M0,
                                  BlockShape::tile(32));

@@ -183,10 +183,6 @@ def test_layer_settings_are_checked_when_set():
     assert layer.recipe == "fp8"  # a refused recipe changes nothing
     layer.recipe = "mxfp8"
     assert layer._recipe_arg == "mxfp8" and "recipe=mxfp8" in repr(layer)
-    with pytest.raises(snip.RecipeError, match="expected a torch.float32 input"):
-        layer(torch.randn(3, 16, dtype=torch.float64))
-    with pytest.raises(snip.RecipeError, match="expected a torch.float32 input"):
-        layer(torch.randn(3, 16).half())
     with pytest.raises(snip.RecipeError, match=r"expected input \[..., 16\], got \[\]"):
         layer(torch.tensor(1.0))
 
@@ -208,3 +204,33 @@ def test_fake_quant_gradient_is_straight_through():
     dy = torch.randn(4, 64)
     snip.fake_quant(x, "mxfp4").backward(dy)
     assert torch.equal(x.grad, dy)
+
+
+def test_bf16_models_autocast_and_glob_plans():
+    # A BF16 layer computes from the float32 values of its BF16 operands and
+    # answers in BF16: the float32 layer on the same values, cast.
+    x, w, dy = data(dtype=torch.float32)
+    x, w = x.bfloat16(), w.bfloat16()
+    b16 = make("mxfp8", w, gemm="bf16")
+    f32 = make("mxfp8", w.float(), gemm="bf16")
+    y = b16(x)
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y, f32(x.float()).bfloat16())
+    xr = x.clone().requires_grad_(True)
+    b16(xr).backward(dy.bfloat16())
+    assert xr.grad.dtype == torch.bfloat16 and b16.weight.grad.dtype == torch.bfloat16
+    # torch.autocast: the previous layer hands over BF16, the output is BF16.
+    m = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 8))
+    snip.convert(m, "nvfp4")
+    with torch.autocast("cpu", torch.bfloat16):
+        out = m(torch.randn(4, 64))
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
+    # Plans take globs (snip train's pins): exact names win, then the first match.
+    mm = torch.nn.Module()
+    mm.up_proj, mm.down_proj, mm.o_proj = (torch.nn.Linear(4, 4) for _ in range(3))
+    snip.convert(mm, "nvfp4", plan={"*_proj": "mxfp8", "down_proj": "fp8"})
+    assert snip.precision_table(mm) == {"up_proj": "mxfp8", "down_proj": "fp8", "o_proj": "mxfp8"}
+    with pytest.raises(snip.ConvertError, match=r"plan: '\*.gate' matches no nn.Linear"):
+        snip.convert(mm, plan={"*.gate": "fp8"})
+    with pytest.raises(snip.RecipeError, match="input: expected float32, float64, bfloat16 or float16"):
+        b16(torch.ones(2, 64, dtype=torch.int32))
