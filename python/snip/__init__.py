@@ -17,7 +17,8 @@ import torch
 
 from . import _ops
 from .errors import ConvertError, DeviceError, Error, RecipeError
-from .recipes import Recipe, formats, load_recipes, recipe_arg as _recipe_arg, recipe_name as _recipe_name, recipes
+from .recipes import Recipe, formats, load_plan, load_recipes, per_gemm, recipe_arg as _recipe_arg
+from .recipes import recipe_name as _recipe_name, recipes
 from . import nn
 from .convert import convert, precision_table, set_step
 
@@ -108,5 +109,5 @@ def dequantize(q):
 
 __all__ = [
     "__version__", "Error", "RecipeError", "DeviceError", "ConvertError", "Recipe", "OPERANDS",
-    "formats", "recipes", "load_recipes", "fake_quant", "QuantizedTensor", "quantize", "dequantize", "nn", "convert", "set_step", "precision_table",
+    "formats", "recipes", "load_recipes", "per_gemm", "load_plan", "fake_quant", "QuantizedTensor", "quantize", "dequantize", "nn", "convert", "set_step", "precision_table",
 ]

@@ -71,11 +71,52 @@ def load_recipes(recipe_file):
     return {n: r for n, r in recipes(recipe_file).items() if n not in builtin}
 
 
+GEMMS = ("fprop", "dgrad", "wgrad")
+
+
+def per_gemm(recipes_by_gemm):
+    """One Recipe from a recipe per GEMM, {"fprop": r, "dgrad": r, "wgrad": r}
+    (names or snip.Recipe): its fprop.x/fprop.w specs are fprop's recipe's,
+    and so on, as `snip train` runs a layer planned per GEMM
+    (precision.granularity = "gemm"). A GEMM given "none" or "bf16" takes the
+    bf16 recipe's specs (the operands cast to BF16: no quantization under
+    gemm="bf16"). Raises snip.RecipeError for missing or unknown keys, an
+    unknown recipe, or one with error feedback."""
+    if set(recipes_by_gemm) != set(GEMMS):
+        raise _ops.RecipeError(f"recipe per GEMM: expected the keys fprop, dgrad and wgrad, got "
+                               f"{sorted(recipes_by_gemm)}")
+    known = recipes()
+    ops, names = {}, []
+    for g in GEMMS:
+        r = recipes_by_gemm[g]
+        if r is None or r == "none":
+            r = "bf16"
+        if isinstance(r, str):
+            if r not in known:
+                raise _ops.RecipeError(f"recipe per GEMM: {g}: unknown recipe '{r}' (known: {', '.join(known)})")
+            r = known[r]
+        if not isinstance(r, Recipe):
+            raise _ops.RecipeError(f"recipe per GEMM: {g}: expected a recipe name or a snip.Recipe, got "
+                                   f"{type(r).__name__}")
+        if r.error_feedback:
+            raise _ops.RecipeError(f"recipe per GEMM: {g}: recipe '{r.name}' has error feedback, which belongs "
+                                   "to a whole layer")
+        for operand, spec in r.operands.items():
+            if operand.startswith(g + "."):
+                ops[operand] = spec
+        names.append(r.name)
+    return Recipe({"name": "_".join(["g"] + names), "description": f"per GEMM: fprop {names[0]}, dgrad "
+                   f"{names[1]}, wgrad {names[2]}", "operands": ops})
+
+
 def recipe_arg(recipe):
     """What the operators take for ``recipe``: "none", a built-in name, or a
-    Recipe's JSON. Raises snip.RecipeError for another type."""
+    Recipe's JSON (a dict of a recipe per GEMM is composed by per_gemm).
+    Raises snip.RecipeError for another type."""
     if recipe is None:
         return "none"
+    if isinstance(recipe, dict):
+        recipe = per_gemm(recipe)
     if isinstance(recipe, Recipe):
         return recipe.json
     if isinstance(recipe, str):
@@ -86,4 +127,41 @@ def recipe_arg(recipe):
 
 
 def recipe_name(recipe):
+    """A recipe's name for tables; a per-GEMM dict as "fprop=a,dgrad=b,wgrad=c"."""
+    if isinstance(recipe, dict):
+        return ",".join(f"{g}={recipe_name(recipe.get(g))}" for g in GEMMS)
     return recipe.name if isinstance(recipe, Recipe) else str(recipe)
+
+
+def load_plan(path):
+    """The per-layer precision of a plan file of `snip plan` (``--json`` /
+    ``--out``, docs/planner.md; also a run's plans/step-N.json): a dict
+    module name -> recipe name, or, for a plan made per GEMM (granularity
+    "gemm"), module name -> {"fprop": r, "dgrad": r, "wgrad": r}. Pass it as
+    ``snip.convert(model, plan=...)``. Raises snip.Error naming the file for
+    an unreadable file, invalid JSON, no "assignments" object, or a per-GEMM
+    layer missing a GEMM."""
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except OSError as e:
+        raise _ops.RecipeError(f"{path}: cannot read ({e.strerror})") from None
+    except ValueError as e:
+        raise _ops.RecipeError(f"{path}: not JSON ({e})") from None
+    a = doc.get("assignments") if isinstance(doc, dict) else None
+    if not isinstance(a, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in a.items()):
+        raise _ops.RecipeError(f"{path}: expected a plan file of `snip plan` with an \"assignments\" object of "
+                               "item -> option")
+    plan, gemm = {}, {}
+    for item, option in a.items():
+        layer, sep, g = item.rpartition(":")
+        if sep and g in GEMMS:
+            gemm.setdefault(layer, {})[g] = option
+        else:
+            plan[item] = option
+    for layer, by in gemm.items():
+        if set(by) != set(GEMMS):
+            raise _ops.RecipeError(f"{path}: assignments: layer '{layer}' has {sorted(by)}, expected fprop, dgrad "
+                                   "and wgrad")
+        plan[layer] = by
+    return plan
