@@ -137,8 +137,18 @@ void read_init_folder(TrainSession& s) {
 void resolve_config(TrainSession& s) {
   Config& cfg = s.cfg;
   // The run's recipes: the built-ins and precision.recipe_file's (RunConfig::recipes).
-  if (!cfg.get_string("precision.recipe_file").empty())
-    s.recipe_file = recipes::load_recipe_file(cfg.get_string("precision.recipe_file"));
+  // A resumed run whose recipe file is gone uses the copy it trained with.
+  const std::string rf = cfg.get_string("precision.recipe_file");
+  const fs::path copy = s.run / "recipes.json";
+  if (!rf.empty() && s.opts.resume && !fs::exists(rf) && fs::is_regular_file(copy)) {
+    s.recipe_file.path = rf;
+    s.recipe_file.recipes = recipes::load_recipe_copy(copy.string());
+    if (!s.quiet)
+      spdlog::warn("--resume: precision.recipe_file {} does not exist; the run goes on with the recipes it trained "
+                   "with, {}", rf, copy.string());
+  } else if (!rf.empty()) {
+    s.recipe_file = recipes::load_recipe_file(rf);
+  }
   recipes::RecipeSet recipes = recipes::recipe_set(s.recipe_file);
   s.alias = resolve_precision_alias(cfg, recipes);
   try {

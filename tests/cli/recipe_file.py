@@ -156,36 +156,56 @@ check([r["loss"] for r in got] == [r["loss"] for r in ref_m], "resume is exact: 
 check([r.get("val_loss") for r in got] == [r.get("val_loss") for r in ref_m], "resume is exact: validation losses")
 check([r.get("grad_norm") for r in got] == [r.get("grad_norm") for r in ref_m], "resume is exact: grad norms")
 
-# --- a changed recipe file warns on resume
-run2 = os.path.join(tmp, "changed")
-shutil.copytree(run, run2)
-os.remove(os.path.join(run2, "summary.json"))
-with open(os.path.join(run2, "metrics.jsonl")) as f:
-    lines = f.readlines()
-with open(os.path.join(run2, "metrics.jsonl"), "w") as f:
-    f.writelines(lines[:12])
-for c in glob.glob(os.path.join(run2, "checkpoints", "step-*")):
-    if not c.endswith("step-12"):
-        shutil.rmtree(c)
-run3 = os.path.join(tmp, "described")  # the same stopped run, for a description-only change
-shutil.copytree(run2, run3)
+# The resumed run rewound to the checkpoint its SIGTERM wrote (step n), as
+# if it had just stopped there: the start of each resume below. (Checkpoints
+# are written only at that stop and at the end: checkpoint_interval = 1000.)
+def rewound(name):
+    d = os.path.join(tmp, name)
+    shutil.copytree(run, d)
+    os.remove(os.path.join(d, "summary.json"))
+    with open(os.path.join(d, "metrics.jsonl")) as f:
+        lines = f.readlines()
+    with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+        f.writelines(lines[:n])
+    for c in glob.glob(os.path.join(d, "checkpoints", "step-*")):
+        if not c.endswith(f"step-{n}"):
+            shutil.rmtree(c)
+    check(os.path.isdir(os.path.join(d, "checkpoints", f"step-{n}")), f"{name}: the stop's checkpoint step-{n}")
+    return d
+
+
+# --- a description-only change does not warn
+run3 = rewound("described")
 rfile3 = os.path.join(tmp, "recipes3.toml")
 with open(rfile3, "w") as f:
     f.write(RECIPES.replace('description = "test:', 'description = "renamed test:'))
-if os.path.isdir(os.path.join(run3, "checkpoints", "step-12")):
-    rc, out, err = T.run(["train", "--run-dir", run3, "--resume", "--set", f"precision.recipe_file={rfile3}"],
-                         timeout=300)
-    check(rc == 0, "resume with a new description runs", err[-600:])
-    check("not be bit-identical" not in err, "a description-only change does not warn (it changes no number)",
-          err[-600:])
+rc, out, err = T.run(["train", "--run-dir", run3, "--resume", "--set", f"precision.recipe_file={rfile3}"],
+                     timeout=300)
+check(rc == 0, "resume with a new description runs", err[-600:])
+check("not be bit-identical" not in err, "a description-only change does not warn (it changes no number)",
+      err[-600:])
+
+# --- a changed recipe file warns on resume
+run2 = rewound("changed")
 rfile2 = os.path.join(tmp, "recipes2.toml")
 with open(rfile2, "w") as f:
     f.write(RECIPES.replace('block = "row"', 'block = "1x16"'))
-if os.path.isdir(os.path.join(run2, "checkpoints", "step-12")):
-    rc, out, err = T.run(["train", "--run-dir", run2, "--resume", "--set", f"precision.recipe_file={rfile2}"],
-                         timeout=300)
-    check(rc == 0, "resume with a changed file runs", err[-600:])
-    check("w4a8ef" in err and "not be bit-identical" in err, "a changed recipe warns on resume", err[-600:])
+rc, out, err = T.run(["train", "--run-dir", run2, "--resume", "--set", f"precision.recipe_file={rfile2}"],
+                     timeout=300)
+check(rc == 0, "resume with a changed file runs", err[-600:])
+check("w4a8ef" in err and "not be bit-identical" in err, "a changed recipe warns on resume", err[-600:])
+
+# --- resumed after the recipe file moved away: the run's recipes.json is
+# used (a warning says so) and the losses are the uninterrupted run's
+run4 = rewound("moved")
+gone = os.path.join(tmp, "moved-away.toml")
+rc, out, err = T.run(["train", "--run-dir", run4, "--resume", "--set", f"precision.recipe_file={gone}"], timeout=300)
+check(rc == 0, "resume without the recipe file runs", err[-600:])
+check("does not exist; the run goes on with the recipes it trained with" in err, "and says it used the copy",
+      err[-600:])
+check("not be bit-identical" not in err, "the copy is what the run trained with: no warning", err[-600:])
+check([r["loss"] for r in metrics(run4)] == [r["loss"] for r in ref_m],
+      "resume from the copy is exact: losses of the uninterrupted run")
 
 # --- snip experiment --no-train tabulates an arm trained with the recipe,
 # registered from the arm's recipes.json (the file itself is not needed)
