@@ -37,9 +37,9 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <cstring>
 #include <memory>
 #include <mutex>
-#include <cstring>
 #include <sstream>
 #include <string>
 
@@ -65,13 +65,10 @@ auto user_errors(F&& f) -> decltype(f()) {
   }
 }
 
-// The quantizer of `recipe` (see above), one per distinct string: recipes
-// are values, so a cached quantizer is the one a fresh call would build.
-// Recipes that keep state between calls (delayed scaling's amax history,
-// error feedback's residual) would share it across every caller of the
-// process: refused until the Python controller owns that state.
-// The recipe `recipe` names (see above; not "none"), refused when it keeps
-// state between calls.
+// The recipe `recipe` names (see above; not "none"). Recipes that keep state
+// between calls (delayed scaling's amax history, error feedback's residual)
+// are refused: a cached quantizer (quantizer_of) would share that state
+// across every caller of the process, until the Python controller owns it.
 recipes::Recipe recipe_of(const std::string& recipe) {
   recipes::RecipeSet set;
   std::string name = recipe;
@@ -98,6 +95,9 @@ recipes::Recipe recipe_of(const std::string& recipe) {
   return r;
 }
 
+// The quantizer of `recipe` (see above; nullptr for "none"), one per
+// distinct string: recipes are values, so a cached quantizer is the one a
+// fresh call would build.
 std::shared_ptr<const OperandQuantizer> quantizer_of(const std::string& recipe) {
   static std::mutex mu;
   static std::map<std::string, std::shared_ptr<const OperandQuantizer>> cache;
