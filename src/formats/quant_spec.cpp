@@ -173,8 +173,9 @@ QuantSpec quant_spec_from_json(const nlohmann::json& j, const std::string& where
     const std::string& key = it.key();
     const std::string w = where + "." + key;
     if (key == "element") {
+      const std::string name = get_string("element");  // its own error names the key once
       try {
-        s.element = find_element_format(get_string("element"));
+        s.element = find_element_format(name);
       } catch (const UserError& e) {
         fail(w, ": ", e.what());
       }

@@ -173,6 +173,9 @@ TEST(RecipeFile, FileLevelErrors) {
   };
   EXPECT_EQ(msg("{}", "json").rfind("f: recipes: expected at least one recipe", 0), 0u);
   EXPECT_EQ(msg(R"({"recipes": {}, "recipe": 1})", "json"), "f: recipe: unknown key (expected recipes)");
+  // A wrongly typed element names its place once (it used to repeat the prefix).
+  EXPECT_EQ(msg(R"({"recipes": {"j": {"all": {"element": 5}}}})", "json"),
+            "f: recipe 'j': all.element: expected a string, got number 5");
   EXPECT_EQ(msg("[recipes.x\n", "toml").rfind("f:1:", 0), 0u) << msg("[recipes.x\n", "toml");
   // The guarded readers (io::parse_json, io::parse_toml_as_json): syntax,
   // a key twice, non-finite numbers, each one line naming the file.
