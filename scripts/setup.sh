@@ -74,12 +74,16 @@ ninja -C "$build" -j "${SNIP_JOBS:-$(nproc)}" "$@" >&2
 # built. Skipped while the package files and the operators are those it
 # installed last (a stamp of their SHA-256). Not when TARGETs are named.
 if [ $# -eq 0 ]; then
-  stamp="$(cat pyproject.toml python/snip/*.py "$build/python/_snip_ops.so" | sha256sum | cut -d' ' -f1)"
-  if [ "$(cat "$venv/snip-package.sha256" 2>/dev/null)" != "$stamp" ]; then
+  stamp() { cat pyproject.toml python/snip/*.py "$build/python/_snip_ops.so" | sha256sum | cut -d' ' -f1; }
+  if [ "$(cat "$venv/snip-package.sha256" 2>/dev/null)" != "$(stamp)" ]; then
     echo "setup: pip install . (the Python package snip) into $venv" >&2
+    # The build type $build was configured with (not the environment's now):
+    # another one would reconfigure and rebuild the whole folder.
+    type="$(sed -n 's/^CMAKE_BUILD_TYPE:STRING=//p' "$build/CMakeCache.txt")"
     "$venv/bin/python" -m pip install --disable-pip-version-check -q --no-build-isolation --no-deps \
-      --config-settings=build-dir="$build" --config-settings=cmake.build-type="${SNIP_BUILD_TYPE:-Release}" . >&2
-    echo "$stamp" >"$venv/snip-package.sha256"
+      --config-settings=build-dir="$build" --config-settings=cmake.build-type="${type:-Release}" \
+      --config-settings=build.tool-args="-j${SNIP_JOBS:-$(nproc)}" . >&2
+    stamp >"$venv/snip-package.sha256"
   fi
 fi
 

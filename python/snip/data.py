@@ -37,7 +37,14 @@ def read_tokens(path):
 
 
 def vocab_size(data_dir):
-    """The vocabulary of data folder ``data_dir`` (meta.json's tokenizer, or
-    train.bin's header)."""
-    head = open(pathlib.Path(data_dir) / "train.bin", "rb").read(64)
+    """The vocabulary of data folder ``data_dir``: its train.bin header's
+    vocab_size (tokens are in [0, vocab_size)). Raises snip.Error as read_tokens."""
+    p = pathlib.Path(data_dir) / "train.bin"
+    try:
+        with open(p, "rb") as f:
+            head = f.read(64)
+    except OSError as e:
+        raise Error(f"{p}: cannot read ({e.strerror})") from None
+    if len(head) < 64 or head[:8] != _MAGIC:
+        raise Error(f"{p}: not a snip token shard (bad magic; expected 'SNIPTOK')")
     return struct.unpack_from("<I", head, 24)[0]

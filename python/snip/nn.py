@@ -130,8 +130,12 @@ class Linear(torch.nn.Linear):
         m.bias = linear.bias
         m.training = linear.training
         # The hooks registered on `linear` keep firing on the layer that replaces it.
+        # (_is_full_backward_hook decides whether _backward_hooks run at all;
+        # the state_dict hooks keep a user's checkpoint code working.)
         for hooks in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
-                      "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs"):
+                      "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs",
+                      "_is_full_backward_hook", "_state_dict_hooks", "_state_dict_pre_hooks",
+                      "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks"):
             if hasattr(linear, hooks):
                 setattr(m, hooks, getattr(linear, hooks))
         m._init_snip(recipe, gemm, seed, layer)

@@ -133,14 +133,17 @@ def recipe_name(recipe):
     return recipe.name if isinstance(recipe, Recipe) else str(recipe)
 
 
-def load_plan(path):
+def load_plan(path, recipe_file=None):
     """The per-layer precision of a plan file of `snip plan` (``--json`` /
     ``--out``, docs/planner.md; also a run's plans/step-N.json): a dict
-    module name -> recipe name, or, for a plan made per GEMM (granularity
-    "gemm"), module name -> {"fprop": r, "dgrad": r, "wgrad": r}. Pass it as
+    module name -> recipe, or, for a plan made per GEMM (granularity
+    "gemm"), module name -> {"fprop": r, "dgrad": r, "wgrad": r}. A recipe
+    is a built-in's name, or, given ``recipe_file`` (the precision.recipe_file
+    the plan was measured with), that file's snip.Recipe. Pass it as
     ``snip.convert(model, plan=...)``. Raises snip.Error naming the file for
-    an unreadable file, invalid JSON, no "assignments" object, or a per-GEMM
-    layer missing a GEMM."""
+    an unreadable file, invalid JSON, no "assignments" object, a per-GEMM
+    layer missing a GEMM, or an option that is neither a built-in recipe nor
+    one of ``recipe_file``'s (nor bf16/none)."""
     try:
         with open(path) as f:
             doc = json.load(f)
@@ -152,8 +155,21 @@ def load_plan(path):
     if not isinstance(a, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in a.items()):
         raise _ops.RecipeError(f"{path}: expected a plan file of `snip plan` with an \"assignments\" object of "
                                "item -> option")
+    known = recipes(recipe_file) if recipe_file is not None else recipes()
+    builtin = recipes() if recipe_file is not None else known
+
+    def resolve(option):
+        if option in ("bf16", "none") or option in builtin:
+            return option
+        if option in known:
+            return known[option]
+        raise _ops.RecipeError(f"{path}: assignments: option '{option}' is not a built-in recipe"
+                               + ("" if recipe_file is not None else " (a recipe of a recipe file? pass recipe_file=)")
+                               + (f" nor one of {recipe_file}'s" if recipe_file is not None else ""))
+
     plan, gemm = {}, {}
     for item, option in a.items():
+        option = resolve(option)
         layer, sep, g = item.rpartition(":")
         if sep and g in GEMMS:
             gemm.setdefault(layer, {})[g] = option

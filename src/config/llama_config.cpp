@@ -29,7 +29,8 @@ LlamaConfig LlamaConfig::from_run_config(const ModelConfig& c, int64_t vocab) {
 }
 
 LlamaConfig LlamaConfig::from_run_config(const Config& c, int64_t vocab) {
-  return from_run_config(RunConfig::from(c).model, vocab);
+  // The shapes need no recipes: precision.recipe_file is not read here.
+  return from_run_config(RunConfig::from(c, recipes::RecipeSet()).model, vocab);
 }
 
 namespace {

@@ -234,3 +234,14 @@ def test_bf16_models_autocast_and_glob_plans():
         snip.convert(mm, plan={"*.gate": "fp8"})
     with pytest.raises(snip.RecipeError, match="input: expected float32, float64, bfloat16 or float16"):
         b16(torch.ones(2, 64, dtype=torch.int32))
+
+
+def test_full_backward_and_state_dict_hooks_survive_convert():
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    seen = []
+    m[0].register_full_backward_hook(lambda mod, gi, go: seen.append("backward"))
+    m[0]._register_state_dict_hook(lambda mod, sd, prefix, local: seen.append("state_dict"))
+    snip.convert(m, "mxfp8")
+    m(torch.randn(2, 8, requires_grad=True)).sum().backward()
+    m.state_dict()
+    assert seen == ["backward", "state_dict"]

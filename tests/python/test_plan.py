@@ -110,3 +110,22 @@ def test_load_plan_names_bad_files(tmp_path):
         snip.load_plan(bad)
     with pytest.raises(snip.RecipeError, match="cannot read"):
         snip.load_plan(tmp_path / "missing.json")
+
+
+def test_load_plan_resolves_a_recipe_files_options(tmp_path):
+    rf = tmp_path / "r.toml"
+    rf.write_text('[recipes.w4a8]\nactivations = { element = "e4m3", rule = "mx_floor", scale_format = "e8m0", '
+                  'block = "1x32" }\nweights = { element = "e2m1", rule = "mx_floor", scale_format = "e8m0", '
+                  'block = "1x32" }\ngradients = { element = "e4m3", rule = "mx_floor", scale_format = "e8m0", '
+                  'block = "1x32" }\n')
+    p = tmp_path / "plan.json"
+    p.write_text('{"assignments": {"0": "w4a8", "1": "fp8", "2:fprop": "w4a8", "2:dgrad": "bf16", "2:wgrad": "fp8"}}')
+    with pytest.raises(snip.RecipeError, match="option 'w4a8' is not a built-in recipe .*pass recipe_file="):
+        snip.load_plan(p)
+    plan = snip.load_plan(p, recipe_file=rf)
+    assert isinstance(plan["0"], snip.Recipe) and plan["0"].name == "w4a8" and plan["1"] == "fp8"
+    assert plan["2"]["fprop"].name == "w4a8" and plan["2"]["dgrad"] == "bf16"
+    m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 32), torch.nn.Linear(32, 32))
+    snip.convert(m, plan=plan)
+    assert snip.precision_table(m) == {"0": "w4a8", "1": "fp8", "2": "fprop=w4a8,dgrad=bf16,wgrad=fp8"}
+    assert torch.isfinite(m(torch.randn(4, 32))).all()
