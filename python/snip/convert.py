@@ -89,13 +89,10 @@ def convert(model, recipe="fp8", *, plan=None, module_filter_fn=None, gemm="bf16
         raise ConvertError(
             f"snip.convert: no nn.Linear of {type(model).__name__} was converted "
             f"({len(names)} found{', all refused by module_filter_fn' if names else ''})")
-    new = {}
-    for key, (module, r) in chosen.items():
-        if isinstance(module, snip_nn.Linear):
-            probe = snip_nn.Linear.from_linear(module, recipe=r, gemm=gemm, seed=seed)  # checks r, gemm, seed
-            new[key] = (module, probe)
-        else:
-            new[key] = (module, snip_nn.Linear.from_linear(module, recipe=r, gemm=gemm, seed=seed))
+    # Every replacement built now checks its recipe, gemm and seed (for a
+    # snip.nn.Linear it only checks them: the layer itself is updated below).
+    new = {key: (module, snip_nn.Linear.from_linear(module, recipe=r, gemm=gemm, seed=seed))
+           for key, (module, r) in chosen.items()}
     # Now change the model.
     for name, module in linears:
         if id(module) not in new:

@@ -318,10 +318,8 @@ std::string cell(double v, const char* f) { return std::isfinite(v) ? fmt::forma
 /// uniform-<recipe> names a recipe of `set`).
 void check_arm_policy(const Arm& arm, const recipes::RecipeSet& set) {
   const std::string& p = arm.policy;
-  auto is_recipe = [&](const std::string& r) { return set.has(r); };
   const bool known = p == "none" || p == "snip" || p == "min-rel-err" || p == "layer-type" ||
-                     p == "first-last-fp8" || p == "random" ||
-                     (p.rfind("uniform-", 0) == 0 && is_recipe(p.substr(8)));
+                     p == "first-last-fp8" || p == "random" || (p.rfind("uniform-", 0) == 0 && set.has(p.substr(8)));
   if (!known)
     fail("--arms: '", arm.name, "': expected none (or bf16, its old name), uniform-<recipe>, snip, min-rel-err, layer-type, "
          "first-last-fp8 or random, optionally followed by -<budget>");

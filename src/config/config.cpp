@@ -996,13 +996,10 @@ std::string PrecisionConfig::policy_name() const {
   return policy == Policy::kUniform ? "uniform-" + uniform_option : to_string(policy);
 }
 
-RunConfig RunConfig::from(const Config& c) {
-  c.validate();
-  return from(c, recipes::load_recipe_set(c.get_string("precision.recipe_file")));
-}
+namespace {
 
-RunConfig RunConfig::from(const Config& c, recipes::RecipeSet recipes) {
-  c.validate();
+// RunConfig::from's parse of a validated `c`.
+RunConfig parse_run_config(const Config& c, recipes::RecipeSet recipes) {
   RunConfig r;
   r.recipes = std::move(recipes);
   for (const OptionSpec& o : option_table()) o.set(c.get(o.key), r);
@@ -1012,6 +1009,18 @@ RunConfig RunConfig::from(const Config& c, recipes::RecipeSet recipes) {
     fail("config: lora.alpha: expected a positive number (the adapters' output is scaled by alpha / rank), got ",
          l.alpha);
   return r;
+}
+
+}  // namespace
+
+RunConfig RunConfig::from(const Config& c) {
+  c.validate();  // the options first, then the recipe file they name
+  return parse_run_config(c, recipes::load_recipe_set(c.get_string("precision.recipe_file")));
+}
+
+RunConfig RunConfig::from(const Config& c, recipes::RecipeSet recipes) {
+  c.validate();
+  return parse_run_config(c, std::move(recipes));
 }
 
 }  // namespace snip
