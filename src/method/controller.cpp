@@ -175,9 +175,23 @@ Phase parse_phase(const std::string& s, const std::string& what) {
 // ---------------------------------------------------------------------------
 // Controller
 
+namespace {
+std::vector<LayerShape> shapes_of(const std::vector<QuantLinear>& layers) {
+  std::vector<LayerShape> out;
+  for (const auto& l : layers) out.push_back(LayerShape{l->name, l->layer_index, l->in_features, l->out_features});
+  return out;
+}
+}  // namespace
+
 PrecisionController::PrecisionController(const RunConfig& rc, std::vector<QuantLinear> layers,
                                          at::ScalarType gemm_dtype)
-    : pc_(rc.precision), recipes_(rc.recipes), layers_(std::move(layers)), gemm_dtype_(gemm_dtype) {
+    : PrecisionController(rc, shapes_of(layers), gemm_dtype) {
+  layers_ = std::move(layers);
+}
+
+PrecisionController::PrecisionController(const RunConfig& rc, std::vector<LayerShape> layers,
+                                         at::ScalarType gemm_dtype)
+    : pc_(rc.precision), recipes_(rc.recipes), shapes_(std::move(layers)), gemm_dtype_(gemm_dtype) {
   // Ranges and words were checked by RunConfig::from for every policy, so a
   // run's config.toml never carries a value a later resume or `snip correlate`
   // would reject; what follows needs the layers or the run's recipes.
@@ -194,7 +208,7 @@ PrecisionController::PrecisionController(const RunConfig& rc, std::vector<QuantL
     fail("config: precision.recipe = '", recipe, "' applies one recipe to every layer and cannot be combined "
          "with precision.policy = '", policy_, "'; set precision.recipe = \"none\" (or use policy uniform-",
          recipe, ")");
-  SNIP_CHECK(!layers_.empty(), "no quantizable layers");
+  SNIP_CHECK(!shapes_.empty(), "no quantizable layers");
   // Checked for every policy (none too): the schedule, the options, the pins.
   sched_ = PrecisionSchedule::from_config(rc);
   const std::vector<std::string>& options = pc_.options;
@@ -302,8 +316,8 @@ std::vector<std::string> PrecisionController::force_option(const std::vector<std
   std::map<PlanKey, std::string> a = current_.options;
   for (const std::string& layer : layers) {
     bool found = false, moved = false;
-    for (const auto& l : layers_)
-      if (l->name == layer) found = true;
+    for (const auto& l : shapes_)
+      if (l.name == layer) found = true;
     if (!found) fail("guard: no linear layer named '", layer, "'");
     for (const PlanKey& item : item_keys())
       if (item.layer == layer) {
@@ -328,10 +342,10 @@ std::vector<std::string> PrecisionController::layers_below_fp8() const {
       for (const auto& spec : recipes_.find(o).operands) b = b || spec.element.bits < 8;
     return low[o] = b;
   };
-  for (const auto& l : layers_) {
+  for (const auto& l : shapes_) {
     bool b = false;
-    for (const std::string& o : current_.layer_options(l->name).v) b = b || is_low(o);
-    if (b) out.push_back(l->name);
+    for (const std::string& o : current_.layer_options(l.name).v) b = b || is_low(o);
+    if (b) out.push_back(l.name);
   }
   return out;
 }
@@ -342,10 +356,10 @@ std::vector<std::string> PrecisionController::layers_below_fp8() const {
 plan::PlanProblem PrecisionController::shape_only_problem() const {
   plan::PlanProblem p;
   p.granularity = gran_;
-  for (const auto& l : layers_) {
+  for (const auto& l : shapes_) {
     plan::PlanItem it;
-    it.name = it.layer = l->name;
-    it.flops = 6.0 * double(l->in_features) * double(l->out_features);
+    it.name = it.layer = l.name;
+    it.flops = 6.0 * double(l.in_features) * double(l.out_features);
     for (const auto& kv : quant_) it.q[kv.first] = kv.first == low_ ? 1.0 : 0.0;
     it.rel_err[low_] = 1.0;
     if (gran_ == plan::Granularity::layer) {
@@ -354,7 +368,7 @@ plan::PlanProblem PrecisionController::shape_only_problem() const {
     }
     for (Gemm g : kAllGemms) {
       plan::PlanItem gi = it;
-      gi.name = plan_item_key(l->name, g);
+      gi.name = plan_item_key(l.name, g);
       gi.gemm = gemm_name(g);
       gi.flops = it.flops / 3.0;
       p.items.push_back(std::move(gi));
@@ -380,14 +394,14 @@ plan::PlanOptions PrecisionController::plan_options(bool with_pins) const {
 void PrecisionController::add_stages(plan::PlanProblem& p) const {
   if (stage_of_layer_.empty()) return;
   std::map<std::string, int> stage;
-  for (size_t i = 0; i < layers_.size(); ++i) stage[layers_[i]->name] = stage_of_layer_[i];
+  for (size_t i = 0; i < shapes_.size(); ++i) stage[shapes_[i].name] = stage_of_layer_[i];
   for (plan::PlanItem& it : p.items) it.stage = stage.at(it.layer);
 }
 
 void PrecisionController::set_pipeline(std::vector<int> stage_of_layer, int my_stage,
                                        const std::string& boundary_option) {
-  SNIP_CHECK(stage_of_layer.size() == layers_.size(), "set_pipeline: ", stage_of_layer.size(), " stages for ",
-             layers_.size(), " layers");
+  SNIP_CHECK(stage_of_layer.size() == shapes_.size(), "set_pipeline: ", stage_of_layer.size(), " stages for ",
+             shapes_.size(), " layers");
   stage_of_layer_ = std::move(stage_of_layer);
   my_stage_ = my_stage;
   stage_boundary_ = boundary_option == "none" ? "" : boundary_option;
@@ -410,10 +424,10 @@ void PrecisionController::set_pipeline(std::vector<int> stage_of_layer, int my_s
 
 std::vector<PlanKey> PrecisionController::item_keys() const {
   std::vector<PlanKey> out;
-  for (const auto& l : layers_) {
-    if (gran_ == plan::Granularity::layer) out.push_back(PlanKey{l->name, std::nullopt});
+  for (const auto& l : shapes_) {
+    if (gran_ == plan::Granularity::layer) out.push_back(PlanKey{l.name, std::nullopt});
     else
-      for (Gemm g : kAllGemms) out.push_back(PlanKey{l->name, g});
+      for (Gemm g : kAllGemms) out.push_back(PlanKey{l.name, g});
   }
   return out;
 }
@@ -421,8 +435,8 @@ std::vector<PlanKey> PrecisionController::item_keys() const {
 PrecisionAssignment PrecisionController::make_assignment(std::map<PlanKey, std::string> options) {
   PrecisionAssignment a;
   a.options = std::move(options);
-  for (auto& l : layers_) {
-    const PerGemm<std::string> o = a.layer_options(l->name);
+  for (auto& l : shapes_) {
+    const PerGemm<std::string> o = a.layer_options(l.name);
     const std::string& f = o[Gemm::kFprop], &d = o[Gemm::kDgrad], &w = o[Gemm::kWgrad];
     std::shared_ptr<const OperandQuantizer> q;
     if (f == d && d == w) {
@@ -439,7 +453,7 @@ PrecisionAssignment PrecisionController::make_assignment(std::map<PlanKey, std::
                  .first;
       q = it->second;
     }
-    a.layer_names.push_back(l->name);
+    a.layer_names.push_back(l.name);
     a.precision.push_back(LinearPrecision{q, gemm_dtype_});
   }
   return a;
@@ -448,35 +462,66 @@ PrecisionAssignment PrecisionController::make_assignment(std::map<PlanKey, std::
 double PrecisionController::fp4_share() const {
   if (current_.empty()) return 0.0;
   double low = 0, total = 0;
-  for (const auto& l : layers_) {
-    const double f = double(l->in_features) * double(l->out_features);
+  for (const auto& l : shapes_) {
+    const double f = double(l.in_features) * double(l.out_features);
     total += f;
     int n = 0;  // GEMMs of this layer at the low option (a third of its FLOPs each)
-    for (const std::string& o : current_.layer_options(l->name).v) n += o == low_;
+    for (const std::string& o : current_.layer_options(l.name).v) n += o == low_;
     low += f * double(n) / 3.0;
   }
   return total > 0 ? low / total : 0.0;
 }
 
+bool PrecisionController::decision_due(int64_t s) const {
+  if (!active_) return false;
+  const Phase ph = sched_.phase_at(s);
+  return ph == Phase::kPlan ? (plan_steps_.count(s) > 0 || phase_ != Phase::kPlan || replan_requested_)
+                            : phase_ != ph;
+}
+
+bool PrecisionController::stats_due(int64_t s) const {
+  return decision_due(s) && sched_.phase_at(s) == Phase::kPlan && pc_.needs_stats();
+}
+
+StatsOptions PrecisionController::stats_options() const {
+  StatsOptions so;
+  so.recipes = recipes_;
+  so.options.clear();
+  for (const auto& o : pc_.options)
+    if (o != kReference) so.options.push_back(o);
+  so.low_option = low_;
+  so.reference = kReference;
+  so.alpha = pc_.alpha;
+  so.seed = stats_seed_;
+  so.first_order = pc_.first_order;
+  so.curvature_probes = int(pc_.curvature_probes);
+  so.frozen = frozen_;
+  return so;
+}
+
 PrecisionEvent PrecisionController::begin_step(int64_t s, const std::function<torch::Tensor()>& loss_fn,
                                                torch::optim::AdamW& opt) {
+  return begin_step(s, [&](const StatsOptions& so) {
+    SNIP_CHECK(!layers_.empty(), "a stats step on a controller without modules (use the StatsMeasure overload)");
+    std::unique_ptr<torch::optim::AdamW> gathered;  // ZeRO: every layer's state from its owner
+    if (stats_optimizer_) gathered = stats_optimizer_();
+    return run_stats_step(layers_, loss_fn, gathered ? *gathered : opt, so, s);
+  });
+}
+
+PrecisionEvent PrecisionController::begin_step(int64_t s, const StatsMeasure& measure) {
   PrecisionEvent ev;
-  if (!active_) return ev;
+  if (!decision_due(s)) return ev;
   const Phase ph = sched_.phase_at(s);
-  const bool need = ph == Phase::kPlan
-                        ? (plan_steps_.count(s) > 0 || phase_ != Phase::kPlan || replan_requested_)
-                        : phase_ != ph;
-  if (need) {
+  {
     if (ph == Phase::kPlan && replan_requested_) ev.metrics["guard_replan"] = true;
-    decide(s, ph, loss_fn, opt, ev);
+    decide(s, ph, measure, ev);
     if (ph == Phase::kPlan) replan_requested_ = false;
   }
   return ev;
 }
 
-void PrecisionController::decide(int64_t s, Phase phase,
-                                 const std::function<torch::Tensor()>& loss_fn, torch::optim::AdamW& opt,
-                                 PrecisionEvent& ev) {
+void PrecisionController::decide(int64_t s, Phase phase, const StatsMeasure& measure, PrecisionEvent& ev) {
   using clock = std::chrono::steady_clock;
   const bool root = !comm_ || comm_->rank() == 0;
   std::string plan_error;
@@ -493,20 +538,10 @@ void PrecisionController::decide(int64_t s, Phase phase,
     r = plan::heuristic_uniform(prob, o, every_layer);
   } else if (pc_.needs_stats()) {
     const auto t0 = clock::now();
-    StatsOptions so;
-    so.recipes = recipes_;
-    so.options.clear();
-    for (const auto& o : pc_.options)
-      if (o != kReference) so.options.push_back(o);
-    so.low_option = low_;
-    so.reference = kReference;
-    so.alpha = pc_.alpha;
-    so.seed = stats_seed_;
-    so.first_order = pc_.first_order;
-    so.curvature_probes = int(pc_.curvature_probes);
+    StatsOptions so = stats_options();
     if (!stage_of_layer_.empty()) {  // pipeline stages: this stage's layers; every stage sums into one buffer
-      so.local.assign(layers_.size(), 0);
-      for (size_t i = 0; i < layers_.size(); ++i) so.local[i] = stage_of_layer_[i] == my_stage_;
+      so.local.assign(shapes_.size(), 0);
+      for (size_t i = 0; i < shapes_.size(); ++i) so.local[i] = stage_of_layer_[i] == my_stage_;
       so.count_weight = my_stage_ == 0 ? 1.0 : 0.0;
       so.pass_fn = stats_pass_;
       SNIP_CHECK(so.pass_fn, "pipeline stats step without a pass runner (set_stats_pass)");
@@ -518,13 +553,8 @@ void PrecisionController::decide(int64_t s, Phase phase,
       };
       so.all_gather = [c = comm_](const torch::Tensor& t) { return c->allgather(t); };
     }
-    if (frozen_) {  // LoRA: the base does not train (StatsOptions::frozen)
-      so.frozen = true;
-      if (before_stats_) before_stats_();
-    }
-    std::unique_ptr<torch::optim::AdamW> gathered;  // ZeRO: every layer's state from its owner
-    if (stats_optimizer_) gathered = stats_optimizer_();
-    fresh = run_stats_step(layers_, loss_fn, gathered ? *gathered : opt, so, s);
+    if (frozen_ && before_stats_) before_stats_();  // LoRA: the FP32 base back into the layers
+    fresh = measure(so);
     smooth(smoothed_, fresh, pc_.smoothing);
     smoothed_.step = s;
     have_stats = true;
@@ -534,7 +564,7 @@ void PrecisionController::decide(int64_t s, Phase phase,
       const bool pg = gran_ == plan::Granularity::gemm;
       json j = to_json(smoothed_, pg);
       if (!stage_of_layer_.empty())  // `snip plan --stages S` on this file plans with the run's split
-        for (size_t i = 0; i < layers_.size() && i < j["layers"].size(); ++i) j["layers"][i]["stage"] = stage_of_layer_[i];
+        for (size_t i = 0; i < shapes_.size() && i < j["layers"].size(); ++i) j["layers"][i]["stage"] = stage_of_layer_[i];
       j["smoothing"] = pc_.smoothing;
       j["measured"] = to_json(fresh, pg);
       io::save_json_atomic(j, (fs::path(run_dir_) / "stats" / ("step-" + std::to_string(s) + ".json")).string());
@@ -599,6 +629,7 @@ void PrecisionController::decide(int64_t s, Phase phase,
       fs::create_directories(fs::path(run_dir_) / "plans");
       io::save_json_atomic(pj, (fs::path(run_dir_) / "plans" / ("step-" + std::to_string(s) + ".json")).string());
     }
+    last_plan_ = pj;
     if (verbose_) {
       if (!changed)  // a re-plan that changes nothing: one line, not the table again
         std::fprintf(stderr, "precision at step %ld: plan unchanged (FP4 share %.4f)\n", long(s), r.fp4_share);
@@ -747,7 +778,7 @@ void PrecisionController::restore_quantizers(const json& qs, const std::string& 
   for (const auto& [name, q] : quant_)
     if (q)
       q->restore_state(qs.contains(name) ? qs.at(name) : json(nullptr), what + ": precision.quantizers." + name,
-                       int64_t(layers_.size()));
+                       int64_t(shapes_.size()));
 }
 
 }  // namespace snip

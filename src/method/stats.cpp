@@ -79,42 +79,9 @@ Tensor gaussian(int64_t rows, int64_t cols, uint64_t seed, const Tensor& like) {
 // ---------------------------------------------------------------------------
 // AdamW, read-only.
 
-struct AdamState {
-  Tensor m, v, vmax;  // [param shape]; undefined = zeros (no state yet)
-  int64_t step = 0;
-  double lr = 0, beta1 = 0, beta2 = 0, eps = 0;
-  bool amsgrad = false;
-};
-
-AdamState adam_state(const torch::optim::AdamW& opt, const Tensor& param, const std::string& what) {
-  const c10::TensorImpl* impl = param.unsafeGetTensorImpl();
-  const torch::optim::AdamWOptions* o = nullptr;
-  for (const auto& g : opt.param_groups())
-    for (const auto& p : g.params())
-      if (p.unsafeGetTensorImpl() == impl)
-        o = &static_cast<const torch::optim::AdamWOptions&>(g.options());
-  if (!o) fail("stats: ", what, ": expected the weight to be a parameter of the optimizer, got one it does not hold");
-  AdamState s;
-  s.lr = o->lr();
-  s.beta1 = std::get<0>(o->betas());
-  s.beta2 = std::get<1>(o->betas());
-  s.eps = o->eps();
-  s.amsgrad = o->amsgrad();
-  // LibTorch keys the state by the TensorImpl address (optim/adamw.cpp).
-  auto it = opt.state().find(const_cast<c10::TensorImpl*>(impl));
-  if (it != opt.state().end()) {
-    const auto& st = static_cast<const torch::optim::AdamWParamState&>(*it->second);
-    s.m = st.exp_avg();
-    s.v = st.exp_avg_sq();
-    s.vmax = st.max_exp_avg_sq();
-    s.step = st.step();
-  }
-  return s;
-}
-
 // U(g) of torch::optim::AdamW, weight decay left out (it cancels in every
 // difference we take). Same operation order as LibTorch 1.13 adamw.cpp.
-Tensor adam_update(const AdamState& s, const Tensor& g) {
+Tensor adam_update(const AdamwState& s, const Tensor& g) {
   const double t = double(s.step + 1);
   const double bc1 = 1.0 - std::pow(s.beta1, t);
   const double bc2 = 1.0 - std::pow(s.beta2, t);
@@ -209,10 +176,135 @@ double ratio_sqrt(double num, double den) {
 
 }  // namespace
 
+AdamwState adamw_state_of(const torch::optim::AdamW& opt, const Tensor& param, const std::string& what) {
+  const c10::TensorImpl* impl = param.unsafeGetTensorImpl();
+  const torch::optim::AdamWOptions* o = nullptr;
+  for (const auto& g : opt.param_groups())
+    for (const auto& p : g.params())
+      if (p.unsafeGetTensorImpl() == impl)
+        o = &static_cast<const torch::optim::AdamWOptions&>(g.options());
+  if (!o) fail("stats: ", what, ": expected the weight to be a parameter of the optimizer, got one it does not hold");
+  AdamwState s;
+  s.lr = o->lr();
+  s.beta1 = std::get<0>(o->betas());
+  s.beta2 = std::get<1>(o->betas());
+  s.eps = o->eps();
+  s.amsgrad = o->amsgrad();
+  // LibTorch keys the state by the TensorImpl address (optim/adamw.cpp).
+  auto it = opt.state().find(const_cast<c10::TensorImpl*>(impl));
+  if (it != opt.state().end()) {
+    const auto& st = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+    s.m = st.exp_avg();
+    s.v = st.exp_avg_sq();
+    s.vmax = st.max_exp_avg_sq();
+    s.step = st.step();
+  }
+  return s;
+}
+
 torch::Tensor adamw_update(const torch::optim::AdamW& opt, const torch::Tensor& param,
                            const torch::Tensor& grad) {
   torch::NoGradGuard ng;
-  return adam_update(adam_state(opt, param, "adamw_update"), grad.detach());
+  return adam_update(adamw_state_of(opt, param, "adamw_update"), grad.detach());
+}
+
+int64_t stats_fields(size_t n_options) { return int64_t(kNumCommon + kNumPerOption * n_options); }
+
+static_assert(int(StatsField::kDxSq) == kDxSq && int(StatsField::kGroup) == kGroup && int(StatsField::kCurvatureNum) == kCNum &&
+              int(StatsField::kCalibrationDuSq) == kCalDuSq);
+
+torch::Tensor curvature_noise(const StatsOptions& o, int64_t step, const LayerShape& layer, int k,
+                              const torch::Tensor& row_rms) {
+  return gaussian(row_rms.size(0), layer.out_features, noise_seed(o.seed, step, layer.layer_index, uint64_t(k)), row_rms)
+      .mul_(row_rms * o.noise_scale);
+}
+
+torch::Tensor calibration_noise(const StatsOptions& o, int64_t step, const LayerShape& layer, int64_t rows,
+                                const torch::Tensor& dx_sq, const torch::Tensor& like) {
+  Tensor z = gaussian(rows, layer.in_features, noise_seed(o.seed, step, layer.layer_index, kCalibrationStream), like);
+  return z.mul_((dx_sq.sqrt() * o.dgrad_noise_rel / z.pow(2).sum(at::kDouble).sqrt()).to(z.scalar_type()));
+}
+
+torch::Tensor calibration_du_sq(const torch::Tensor& x, const torch::Tensor& dy, const torch::Tensor& dw,
+                                const AdamwState& st, const StatsOptions& o) {
+  const Tensor dWc = torch::mm(dy.reshape({x.size(0), -1}).t(), x).to(dw.scalar_type());
+  const Tensor du = adam_update(st, dWc * o.grad_scale) - adam_update(st, dw * o.grad_scale);
+  return sq_sum(du);
+}
+
+LayerSums measure_layer(const torch::Tensor& x, const torch::Tensor& dy, const torch::Tensor& weight,
+                        const std::vector<std::shared_ptr<const OperandQuantizer>>& quant, const AdamwState& st,
+                        const StatsOptions& o, uint64_t key_seed, const LayerShape& layer, int64_t step) {
+  torch::NoGradGuard ng;
+  const size_t n_opt = quant.size();
+  const int64_t T = x.size(0);
+  const auto dopt = torch::TensorOptions().dtype(torch::kDouble).device(weight.device());
+  LayerSums out;
+  std::vector<Tensor>& f0 = out.sums;
+  f0.assign(size_t(stats_fields(n_opt)), Tensor());
+  for (auto& t : f0) t = torch::zeros({}, dopt);
+  const Tensor X = x;                                           // [T, IN]
+  const Tensor G = dy.reshape({T, -1});                         // [T, OUT]
+  const Tensor W = weight.detach().to(X.scalar_type());         // [OUT, IN]
+  // dW [OUT, IN] = dYᵀ·X in the operand dtype (the pass itself runs no wgrad GEMM).
+  const Tensor dWl = torch::mm(G.t(), X);
+  const Tensor Y = torch::mm(X, W.t());                         // [T, OUT]
+  const Tensor dX = torch::mm(G, W);                            // [T, IN]
+  f0[kYSq] = sq_sum(Y);
+  f0[kDxSq] = sq_sum(dX);
+  f0[kDwSq] = sq_sum(dWl);
+  f0[kWSq] = sq_sum(W);
+  f0[kTokens] = torch::full({}, double(T), dopt);
+  out.row_rms = Y.pow(2).mean(1, /*keepdim=*/true).sqrt();     // [T, 1]
+  for (int k = 0; k < o.curvature_probes; ++k) {
+    const Tensor eps = curvature_noise(o, step, layer, k, out.row_rms);  // [T, OUT]
+    out.eps_dot_g0.push_back(inner_sum(eps, G));
+    f0[kCDen] = f0[kCDen] + sq_sum(eps);
+  }
+  const Tensor dWp = dWl.to(weight.scalar_type());
+  // A frozen base has no update: WD stays 0 (StatsOptions::frozen).
+  const Tensor u0 = o.frozen ? Tensor() : adam_update(st, dWp * o.grad_scale);  // [OUT, IN], param dtype
+  for (size_t p = 0; p < n_opt; ++p) {
+    const OperandQuantizer* q = quant[p].get();
+    auto Q = [&](const Tensor& t, Operand op) {
+      if (!q) return t;
+      QuantKey key{key_seed, step, layer.layer_index, op};
+      return q->quantize(t.contiguous(), key);
+    };
+    // e = Q(a)·Q(b)ᵀ − ref. An option that leaves both operands of a GEMM
+    // unchanged (an identity quantizer) has no error there by definition:
+    // e = 0 exactly, the product not recomputed (a second GEMM over copied
+    // operands, in another layout, differs from the first in the last bits).
+    auto gemm_error = [](const Tensor& a, const Tensor& qa, const Tensor& b, const Tensor& qb, const Tensor& ref) {
+      auto same = [](const Tensor& t, const Tensor& q) { return q.is_same(t) || torch::equal(q, t); };
+      if (same(a, qa) && same(b, qb)) return torch::zeros_like(ref);
+      Tensor e = torch::mm(qa, qb.t());
+      e.sub_(ref);  // in place: one temporary of ref's shape, not two
+      return e;
+    };
+    Tensor* f = &f0[kNumCommon + kNumPerOption * p];
+    {
+      const Tensor ef = gemm_error(X, Q(X, Operand::kFpropX), W, Q(W, Operand::kFpropW), Y);  // [T, OUT]
+      f[kGe] = inner_sum(G, ef);
+      f[kEfSq] = sq_sum(ef);
+    }
+    {
+      const Tensor Wt = W.t();
+      const Tensor ed = gemm_error(G, Q(G, Operand::kDgradDY), Wt, Q(Wt, Operand::kDgradW), dX);  // [T, IN]
+      f[kEdSq] = sq_sum(ed);
+    }
+    {
+      const Tensor Gt = G.t(), Xt = X.t();
+      const Tensor ew = gemm_error(Gt, Q(Gt, Operand::kWgradDY), Xt, Q(Xt, Operand::kWgradX), dWl);  // [OUT, IN]
+      f[kEwSq] = sq_sum(ew);
+      if (!o.frozen) {
+        const Tensor g1 = (dWp + ew.to(weight.scalar_type())) * o.grad_scale;
+        f[kDuSq] = sq_sum(adam_update(st, g1) - u0);
+      }
+    }
+  }
+  out.dw = dWp;
+  return out;
 }
 
 StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<torch::Tensor()>& loss_fn,
@@ -225,7 +317,6 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
   std::vector<std::shared_ptr<const OperandQuantizer>> quant;
   for (const auto& p : o.options) quant.push_back(resolve_quantizer(o, p));
   const int K = o.curvature_probes;
-  const double r = o.dgrad_noise_rel;
   if (!o.local.empty() && o.local.size() != L) fail("stats: local: expected ", L, " flags, got ", o.local.size());
   auto is_local = [&](size_t l) { return o.local.empty() || o.local[l] != 0; };
   std::vector<size_t> mine;  // the layers this rank measures
@@ -251,9 +342,9 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
                           : std::string("an undefined tensor"));
     return loss.reshape({});
   };
-  std::vector<AdamState> adam(L);
+  std::vector<AdamwState> adam(L);
   if (!o.frozen)
-    for (size_t l : mine) adam[l] = adam_state(opt, layers[l]->weight, what(l));
+    for (size_t l : mine) adam[l] = adamw_state_of(opt, layers[l]->weight, what(l));
   std::vector<Tensor> local_weights;
   for (size_t l : mine) local_weights.push_back(weights[l]);
   // A frozen base: its weights ask for gradients while the passes run (each
@@ -283,83 +374,23 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
   const auto dopt = torch::TensorOptions().dtype(torch::kDouble).device(weights[0].device());
   auto zero = [&] { return torch::zeros({}, dopt); };
   std::vector<LayerWork> work(L);
-  auto make_eps = [&](size_t l, int k, const Tensor& like) {
-    const int64_t T = work[l].T, OUT = layers[l]->out_features;
-    return gaussian(T, OUT, noise_seed(o.seed, step, layers[l]->layer_index, uint64_t(k)), like)
-        .mul_(work[l].row_rms * o.noise_scale);
-  };
 
   // ---- per layer: errors of every option on pass A's operands, computed in
   // the layer's own backward as its dY arrives (LinearProbe::on_dy), so only
   // the layer being processed holds temporaries and no dY is kept.
+  std::vector<LayerShape> shapes(L);
+  for (size_t l = 0; l < L; ++l)
+    shapes[l] = LayerShape{layers[l]->name, layers[l]->layer_index, layers[l]->in_features, layers[l]->out_features};
   auto process = [&](size_t l, const Tensor& dy) {
     torch::NoGradGuard ng;
-    work[l].T = work[l].probe->x.size(0);
     LayerWork& w = work[l];
-    w.f.assign(kNumCommon + kNumPerOption * n_opt, Tensor());
-    for (auto& t : w.f) t = zero();
-    const Tensor X = w.probe->x;                                // [T, IN]
-    const Tensor G = dy.reshape({w.T, -1});                       // [T, OUT]
-    const Tensor W = layers[l]->weight.detach().to(X.scalar_type());  // [OUT, IN]
-    // dW [OUT, IN] = dYᵀ·X in the operand dtype (the pass itself runs no wgrad GEMM).
-    const Tensor dWl = torch::mm(G.t(), X);
-    const Tensor Y = torch::mm(X, W.t());                         // [T, OUT]
-    const Tensor dX = torch::mm(G, W);                            // [T, IN]
-    w.f[kYSq] = sq_sum(Y);
-    w.f[kDxSq] = sq_sum(dX);
-    w.f[kDwSq] = sq_sum(dWl);
-    w.f[kWSq] = sq_sum(W);
-    w.f[kTokens] = torch::full({}, double(w.T), dopt);
-    w.row_rms = Y.pow(2).mean(1, /*keepdim=*/true).sqrt();       // [T, 1]
-    for (int k = 0; k < K; ++k) {
-      const Tensor eps = make_eps(l, k, Y);                        // [T, OUT]
-      w.eps_dot_g0.push_back(inner_sum(eps, G));
-      w.f[kCDen] = w.f[kCDen] + sq_sum(eps);
-    }
-    const AdamState& st = adam[l];
-    const Tensor wdt = layers[l]->weight;
-    const Tensor dWp = dWl.to(wdt.scalar_type());
-    // A frozen base has no update: WD stays 0 (StatsOptions::frozen).
-    const Tensor u0 = o.frozen ? Tensor() : adam_update(st, dWp * o.grad_scale);  // [OUT, IN], param dtype
-    for (size_t p = 0; p < n_opt; ++p) {
-      const OperandQuantizer* q = quant[p].get();
-      auto Q = [&](const Tensor& t, Operand op) {
-        if (!q) return t;
-        QuantKey key{layers[l]->key_base.seed, step, layers[l]->layer_index, op};
-        return q->quantize(t.contiguous(), key);
-      };
-      // e = Q(a)·Q(b)ᵀ − ref. An option that leaves both operands of a GEMM
-      // unchanged (an identity quantizer) has no error there by definition:
-      // e = 0 exactly, the product not recomputed (a second GEMM over copied
-      // operands, in another layout, differs from the first in the last bits).
-      auto gemm_error = [](const Tensor& a, const Tensor& qa, const Tensor& b, const Tensor& qb, const Tensor& ref) {
-        auto same = [](const Tensor& t, const Tensor& q) { return q.is_same(t) || torch::equal(q, t); };
-        if (same(a, qa) && same(b, qb)) return torch::zeros_like(ref);
-        Tensor e = torch::mm(qa, qb.t());
-        e.sub_(ref);  // in place: one temporary of ref's shape, not two
-        return e;
-      };
-      Tensor* f = &w.f[kNumCommon + kNumPerOption * p];
-      {
-        const Tensor ef = gemm_error(X, Q(X, Operand::kFpropX), W, Q(W, Operand::kFpropW), Y);  // [T, OUT]
-        f[kGe] = inner_sum(G, ef);
-        f[kEfSq] = sq_sum(ef);
-      }
-      {
-        const Tensor Wt = W.t();
-        const Tensor ed = gemm_error(G, Q(G, Operand::kDgradDY), Wt, Q(Wt, Operand::kDgradW), dX);  // [T, IN]
-        f[kEdSq] = sq_sum(ed);
-      }
-      {
-        const Tensor Gt = G.t(), Xt = X.t();
-        const Tensor ew = gemm_error(Gt, Q(Gt, Operand::kWgradDY), Xt, Q(Xt, Operand::kWgradX), dWl);  // [OUT, IN]
-        f[kEwSq] = sq_sum(ew);
-        if (!o.frozen) {
-          const Tensor g1 = (dWp + ew.to(wdt.scalar_type())) * o.grad_scale;
-          f[kDuSq] = sq_sum(adam_update(st, g1) - u0);
-        }
-      }
-    }
+    w.T = w.probe->x.size(0);
+    LayerSums m = measure_layer(w.probe->x, dy, layers[l]->weight, quant, adam[l], o, layers[l]->key_base.seed,
+                                shapes[l], step);
+    w.f = std::move(m.sums);
+    w.row_rms = std::move(m.row_rms);
+    w.eps_dot_g0 = std::move(m.eps_dot_g0);
+    const Tensor dWp = std::move(m.dw);
     // Kept until pass C in the weight's .grad (the scratch run_stats_step() borrows).
     if (!o.frozen) layers[l]->weight.mutable_grad().copy_(dWp);
     // Identity of X for the upstream sets, then let autograd free it.
@@ -490,20 +521,15 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
           torch::NoGradGuard ng;
           const Tensor X = cap[l]->x;  // [T, IN] of pass C's forward (= pass A's: deterministic)
           cap[l]->x = Tensor();
-          const Tensor dWc = torch::mm(dy.reshape({work[l].T, -1}).t(), X).to(weights[l].scalar_type());
-          const Tensor du = adam_update(adam[l], dWc * o.grad_scale) -
-                            adam_update(adam[l], weights[l].grad() * o.grad_scale);
-          work[l].f[kCalDuSq] = sq_sum(du);
+          work[l].f[kCalDuSq] = calibration_du_sq(X, dy, weights[l].grad(), adam[l], o);
           work[l].calibrated = true;
         });
       };
       if (!work[l].upstream.empty()) {
         cap[l]->input_grad_noise = [&, l] {
           torch::NoGradGuard ng;
-          const Tensor like = torch::empty({0}, weights[l].options());
-          Tensor z = gaussian(work[l].T, layers[l]->in_features,
-                              noise_seed(o.seed, step, layers[l]->layer_index, kCalibrationStream), like);
-          return z.mul_((work[l].f[kDxSq].sqrt() * r / z.pow(2).sum(at::kDouble).sqrt()).to(z.scalar_type()));
+          return calibration_noise(o, step, shapes[l], work[l].T, work[l].f[kDxSq],
+                                   torch::empty({0}, weights[l].options()));
         };
       }
       layers[l]->probe = cap[l];
@@ -522,15 +548,14 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
     for (size_t l : mine) {
       auto c = std::make_shared<LinearProbe>();
       c->skip_wgrad = true;
-      const Tensor like = torch::empty({0}, work[l].row_rms.options());
-      c->output_noise = [&, l, k, like] {
+      c->output_noise = [&, l, k] {
         torch::NoGradGuard ng;
-        return make_eps(l, k, like);
+        return curvature_noise(o, step, shapes[l], k, work[l].row_rms);
       };
-      c->on_dy = [&, l, k, like](const Tensor& dy) {
+      c->on_dy = [&, l, k](const Tensor& dy) {
         guarded([&] {
           torch::NoGradGuard ng;
-          const Tensor eps = make_eps(l, k, like);
+          const Tensor eps = curvature_noise(o, step, shapes[l], k, work[l].row_rms);
           work[l].f[kCNum] = work[l].f[kCNum] + inner_sum(eps, dy.reshape(eps.sizes())) - work[l].eps_dot_g0[size_t(k)];
           work[l].probed = k + 1;
         });
@@ -560,8 +585,20 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
   buf = buf.to(torch::kCPU).contiguous();
   SNIP_CHECK(buf.numel() == int64_t(flat.size()) && buf.scalar_type() == torch::kDouble,
              "all_reduce_sum changed the buffer's shape or dtype");
+  return derive_stats(buf, shapes, o, step);
+}
+
+StatsStep derive_stats(const torch::Tensor& reduced, const std::vector<LayerShape>& layers, const StatsOptions& o,
+                       int64_t step) {
+  const size_t L = layers.size(), n_opt = o.options.size();
+  const size_t F = size_t(stats_fields(n_opt));
+  const double r = o.dgrad_noise_rel;
+  const Tensor buf = reduced.to(torch::kCPU).contiguous();
+  if (buf.scalar_type() != torch::kDouble || buf.numel() != int64_t(L * F + 1))
+    fail("stats: expected a float64 buffer of ", L * F + 1, " sums (", L, " layers x ", F, " + 1), got ",
+         c10::toString(buf.scalar_type()), " ", buf.sizes());
   const double* b = buf.data_ptr<double>();
-  const double R = b[flat.size() - 1];
+  const double R = b[L * F];
   SNIP_CHECK(R >= 1, "all_reduce_sum produced a rank count of ", R);
   auto field = [&](size_t l, size_t i) { return b[l * F + i] / R; };
 
@@ -576,33 +613,34 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
   out.ranks = int64_t(std::llround(R));
   // U(l) of every layer from the group ids every stage measured (the same
   // sets as the local ones in one process).
+  std::vector<std::vector<int>> upstream(L);
+  std::vector<int64_t> tokens(L);
   for (size_t l = 0; l < L; ++l) {
-    work[l].upstream.clear();
-    work[l].T = int64_t(std::llround(field(l, kTokens)));
+    tokens[l] = int64_t(std::llround(field(l, kTokens)));
     for (size_t k = 0; k < l; ++k)
-      if (std::llround(field(k, kGroup)) != std::llround(field(l, kGroup))) work[l].upstream.push_back(int(k));
+      if (std::llround(field(k, kGroup)) != std::llround(field(l, kGroup))) upstream[l].push_back(int(k));
   }
   std::vector<double> delta2(L, 0.0), energy(L, 0.0), den(L, 0.0);
   for (size_t l = 0; l < L; ++l) {
     const double w_sq = field(l, kWSq);
     delta2[l] = w_sq > 0 ? field(l, kCalDuSq) / w_sq : 0.0;
-    if (!work[l].upstream.empty()) energy[l] = r * r * field(l, kDxSq);
+    if (!upstream[l].empty()) energy[l] = r * r * field(l, kDxSq);
   }
   for (size_t l = 0; l < L; ++l)
-    for (int k : work[l].upstream) den[size_t(k)] += energy[l];
+    for (int k : upstream[l]) den[size_t(k)] += energy[l];
   for (size_t l = 0; l < L; ++l) {
     LayerStats ls;
-    ls.name = layers[l]->name;
-    ls.layer_index = layers[l]->layer_index;
-    ls.tokens = work[l].T;
-    ls.in_features = layers[l]->in_features;
-    ls.out_features = layers[l]->out_features;
+    ls.name = layers[l].name;
+    ls.layer_index = layers[l].layer_index;
+    ls.tokens = tokens[l];
+    ls.in_features = layers[l].in_features;
+    ls.out_features = layers[l].out_features;
     ls.gemm_flops = 2.0 * double(ls.tokens) * double(ls.in_features) * double(ls.out_features);
     const double cden = field(l, kCDen);
     ls.curvature = cden > 0 ? field(l, kCNum) / cden : 0.0;
-    ls.n_upstream = int(work[l].upstream.size());
+    ls.n_upstream = int(upstream[l].size());
     double s = 0;
-    for (int k : work[l].upstream)
+    for (int k : upstream[l])
       if (den[size_t(k)] > 0) s += std::sqrt(delta2[size_t(k)] * energy[l] / den[size_t(k)]);
     ls.upstream_sensitivity = s / r;
     for (size_t p = 0; p < n_opt; ++p) {

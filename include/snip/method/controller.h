@@ -134,6 +134,10 @@ class PrecisionController {
   PrecisionController(const RunConfig& cfg, std::vector<QuantLinear> layers, at::ScalarType gemm_dtype);
   PrecisionController(const Config& cfg, std::vector<QuantLinear> layers, at::ScalarType gemm_dtype)
       : PrecisionController(RunConfig::from(cfg), std::move(layers), gemm_dtype) {}
+  /// A controller of layers it does not hold (the Python controller's,
+  /// src/python/ops.cpp): the same checks and decisions; its stats steps
+  /// come from the caller (begin_step with a StatsMeasure).
+  PrecisionController(const RunConfig& cfg, std::vector<LayerShape> layers, at::ScalarType gemm_dtype);
 
   /// False for policy none: begin_step() does nothing.
   bool active() const { return active_; }
@@ -210,6 +214,24 @@ class PrecisionController {
   /// an infeasible re-plan or non-finite statistics.
   PrecisionEvent begin_step(int64_t s, const std::function<torch::Tensor()>& loss_fn,
                             torch::optim::AdamW& opt);
+  /// Measures a stats step with the given options (run_stats_step, or the
+  /// same passes run elsewhere and derive_stats()).
+  using StatsMeasure = std::function<StatsStep(const StatsOptions&)>;
+  /// begin_step with the stats step delegated to `measure` (called at most
+  /// once, only when stats_due(s)).
+  PrecisionEvent begin_step(int64_t s, const StatsMeasure& measure);
+  /// Whether begin_step(s) would decide, and whether that decision runs a
+  /// stats step (a plan-phase decision under policy snip or min-rel-err).
+  bool decision_due(int64_t s) const;
+  bool stats_due(int64_t s) const;
+  /// The options of this controller's stats steps (without the
+  /// distributed and pipeline hooks, which begin_step adds).
+  StatsOptions stats_options() const;
+  /// The plan JSON of the last decision (as saved in plans/step-s.json;
+  /// null before the first, and on ranks other than 0).
+  const nlohmann::json& last_plan() const { return last_plan_; }
+  /// The layers, in forward order.
+  const std::vector<LayerShape>& layer_shapes() const { return shapes_; }
 
   /// FLOPs share of the low option (precision.low_option, "fp4" by default)
   /// in the current assignment, fraction.
@@ -265,8 +287,7 @@ class PrecisionController {
   std::vector<PlanKey> item_keys() const;
   plan::PlanProblem shape_only_problem() const;
   plan::PlanOptions plan_options(bool with_pins) const;
-  void decide(int64_t s, Phase phase, const std::function<torch::Tensor()>& loss_fn,
-              torch::optim::AdamW& opt, PrecisionEvent& ev);
+  void decide(int64_t s, Phase phase, const StatsMeasure& measure, PrecisionEvent& ev);
   std::shared_ptr<const OperandQuantizer> quantizer(const std::string& option) const;
   /// Quantizers of options outside the planner's view (guard.raise_option
   /// when no other setting names it): kept apart from quant_ so the plans'
@@ -286,7 +307,9 @@ class PrecisionController {
   PrecisionConfig pc_;
   recipes::RecipeSet recipes_;  // the run's (RunConfig::recipes)
   std::string policy_;  // pc_.policy_name()
-  std::vector<QuantLinear> layers_;
+  std::vector<LayerShape> shapes_;   // every controlled layer, forward order
+  std::vector<QuantLinear> layers_;  // the modules the C++ stats step measures (empty: shapes only)
+  nlohmann::json last_plan_;
   at::ScalarType gemm_dtype_;
   PrecisionSchedule sched_;
   std::set<int64_t> plan_steps_;

@@ -261,6 +261,83 @@ struct StatsStep {
   std::vector<LayerStats> layers;  ///< in `layers` order
 };
 
+// ---------------------------------------------------------------------------
+// The pieces of run_stats_step(), for a caller that runs the passes itself
+// (the Python controller, python/snip/controller.py, through
+// src/python/ops.cpp): the same arithmetic, so its numbers equal the C++
+// step's on the same operands bit for bit.
+
+/// A measured layer's identity: Hugging Face name, key index (stochastic
+/// rounding and probe noise), IN and OUT.
+struct LayerShape {
+  std::string name;
+  int64_t layer_index = 0;
+  int64_t in_features = 0, out_features = 0;
+};
+
+/// The AdamW state U reads for one weight (header comment, "WD own"):
+/// m, v, vmax [param shape] or undefined (no state yet: zeros); `step` the
+/// optimizer steps done for it; lr, betas, eps as the optimizer's group.
+struct AdamwState {
+  torch::Tensor m, v, vmax;
+  int64_t step = 0;
+  double lr = 0, beta1 = 0, beta2 = 0, eps = 0;
+  bool amsgrad = false;
+};
+
+/// The state of `param` in `opt`. Throws UserError naming `what` when `opt`
+/// does not hold `param`.
+AdamwState adamw_state_of(const torch::optim::AdamW& opt, const torch::Tensor& param, const std::string& what);
+
+/// Number of float64 sums per layer in the reduction buffer for `n_options`
+/// options (the buffer is [L·stats_fields(n) + 1], the last a rank count).
+int64_t stats_fields(size_t n_options);
+
+/// Pass A's sums of one layer (header comment, "per layer").
+struct LayerSums {
+  std::vector<torch::Tensor> sums;          ///< [stats_fields] 0-d float64
+  torch::Tensor row_rms;                    ///< [N, 1] rms of Y's rows
+  std::vector<torch::Tensor> eps_dot_g0;    ///< [K] <ε_k, g(0)>
+  torch::Tensor dw;                         ///< dW [OUT, IN] in the weight's dtype (kept for the calibration)
+};
+
+/// One layer's pass-A sums from its input X [N, IN], dY [N, OUT] and weight
+/// [OUT, IN], for every option of `o` with quantizers `quant` (nullptr =
+/// identity), keys {key_seed, step, layer.layer_index, operand}, AdamW state
+/// `st` (unread when o.frozen). The kTokens field holds N; kGroup is left 0
+/// (derive_stats() reads the caller's groups).
+LayerSums measure_layer(const torch::Tensor& x, const torch::Tensor& dy, const torch::Tensor& weight,
+                        const std::vector<std::shared_ptr<const OperandQuantizer>>& quant, const AdamwState& st,
+                        const StatsOptions& o, uint64_t key_seed, const LayerShape& layer, int64_t step);
+
+/// Curvature probe k's output noise ε [N, OUT] for a layer with row RMS
+/// `row_rms` [N, 1] (header comment, "Curvature").
+torch::Tensor curvature_noise(const StatsOptions& o, int64_t step, const LayerShape& layer, int k,
+                              const torch::Tensor& row_rms);
+
+/// The calibration pass's noise ξ [N, IN] for a layer whose pass-A ||dX||²
+/// is `dx_sq` (0-d float64), in `like`'s dtype (header comment, "WD upstream").
+torch::Tensor calibration_noise(const StatsOptions& o, int64_t step, const LayerShape& layer, int64_t rows,
+                                const torch::Tensor& dx_sq, const torch::Tensor& like);
+
+/// ||U(dW_c) − U(dW)||² (0-d float64) of the calibration pass: dW_c = dYᵀ·X
+/// from its dY [N, OUT] and X [N, IN], dW pass A's (LayerSums::dw).
+torch::Tensor calibration_du_sq(const torch::Tensor& x, const torch::Tensor& dy, const torch::Tensor& dw,
+                                const AdamwState& st, const StatsOptions& o);
+
+/// Index of fields in one layer's slice of the buffer that a caller reads
+/// or fills between passes: ||dX||² (pass A; the calibration noise's
+/// size), Σ_k <ε_k, g(ε_k) − g(0)> (pass B), the calibration's ||ΔU||²
+/// (pass C), and the group id (the first layer index sharing this layer's
+/// input tensor).
+enum class StatsField : int { kDxSq = 1, kCurvatureNum = 4, kCalibrationDuSq = 6, kGroup = 8 };
+
+/// The statistics of a reduced buffer [L·stats_fields + 1] float64 (the
+/// sums of every rank; the last slot the rank count R): everything after
+/// run_stats_step()'s reduction. Throws NonFiniteStatsError as it does.
+StatsStep derive_stats(const torch::Tensor& reduced, const std::vector<LayerShape>& layers, const StatsOptions& o,
+                       int64_t step);
+
 /// Runs the stats step on the micro-batch that `loss_fn` evaluates (forward
 /// only, returning the scalar loss; it must be deterministic: same batch,
 /// no dropout). `layers` in forward order; every layer must take part in the
