@@ -16,11 +16,12 @@ import typing as _typing
 import torch
 
 from . import _ops
-from .errors import ConvertError, DeviceError, Error, RecipeError
+from .errors import ConvertError, DeviceError, Error, PlanError, RecipeError
 from .recipes import Recipe, formats, load_plan, load_recipes, per_gemm, recipe_arg as _recipe_arg
 from .recipes import recipe_name as _recipe_name, recipes
 from . import nn
 from .convert import convert, precision_table, set_step
+from .controller import Controller, Plan
 
 OPERANDS = ("fprop.x", "fprop.w", "dgrad.dy", "dgrad.w", "wgrad.dy", "wgrad.x")
 
@@ -108,6 +109,6 @@ def dequantize(q):
 
 
 __all__ = [
-    "__version__", "Error", "RecipeError", "DeviceError", "ConvertError", "Recipe", "OPERANDS",
+    "__version__", "Error", "RecipeError", "DeviceError", "ConvertError", "PlanError", "Controller", "Plan", "Recipe", "OPERANDS",
     "formats", "recipes", "load_recipes", "per_gemm", "load_plan", "fake_quant", "QuantizedTensor", "quantize", "dequantize", "nn", "convert", "set_step", "precision_table",
 ]

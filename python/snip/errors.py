@@ -22,3 +22,8 @@ class DeviceError(Error, RuntimeError):
 class ConvertError(Error, ValueError):
     """``snip.convert`` matched no ``nn.Linear``, or a plan names a module
     that is not one."""
+
+
+class PlanError(Error, ValueError):
+    """``snip.Controller`` cannot plan: a bad [precision] option, a budget the
+    pins make infeasible, non-finite statistics, ranks that disagree."""

@@ -20,6 +20,7 @@ is reproducible.
 import torch
 
 from . import _ops
+from . import _probe
 from .recipes import recipe_arg, recipe_name
 
 
@@ -66,6 +67,7 @@ class Linear(torch.nn.Linear):
         # step lives in a 0-d int64 buffer (not in state_dict): a compiled
         # graph reads it instead of recompiling for every step.
         self.register_buffer("_step", torch.zeros((), dtype=torch.int64), persistent=False)
+        self._probe = None  # a stats-step probe of snip.Controller (controller.py), while it measures
         self.set_recipe(recipe, gemm=gemm)
         self.seed = seed
         self.layer = layer
@@ -158,6 +160,11 @@ class Linear(torch.nn.Linear):
         dev = x.device.type
         out = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         x2 = x.reshape(-1, self.in_features).to(work)
+        if self._probe is not None:  # snip.Controller's stats step: full precision, hooks
+            y = _probe.probe_forward(self, x, x2)
+            if self.bias is not None:
+                y = y + self.bias.to(work)
+            return y.to(out).view(*x.shape[:-1], self.out_features)
         y = _ops.ops.linear_fprop(x2, self.weight.to(work), self._recipe_arg, self._seed, self._step, self._layer,
                                   self.gemm)
         if self.bias is not None:

@@ -8,7 +8,7 @@
 //   snip plan --costs FILE --budget B --heuristic min-rel-err
 //   snip plan show runs/NAME [--step N] [--json]   (a plan `snip train` saved)
 //   snip plan --config MODEL.toml [--tokens-per-step N] [--budget B] [--pin ...]
-//             [--stats FILE | --init-from HF_DIR --data DIR [--stats-batch N]]
+//             [--stats FILE | --init-from HF_DIR --data DIR [--stats-batch N] [--stats-out FILE]]
 //             (a model from its shapes: FLOPs per layer type and the budget's
 //             feasibility; with Q from a stats file carried over by role and
 //             depth, or measured by one stats step, a plan; docs/planner.md)
@@ -315,8 +315,8 @@ void run_model_plan(const PlanArgs& given) {
     fail("--tokens-per-step: expected a number of tokens per training step in [1, 2^50], got ", a.tokens_per_step);
   if (a.stats_batch < 1 || a.stats_batch > 4096)
     fail("--stats-batch: expected 1 to 4096 sequences, got ", a.stats_batch);
-  if (a.init_from.empty() && (a.stats_batch_given || a.allow_other_tokenizer))
-    fail(a.stats_batch_given ? "--stats-batch" : "--allow-other-tokenizer",
+  if (a.init_from.empty() && (a.stats_batch_given || a.allow_other_tokenizer || !a.stats_out.empty()))
+    fail(a.stats_batch_given ? "--stats-batch" : !a.stats_out.empty() ? "--stats-out" : "--allow-other-tokenizer",
          ": needs --init-from HF_DIR --data DIR (it is about the measured stats step)");
   if (a.has_budget && !(a.budget >= 0 && a.budget <= 1))
     fail("budget: expected an FP4 FLOPs share in [0, 1], got ", a.budget);
@@ -357,6 +357,7 @@ void run_model_plan(const PlanArgs& given) {
     r.batch = a.stats_batch;
     r.per_gemm = a.per_gemm;
     r.allow_other_tokenizer = a.allow_other_tokenizer;
+    r.stats_out = a.stats_out;
     source = app::measure_plan_costs(cfg, r);  // adopts the folder's shapes into cfg
   } else if (!a.stats.empty()) {
     source = load_cost_table(a.stats);
@@ -555,6 +556,7 @@ void run_plan(const PlanArgs& a) {
                                     {"--data", !a.data.empty()},
                                     {"--tokens-per-step", a.tokens_given},
                                     {"--stats-batch", a.stats_batch_given},
+                                    {"--stats-out", !a.stats_out.empty()},
                                     {"--allow-other-tokenizer", a.allow_other_tokenizer},
                                     {"--set", !a.sets.empty()}})
     if (given) fail("snip plan: ", flag, " needs --config MODEL.toml (the model to plan)");

@@ -23,6 +23,7 @@
 #include "snip/data/loader.h"
 #include "snip/hw/platform.h"
 #include "snip/io/atomic_file.h"
+#include "snip/io/json.h"
 #include "snip/method/stats.h"
 #include "snip/model/hf.h"
 #include "snip/model/matmul.h"
@@ -92,6 +93,12 @@ plan::CostTable measure_plan_costs(Config& cfg, const PlanMeasureRequest& r) {
   char took[64];
   std::snprintf(took, sizeof took, "%.1f", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   std::cerr << "snip: stats step done in " << took << " s\n";
+  if (!r.stats_out.empty()) {
+    nlohmann::json j = to_json(s, r.per_gemm);
+    j["source"] = "snip plan --init-from " + r.hf_dir + " --data " + r.data_dir;
+    io::save_json_atomic(j, r.stats_out);
+    std::cerr << "snip: statistics written to " << r.stats_out << "\n";
+  }
   plan::CostTable t = to_cost_table(s, r.per_gemm);
   t.source = "the stats step on " + r.hf_dir;
   return t;

@@ -68,6 +68,9 @@ void add_plan_commands(CLI::App& app) {
   sub->add_option("--stats-batch", a->stats_batch,
                   "With --init-from: sequences of train.seq_len tokens in the measured micro-batch")
       ->capture_default_str();
+  sub->add_option("--stats-out", a->stats_out,
+                  "With --init-from: also write the measured statistics to this file (the format of "
+                  "RUN/stats/step-N.json: plan again from it with --stats FILE)");
   sub->add_flag("--allow-other-tokenizer", a->allow_other_tokenizer,
                 "With --init-from: measure on data tokenized by another tokenizer than the folder's");
   refuse_empty_numbers(*sub);

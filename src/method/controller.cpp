@@ -558,7 +558,8 @@ void PrecisionController::decide(int64_t s, Phase phase, const StatsMeasure& mea
     smooth(smoothed_, fresh, pc_.smoothing);
     smoothed_.step = s;
     have_stats = true;
-    stats_s = std::chrono::duration<double>(clock::now() - t0).count();
+    stats_s = std::chrono::duration<double>(clock::now() - t0).count() + extra_stats_s_;
+    extra_stats_s_ = 0;
     if (!run_dir_.empty()) {
       fs::create_directories(fs::path(run_dir_) / "stats");
       const bool pg = gran_ == plan::Granularity::gemm;

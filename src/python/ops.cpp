@@ -29,6 +29,14 @@
 //   snip::formats_json() -> str        `snip formats --json`
 //   snip::recipes_json(str recipe_file) -> str   `snip formats --recipes --json [--recipe-file F]`
 //
+//
+//   torch.classes.snip.Controller(str config_toml, str layers_json, str gemm): the
+//       C++ PrecisionController (method/controller.h) over layers it does not
+//       hold, and the per-layer pieces of the stats step (method/stats.h
+//       measure_layer, curvature_noise, calibration_noise, calibration_du_sq,
+//       derive_stats): python/snip/controller.py runs the passes on the
+//       user's model and hands the summed buffer back (begin_step).
+//
 // `recipe` is "none" (no quantization), a built-in recipe's name, or a
 // recipe as JSON (recipes/recipe.h to_json: a recipe file's, from Python).
 // `gemm` is "bf16" (BF16 inputs, FP32 accumulation) or "fp32" (the input
@@ -45,7 +53,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <torch/custom_class.h>
+
 #include "snip/app/formats_command.h"
+#include "snip/config/config.h"
+#include "snip/method/controller.h"
+#include "snip/method/stats.h"
+#include "snip/plan/plan_file.h"
 #include "snip/core/error.h"
 #include "snip/formats/fake_quant.h"
 #include "snip/model/linear.h"
@@ -272,10 +286,163 @@ std::string recipes_json(std::string recipe_file) {
   });
 }
 
+// The Python controller's C++ half (see the header comment). Every method
+// turns a UserError into a ValueError (snip.Error subclasses in Python).
+class ControllerCore : public torch::CustomClassHolder {
+ public:
+  ControllerCore(std::string config_toml, std::string layers_json, std::string gemm) {
+    user_errors([&] {
+      Config cfg;
+      cfg.load_toml_string(config_toml, "snip.Controller");
+      const RunConfig rc = RunConfig::from(cfg);
+      const nlohmann::json j = nlohmann::json::parse(layers_json);
+      std::vector<LayerShape> shapes;
+      for (const auto& l : j)
+        shapes.push_back(LayerShape{l.at("name").get<std::string>(), l.at("index").get<int64_t>(),
+                                    l.at("in").get<int64_t>(), l.at("out").get<int64_t>()});
+      if (shapes.empty()) fail("snip.Controller: expected at least one linear layer, got none");
+      ctl_ = std::make_unique<PrecisionController>(rc, shapes, gemm_dtype(gemm));
+      so_ = ctl_->stats_options();
+      for (const auto& o : so_.options) quant_.push_back(make_recipe_quantizer(so_.recipes, o));
+      return 0;
+    });
+  }
+
+  bool stats_due(int64_t s) { return ctl_->stats_due(s); }
+  bool decision_due(int64_t s) { return ctl_->decision_due(s); }
+  bool active() { return ctl_->active(); }
+
+  // {"options", "curvature_probes", "fields"}: what the passes need.
+  std::string stats_options() {
+    return nlohmann::json{{"options", so_.options},
+                          {"low_option", so_.low_option},
+                          {"curvature_probes", so_.curvature_probes},
+                          {"fields", stats_fields(so_.options.size())},
+                          {"dx_field", int(StatsField::kDxSq)},
+                          {"group_field", int(StatsField::kGroup)},
+                          {"curvature_field", int(StatsField::kCurvatureNum)},
+                          {"calibration_field", int(StatsField::kCalibrationDuSq)}}
+        .dump();
+  }
+
+  // [sums [F] float64, row_rms [N, 1], <ε_k, g(0)> [K] float64, dW [OUT, IN]].
+  std::vector<torch::Tensor> measure_layer(int64_t l, torch::Tensor x, torch::Tensor dy, torch::Tensor w,
+                                           std::vector<torch::Tensor> adam, std::vector<double> adam_scalars,
+                                           int64_t key_seed, int64_t s) {
+    return user_errors([&] {
+      const LayerSums m = snip::measure_layer(x, dy, w, quant_, adam_of(adam, adam_scalars), so_, uint64_t(key_seed),
+                                              layer(l), s);
+      torch::Tensor e = m.eps_dot_g0.empty() ? torch::zeros({0}, torch::kDouble) : torch::stack(m.eps_dot_g0);
+      return std::vector<torch::Tensor>{torch::stack(m.sums), m.row_rms, e, m.dw};
+    });
+  }
+
+  torch::Tensor curvature_noise(int64_t l, int64_t k, torch::Tensor row_rms, int64_t s) {
+    return user_errors([&] { return snip::curvature_noise(so_, s, layer(l), int(k), row_rms); });
+  }
+
+  torch::Tensor calibration_noise(int64_t l, int64_t rows, torch::Tensor dx_sq, torch::Tensor like, int64_t s) {
+    return user_errors([&] { return snip::calibration_noise(so_, s, layer(l), rows, dx_sq, like); });
+  }
+
+  torch::Tensor calibration_du_sq(torch::Tensor x, torch::Tensor dy, torch::Tensor dw, std::vector<torch::Tensor> adam,
+                                  std::vector<double> adam_scalars) {
+    return user_errors([&] { return snip::calibration_du_sq(x, dy, dw, adam_of(adam, adam_scalars), so_); });
+  }
+
+  // {"decided": bool, "metrics": {...}}; `reduced` the summed buffer of a
+  // stats step (empty when stats_due(s) is false), measured in
+  // `measured_seconds` (wall time of the passes).
+  std::string begin_step(int64_t s, torch::Tensor reduced, double measured_seconds) {
+    return user_errors([&] {
+      ctl_->add_stats_seconds(measured_seconds);
+      const PrecisionEvent ev = ctl_->begin_step(s, [&](const StatsOptions& so) {
+        if (reduced.numel() == 0) fail("snip.Controller: step ", s, ": a stats step is due, got no statistics");
+        return derive_stats(reduced, ctl_->layer_shapes(), so, s);
+      });
+      return nlohmann::json{{"decided", ev.decided}, {"metrics", ev.metrics}}.dump();
+    });
+  }
+
+  std::string assignment() { return ctl_->assignment().to_json().dump(); }
+  std::string last_plan() { return ctl_->last_plan().dump(); }
+  std::string plan_table() {
+    return user_errors([&] { return ctl_->last_plan().is_null() ? std::string() : format_plan_table(ctl_->last_plan()); });
+  }
+  double fp4_share() { return ctl_->fp4_share(); }
+  std::string smoothed() {
+    return ctl_->smoothed().layers.empty() ? std::string("null") : to_json(ctl_->smoothed()).dump();
+  }
+  std::string state() { return ctl_->state().dump(); }
+  void restore(std::string st) {
+    user_errors([&] {
+      ctl_->restore(nlohmann::json::parse(st), "snip.Controller.load_state_dict");
+      return 0;
+    });
+  }
+  void set_output(std::string run_dir, bool verbose) { ctl_->set_output(run_dir, verbose); }
+  std::string schedule() {
+    const PrecisionSchedule& sc = ctl_->schedule();
+    return nlohmann::json{{"max_steps", sc.max_steps},
+                          {"warmup_end", sc.warmup_end},
+                          {"final_start", sc.final_start},
+                          {"plan_steps", sc.plan_steps()},
+                          {"policy", ctl_->policy()}}
+        .dump();
+  }
+  std::string phase_at(int64_t s) { return to_string(ctl_->schedule().phase_at(s)); }
+
+ private:
+  const LayerShape& layer(int64_t l) const {
+    const auto& sh = ctl_->layer_shapes();
+    if (l < 0 || l >= int64_t(sh.size())) fail("snip.Controller: layer ", l, ": expected an index below ", sh.size());
+    return sh[size_t(l)];
+  }
+  // adam = [m, v, vmax] (empty tensors: no state yet), scalars = [step, lr, beta1, beta2, eps, amsgrad].
+  static AdamwState adam_of(const std::vector<torch::Tensor>& t, const std::vector<double>& v) {
+    if (t.size() != 3 || v.size() != 6) fail("snip.Controller: expected 3 AdamW tensors and 6 numbers");
+    AdamwState st;
+    if (t[0].numel() > 0) st.m = t[0];
+    if (t[1].numel() > 0) st.v = t[1];
+    if (t[2].numel() > 0) st.vmax = t[2];
+    st.step = int64_t(v[0]);
+    st.lr = v[1];
+    st.beta1 = v[2];
+    st.beta2 = v[3];
+    st.eps = v[4];
+    st.amsgrad = v[5] != 0;
+    return st;
+  }
+  std::unique_ptr<PrecisionController> ctl_;
+  StatsOptions so_;
+  std::vector<std::shared_ptr<const OperandQuantizer>> quant_;
+};
+
 }  // namespace
 }  // namespace snip
 
 TORCH_LIBRARY(snip, m) {
+  m.class_<snip::ControllerCore>("Controller")
+      .def(torch::init<std::string, std::string, std::string>())
+      .def("stats_due", &snip::ControllerCore::stats_due)
+      .def("decision_due", &snip::ControllerCore::decision_due)
+      .def("active", &snip::ControllerCore::active)
+      .def("stats_options", &snip::ControllerCore::stats_options)
+      .def("measure_layer", &snip::ControllerCore::measure_layer)
+      .def("curvature_noise", &snip::ControllerCore::curvature_noise)
+      .def("calibration_noise", &snip::ControllerCore::calibration_noise)
+      .def("calibration_du_sq", &snip::ControllerCore::calibration_du_sq)
+      .def("begin_step", &snip::ControllerCore::begin_step)
+      .def("assignment", &snip::ControllerCore::assignment)
+      .def("last_plan", &snip::ControllerCore::last_plan)
+      .def("plan_table", &snip::ControllerCore::plan_table)
+      .def("fp4_share", &snip::ControllerCore::fp4_share)
+      .def("smoothed", &snip::ControllerCore::smoothed)
+      .def("state", &snip::ControllerCore::state)
+      .def("restore", &snip::ControllerCore::restore)
+      .def("set_output", &snip::ControllerCore::set_output)
+      .def("schedule", &snip::ControllerCore::schedule)
+      .def("phase_at", &snip::ControllerCore::phase_at);
   m.def("fake_quant(Tensor x, str recipe, str operand, int seed, int step, int layer) -> Tensor");
   m.def("linear_fprop(Tensor x, Tensor w, str recipe, int seed, Tensor step, int layer, str gemm) -> Tensor");
   m.def("linear_backward(Tensor dy, Tensor x, Tensor w, str recipe, int seed, Tensor step, int layer, str gemm, "

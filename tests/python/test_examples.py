@@ -42,3 +42,23 @@ def test_plain_loop_names_a_missing_data_folder():
     assert p.returncode == 2
     assert "error: --data /nonexistent: no train.bin there (scripts/run.sh prepares data/kjv" in \
         p.stderr.splitlines()[-1], p.stderr
+
+
+def test_hf_llama_snip_plans_under_the_budget_and_trains():
+    data = os.environ.get("SNIP_DATA")
+    if not data:
+        pytest.skip("SNIP_DATA is not set (run through ctest)")
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "hf_llama_snip.py"), "--data", data,
+                        "--steps", "100", "--batch", "4", "--seq", "64"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    # S = 100: warmup to 5, re-plans at 5, 29, 72, the final FP8 phase from 90.
+    decided = re.findall(r"^step (\d+): (\w+) phase, FP4 share ([\d.]+)$", p.stdout, re.M)
+    assert [(int(s), ph) for s, ph, _ in decided] == [(0, "warmup"), (5, "plan"), (29, "plan"), (72, "plan"),
+                                                      (90, "final")], p.stdout
+    assert all(float(f) >= 0.75 for _, ph, f in decided if ph == "plan")
+    assert "precision plan at step 72: policy snip, phase plan" in p.stdout  # the last re-plan's table
+    m = re.search(r"hf_llama_snip: steps 100, loss first ([\d.]+) -> last ([\d.]+) \(mean of 10 steps\), FP4 share "
+                  r"of the last re-plan ([\d.]+)", p.stdout)
+    assert m, p.stdout
+    first, last, share = map(float, m.groups())
+    assert first > 5.3 and last < first - 0.6 and share >= 0.75

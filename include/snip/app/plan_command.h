@@ -44,6 +44,7 @@ struct PlanArgs {
   int64_t tokens_per_step = 0;    // 0: batch_size x seq_len x grad_accum
   std::string init_from, data;    // --init-from HF_DIR --data DIR: measure Q
   int64_t stats_batch = 1;
+  std::string stats_out;          // --stats-out FILE: the measured stats (with --init-from)
   bool allow_other_tokenizer = false;
   bool low_given = false;
   bool tokens_given = false, stats_batch_given = false;

@@ -1,0 +1,500 @@
+"""``snip.Controller``: SNIP's precision controller inside your own training
+loop (docs/python.md "The controller").
+
+At every plan step it measures, on one micro-batch, what quantizing each
+linear layer would cost (the loss divergence of fprop, the weight divergence
+of dgrad and wgrad, from your AdamW's state), sums those measurements over
+the ranks of ``torch.distributed``, solves the same integer linear program as
+``snip train`` (CBC) for the cheapest precision per layer under the FP4
+budget, and sets every layer's recipe; before the first plan and in the last
+part of the run every layer runs the warmup and final precision. The
+decisions, the schedule and the statistics are the C++ controller's
+(src/method/controller.cpp, through ``torch.classes.snip.Controller`` of
+src/python/ops.cpp); this module runs the stats step's passes on your model
+(the probes of src/method/stats.h, pass by pass) and installs the plans.
+
+The loop::
+
+    ctl = snip.Controller(model, opt, budget=0.75, options=("nvfp4", "fp8"), max_steps=1000)
+    for step, ids in enumerate(batches):
+        ctl.begin_step(lambda: model(ids, labels=ids).loss)   # may measure and re-plan
+        model(ids, labels=ids).loss.backward()
+        opt.step(); opt.zero_grad()
+        ctl.end_step()
+"""
+
+import json
+import math
+import time
+
+import torch
+
+from ._probe import Probe as _Probe
+from .convert import _linears, convert
+from .errors import ConvertError, Error, PlanError
+from .recipes import formats, load_recipes, per_gemm, recipes as all_recipes
+
+# Hugging Face Llama module names -> the roles of docs/glossary.md.
+_HF_ROLES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate", "up_proj": "up",
+             "down_proj": "down"}
+
+# [precision] options a keyword of Controller may set (docs/operations.md has
+# each one's meaning and default); budget, options, pins, policy and
+# recipe_file have keywords of their own.
+_PRECISION_KEYS = ("warmup_steps", "warmup_fraction", "warmup_precision", "initial_interval",
+                   "initial_interval_fraction", "final_interval", "final_interval_fraction",
+                   "final_high_precision_fraction", "final_precision", "smoothing", "alpha", "low_option",
+                   "curvature_probes", "granularity", "first_order")
+
+
+def hf_role(fqn):
+    """The role of a Hugging Face Llama linear layer from its module name
+    ("model.layers.3.self_attn.q_proj" -> "q"; q, k, v, o, gate, up, down),
+    or None for a name of another shape."""
+    return _HF_ROLES.get(fqn.rpartition(".")[2])
+
+
+def _toml_value(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float, str)):
+        return json.dumps(v)  # a JSON number or string is a TOML one
+    if isinstance(v, (list, tuple)) and all(isinstance(e, str) for e in v):
+        return json.dumps(list(v))
+    raise PlanError(f"snip.Controller: expected a bool, number, string or list of strings, got {v!r}")
+
+
+def _check_call(f, *args):
+    """Runs a method of the C++ controller; its one-line ValueError becomes
+    snip.PlanError."""
+    try:
+        return f(*args)
+    except (ValueError, RuntimeError) as e:
+        text = str(e).strip().splitlines()
+        raise PlanError(text[0] if text else type(e).__name__) from None
+
+
+class Plan:
+    """A decision of the controller: ``assignments`` (dict layer name, or
+    "layer:fprop|dgrad|wgrad" at per-GEMM granularity, -> option), ``json``
+    (the plan as ``snip train`` saves it in RUN/plans/step-s.json: budget,
+    FP4 share, solver status, Q table; None on ranks other than 0 when the
+    run has several), ``step`` (optimizer steps done when it was decided),
+    ``phase`` ("warmup", "plan" or "final"), ``fp4_share`` (fraction of the
+    controlled layers' FLOPs at the low option). ``str(plan)`` is the table
+    ``snip plan show`` prints."""
+
+    def __init__(self, assignments, plan_json, table, fp4_share, step, phase):
+        self.assignments = assignments
+        self.json = plan_json
+        self.fp4_share = fp4_share
+        self.step = step
+        self.phase = phase
+        self._table = table
+
+    def __str__(self):
+        return self._table or "\n".join(f"{k}: {v}" for k, v in self.assignments.items())
+
+    def __repr__(self):
+        return (f"snip.Plan(step={self.step}, phase={self.phase}, fp4_share={self.fp4_share:.4f}, "
+                f"{len(self.assignments)} items)")
+
+
+class Controller:
+    """SNIP's precision controller on a PyTorch model.
+
+    Args:
+      model: the torch.nn.Module to control (not a DistributedDataParallel
+        wrapper: pass its ``.module``). Its linear layers (``torch.nn.Linear``
+        or ``snip.nn.Linear``) that ``module_filter_fn`` accepts, by default
+        every one but the output head (``model.get_output_embeddings()`` and
+        modules named ``lm_head``), are converted in place to snip.nn.Linear
+        (``snip.convert``: same parameters and state_dict keys). They must be
+        registered in forward order (Hugging Face models are); a layer reached
+        under several names (tied) is one layer.
+      optimizer: the ``torch.optim.AdamW`` that trains them (weight
+        divergence is the change of its update, from its state).
+      budget: the FP4 FLOPs share to reach, a fraction in [0, 1]
+        (precision.budget).
+      options: the options a layer may run: recipe names of snip.recipes()
+        (or of ``recipe_file``) and "bf16" (precision.options; must hold
+        ``low_option``, "fp4" by default: give low_option="nvfp4" with
+        options=("nvfp4", "fp8")). When low_option is not given it is the
+        first option with 4-bit elements.
+      pins: dict glob -> option (precision.pins): the layers a glob matches
+        (the whole name or a suffix after a '.', e.g. "*.down_proj",
+        "layers.0.*") always run that option.
+      max_steps: the run's optimizer steps S (train.max_steps): the schedule
+        (warmup, plan steps, final phase) is in fractions of it.
+      policy: "snip" (default), "min-rel-err", "layer-type",
+        "first-last-fp8", "random", "uniform-<option>" (precision.policy).
+      recipe_file: a .toml/.json recipe file whose recipes the options may
+        name (precision.recipe_file).
+      gemm: "bf16" (default) or "fp32": the GEMM dtype of the layers.
+      seed: the probes' noise and stochastic rounding's seed (train.seed).
+      run_dir: a folder for plans/step-s.json and stats/step-s.json, as
+        ``snip train`` writes them (rank 0 only); None = none.
+      verbose: print the plan table at each decision (stderr).
+      roles: dict fqn -> role, or ``fn(fqn) -> role``, for models whose names
+        are not Hugging Face Llama's (default: ``snip.controller.hf_role``);
+        the roles label ``metrics()``'s per-role shares.
+      module_filter_fn: ``fn(module, fqn) -> bool`` (torchao's signature),
+        the layers to control.
+      grad_scale: the factor of dL/dW the optimizer sees relative to
+        loss_fn's loss (e.g. 1/accumulation steps when the loss is not
+        pre-scaled, or the clip coefficient), > 0.
+      **precision: any other [precision] option of ``snip train``
+        (warmup_steps, warmup_fraction, warmup_precision, initial_interval,
+        initial_interval_fraction, final_interval, final_interval_fraction,
+        final_high_precision_fraction, final_precision, smoothing, alpha,
+        low_option, curvature_probes, granularity, first_order), with the
+        same meaning, units and defaults (docs/operations.md).
+
+    Raises snip.ConvertError when no linear layer is matched, snip.PlanError
+    for a bad option (one line naming the [precision] key) or a budget the
+    pins make infeasible, snip.RecipeError for an unknown recipe, snip.Error
+    for an optimizer other than AdamW or a layer it does not train.
+    """
+
+    def __init__(self, model, optimizer, *, budget=0.75, options=("fp4", "fp8"), pins=None, max_steps,
+                 policy="snip", recipe_file=None, gemm="bf16", seed=0, run_dir=None, verbose=False, roles=None,
+                 module_filter_fn=None, grad_scale=1.0, **precision):
+        if not isinstance(model, torch.nn.Module):
+            raise ConvertError(f"snip.Controller: model: expected a torch.nn.Module, got {type(model).__name__}")
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            raise ConvertError("snip.Controller: model: expected the module inside DistributedDataParallel "
+                               "(ddp.module), got the wrapper")
+        if not isinstance(optimizer, torch.optim.AdamW):
+            raise Error(f"snip.Controller: optimizer: expected a torch.optim.AdamW (weight divergence reads its "
+                        f"state), got {type(optimizer).__name__}")
+        for k in precision:
+            if k not in _PRECISION_KEYS:
+                raise PlanError(f"snip.Controller: unknown option {k!r} (expected one of budget, options, pins, "
+                                f"max_steps, policy, recipe_file, gemm, seed, {', '.join(_PRECISION_KEYS)})")
+        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+            raise PlanError(f"snip.Controller: max_steps: expected an integer >= 1, got {max_steps!r}")
+        if not (isinstance(grad_scale, (int, float)) and math.isfinite(grad_scale) and grad_scale > 0):
+            raise PlanError(f"snip.Controller: grad_scale: expected a finite number > 0, got {grad_scale!r}")
+        if isinstance(options, str):
+            options = [o.strip() for o in options.split(",")]
+        options = list(options)
+        if pins is not None and not isinstance(pins, dict):
+            raise PlanError(f"snip.Controller: pins: expected a dict glob -> option, got {type(pins).__name__}")
+        self._recipes = load_recipes(recipe_file) if recipe_file is not None else {}
+        if "low_option" not in precision:
+            low = next((o for o in options if o != "bf16" and _is_4bit(o, self._recipes)), None)
+            if low is not None:
+                precision["low_option"] = low
+        if policy.startswith("uniform-") and "warmup_steps" not in precision:
+            precision.setdefault("warmup_steps", 0)
+            precision.setdefault("final_high_precision_fraction", 0.0)
+        self.model = model
+        self.optimizer = optimizer
+        self.grad_scale = float(grad_scale)
+        self.seed = int(seed)
+        self.gemm = gemm
+
+        # The layers: forward order, one per module.
+        if module_filter_fn is None:
+            head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+
+            def module_filter_fn(module, fqn):
+                return module is not head and fqn.rpartition(".")[2] != "lm_head"
+        found, seen = [], set()
+        for fqn, m in _linears(model):
+            if id(m) in seen or not module_filter_fn(m, fqn):
+                continue
+            seen.add(id(m))
+            found.append(fqn)
+        if not found:
+            raise ConvertError(f"snip.Controller: no linear layer of {type(model).__name__} matched "
+                               f"({len(_linears(model))} found)")
+        chosen = set(found)
+        convert(model, recipe="none", gemm=gemm, seed=self.seed, module_filter_fn=lambda m, fqn: fqn in chosen)
+        mods = dict(model.named_modules(remove_duplicate=False))
+        self.layer_names = found
+        self.layers = [mods[n] for n in found]
+        role_of = roles if callable(roles) else (roles.get if isinstance(roles, dict) else hf_role)
+        self.roles = {n: role_of(n) for n in found}
+        owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        for n, m in zip(found, self.layers):
+            if id(m.weight) not in owned:
+                raise Error(f"snip.Controller: layer '{n}': its weight is not a parameter of the optimizer")
+
+        cfg = [f"[train]\nmax_steps = {int(max_steps)}\nseed = {self.seed}\n"
+               f"gemm_dtype = {_toml_value(gemm)}\n", "[precision]",
+               f"policy = {_toml_value(policy)}", f"budget = {_toml_value(float(budget))}",
+               f"options = {_toml_value(options)}",
+               f"pins = {_toml_value([f'{k}={v}' for k, v in (pins or {}).items()])}"]
+        if recipe_file is not None:
+            cfg.append(f"recipe_file = {_toml_value(str(recipe_file))}")
+        for k, v in precision.items():
+            cfg.append(f"{k} = {_toml_value(v)}")
+        shapes = [{"name": n, "index": m.layer, "in": m.in_features, "out": m.out_features}
+                  for n, m in zip(found, self.layers)]
+        try:
+            self._core = torch.classes.snip.Controller("\n".join(cfg) + "\n", json.dumps(shapes), gemm)
+        except (ValueError, RuntimeError) as e:
+            text = str(e).strip().splitlines()
+            line = (text[0] if text else type(e).__name__).replace("snip.Controller: precision.", "precision.")
+            raise PlanError(f"snip.Controller: {line}") from None
+        self._so = json.loads(self._core.stats_options())
+        self._dist = torch.distributed.is_available() and torch.distributed.is_initialized()
+        self._rank = torch.distributed.get_rank() if self._dist else 0
+        if run_dir is not None and self._rank == 0:
+            self._core.set_output(str(run_dir), bool(verbose))
+        elif verbose and self._rank == 0:
+            self._core.set_output("", True)
+        self.step = 0
+        self._event, self._decided = {}, False
+        self._plan_step = None
+        self._plan_phase = None
+
+    # ---- the loop
+
+    def begin_step(self, loss_fn):
+        """Call at the start of every optimizer step, before its first
+        forward. At a decision step (the end of warmup, each plan step, the
+        start of the final phase) it runs the stats step when one is due
+        (``loss_fn()``, a deterministic forward of the step's first
+        micro-batch returning the scalar loss, is then called 2 + K times,
+        K = precision.curvature_probes; its backwards run inside) and sets
+        every layer's recipe. Returns the step's metrics (dict; see
+        metrics()). Every rank must call it at the same steps. Raises
+        snip.PlanError for an infeasible re-plan or non-finite statistics,
+        snip.Error when a layer takes no part in loss_fn."""
+        s = self.step
+        buf, t0 = torch.zeros(0, dtype=torch.float64), time.perf_counter()
+        if self._core.stats_due(s):
+            buf = self._measure(loss_fn, s)
+        ev = json.loads(_check_call(self._core.begin_step, s, buf, time.perf_counter() - t0))
+        self._event, self._decided = ev["metrics"], ev["decided"]
+        if ev["decided"]:
+            self._install(s)
+        return self.metrics()
+
+    def end_step(self):
+        """Call after the optimizer step: counts it (stochastic rounding's
+        key, the schedule's position)."""
+        self.step += 1
+        for m in self.layers:
+            m.step = self.step
+
+    # ---- what it decided
+
+    @property
+    def plan(self):
+        """The decision in force (a snip.Plan), None before the first."""
+        a = json.loads(self._core.assignment())
+        if not a:
+            return None
+        pj = json.loads(self._core.last_plan())
+        return Plan(a, pj, self._core.plan_table(), self._core.fp4_share(), self._plan_step, self._plan_phase)
+
+    @property
+    def schedule(self):
+        """dict: max_steps, warmup_end (first plan step), final_start (first
+        step of the final phase), plan_steps (list), policy."""
+        return json.loads(self._core.schedule())
+
+    def fp4_share(self):
+        """The FP4 FLOPs share of the decision in force (fraction; 0 before the first)."""
+        return self._core.fp4_share()
+
+    def stats(self):
+        """The smoothed statistics the last plan used, as RUN/stats/step-s.json
+        holds them (dict: layers with flops, q, rel_err, details), or None."""
+        return json.loads(self._core.smoothed())
+
+    def metrics(self):
+        """Numbers for your logger (dict): step, phase, fp4_share, budget
+        (the plan's, when one was solved), decided (bool), fp4_share_by_role
+        {role: fraction of that role's FLOPs at the low option},
+        rel_err_fprop {layer: relative fprop error of its option at the last
+        stats step}, and the C++ controller's (plan_status,
+        plan_solve_seconds, ...)."""
+        out = {"step": self.step, "phase": self._core.phase_at(self.step), "fp4_share": self._core.fp4_share(),
+               "decided": self._decided}
+        out.update(self._event)
+        a = json.loads(self._core.assignment())
+        if a:
+            low = json.loads(self._core.last_plan()) or {}
+            tot, lowf = {}, {}
+            low_name = self._so["low_option"]
+            for n, m in zip(self.layer_names, self.layers):
+                r = self.roles.get(n) or "other"
+                f = float(m.in_features * m.out_features)
+                opts = [a.get(n)] * 3 if n in a else [a.get(f"{n}:{g}") for g in ("fprop", "dgrad", "wgrad")]
+                tot[r] = tot.get(r, 0.0) + f
+                lowf[r] = lowf.get(r, 0.0) + f * sum(o == low_name for o in opts) / 3.0
+            out["fp4_share_by_role"] = {r: lowf[r] / tot[r] for r in tot}
+            if low.get("rel_err_fprop"):
+                out["rel_err_fprop"] = {n: low["rel_err_fprop"][n].get(a.get(n, a.get(f"{n}:fprop")), 0.0)
+                                        for n in self.layer_names if n in low["rel_err_fprop"]}
+        return out
+
+    # ---- checkpoints
+
+    def state_dict(self):
+        """Everything a resumed run needs to decide as this one would: the
+        step, phase, decision, smoothed statistics and the guard's levers (a
+        dict of plain values; save it with the model and optimizer)."""
+        return {"step": self.step, "plan_step": self._plan_step, "plan_phase": self._plan_phase,
+                "controller": json.loads(self._core.state())}
+
+    def load_state_dict(self, state):
+        """Restores state_dict()'s output and installs its decision on the
+        layers. Raises snip.PlanError for a malformed state."""
+        if not isinstance(state, dict) or "controller" not in state or "step" not in state:
+            raise PlanError("snip.Controller.load_state_dict: expected a dict from Controller.state_dict()")
+        _check_call(self._core.restore, json.dumps(state["controller"]))
+        self.step = int(state["step"])
+        self._plan_step, self._plan_phase = state.get("plan_step"), state.get("plan_phase")
+        for m in self.layers:
+            m.step = self.step
+        if json.loads(self._core.assignment()):
+            self._install(self._plan_step, count=False)
+
+    # ---- internals
+
+    def _recipe_of(self, option):
+        if option == "bf16":
+            return "none"
+        return self._recipes.get(option, option)
+
+    def _install(self, s, count=True):
+        a = json.loads(self._core.assignment())
+        if self._dist and torch.distributed.get_world_size() > 1:
+            # Every rank decided from the same summed statistics; rank 0's
+            # decision is the run's, and a rank that decided otherwise stops.
+            mine = [json.dumps(a, sort_keys=True)]
+            torch.distributed.broadcast_object_list(mine, src=0)
+            if mine[0] != json.dumps(a, sort_keys=True):
+                raise PlanError(f"snip.Controller: step {s}: rank {self._rank}'s plan differs from rank 0's")
+        for n, m in zip(self.layer_names, self.layers):
+            by_gemm = {g: a[n] if n in a else a[f"{n}:{g}"] for g in ("fprop", "dgrad", "wgrad")}
+            if len(set(by_gemm.values())) == 1:
+                m.set_recipe(self._recipe_of(by_gemm["fprop"]), gemm=self.gemm)
+            else:  # precision.granularity = "gemm": each GEMM its option
+                m.set_recipe(per_gemm({g: self._recipe_of(o) for g, o in by_gemm.items()}), gemm=self.gemm)
+        if count:
+            self._plan_step, self._plan_phase = s, self._core.phase_at(s)
+
+    def _adam(self, w):
+        group = next(g for g in self.optimizer.param_groups if any(p is w for p in g["params"]))
+        st = self.optimizer.state.get(w, {})
+        empty = torch.zeros(0)
+        t = [st.get("exp_avg", empty), st.get("exp_avg_sq", empty), st.get("max_exp_avg_sq", empty)]
+        step = st.get("step", 0)
+        b1, b2 = group["betas"]
+        nums = [float(step), float(group["lr"]), float(b1), float(b2), float(group["eps"]),
+                1.0 if group.get("amsgrad", False) else 0.0]
+        return [x.detach() for x in t], nums
+
+    def _run_pass(self, loss_fn, what):
+        loss = loss_fn()
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
+            raise Error(f"snip.Controller: loss_fn ({what}): expected a scalar loss tensor that requires grad, got "
+                        f"{type(loss).__name__ if not isinstance(loss, torch.Tensor) else list(loss.shape)}")
+        torch.autograd.grad(loss.reshape(()), [m.weight for m in self.layers], allow_unused=True)
+
+    def _with_probes(self, probes, loss_fn, what):
+        for m, p in zip(self.layers, probes):
+            m._probe = p
+        try:
+            with torch.enable_grad():
+                self._run_pass(loss_fn, what)
+        finally:
+            for m in self.layers:
+                m._probe = None
+        for n, p in zip(self.layer_names, probes):
+            if p.error is not None:
+                raise p.error
+        return probes
+
+    def _measure(self, loss_fn, s):
+        """The stats step's passes (src/method/stats.h): A measures every
+        option on the clean operands, C calibrates the upstream weight
+        divergence, B the curvature; returns the [L·F + 1] float64 sums,
+        summed over the ranks."""
+        core, L = self._core, len(self.layers)
+        F, K = self._so["fields"], self._so["curvature_probes"]
+        fx, fg, fc, fu = (self._so[k] for k in ("dx_field", "group_field", "curvature_field", "calibration_field"))
+        adam = [self._adam(m.weight) for m in self.layers]
+        rec = [dict() for _ in range(L)]
+
+        def on_dy_a(i, probe):
+            def f(dy):
+                m = self.layers[i]
+                sums, row_rms, edg, dw = core.measure_layer(i, probe.x, dy, m.weight.detach(), adam[i][0],
+                                                            adam[i][1], self.seed, s)
+                rec[i].update(sums=sums, row_rms=row_rms, edg=edg, dw=dw, T=probe.x.shape[0], x_id=probe.x_id)
+                probe.x = None
+            return f
+        probes = [_Probe(keep_x=True) for _ in range(L)]
+        for i, p in enumerate(probes):
+            p.on_dy = on_dy_a(i, p)
+        self._with_probes(probes, loss_fn, "pass A")
+        missing = [n for n, r in zip(self.layer_names, rec) if "sums" not in r]
+        self._agree_measured(missing, s)
+        # Groups (layers reading the same input tensor: q/k/v, gate/up) and
+        # the upstream sets U(l) = earlier layers of another group.
+        group = []
+        for i in range(L):
+            group.append(next(k for k in range(i + 1) if rec[k]["x_id"] == rec[i]["x_id"]))
+            rec[i]["sums"][fg] = float(group[i])
+            rec[i]["upstream"] = any(group[k] != group[i] for k in range(i))
+        # Pass C: relative noise on dX of every layer with an upstream layer.
+        probes = [_Probe(keep_x=True) for _ in range(L)]
+        for i, p in enumerate(probes):
+            w = self.layers[i].weight
+
+            def on_dy_c(dy, i=i, p=p):
+                rec[i]["sums"][fu] = core.calibration_du_sq(p.x, dy, rec[i]["dw"], adam[i][0], adam[i][1])
+                p.x = None
+            p.on_dy = on_dy_c
+            if rec[i]["upstream"]:
+                like = torch.empty(0, dtype=w.dtype)
+                p.input_noise = (lambda i=i, like=like: core.calibration_noise(i, rec[i]["T"], rec[i]["sums"][fx],
+                                                                               like, s))
+        self._with_probes(probes, loss_fn, "calibration")
+        for r in rec:
+            r.pop("dw", None)
+        # Pass B: per curvature probe, output noise ε on every layer.
+        for k in range(K):
+            probes = [_Probe() for _ in range(L)]
+            for i, p in enumerate(probes):
+                def noise(i=i, k=k):
+                    return core.curvature_noise(i, k, rec[i]["row_rms"], s)
+
+                def on_dy_b(dy, i=i, k=k, noise=noise):
+                    eps = noise()
+                    inner = (eps * dy.reshape(eps.shape)).sum(dtype=torch.float64)
+                    rec[i]["sums"][fc] = rec[i]["sums"][fc] + inner - rec[i]["edg"][k]
+                p.output_noise, p.on_dy = noise, on_dy_b
+            self._with_probes(probes, loss_fn, "curvature probe")
+        buf = torch.cat([r["sums"] for r in rec] + [torch.ones(1, dtype=torch.float64)])
+        if self._dist and torch.distributed.get_world_size() > 1:
+            torch.distributed.all_reduce(buf)
+        return buf
+
+    def _agree_measured(self, missing, s):
+        """Every rank measured every layer (else each stops with the same
+        error instead of waiting in the reduction)."""
+        bad = torch.tensor([len(missing)], dtype=torch.int64)
+        if self._dist and torch.distributed.get_world_size() > 1:
+            torch.distributed.all_reduce(bad)
+        if missing:
+            raise Error(f"snip.Controller: stats step at step {s}: layer '{missing[0]}' took no part in loss_fn's "
+                        f"forward and backward (every controlled layer must)")
+        if int(bad) > 0:
+            raise Error(f"snip.Controller: stats step at step {s}: another rank's loss_fn missed a layer")
+
+
+def _is_4bit(option, file_recipes):
+    """Whether recipe ``option`` has an operand of fewer than 8 element bits."""
+    r = file_recipes.get(option) or all_recipes().get(option)
+    if r is None:
+        return False
+    bits = {f["name"]: f["bits"] for f in formats()}
+    return any(bits.get(spec.get("element"), 8) < 8 for spec in r.operands.values())
