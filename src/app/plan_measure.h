@@ -22,8 +22,8 @@ struct PlanMeasureRequest {
   std::string data_dir;  ///< prepared data folder (train.bin, tokenizer.model, meta.json)
   int64_t batch = 1;     ///< sequences of train.seq_len tokens in the measured micro-batch
   bool per_gemm = false;  ///< one cost-table row per GEMM (fprop/dgrad/wgrad), not per layer
-  bool allow_other_tokenizer = false;
-  std::string stats_out;  ///< when set: the measured stats are also written here (stats.h to_json; atomically)  ///< the data's tokenizer may differ from the model's (warns)
+  bool allow_other_tokenizer = false;  ///< the data's tokenizer may differ from the model's (warns)
+  std::string stats_out;  ///< when set: the measured stats are also written here (stats.h to_json; atomically)
 };
 
 /// Adopts HF_DIR's config.json into `cfg` (the shapes planned are then the

@@ -24,6 +24,7 @@
 #include "snip/io/json.h"
 #include "snip/run/checkpoint_files.h"
 #include "snip/core/error.h"
+#include "snip/core/kill_point.h"
 
 namespace snip {
 
@@ -513,11 +514,9 @@ PrecisionEvent PrecisionController::begin_step(int64_t s, const StatsMeasure& me
   PrecisionEvent ev;
   if (!decision_due(s)) return ev;
   const Phase ph = sched_.phase_at(s);
-  {
-    if (ph == Phase::kPlan && replan_requested_) ev.metrics["guard_replan"] = true;
-    decide(s, ph, measure, ev);
-    if (ph == Phase::kPlan) replan_requested_ = false;
-  }
+  if (ph == Phase::kPlan && replan_requested_) ev.metrics["guard_replan"] = true;
+  decide(s, ph, measure, ev);
+  if (ph == Phase::kPlan) replan_requested_ = false;
   return ev;
 }
 
@@ -574,6 +573,7 @@ void PrecisionController::decide(int64_t s, Phase phase, const StatsMeasure& mea
     add_stages(prob);
     const plan::PlanOptions o = plan_options(true);
     if (root) {  // several ranks: rank 0 alone solves; agree() hands its plan (or error) to the others
+      test_kill_point("plan@" + std::to_string(s));  // tests/cli/kill_resume.py
       try {
         r = pc_.policy == Policy::kSnip ? plan::solve(prob, o)
                                         : plan::run_heuristic(policy_, prob, o, uint64_t(pc_.seed));

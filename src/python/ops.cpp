@@ -30,7 +30,7 @@
 //   snip::recipes_json(str recipe_file) -> str   `snip formats --recipes --json [--recipe-file F]`
 //
 //
-//   torch.classes.snip.Controller(str config_toml, str layers_json, str gemm): the
+//   torch.classes.snip.Controller(str config_toml, str layers_json, str gemm, float grad_scale): the
 //       C++ PrecisionController (method/controller.h) over layers it does not
 //       hold, and the per-layer pieces of the stats step (method/stats.h
 //       measure_layer, curvature_noise, calibration_noise, calibration_du_sq,
@@ -44,6 +44,7 @@
 #include <torch/library.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <map>
 #include <cstring>
 #include <memory>
@@ -290,7 +291,7 @@ std::string recipes_json(std::string recipe_file) {
 // turns a UserError into a ValueError (snip.Error subclasses in Python).
 class ControllerCore : public torch::CustomClassHolder {
  public:
-  ControllerCore(std::string config_toml, std::string layers_json, std::string gemm) {
+  ControllerCore(std::string config_toml, std::string layers_json, std::string gemm, double grad_scale) {
     user_errors([&] {
       Config cfg;
       cfg.load_toml_string(config_toml, "snip.Controller");
@@ -303,16 +304,18 @@ class ControllerCore : public torch::CustomClassHolder {
       if (shapes.empty()) fail("snip.Controller: expected at least one linear layer, got none");
       ctl_ = std::make_unique<PrecisionController>(rc, shapes, gemm_dtype(gemm));
       so_ = ctl_->stats_options();
+      if (!(grad_scale > 0) || !std::isfinite(grad_scale))
+        fail("snip.Controller: grad_scale: expected a finite number > 0, got ", grad_scale);
+      so_.grad_scale = grad_scale;
       for (const auto& o : so_.options) quant_.push_back(make_recipe_quantizer(so_.recipes, o));
       return 0;
     });
   }
 
   bool stats_due(int64_t s) { return ctl_->stats_due(s); }
-  bool decision_due(int64_t s) { return ctl_->decision_due(s); }
-  bool active() { return ctl_->active(); }
 
-  // {"options", "curvature_probes", "fields"}: what the passes need.
+  // What the passes need: the options, low_option, curvature_probes, the
+  // number of fields per layer and the indices of those the passes fill.
   std::string stats_options() {
     return nlohmann::json{{"options", so_.options},
                           {"low_option", so_.low_option},
@@ -355,7 +358,7 @@ class ControllerCore : public torch::CustomClassHolder {
   // `measured_seconds` (wall time of the passes).
   std::string begin_step(int64_t s, torch::Tensor reduced, double measured_seconds) {
     return user_errors([&] {
-      ctl_->add_stats_seconds(measured_seconds);
+      ctl_->set_outside_stats_seconds(measured_seconds);
       const PrecisionEvent ev = ctl_->begin_step(s, [&](const StatsOptions& so) {
         if (reduced.numel() == 0) fail("snip.Controller: step ", s, ": a stats step is due, got no statistics");
         return derive_stats(reduced, ctl_->layer_shapes(), so, s);
@@ -371,7 +374,8 @@ class ControllerCore : public torch::CustomClassHolder {
   }
   double fp4_share() { return ctl_->fp4_share(); }
   std::string smoothed() {
-    return ctl_->smoothed().layers.empty() ? std::string("null") : to_json(ctl_->smoothed()).dump();
+    return ctl_->smoothed().layers.empty() ? std::string("null")
+                                           : to_json(ctl_->smoothed(), ctl_->per_gemm()).dump();
   }
   std::string state() { return ctl_->state().dump(); }
   void restore(std::string st) {
@@ -423,10 +427,8 @@ class ControllerCore : public torch::CustomClassHolder {
 
 TORCH_LIBRARY(snip, m) {
   m.class_<snip::ControllerCore>("Controller")
-      .def(torch::init<std::string, std::string, std::string>())
+      .def(torch::init<std::string, std::string, std::string, double>())
       .def("stats_due", &snip::ControllerCore::stats_due)
-      .def("decision_due", &snip::ControllerCore::decision_due)
-      .def("active", &snip::ControllerCore::active)
       .def("stats_options", &snip::ControllerCore::stats_options)
       .def("measure_layer", &snip::ControllerCore::measure_layer)
       .def("curvature_noise", &snip::ControllerCore::curvature_noise)

@@ -2,7 +2,8 @@
 a tiny Hugging Face Llama under DistributedDataParallel, each rank on its own
 micro-batches of the project's corpus, snip.Controller on the module inside.
 Writes ARGV[1]/rank<r>.json: every decision, the last statistics, a CRC of
-the weights."""
+the weights. With ARGV[2] = "fail": rank 1's loss_fn raises in the first
+stats step; each rank records the snip.Error it got (none may hang)."""
 import datetime
 import json
 import os
@@ -18,7 +19,7 @@ import snip
 import snip.data
 
 
-def main(out):
+def main(out, mode):
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank = dist.get_rank()
     cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -37,6 +38,24 @@ def main(out):
         logits = m(ids[:, :-1]).logits
         return F.cross_entropy(logits.reshape(-1, 512).float(), ids[:, 1:].reshape(-1))
 
+    def stats_loss(ids):
+        if mode == "fail" and rank == 1:
+            raise ValueError("rank 1's loss_fn failed")
+        return loss_of(model, ids)
+
+    if mode == "fail":
+        ctl.begin_step(lambda: loss_of(model, batches[0]))  # step 0: warmup, no stats
+        ctl.end_step()
+        try:
+            ctl.begin_step(lambda: stats_loss(batches[1]))  # step 1: the first stats step
+            error = None
+        except Exception as e:  # noqa: BLE001 - recorded for the test
+            error = f"{type(e).__name__}: {e}"
+        with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+            json.dump({"error": error}, f)
+        dist.barrier()  # both recorded before either leaves
+        dist.destroy_process_group()
+        return
     plans = []
     for step in range(20):
         ids = batches[step % 10]
@@ -51,8 +70,9 @@ def main(out):
         crc = zlib.crc32(t.contiguous().numpy().tobytes(), crc)
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"plans": plans, "stats": ctl.stats(), "weights_crc": crc, "schedule": ctl.schedule}, f)
+    dist.barrier()
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "train")

@@ -67,7 +67,7 @@ def test_stats_equal_an_independent_computation():
     model = torch.nn.Sequential(torch.nn.Linear(32, 48, bias=False), torch.nn.GELU(), torch.nn.Linear(48, 16, bias=False))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     ctl = snip.Controller(model, opt, budget=0.5, max_steps=10, warmup_steps=2, gemm="fp32", seed=3,
-                          curvature_probes=0)
+                          curvature_probes=0, grad_scale=0.25)
     x = torch.randn(24, 32, generator=torch.Generator().manual_seed(1))
     for _ in range(2):  # warmup: optimizer state to read
         assert ctl.begin_step(lambda: model(x).square().mean())["phase"] == "warmup"
@@ -103,13 +103,77 @@ def test_stats_equal_an_independent_computation():
             rel = got[name]["options"][option]["rel_err"]
             for gemm, v in want.items():
                 assert rel[gemm] == pytest.approx(float(v), rel=1e-5), (name, option, gemm)
-            wd = (adamw_update(opt, param, dW + ew) - adamw_update(opt, param, dW)).norm() / W.norm()
+            # grad_scale: the optimizer sees 0.25 x the loss's gradient.
+            wd = (adamw_update(opt, param, 0.25 * (dW + ew)) - adamw_update(opt, param, 0.25 * dW)).norm() / W.norm()
             assert got[name]["options"][option]["wd_own"] == pytest.approx(float(wd), rel=1e-4), (name, option)
     # Layer 2's input is downstream of layer 0: it is upstream of nothing,
     # layer 0 is upstream of layer 2.
     assert got["0"]["n_upstream"] == 0 and got["2"]["n_upstream"] == 1
     # With no curvature probes LD is 0: Q is the weight divergence alone.
     assert all(o["ld"] == 0 for lay in got.values() for o in lay["options"].values())
+
+
+def test_curvature_of_half_mean_square_is_one_over_n():
+    # stats.h: for L = ½·mean(Y²) over n output elements, c = <ε, g(ε) − g(0)>/||ε||²
+    # is exactly 1/n (g = Y/n), and LD = ½·c·||e_fprop||² (first_order drop).
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32, bias=False), torch.nn.Tanh(), torch.nn.Linear(32, 8, bias=False))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ctl = snip.Controller(model, opt, max_steps=10, warmup_steps=0, gemm="fp32", curvature_probes=2,
+                          module_filter_fn=lambda m, fqn: fqn == "2")  # the last layer alone: no noise upstream
+    x = torch.randn(12, 16, generator=torch.Generator().manual_seed(2))
+    ctl.begin_step(lambda: 0.5 * model(x).square().mean())
+    lay = ctl.stats()["details"]["layers"][0]
+    n = 12 * 8
+    assert lay["curvature"] == pytest.approx(1 / n, rel=1e-5)
+    X, W = torch.tanh(x @ model[0].weight.detach().t()), model[2].weight.detach()
+    for option in ("fp4", "fp8"):
+        e = snip.fake_quant(X, option, "fprop.x") @ snip.fake_quant(W, option, "fprop.w").t() - X @ W.t()
+        assert lay["options"][option]["ld"] == pytest.approx(0.5 / n * float(e.square().sum()), rel=1e-4)
+
+
+class Chain(torch.nn.Module):
+    """a -> b -> c, each reading a temporary (x·2): no two layers share an input."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = (torch.nn.Linear(64, 64, bias=False) for _ in range(3))
+
+    def forward(self, x):
+        return self.c(self.b(self.a(x * 2) * 2) * 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_upstream_sets_follow_the_inputs_in_every_dtype(dtype):
+    # In bf16/fp16 each layer works on a float32 copy of its input and the
+    # input itself is a freed temporary: its memory must not make a later,
+    # different input look like the same tensor (siblings).
+    torch.manual_seed(0)
+    m = Chain().to(dtype)
+    x = torch.randn(32, 64, dtype=dtype)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    ctl = snip.Controller(m, opt, max_steps=20, warmup_steps=0, options=("nvfp4", "fp8"), curvature_probes=1)
+    ctl.begin_step(lambda: m(x).float().square().mean())
+    assert [l["n_upstream"] for l in ctl.stats()["details"]["layers"]] == [0, 1, 2]
+    # And a float32 model under autocast measures as well.
+    if dtype == torch.float32:
+        ctl.end_step()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ctl.begin_step(lambda: m(x).float().square().mean())
+
+
+def test_registration_out_of_forward_order_is_named():
+    class Reversed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.b, self.a = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)  # a runs first
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+    m = Reversed()
+    ctl = snip.Controller(m, torch.optim.AdamW(m.parameters()), max_steps=10, warmup_steps=0)
+    with pytest.raises(snip.Error, match="not registered in forward order: 'a' ran after 'b'|'b' ran after 'a'"):
+        ctl.begin_step(lambda: m(torch.ones(2, 8)).sum())
 
 
 # ---- against the C++ `snip plan` on the same weights -----------------------
@@ -260,14 +324,18 @@ def free_port():
         return s.getsockname()[1]
 
 
-def test_two_ranks_under_torchrun_agree_on_every_plan(tmp_path):
+def torchrun_ranks(out, mode="train"):
     data_dir()
     env = dict(os.environ, OMP_NUM_THREADS="1")
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
                         "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-                        str(HERE / "controller_ranks.py"), str(tmp_path)], capture_output=True, text=True,
+                        str(HERE / "controller_ranks.py"), str(out), mode], capture_output=True, text=True,
                        timeout=240, env=env)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+
+
+def test_two_ranks_under_torchrun_agree_on_every_plan(tmp_path):
+    torchrun_ranks(tmp_path)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert len(r0["plans"]) == 5 and r0["plans"] == r1["plans"]
     assert r0["stats"] == r1["stats"] and r0["stats"]["details"]["ranks"] == 2
@@ -297,6 +365,16 @@ def test_bad_input_is_one_line_snip_error():
         snip.Controller(model, opt, max_steps=10, smoothness=0.2)
     with pytest.raises(snip.Error, match="expected a torch.optim.AdamW"):
         snip.Controller(model, torch.optim.SGD(model.parameters(), lr=0.1), max_steps=10)
+    # A failed constructor leaves the model as it was.
+    with pytest.raises(snip.PlanError, match="matches no"):
+        snip.Controller(model, opt, max_steps=10, pins={"*.nothing": "fp8"})
+    with pytest.raises(snip.RecipeError, match="option 'fp8_tensor' keeps state between calls"):
+        snip.Controller(model, opt, max_steps=10, final_precision="fp8_tensor")
+    with pytest.raises(snip.PlanError, match="budget: expected a number, got 'abc'"):
+        snip.Controller(model, opt, max_steps=10, budget="abc")
+    with pytest.raises(snip.PlanError, match="max_steps: expected an integer >= 1"):
+        snip.Controller(model, opt, max_steps=2.5)
+    assert type(model.model.layers[0].self_attn.q_proj) is torch.nn.Linear
     ctl = snip.Controller(model, opt, max_steps=10, warmup_steps=0)
     ids = torch.randint(0, 512, (1, 9))
     # A loss that leaves a layer out of the forward: named.
@@ -304,9 +382,21 @@ def test_bad_input_is_one_line_snip_error():
         ctl.begin_step(lambda: model.model.embed_tokens(ids).sum() * 0 + model.lm_head.weight.sum())
     with pytest.raises(snip.Error, match="expected a scalar loss"):
         ctl.begin_step(lambda: 3.0)
+    with pytest.raises(snip.Error, match="must return the loss without calling backward"):
+        ctl.begin_step(lambda: (lambda l: (l.backward(retain_graph=False), l)[1])(lm_loss(model, ids)))
     # Nothing was left installed: the model trains as before.
     assert all(m._probe is None for m in ctl.layers)
     assert ctl.begin_step(lambda: lm_loss(model, ids))["phase"] == "plan"
+    with pytest.raises(snip.Error, match="begin_step ran twice for step 0"):
+        ctl.begin_step(lambda: lm_loss(model, ids))
+    # A state for other layers, or a bad step, is refused and changes nothing.
+    st = ctl.state_dict()
+    bad = dict(st, layers=[[n, 64, 65] for n, _, _ in st["layers"]])
+    with pytest.raises(snip.PlanError, match="the state is for other layers"):
+        ctl.load_state_dict(bad)
+    with pytest.raises(snip.PlanError, match="step: expected an integer"):
+        ctl.load_state_dict(dict(st, step="abc"))
+    assert ctl.state_dict() == st
 
 
 def test_roles_from_hugging_face_names_or_given():
@@ -339,3 +429,12 @@ def test_per_gemm_plans_run_each_gemm_at_its_option():
                                                                                "fprop.x"], (n, g)
         if n.endswith("down_proj"):
             assert a[f"{n}:wgrad"] == "fp8"
+
+
+def test_a_rank_that_fails_in_the_stats_step_stops_both(tmp_path):
+    # Rank 1's loss_fn raises in pass A: rank 1 gets its own error, rank 0 a
+    # snip.Error naming another rank, and neither waits in the reduction.
+    torchrun_ranks(tmp_path, "fail")
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text())["error"] for r in (0, 1))
+    assert r1 == "ValueError: rank 1's loss_fn failed"
+    assert r0.startswith("Error: snip.Controller: stats step at step 1 (pass A): another rank failed"), r0

@@ -228,12 +228,14 @@ class PrecisionController {
   /// distributed and pipeline hooks, which begin_step adds).
   StatsOptions stats_options() const;
   /// The plan JSON of the last decision (as saved in plans/step-s.json;
-  /// null before the first, and on ranks other than 0).
+  /// null before the first, and on ranks other than 0 of set_comm).
   const nlohmann::json& last_plan() const { return last_plan_; }
-  /// Seconds a caller spent measuring outside `measure` (the Python
-  /// controller's passes) before its begin_step: counted in the next plan's
-  /// "stats_seconds".
-  void add_stats_seconds(double s) { extra_stats_s_ = s; }
+  /// Sets the seconds a caller spent measuring outside `measure` (the
+  /// Python controller's passes) before its begin_step: added to the next
+  /// stats step's "stats_seconds".
+  void set_outside_stats_seconds(double s) { extra_stats_s_ = s; }
+  /// precision.granularity = "gemm".
+  bool per_gemm() const { return gran_ == plan::Granularity::gemm; }
   /// The layers, in forward order.
   const std::vector<LayerShape>& layer_shapes() const { return shapes_; }
 
@@ -314,7 +316,7 @@ class PrecisionController {
   std::vector<LayerShape> shapes_;   // every controlled layer, forward order
   std::vector<QuantLinear> layers_;  // the modules the C++ stats step measures (empty: shapes only)
   nlohmann::json last_plan_;
-  double extra_stats_s_ = 0;  // add_stats_seconds
+  double extra_stats_s_ = 0;  // set_outside_stats_seconds
   at::ScalarType gemm_dtype_;
   PrecisionSchedule sched_;
   std::set<int64_t> plan_steps_;
