@@ -14,6 +14,7 @@
 #include "snip/model/quantizers.h"
 #include "snip/plan/cost_table.h"
 #include "snip/core/error.h"
+#include "snip/core/kill_point.h"
 
 namespace snip {
 
@@ -453,6 +454,7 @@ StatsStep run_stats_step(std::vector<QuantLinear> layers, const std::function<to
   // Not retained: pass C runs its own forward, so activations are freed as
   // this backward proceeds, as in a training step.
   run_pass("pass A");
+  test_kill_point("stats@" + std::to_string(step));  // tests/cli/kill_resume.py
   for (auto& l : layers) l->probe = nullptr;
   if (o.all_gather) {
     // Several ranks: every rank must have measured every layer before the

@@ -70,11 +70,6 @@ void mark_good(const fs::path& root, int64_t step, int64_t keep_good) {
 
 }  // namespace
 
-void test_kill_point(const std::string& point) {
-  const char* k = std::getenv("SNIP_TEST_KILL");
-  if (k && point == k) ::kill(::getpid(), SIGKILL);
-}
-
 std::vector<int64_t> good_checkpoint_steps(const std::string& run_dir) {
   return read_good_steps(fs::path(run_dir) / "checkpoints");
 }
@@ -148,7 +143,7 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCa
     // referenced by path and SHA-256 in trainer_state.json ("lora").
     io::write_safetensors((tmp / "model.safetensors").string(),
                           has_lora(model) ? trainable_safetensors(model) : model_to_safetensors(model));
-    if (rewrite) test_kill_point("rewrite-writing");
+    test_kill_point(rewrite ? std::string("rewrite-writing") : "writing@" + std::to_string(step));
     if (shards) {
       io::write_file_atomic((tmp / "optimizer_index.json").string(), shards->index_json);
       opt_files.push_back("optimizer_index.json");

@@ -9,6 +9,7 @@
 #include "snip/method/nonfinite.h"
 #include "snip/train/optimizer.h"
 #include "snip/core/error.h"
+#include "snip/core/kill_point.h"
 
 namespace snip {
 
@@ -102,6 +103,7 @@ StepResult train_step(StepContext& c, int64_t step, double lr) {
     r.skipped = true;  // no update: weights and AdamW state stay those of the previous step
     return r;
   }
+  test_kill_point("step@" + std::to_string(step + 1));  // tests/cli/kill_resume.py
   c.optimizer.step();
   if (c.zero && c.comm) dist::broadcast_from_owners(*c.comm, *c.zero);  // every rank gets the owners' update
   return r;

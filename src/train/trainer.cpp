@@ -220,6 +220,7 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
       else s.stages->check_replica_weights(str_cat("step ", s.step));
     }
     if (ckpt) checkpointer.write(scheduled, eval_step, nullptr);
+    if (ckpt) test_kill_point("after-checkpoint@" + std::to_string(s.step));  // tests/cli/kill_resume.py
     if (stopped_by) break;
     if (ckpt && s.stages) s.stages->rebalance_if_pending(checkpointer.last);
   }

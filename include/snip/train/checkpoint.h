@@ -58,6 +58,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "snip/core/kill_point.h"
 #include "snip/config/config.h"
 #include "snip/dist/world.h"
 #include "snip/io/safetensors.h"
@@ -119,15 +120,6 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCa
 /// The steps RUN/checkpoints/good.json lists, ascending ({} when it is
 /// absent or unreadable).
 std::vector<int64_t> good_checkpoint_steps(const std::string& run_dir);
-
-/// Test-only (tests/cli/rollback_crash.py): when the environment variable
-/// SNIP_TEST_KILL equals `point`, this process sends itself SIGKILL, as
-/// kill -9 would. The points: "rewrite-writing" (a rewritten step-N's files
-/// half written), "rewrite-aside" (the old step-N renamed aside, the new one
-/// not yet in place), "before-marker@N" (step-N in place, last_good.json not
-/// yet naming it), "rewrite-before-record" (the rollback's rewrite in place,
-/// its metrics.jsonl record not yet written).
-void test_kill_point(const std::string& point);
 
 /// Puts RUN/checkpoints back in order after a process was killed while it
 /// wrote there: deletes step-N.tmp folders, a step-N.old beside a complete
