@@ -129,6 +129,7 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, LlamaForCa
       err = e.what();
     }
     if (!err.empty()) spdlog::error("rank {}: {}", me, err);
+    test_kill_point("shard-written@" + std::to_string(step));  // tests/cli/kill_resume.py
     try {
       agree(err.empty(), "write its optimizer shard");
     } catch (const UserError& e) {

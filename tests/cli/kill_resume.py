@@ -20,6 +20,11 @@ written), under policy snip and under a delayed-scaling recipe (fp8_tensor:
 its amax histories are in the checkpoint); and 2 ranks under torchrun
 (Gloo, 127.0.0.1) with rank 1 SIGKILLed mid-step: torchrun stops the job,
 and the job started again with --resume ends as the uninterrupted one.
+Under ZeRO stage 1 (2 hand-launched ranks), rank 1 SIGKILLed right after
+writing its optimizer shard of step 8: rank 0 stops with one line naming
+rank 1, step-8 never becomes a checkpoint (last_good.json stays at 4, the
+half-written step-8.tmp is tidied by the resume), and the ranks started
+again with --resume end as the uninterrupted run.
 
 usage: kill_resume.py SNIP_BINARY PREPARED_DATA_DIR
 """
@@ -221,6 +226,49 @@ rc, out = job(run2, ["--resume"])
 check(rc == 0, "2 ranks: the job restarted with --resume ends", out[-1500:])
 if rc == 0:
     same("2 ranks, rank 1 killed at step@10", ref2, run2)
+
+
+# ---- ZeRO stage 1 on 2 hand-launched ranks: rank 1 dies mid-checkpoint.
+def ranks(run, extra_args, env_extra=None):
+    port = free_port()
+    ps = []
+    for r in range(2):
+        env = clean_env(env_extra)
+        env.update({"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2",
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo"})
+        ps.append(subprocess.Popen([snip, "train", "--run-dir", run] + extra_args, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, env=env, start_new_session=True))
+    out = []
+    for p in ps:
+        try:
+            o, e = p.communicate(timeout=120)
+            out.append((p.returncode, e))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out.append(("timeout", p.communicate()[1]))
+    return out
+
+
+zcfg = os.path.join(tmp, "zero.toml")
+micro_toml(zcfg, data, CONFIGS["snip"].replace("[precision]", "zero_stage = 1\n[precision]"))
+zref = os.path.join(tmp, "zero-ref")
+res = ranks(zref, ["--config", zcfg])
+check(all(r[0] == 0 for r in res), "ZeRO 2 ranks: the uninterrupted run", [r[1][-800:] for r in res])
+zrun = os.path.join(tmp, "zero-killed")
+res = ranks(zrun, ["--config", zcfg], {"SNIP_TEST_KILL": "shard-written@8", "SNIP_TEST_KILL_RANK": "1"})
+check(res[1][0] == -signal.SIGKILL, "ZeRO: rank 1 died of SIGKILL after writing its shard", f"rc={res[1][0]}")
+last0 = res[0][1].strip().splitlines()[-1] if res[0][1].strip() else ""
+check(res[0][0] == 2 and last0.startswith("snip: error: ") and "rank 1 stopped" in last0,
+      "ZeRO: rank 0 stops with one line naming rank 1", f"rc={res[0][0]} {last0!r}")
+ck = os.path.join(zrun, "checkpoints")
+with open(os.path.join(ck, "last_good.json")) as f:
+    check(json.load(f)["step"] == 4, "ZeRO: last_good.json still names step 4", "")
+check(not os.path.exists(os.path.join(ck, "step-8")) and os.path.isdir(os.path.join(ck, "step-8.tmp")),
+      "ZeRO: step-8 is only a step-8.tmp", str(os.listdir(ck)))
+res = ranks(zrun, ["--resume"])
+check(all(r[0] == 0 for r in res), "ZeRO: the 2 ranks started again with --resume end", [r[1][-800:] for r in res])
+if all(r[0] == 0 for r in res):
+    same("ZeRO, rank 1 killed mid-checkpoint", zref, zrun)
 
 shutil.rmtree(tmp, ignore_errors=True)
 print(f"kill_resume: {T.passed} checks passed, {len(T.failures)} failed")

@@ -18,6 +18,8 @@ namespace snip {
 ///                         optimizer update not yet applied
 ///   "writing@N"           checkpoint step-N half written (step-N.tmp holds
 ///                         model.safetensors only)
+///   "shard-written@N"     ZeRO: this rank's optimizer shard of step-N written
+///                         into step-N.tmp, the ranks not yet agreed on it
 ///   "before-marker@N"     step-N in place, last_good.json not yet naming it
 ///   "after-checkpoint@N"  step-N complete, step N+1's metrics.jsonl line not
 ///                         yet written
