@@ -118,6 +118,44 @@ for point, resume_env in (("rewrite-writing", FAULT), ("rewrite-aside", FAULT), 
     left = [e for e in checkpoint_entries(run) if e.endswith(".tmp") or e.endswith(".old")]
     check(not left, f"{point}: no unfinished checkpoint left", str(checkpoint_entries(run)))
 
+# Right after a rollback the run holds exactly the checkpoint it rolled back
+# to: killed between the rewrite's renames, the old step-4 (step-4.old,
+# written at step 4) and the new one (step-4.tmp, written from memory right
+# after the rollback) hold the same weights, the same AdamW state and the
+# same quantizer state (a delayed-scaling recipe: fp8_tensor's amax
+# histories), only the guard's record differing.
+fp8cfg = os.path.join(tmp, "fp8_tensor.toml")
+micro_toml(fp8cfg, data, "max_steps = 12\ncheckpoint_interval = 4\nkeep_checkpoints = 1\neval_interval = 4\n"
+           'eval_batches = 1\nsample_tokens = 0\nlog_interval = 1\n[precision]\nrecipe = "fp8_tensor"')
+state_run = os.path.join(tmp, "rollback-state")
+env = {k: v for k, v in os.environ.items() if k not in ("SNIP_TEST_FAULT", "SNIP_TEST_KILL")}
+env.update(FAULT, SNIP_TEST_KILL="rewrite-aside")
+p = subprocess.run([snip, "train", "--config", fp8cfg, "--run-dir", state_run], capture_output=True, text=True,
+                   timeout=300, env=env)
+check(p.returncode == -signal.SIGKILL, "rollback state: killed between the rewrite's renames", p.stderr[-800:])
+old, new = (os.path.join(state_run, "checkpoints", d) for d in ("step-4.old", "step-4.tmp"))
+
+
+def adamw(d):
+    import torch
+    m = torch.jit.load(os.path.join(d, "optimizer.pt"))
+    return {k: (int(st.step), st.exp_avg.numpy().tobytes(), st.exp_avg_sq.numpy().tobytes())
+            for k, st in m.state.named_children()}
+
+
+def quantizers(d):
+    with open(os.path.join(d, "trainer_state.json")) as f:
+        return json.load(f)["precision"]["quantizers"]
+
+
+if os.path.isdir(old) and os.path.isdir(new):
+    with open(os.path.join(old, "model.safetensors"), "rb") as a, open(os.path.join(new, "model.safetensors"), "rb") as b:
+        check(a.read() == b.read(), "rollback state: the weights after the rollback are step 4's, byte for byte")
+    check(adamw(old) == adamw(new), "rollback state: AdamW's step, m and v are step 4's")
+    qo, qn = quantizers(old), quantizers(new)
+    check(qo == qn and qo, "rollback state: the delayed-scaling amax histories are step 4's",
+          f"{json.dumps(qo)[:300]} vs {json.dumps(qn)[:300]}")
+
 # Killed after a checkpoint took its name but before last_good.json named
 # it: the resume marks it (it records "rollback_target"), so the rollback at
 # step 10 returns to step 8 as in the uninterrupted run, not to step 4.
