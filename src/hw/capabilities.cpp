@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <map>
 #include <set>
@@ -650,7 +651,10 @@ std::vector<GpuInfo> parse_nvidia_smi_csv(const std::string& csv) {
       throw std::runtime_error(where + ": expected compute_cap as major.minor (e.g. 9.0), got \"" + cc + "\"");
     g.cc_major = static_cast<int>(integer(cc.substr(0, dot), "the compute_cap major"));
     g.cc_minor = static_cast<int>(integer(cc.substr(dot + 1), "the compute_cap minor"));
-    g.memory_bytes = static_cast<std::int64_t>(integer(f[n - 2], "memory.total in MiB")) * 1024 * 1024;
+    const long long mib = integer(f[n - 2], "memory.total in MiB");
+    if (mib > std::numeric_limits<std::int64_t>::max() / (1024 * 1024))  // found by tests/fuzz/fuzz_nvidia_smi.cpp
+      throw std::runtime_error(where + ": expected memory.total below 2^43 MiB, got " + f[n - 2]);
+    g.memory_bytes = static_cast<std::int64_t>(mib) * 1024 * 1024;
     g.driver_version = f[n - 1];
     if (g.driver_version.empty()) throw std::runtime_error(where + ": expected a driver_version, got \"\"");
     gpus.push_back(std::move(g));
@@ -718,6 +722,7 @@ const char* to_string(Support s) {
   switch (s) {
     case Support::kNative: return "native";
     case Support::kEmulated: return "emulated exactly";
+    case Support::kEmulatedRounded: return "emulated, operands rounded";
     case Support::kNone: return "none";
   }
   return "?";
@@ -764,6 +769,15 @@ std::vector<SupportRow> cpu_support(const CpuInfo& cpu, bool libtorch_bf16_gemm_
         r.how = "BF16-rounded operands, FP32 GEMM, result rounded to BF16";
         r.source = "snip/model/matmul.h (LibTorch's fallback BF16 GEMM accumulates in BF16)";
       }
+    } else if (p == GemmPrecision::kNvfp4) {
+      // The CPU path fake-quantizes each operand to code x block scale x FP32
+      // tensor scale and casts that to BF16: the tensor scale's bits do not
+      // fit, so the operands are rounded (tests/python/test_doctor_emulation.py).
+      r.support = Support::kEmulatedRounded;
+      r.how = "E2M1 code x E4M3 block scale is exact in BF16, but snip's CPU GEMM multiplies the FP32 tensor "
+              "scale into the operands before their BF16 cast (up to 2^-9 relative error per operand); "
+              "gemm = fp32 keeps them exact";
+      r.source = format_source(p) + "; no CPU FP8/FP4 GEMM instruction is used";
     } else {
       r.support = Support::kEmulated;
       r.how = emulated_how(p);

@@ -4,7 +4,7 @@
 # usage: tests/fuzz/run.sh TARGET SECONDS [libFuzzer options ...]
 #   TARGET: safetensors, cost_table, plan_file, recipe, recipe_file,
 #           config_toml, config_set, shard, data_meta, data_folder,
-#           checkpoint, hf_config
+#           checkpoint, hf_config, cpuinfo, nvidia_smi, metrics, run_record
 #           (tests/fuzz/targets.cmake)
 # env:    SNIP_FUZZ_BUILD (default build/fuzz: scripts/setup.sh makes it)
 #
@@ -27,7 +27,8 @@ seeds="$here/corpus/$target"
 work="$build/corpus/$target" artifacts="$build/artifacts"
 dict=()
 case "$target" in
-  safetensors | cost_table | plan_file | recipe | data_meta | data_folder | checkpoint | hf_config)
+  safetensors | cost_table | plan_file | recipe | data_meta | data_folder | checkpoint | hf_config | metrics | \
+    run_record)
     dict=(-dict="$here/json.dict") ;;
   config_toml | config_set | recipe_file) dict=(-dict="$here/toml.dict") ;;
 esac

@@ -342,6 +342,9 @@ TEST(NvidiaSmi, MalformedLineIsNamed) {
   EXPECT_THROW(parse_nvidia_smi_csv("0, X, 9.0, lots, 1\n"), std::runtime_error);
   EXPECT_THROW(parse_nvidia_smi_csv("x, X, 9.0, 10, 1\n"), std::runtime_error);
   EXPECT_THROW(parse_nvidia_smi_csv("0, X, 9.0, 10, \n"), std::runtime_error);
+  // MiB whose bytes overflow int64 (found by fuzz_nvidia_smi: UB before).
+  EXPECT_THROW(parse_nvidia_smi_csv("0, X, 9.0, 796444444444443648, 1\n"), std::runtime_error);
+  EXPECT_EQ(parse_nvidia_smi_csv("0, X, 9.0, 8796093022207, 1\n")[0].memory_bytes, 8796093022207LL << 20);
 }
 
 TEST(NvidiaSmi, ProbeRunsAFakeNvidiaSmiFromPath) {
@@ -470,6 +473,7 @@ TEST(Blas, DetectedWhenLoadedGlobally) {
 TEST(Support, Names) {
   EXPECT_STREQ(to_string(Support::kNative), "native");
   EXPECT_STREQ(to_string(Support::kEmulated), "emulated exactly");
+  EXPECT_STREQ(to_string(Support::kEmulatedRounded), "emulated, operands rounded");
   EXPECT_STREQ(to_string(Support::kNone), "none");
   std::vector<std::string> names;
   for (GemmPrecision p : kAllGemmPrecisions) names.push_back(to_string(p));
@@ -545,7 +549,8 @@ TEST(Support, CpuAvx2OnlyEmulatesBf16) {
   EXPECT_EQ(row(r, GemmPrecision::kBf16).how, "BF16-rounded operands, FP32 GEMM, result rounded to BF16");
   for (GemmPrecision p : kAllGemmPrecisions) {
     if (p != GemmPrecision::kFp32 && p != GemmPrecision::kBf16) {
-      EXPECT_EQ(row(r, p).support, Support::kEmulated) << to_string(p);
+      EXPECT_EQ(row(r, p).support, p == GemmPrecision::kNvfp4 ? Support::kEmulatedRounded : Support::kEmulated)
+          << to_string(p);
     }
   }
   EXPECT_NE(row(r, GemmPrecision::kNvfp4).source.find("16-element blocks"), std::string::npos);

@@ -490,6 +490,7 @@ TEST(Report, ReadMetricsToleratesTornLineAndResumedTail) {
                                "{\"step\":2,\"loss\":2.4,\"precision\":{\"a\":\"fp4\"},\"plan_step\":1,\"phase\":\"plan\","
                                "\"rel_err_fprop\":{\"a\":0.1}}\n"  // resumed from step 1: replaces 2 and 3
                                "[1,2]\n"
+                               "{\"step\":3,\"loss\":1e99999}\n"  // past double's range (found by fuzz_metrics)
                                "{\"step\":3,\"loss\":1.");
   const RunCurves c = read_metrics(p);
   EXPECT_EQ(c.step, (std::vector<double>{1, 2}));
@@ -503,7 +504,7 @@ TEST(Report, ReadMetricsToleratesTornLineAndResumedTail) {
   EXPECT_EQ(c.decisions[0].phase, "plan");
   EXPECT_EQ(c.decisions[0].precision.at("a"), "fp4");
   EXPECT_DOUBLE_EQ(c.decisions[0].rel_err_fprop.at("a"), 0.1);
-  EXPECT_EQ(c.skipped_lines, 2);  // "[1,2]" and the torn last line
+  EXPECT_EQ(c.skipped_lines, 3);  // "[1,2]", the overflowing number and the torn last line
   EXPECT_THROW(read_metrics(t.str() + "/nope.jsonl"), snip::UserError);
 }
 

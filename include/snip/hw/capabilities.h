@@ -236,9 +236,12 @@ nlohmann::json to_json(const Capabilities& caps);
 // ---------------------------------------------------------------------------
 
 /// How a machine runs a GEMM precision (the header comment defines each).
-enum class Support { kNative, kEmulated, kNone };
+/// kEmulatedRounded: emulated, but the path rounds the operands (NVFP4 on
+/// the CPU: the FP32 tensor scale is multiplied into the operands before the
+/// BF16 cast; tests/python/test_doctor_emulation.py checks both labels).
+enum class Support { kNative, kEmulated, kEmulatedRounded, kNone };
 
-/// "native", "emulated exactly", "none".
+/// "native", "emulated exactly", "emulated, operands rounded", "none".
 const char* to_string(Support s);
 
 /// The operand precisions of a GEMM. Element formats (FP8, FP4 E2M1) apart
