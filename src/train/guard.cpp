@@ -124,7 +124,7 @@ json Guard::to_json() const {
   // The loss window and the streaks decide later events: a resumed run
   // carries them on (throughput is wall time: it refills).
   return {{"rollbacks", rollbacks}, {"skipped_steps", skipped_steps}, {"raises", raises},
-          {"state", kStateNames[int(state)]}, {"events", std::move(ev)},
+          {"rolled_back_steps", rolled_back_steps}, {"state", kStateNames[int(state)]}, {"events", std::move(ev)},
           {"loss_window", losses_}, {"quant_error_streaks", streak_.counts()}};
 }
 
@@ -133,12 +133,14 @@ void Guard::restore(const json& j, const std::string& what) {
     rollbacks = j.at("rollbacks").get<int64_t>();
     skipped_steps = j.at("skipped_steps").get<int64_t>();
     raises = j.at("raises").get<int64_t>();
+    // Absent in checkpoints written before snip counted them: unknown, taken as 0.
+    rolled_back_steps = j.contains("rolled_back_steps") ? j.at("rolled_back_steps").get<int64_t>() : 0;
     const std::string s = j.at("state").get<std::string>();
     bool known = false;
     for (int i = 0; i < 5; ++i)
       if (s == kStateNames[i]) state = GuardState(i), known = true;
     if (!known) fail(what, ": guard.state: expected idle, warned, raised, rolled_back or stopped, got '", s, "'");
-    if (rollbacks < 0 || skipped_steps < 0 || raises < 0)
+    if (rollbacks < 0 || skipped_steps < 0 || raises < 0 || rolled_back_steps < 0)
       fail(what, ": guard: expected counts >= 0 (corrupt)");
     events.clear();
     for (const json& e : j.at("events")) {

@@ -126,10 +126,11 @@ class Guard {
   int64_t rollbacks = 0;        ///< rollbacks carried out in this run
   int64_t skipped_steps = 0;    ///< steps whose update was skipped (non-finite)
   int64_t raises = 0;           ///< replan actions (each lowered the budget once)
+  int64_t rolled_back_steps = 0;  ///< steps the rollbacks discarded (from - to, summed)
   GuardState state = GuardState::kIdle;
   std::vector<GuardEvent> events;  ///< every event of the run, in order (the last 1000)
 
-  /// {"rollbacks", "skipped_steps", "raises", "state", "events": [...],
+  /// {"rollbacks", "skipped_steps", "raises", "rolled_back_steps", "state", "events": [...],
   /// "loss_window": [...], "quant_error_streaks": {layer: n}}.
   nlohmann::json to_json() const;
   /// Inverse of to_json: a resumed run judges the next steps as the

@@ -87,6 +87,7 @@ std::pair<int64_t, std::string> GuardActions::rollback(const std::string& target
   }
   s.guard->reset_windows();
   ++s.guard->rollbacks;
+  s.guard->rolled_back_steps += from - to;
   return {to, fmt::format("rolled back from step {} to {} ({}), skipping the {} windows read since{}", from, to,
                           target, skipped, dropped.empty() ? "" : "; deleted the later checkpoints " + dropped)};
 }

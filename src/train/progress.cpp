@@ -172,7 +172,12 @@ TrainSummary Progress::summarize(const History& h, const Checkpointer& ck, int64
             {"zero_stage", s.zero_stage}, {"memory_per_rank", memory_per_rank_},
             {"pipeline", s.stages ? s.stages->summary() : json(nullptr)},
             {"guard", {{"rollbacks", guard.rollbacks}, {"skipped_steps", guard.skipped_steps},
-                       {"raises", guard.raises}, {"events", guard.events.size()}}},
+                       {"raises", guard.raises}, {"events", guard.events.size()},
+                       {"rolled_back_steps", guard.rolled_back_steps}}},
+            // "tokens" is the trajectory's (a rollback returns to its checkpoint's
+            // count); the steps the rollbacks discarded were computed too.
+            {"tokens_rolled_back", guard.rolled_back_steps * s.tokens_per_step},
+            {"tokens_processed", sum.tokens + guard.rolled_back_steps * s.tokens_per_step},
             {"invocation", {{"start_step", s.start_step}, {"steps", sum.invocation_steps},
                             {"tokens", sum.invocation_steps * s.tokens_per_step}, {"seconds", sum.invocation_seconds}}}};
   if (s.lora.enabled()) j["lora"] = lora_summary(s);

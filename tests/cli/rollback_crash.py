@@ -88,6 +88,12 @@ with open(os.path.join(ref, "summary.json")) as f:
     ref_summary = json.load(f)
 check(ref_summary["guard"]["rollbacks"] == 1 and ref_summary["steps"] == 12, "reference summary",
       json.dumps(ref_summary["guard"]))
+# Steps 5 and 6 were computed, then discarded by the rollback to step 4: 2 x
+# (batch 2 x 16 tokens) processed beyond the final model's 12 x 32.
+check(ref_summary["guard"]["rolled_back_steps"] == 2 and ref_summary["tokens"] == 12 * 32
+      and ref_summary["tokens_rolled_back"] == 2 * 32 and ref_summary["tokens_processed"] == 14 * 32,
+      "reference summary counts the rolled-back steps' tokens",
+      json.dumps({k: ref_summary.get(k) for k in ("tokens", "tokens_rolled_back", "tokens_processed")}))
 
 for point, resume_env in (("rewrite-writing", FAULT), ("rewrite-aside", FAULT), ("rewrite-before-record", {})):
     run = os.path.join(tmp, point)
@@ -112,7 +118,8 @@ for point, resume_env in (("rewrite-writing", FAULT), ("rewrite-aside", FAULT), 
           f"\n got {got}\nwant {want}")
     with open(os.path.join(run, "summary.json")) as f:
         s = json.load(f)
-    check(s["guard"]["rollbacks"] == 1 and s["steps"] == 12 and s["final_val_loss"] == ref_summary["final_val_loss"],
+    check(s["guard"]["rollbacks"] == 1 and s["steps"] == 12 and s["final_val_loss"] == ref_summary["final_val_loss"]
+          and s["tokens_processed"] == ref_summary["tokens_processed"],
           f"{point}: summary (1 rollback, 12 steps, the same final validation loss)",
           json.dumps({k: s[k] for k in ("steps", "guard", "final_val_loss")}))
     left = [e for e in checkpoint_entries(run) if e.endswith(".tmp") or e.endswith(".old")]
