@@ -2,9 +2,11 @@
 and registers what PyTorch needs besides their CPU kernels: fake (meta)
 kernels for torch.compile and the autograd formula of ``snip::linear_fprop``.
 
-The library is ``_snip_ops.so`` beside this file (``pip install .``), or the
-path in the environment variable ``SNIP_OPS_LIBRARY`` (the test suite points
-it at the build tree).
+The library is the path in the environment variable ``SNIP_OPS_LIBRARY``
+(the test suite points it at the build tree), else ``_snip_ops.so`` beside
+this file (``pip install .``), else, for the package of a source checkout
+(``pip install -e .``, or ``PYTHONPATH=python``), the checkout's
+``build/python/_snip_ops.so``.
 """
 
 import os
@@ -23,6 +25,10 @@ def _library_path():
         return env
     here = pathlib.Path(__file__).resolve().parent
     found = sorted(here.glob("_snip_ops*.so"))
+    if not found and here.parent.name == "python" and (here.parent.parent / "pyproject.toml").is_file():
+        # The package of a source checkout (an editable install, or
+        # PYTHONPATH=python): the operators of its CMake build folder.
+        found = sorted((here.parent.parent / "build" / "python").glob("_snip_ops*.so"))
     if not found:
         raise ImportError(
             f"snip: {here}/_snip_ops.so is missing: install the package with "
