@@ -1,6 +1,7 @@
 // Memory needed by a model and batch (see memory.h).
 #include "snip/train/memory.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "snip/core/error.h"
@@ -24,16 +25,18 @@ std::string gib(double bytes) {
 }
 }  // namespace
 
-MemoryEstimate training_memory(const LlamaConfig& cfg, int64_t batch, int64_t seq_len) {
+MemoryEstimate training_memory(const LlamaConfig& cfg, int64_t batch, int64_t seq_len, const RankLayout& layout) {
   MemoryEstimate e;
   const double P = parameters(cfg), B = double(batch), T = double(seq_len);
-  e.weights = 4 * P;
-  e.gradients = 4 * P;
-  e.adamw = 8 * P;
-  e.activations = 4 * B * T * double(cfg.num_hidden_layers) *
+  const double local = double(std::max(layout.local_ranks, 1));
+  const double owned = local / double(std::max(layout.ranks, 1));  // ZeRO: this machine's share of the shards
+  e.weights = local * 4 * P;
+  e.gradients = (layout.zero_stage >= 2 ? owned : local) * 4 * P;
+  e.adamw = (layout.zero_stage >= 1 ? owned : local) * 8 * P;
+  e.activations = local * 4 * B * T * double(cfg.num_hidden_layers) *
                   (3.0 * double(cfg.hidden_size) + 3.0 * double(cfg.intermediate_size) +
                    double(cfg.num_attention_heads) * T);
-  e.logits = 8 * B * T * double(cfg.vocab_size);
+  e.logits = local * 8 * B * T * double(cfg.vocab_size);
   return e;
 }
 

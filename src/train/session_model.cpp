@@ -100,7 +100,9 @@ void make_model(TrainSession& s) {
                   : std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency()) / s.world.local_size));
   torch::manual_seed(s.seed);
   s.mcfg = LlamaConfig::from_run_config(s.rc.model, s.loader->vocab_size());
-  check_memory(training_memory(s.mcfg, s.B, s.T), hw::available_memory_bytes(), "snip train");
+  // This machine's ranks share its memory; ZeRO shards the AdamW state (and the gradients at stage 2).
+  check_memory(training_memory(s.mcfg, s.B, s.T, RankLayout{s.R, std::max(1, s.world.local_size), s.zero_stage}),
+               hw::available_memory_bytes(), "snip train");
   s.model = LlamaForCausalLM(s.mcfg);
   if (s.init) {
     // Every parameter from the file (shapes and dtypes checked, unused

@@ -17,6 +17,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -676,15 +677,20 @@ TEST(Memory, AvailableIsPositiveBelowTotalAndShrinksWhenUsed) {
   EXPECT_GT(a, 0);
   EXPECT_LE(a, total_kb * 1024);
   if (a < (1LL << 31)) GTEST_SKIP() << "less than 2 GiB available: not touching 512 MiB";
-  // Other processes (ctest -j: a test freeing a model, the page cache
-  // dropping) may free memory meanwhile: up to ten tries (three failed once
-  // in a full parallel run, 2026-12-05).
+  // MemAvailable comes from the kernel's per-CPU counters, folded into the
+  // global ones about once a second (vm.stat_interval): the drop may show
+  // only after a while, so each try polls for 3 s. Other processes (ctest
+  // -j) may free memory meanwhile: five tries. And it is the guest's view:
+  // on this project's VMs touching 512 MiB lowered MemFree and MemAvailable
+  // by 236 MiB only (2026-12-05), so the test asks for 128 MiB.
   bool shrank = false;
-  for (int attempt = 0; attempt < 10 && !shrank; ++attempt) {
+  for (int attempt = 0; attempt < 5 && !shrank; ++attempt) {
     const long long before = snip::hw::available_memory_bytes();
     std::vector<char> block(size_t(512) << 20, 1);
-    const long long after = snip::hw::available_memory_bytes();
-    shrank = after < before - (256LL << 20) && block.back() == 1;
+    for (int poll = 0; poll < 30 && !shrank; ++poll) {
+      if (poll > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      shrank = snip::hw::available_memory_bytes() < before - (128LL << 20) && block.back() == 1;
+    }
   }
-  EXPECT_TRUE(shrank) << "touching 512 MiB did not lower the available memory by 256 MiB";
+  EXPECT_TRUE(shrank) << "touching 512 MiB did not lower the available memory by 128 MiB";
 }

@@ -45,6 +45,18 @@ TEST(Memory, TermsByHand) {
   EXPECT_EQ(e.total(), 16.0 * P + 3948544.0 + 8.0 * 8 * 64 * 512);
   const MemoryEstimate i = inference_memory(c, 0, 0);
   EXPECT_EQ(i.total(), 4.0 * P);
+  // Two ranks on this machine: every term twice, but ZeRO-1 shards AdamW's
+  // moments (each rank 8P/2: 8P in all) and ZeRO-2 the gradients too.
+  const MemoryEstimate two = training_memory(c, 8, 64, RankLayout{2, 2, 0});
+  EXPECT_EQ(two.total(), 2 * e.total());
+  const MemoryEstimate z1 = training_memory(c, 8, 64, RankLayout{2, 2, 1});
+  EXPECT_EQ(z1.adamw, 8.0 * P);
+  EXPECT_EQ(z1.gradients, 2 * 4.0 * P);
+  const MemoryEstimate z2 = training_memory(c, 8, 64, RankLayout{2, 2, 2});
+  EXPECT_EQ(z2.gradients, 4.0 * P);
+  EXPECT_EQ(z2.weights, 2 * 4.0 * P);
+  // 4 ranks on 2 machines, 2 here, stage 1: this machine holds half the shards.
+  EXPECT_EQ(training_memory(c, 8, 64, RankLayout{4, 2, 1}).adamw, 2 * 8.0 * P / 4);
 }
 
 TEST(Memory, NoOverflowForAbsurdShapes) {

@@ -23,7 +23,12 @@ namespace snip {
 ///   logits        8·B·T·V             the logits [B·T, V] and their log-softmax
 ///                                     (training: their gradient instead)
 /// with B the micro-batch, T the sequence length, L layers, C hidden size, F
-/// intermediate size, H attention heads, V vocabulary. Temporaries, the
+/// intermediate size, H attention heads, V vocabulary. Several ranks on one
+/// machine (training_memory's `layout`) share its memory: every term counts
+/// once per local rank, but under ZeRO (dist/zero.h) a rank holds AdamW's
+/// moments (stage >= 1) and the gradients (stage 2) of its own parameters
+/// only, about 1/R of them, so those terms count local/R times (exact for
+/// the ranks of one machine, R = local, up to the shards' balance). Temporaries, the
 /// allocator's slack and the program itself come on top, so the real peak is
 /// higher (a micro run measured in tests/train/test_memory.cpp).
 struct MemoryEstimate {
@@ -32,8 +37,15 @@ struct MemoryEstimate {
   double total() const { return weights + gradients + adamw + activations + logits; }
 };
 
-/// The estimate for training `cfg` on micro-batches of `batch` x `seq_len`.
-MemoryEstimate training_memory(const LlamaConfig& cfg, int64_t batch, int64_t seq_len);
+/// How the ranks of a run share a machine: `ranks` R in all, `local_ranks`
+/// of them on this machine, train.zero_stage in force (0, 1, 2).
+struct RankLayout {
+  int ranks = 1, local_ranks = 1, zero_stage = 0;
+};
+
+/// The estimate for training `cfg` on micro-batches of `batch` x `seq_len`,
+/// for the ranks of this machine (one process by default).
+MemoryEstimate training_memory(const LlamaConfig& cfg, int64_t batch, int64_t seq_len, const RankLayout& layout = {});
 
 /// The estimate for evaluating (no gradients) `cfg` on `batch` x `seq_len`
 /// (0 x 0: the weights alone).
