@@ -44,6 +44,10 @@ def worker(rank, port, out, how="ddp"):
         snip.set_step(model, step + 1)
     sd = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).clone() for k, v in model.state_dict().items()}
     torch.save(sd, os.path.join(out, f"{how}{rank}.pt"))
+    # Both ranks past their last collective before either tears Gloo down:
+    # a rank destroying its group while the other still used it aborted
+    # ("terminate called without an active exception") once in CI.
+    dist.barrier()
     dist.destroy_process_group()
 
 
