@@ -53,6 +53,13 @@ def call(op, *args):
         raise RecipeError(line.removeprefix("precision.recipe_file: ")) from None
 
 
+def check_runnable(recipe_arg):
+    """Raises snip.RecipeError when the operators cannot run ``recipe_arg``
+    (what recipes.recipe_arg gives): unknown, or keeping state between calls
+    (src/python/ops.cpp recipe_of). One tiny call resolves it."""
+    call(ops.fake_quant, torch.zeros(1, 1), recipe_arg, "fprop.x", 0, 0, 0)
+
+
 def check_tensor(x, what="x"):
     """Raises snip.RecipeError when ``x`` is not a torch.Tensor."""
     if not isinstance(x, torch.Tensor):

@@ -31,11 +31,12 @@ import time
 
 import torch
 
+from . import _ops
 from ._probe import Probe as _Probe
 from . import nn as snip_nn
 from .convert import _linears, convert
 from .errors import ConvertError, Error, PlanError, RecipeError
-from .recipes import formats, load_recipes, per_gemm, recipes as all_recipes
+from .recipes import formats, load_recipes, per_gemm, recipe_arg, recipes as all_recipes
 
 # Hugging Face Llama module names -> the roles of docs/glossary.md.
 _HF_ROLES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate", "up_proj": "up",
@@ -263,9 +264,10 @@ class Controller:
             if id(m) in seen:
                 continue
             seen.add(id(m))
-            if module_filter_fn(m, fqn):
+            accepted = module_filter_fn(m, fqn)
+            if accepted:
                 found.append((fqn, m))
-            if module_filter_fn(m, fqn) or isinstance(m, snip_nn.Linear):
+            if accepted or isinstance(m, snip_nn.Linear):
                 index[id(m)] = position  # the `layer` snip.convert will give it
                 position += 1
         if not found:
@@ -283,14 +285,17 @@ class Controller:
         for n, r in self.roles.items():
             if r is not None and not isinstance(r, str):
                 raise PlanError(f"snip.Controller: roles: layer '{n}': expected a role name (str) or None, got {r!r}")
-        stateful = [o for o in {*options, precision.get("warmup_precision", "bf16"),
-                                precision.get("final_precision", "fp8"),
-                                policy[len("uniform-"):] if policy.startswith("uniform-") else "bf16"}
-                    if o != "bf16" and _is_stateful(o, self._recipes)]
-        if stateful:
-            raise RecipeError(f"snip.Controller: option '{sorted(stateful)[0]}' keeps state between calls (delayed "
-                              "scaling or error feedback), which snip.nn.Linear cannot run yet; choose options with "
-                              "current scaling (fp8, mxfp8, nvfp4, mxfp4, ...)")
+        # Every option a layer may be given must run in snip.nn.Linear (the
+        # operators' own rule refuses delayed scaling and error feedback);
+        # an unknown name is the C++ configuration check's, below.
+        for o in sorted({*options, precision.get("warmup_precision", "bf16"), precision.get("final_precision", "fp8"),
+                         policy[len("uniform-"):] if policy.startswith("uniform-") else "bf16"} - {"bf16"}):
+            r = self._recipes.get(o) or all_recipes().get(o)
+            if r is not None:
+                try:
+                    _ops.check_runnable(recipe_arg(r))
+                except RecipeError as e:
+                    raise RecipeError(f"snip.Controller: option '{o}': {e}") from None
 
         cfg = [f"[train]\nmax_steps = {max_steps}\nseed = {seed}\n"
                f"gemm_dtype = {_toml_value('gemm', gemm)}\n", "[precision]",
@@ -653,12 +658,6 @@ class Controller:
 
 
 _GEMMS = ("fprop", "dgrad", "wgrad")
-
-
-def _is_stateful(option, file_recipes):
-    """Whether recipe ``option`` keeps state between calls (delayed scaling, error feedback)."""
-    r = file_recipes.get(option) or all_recipes().get(option)
-    return r is not None and (r.error_feedback or any(spec.get("rule") == "delayed" for spec in r.operands.values()))
 
 
 def _is_4bit(option, file_recipes):

@@ -115,8 +115,7 @@ class Linear(torch.nn.Linear):
         gemm = gemm if gemm is not None else getattr(self, "gemm", "bf16")
         if gemm not in ("bf16", "fp32"):
             raise _ops.RecipeError(f"gemm: expected bf16 or fp32, got {gemm!r}")
-        # Checked now, not at the first forward: one tiny call resolves it.
-        _ops.call(_ops.ops.fake_quant, torch.zeros(1, 1), arg, "fprop.x", 0, 0, 0)
+        _ops.check_runnable(arg)  # now, not at the first forward
         self._recipe = recipe if recipe is not None else "none"
         self._recipe_arg = arg
         self.gemm = gemm

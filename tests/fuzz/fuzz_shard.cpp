@@ -1,9 +1,6 @@
 // A token shard (train.bin / val.bin) -> data::ShardReader (header, sizes;
 // it maps a path, so the input goes to an in-memory file named
 // /proc/self/fd/N), then its tokens: find_out_of_range and read.
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <string>
 #include <vector>
 
@@ -11,10 +8,8 @@
 #include "snip/data/shard.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const int fd = memfd_create("shard", 0);
-  static const std::string path = "/proc/self/fd/" + std::to_string(fd);
-  if (fd < 0 || ftruncate(fd, 0) != 0 || (size && pwrite(fd, data, size, 0) != ssize_t(size))) std::abort();
-  snip::fuzz::guarded(data, size, [](std::string_view) {
+  const std::string path = snip::fuzz::input_as_file(data, size);
+  snip::fuzz::guarded(data, size, [&](std::string_view) {
     const snip::data::ShardReader r(path);
     r.find_out_of_range();
     std::vector<int32_t> out(std::min<uint64_t>(r.size(), 4096));

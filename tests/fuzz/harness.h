@@ -7,10 +7,14 @@
 // the input. Sanitizer reports and signals end the run by themselves.
 #pragma once
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <string>
 #include <string_view>
 
 #include "snip/core/error.h"
@@ -33,6 +37,15 @@ void guarded(const uint8_t* data, size_t size, F&& parse) {
     std::fprintf(stderr, "snip: internal error: unknown exception\n");
     std::abort();
   }
+}
+
+/// The input as a file, for parsers that read a path: one in-memory file
+/// per process (memfd), rewritten for each input; returns its name,
+/// /proc/self/fd/N.
+inline std::string input_as_file(const uint8_t* data, size_t size) {
+  static const int fd = memfd_create("fuzz-input", 0);
+  if (fd < 0 || ftruncate(fd, 0) != 0 || (size && pwrite(fd, data, size, 0) != ssize_t(size))) std::abort();
+  return "/proc/self/fd/" + std::to_string(fd);
 }
 
 /// A property the parser promises (a round trip) did not hold.

@@ -368,7 +368,7 @@ def test_bad_input_is_one_line_snip_error():
     # A failed constructor leaves the model as it was.
     with pytest.raises(snip.PlanError, match="matches no"):
         snip.Controller(model, opt, max_steps=10, pins={"*.nothing": "fp8"})
-    with pytest.raises(snip.RecipeError, match="option 'fp8_tensor' keeps state between calls"):
+    with pytest.raises(snip.RecipeError, match="option 'fp8_tensor': recipe 'fp8_tensor' keeps state between calls"):
         snip.Controller(model, opt, max_steps=10, final_precision="fp8_tensor")
     with pytest.raises(snip.PlanError, match="budget: expected a number, got 'abc'"):
         snip.Controller(model, opt, max_steps=10, budget="abc")

@@ -10,7 +10,6 @@ labelled "emulated, operands rounded": its code x E4M3 block scale is a
 BF16 value (decoded here from the packed codes with torch's float8_e4m3fn
 and the E2M1 table), but the FP32 tensor scale snip multiplies into the
 operands is not, and the test requires the label to say so."""
-import copy
 import json
 import os
 import subprocess
@@ -25,8 +24,7 @@ E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
 def recipe_with_element(base, element):
     """`base` (a built-in recipe name) with every operand's element format replaced."""
-    spec = json.loads(snip.recipes()[base].json)
-    spec = copy.deepcopy(spec)
+    spec = json.loads(snip.recipes()[base].json)  # a fresh dict
     spec["name"] = f"{base}_{element}"
     for op in spec["operands"].values():
         op["element"] = element
