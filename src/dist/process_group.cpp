@@ -7,12 +7,22 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <netdb.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <cstdlib>
 #include <mutex>
 #include <string>
 #include <thread>
+
+#include <spdlog/spdlog.h>
 
 #include "snip/dist/world.h"
 #include "snip/core/error.h"
@@ -35,6 +45,69 @@ std::string first_line(const std::exception& e) {
 std::string env_or(const char* name, const std::string& dflt) {
   const char* v = std::getenv(name);
   return v && *v ? v : dflt;
+}
+
+// The socket the rendezvous store rank 0 hosts listens on
+// (docs/distributed.md "Network and threads"): MASTER_ADDR's own address,
+// not every address of the machine, so `snip launch` (127.0.0.1) and a
+// loopback MASTER_ADDR are unreachable from elsewhere and a cluster's store
+// answers where the ranks were told to connect. Returns the listening
+// descriptor, which TCPStore takes over (TCPStoreOptions::masterListenFd),
+// or -1 for TCPStore's own socket on every address, with a one-line warning,
+// when MASTER_ADDR is not an address of this machine (a NAT or service
+// address: bind says EADDRNOTAVAIL) or is a name that resolves to loopback
+// here while ranks run on other machines (Debian maps the host name to
+// 127.0.1.1). Throws UserError naming the address for anything else.
+int listen_socket(const std::string& host, int port, bool all_local) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(port);
+  if (const int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &res); rc != 0)
+    fail("dist: MASTER_ADDR '", host, "' cannot be resolved (", gai_strerror(rc), ")");
+  bool loopback = true;
+  for (addrinfo* a = res; a; a = a->ai_next) {
+    if (a->ai_family == AF_INET)
+      loopback = loopback && (ntohl(reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr.s_addr) >> 24) == 127;
+    else if (a->ai_family == AF_INET6)
+      loopback = loopback && IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
+  }
+  if (loopback && !all_local) {
+    freeaddrinfo(res);
+    spdlog::warn("dist: MASTER_ADDR '{}' resolves to a loopback address on rank 0's machine while ranks run on "
+                 "other machines: the rendezvous store listens on every address (set MASTER_ADDR to this "
+                 "machine's network address to bind that alone)", host);
+    return -1;
+  }
+  std::string why = "no address";
+  int fd = -1, err = 0;
+  for (addrinfo* a = res; a && fd < 0; a = a->ai_next) {
+    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      err = errno;
+      why = std::strerror(errno);
+      continue;
+    }
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+      err = errno;
+      why = std::strerror(errno);
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(res);
+  if (fd < 0 && err == EADDRNOTAVAIL) {
+    spdlog::warn("dist: MASTER_ADDR '{}' is not an address of rank 0's machine (a NAT or service address?): the "
+                 "rendezvous store listens on every address", host);
+    return -1;
+  }
+  if (fd < 0)
+    fail("dist: rank 0 cannot host the rendezvous store on ", host, ":", port, " (MASTER_ADDR:MASTER_PORT",
+         err == EADDRINUSE ? "; in use by another program?" : "", "): ", why);
+  return fd;
 }
 
 bool is_loopback(const std::string& host) {
@@ -318,7 +391,12 @@ std::unique_ptr<Communicator> connect(const World& w, const DistOptions& opt) {
     so.isServer = server;
     so.waitWorkers = false;  // the handshake below waits, with a message that names the missing rank
     so.timeout = timeout;
+    if (server)
+      if (const int fd = listen_socket(w.master_addr, w.master_port, w.local_size == w.size); fd >= 0)
+        so.masterListenFd = fd;
     tcp = c10::make_intrusive<c10d::TCPStore>(w.master_addr, so);
+  } catch (const UserError&) {
+    throw;
   } catch (const std::exception& e) {
     if (server)
       fail("dist: rank 0 cannot host the rendezvous store on port ", w.master_port, " (MASTER_PORT; in use by "

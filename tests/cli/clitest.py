@@ -4,8 +4,16 @@ counts (pass/fail tallies, "exit 2 with one error line, nothing changed").
 """
 import hashlib
 import os
+import socket
 import subprocess
 import sys
+
+
+def free_port():
+    """A TCP port free on 127.0.0.1 now (the kernel's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def micro_toml(path, data_dir, extra="", seq_len=16):

@@ -29,8 +29,9 @@ deltas (correlation.json).
 Floating-point results depend on the CPU's kernels (MKL and oneDNN pick
 AVX2 or AVX-512 paths; BF16 GEMMs are native only with AVX512_BF16), so the
 fixture holds one entry per machine key (the torch wheel's version + vector
-ISA: amx, avx512bf16, avx512 or avx2). A machine with no entry skips (exit 77,
-CTest SKIP_RETURN_CODE) and says how to record one, from a commit before the
+ISA: amx, avx512bf16, avx512 or avx2). A machine with no entry fails under CI
+(SNIP_CI or CI set: .ci/run sets SNIP_CI) and skips elsewhere (exit 77, CTest
+SKIP_RETURN_CODE); both say how to record one, from a commit before the
 change being proven.
 """
 import argparse
@@ -220,10 +221,12 @@ def main():
         with open(path) as f:
             fixture = json.load(f)
     if a.check and key not in fixture.get("machines", {}):
-        print(f"refactor_fixture: SKIP: no entry for machine key '{key}' in {path} (entries: "
+        ci = any(os.environ.get(v, "").lower() not in ("", "0", "false", "no") for v in ("SNIP_CI", "CI"))
+        print(f"refactor_fixture: {'FAIL' if ci else 'SKIP'}: no entry for machine key '{key}' in {path} (entries: "
               f"{sorted(fixture.get('machines', {}))}); record one at a commit before the change: "
-              f"tests/cli/refactor_fixture.py --snip build/snip --data build/test-data/kjv512 --record {path}")
-        sys.exit(77)
+              f".venv/bin/python tests/cli/refactor_fixture.py --snip build/snip --data build/test-data/kjv512 "
+              f"--record {path}")
+        sys.exit(1 if ci else 77)
     workdir = tempfile.mkdtemp(prefix="snip-fixture-")
     try:
         now = collect(a.snip, a.data, workdir)
