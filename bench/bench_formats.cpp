@@ -11,6 +11,9 @@
 //                     RNE or stochastic rounding (fp8: 1x128 tiles, pow2
 //                     scales; nvfp4: 1x16 E4M3 x FP32; mxfp4: 1x32 E8M0)
 //   Reference/<recipe>  the reference path on 512 x 4096 (it is ~100x slower)
+//   FakeQuant/<recipe>/<rne|sr>/norms  the fast path with the per-step
+//                     error norms (formats::ErrorNorms) as its by-product: the
+//                     difference to the case without is their cost
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
@@ -66,7 +69,7 @@ void BM_MemcpyParallel(benchmark::State& state) {
 BENCHMARK(BM_MemcpyParallel)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_FakeQuant(benchmark::State& state, const std::string& recipe, Rounding rounding,
-                  bool reference) {
+                  bool reference, bool norms = false) {
   const auto& x = input();
   const int64_t rows = reference ? 512 : kRows;
   snip::formats::QuantSpec spec =
@@ -74,12 +77,14 @@ void BM_FakeQuant(benchmark::State& state, const std::string& recipe, Rounding r
   spec.rounding = rounding;
   std::vector<float> y(size_t(rows * kCols));
   const snip::formats::RoundingKey key{1, 2, 3, 0};
+  snip::formats::ErrorNorms n;
   for (auto _ : state) {
     if (reference) {
       snip::formats::fake_quantize_reference(x.data(), y.data(), rows, kCols, spec, key);
     } else {
-      snip::formats::fake_quantize(x.data(), y.data(), rows, kCols, spec, key);
+      snip::formats::fake_quantize(x.data(), y.data(), rows, kCols, spec, key, nullptr, norms ? &n : nullptr);
     }
+    benchmark::DoNotOptimize(n.sum_sq_err);
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
@@ -93,6 +98,10 @@ BENCHMARK_CAPTURE(BM_FakeQuant, nvfp4/rne, "nvfp4", Rounding::kRNE, false)->Unit
 BENCHMARK_CAPTURE(BM_FakeQuant, nvfp4/sr, "nvfp4", Rounding::kStochastic, false)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_FakeQuant, mxfp4/rne, "mxfp4", Rounding::kRNE, false)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_FakeQuant, mxfp4/sr, "mxfp4", Rounding::kStochastic, false)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_FakeQuant, fp8/rne/norms, "fp8", Rounding::kRNE, false, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_FakeQuant, nvfp4/rne/norms, "nvfp4", Rounding::kRNE, false, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_FakeQuant, nvfp4/sr/norms, "nvfp4", Rounding::kStochastic, false, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_FakeQuant, mxfp4/rne/norms, "mxfp4", Rounding::kRNE, false, true)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_FakeQuant, reference_fp8/rne, "fp8", Rounding::kRNE, true)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_FakeQuant, reference_nvfp4/rne, "nvfp4", Rounding::kRNE, true)->Unit(benchmark::kMillisecond)->UseRealTime();
 

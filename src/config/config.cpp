@@ -379,8 +379,8 @@ std::vector<OptionSpec> make_table() {
             "replan, rollback or stop")
           .words({"warn", "fp8-layer", "replan", "rollback", "stop"}),
       action("guard.on_quant_error", &GuardConfig::on_quant_error,
-            "a layer's relative quantization error above guard.quant_error_threshold for guard.quant_error_steps "
-            "(guard.quant_error_threshold_fp4 for 4-bit formats) measurements in a row: warn, fp8-layer, replan, "
+            "a quantized operand's per-step relative error above its format's threshold (guard.quant_error_"
+            "threshold, _e5m2, _fp4) for guard.quant_error_steps steps in a row: warn, fp8-layer, replan, "
             "rollback or stop (docs/operations.md)")
           .words({"warn", "fp8-layer", "replan", "rollback", "stop"}),
       action("guard.on_throughput_drop", &GuardConfig::on_throughput_drop,
@@ -396,15 +396,20 @@ std::vector<OptionSpec> make_table() {
             "throughput drop: tokens/s < (1 - drop) x the window's mean")
           .in({0, 1, true, true}),
       field("guard.quant_error_threshold", &RunConfig::guard, &GuardConfig::quant_error_threshold, "fraction",
-            "relative quantization error above which a measurement of a layer in an 8-bit format (E4M3/E5M2) "
-            "counts toward the streak")
+            "relative quantization error ||Q(x)-x||/||x|| above which a step's measurement of an operand in E4M3, "
+            "int8 or another format with 3+ mantissa bits counts toward the streak")
+          .in({0, 1e6}),
+      field("guard.quant_error_threshold_e5m2", &RunConfig::guard, &GuardConfig::quant_error_threshold_e5m2,
+            "fraction",
+            "the same for an operand in E5M2 (or another 8-bit float with 2 mantissa bits: its rounding error is "
+            "twice E4M3's, so E4M3's threshold would fire at every gradient operand)")
           .in({0, 1e6}),
       field("guard.quant_error_threshold_fp4", &RunConfig::guard, &GuardConfig::quant_error_threshold_fp4, "fraction",
-            "the same for a layer whose fprop operands are 4-bit (E2M1: fp4, mxfp4, nvfp4; their relative error "
-            "is 0.1-0.15 on healthy runs, so 8-bit's threshold would fire at every FP4 layer)")
+            "the same for an operand in a 4-bit format (E2M1: fp4, mxfp4, nvfp4; its relative error is about 0.1-0.25 "
+            "on healthy runs, so 8-bit's threshold would fire at every FP4 operand)")
           .in({0, 1e6}),
-      field("guard.quant_error_steps", &RunConfig::guard, &GuardConfig::quant_error_steps, "measurements",
-            "consecutive measurements above the threshold that trigger guard.on_quant_error")
+      field("guard.quant_error_steps", &RunConfig::guard, &GuardConfig::quant_error_steps, "steps",
+            "consecutive steps above the threshold that trigger guard.on_quant_error")
           .in({1, 1e6}),
       field("guard.stall_minutes", &RunConfig::guard, &GuardConfig::stall_minutes, "minutes",
             "warn (log, guard state) when one step has run this long; 0 = off")
@@ -428,6 +433,10 @@ std::vector<OptionSpec> make_table() {
             "with several ranks: rank0 (only rank 0 serves monitor.listen) or all (each rank serves port + "
             "its local rank)")
           .words({"rank0", "all"}),
+      field("monitor.quant_error", &RunConfig::monitor, &MonitorConfig::quant_error, "",
+            "measure each quantized GEMM operand's relative error ||Q(x)-x||/||x|| at every step (metrics.jsonl "
+            "quant_err, snip_quant_operand_rel_error, the guard's quant_error condition); false = not measured "
+            "(docs/benchmarks.md gives its cost)"),
       // [precision]
       field("precision.recipe", &RunConfig::precision, &PrecisionConfig::recipe, "",
             "shorthand for policy uniform-<recipe> on every step (no warmup, no final phase): a name from "
@@ -985,6 +994,16 @@ FirstOrder parse_first_order(const std::string& s, const std::string& what) {
 }
 
 const char* to_string(GuardAction a) { return kActionNames[int(a)]; }
+
+double GuardConfig::threshold_for(const std::string& format) const {
+  if (format.empty()) return quant_error_threshold;
+  const std::vector<std::string> known = formats::element_format_names();
+  if (std::find(known.begin(), known.end(), format) == known.end()) return quant_error_threshold;
+  const formats::ElementFormat f = formats::find_element_format(format);
+  if (f.bits <= 4) return quant_error_threshold_fp4;
+  if (f.kind == formats::ElementKind::kFloat && f.mbits <= 2) return quant_error_threshold_e5m2;
+  return quant_error_threshold;
+}
 
 GuardAction parse_guard_action(const std::string& s, const std::string& what) {
   for (int i = 0; i < 5; ++i)

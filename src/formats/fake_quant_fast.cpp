@@ -408,6 +408,79 @@ void row_stats(const float* x, const float* y, int64_t cols, int64_t bc, const f
   for (int64_t c = 0; c < cols; ++c) detail::stats_add(st, x[c], y[c], enc[c / bc], maxv);
 }
 
+}  // namespace
+
+namespace detail {
+namespace {
+// row_error_norms in double lanes, element by element: the rare row whose
+// FP32 squares overflow or underflow.
+void row_error_norms_double(const float* x, const float* y, int64_t cols, double& err, double& ref) {
+  constexpr int L = 16;
+  double el[L] = {}, rl[L] = {};
+  for (int64_t c = 0; c < cols; ++c) {
+    const float xv = x[c];
+    const bool fin = (bits_of(xv) & kAbsMask) < kInfBits;
+    const double xm = fin ? double(xv) : 0.0;
+    const double d = fin ? double(y[c]) - double(xv) : 0.0;
+    el[c % L] += d * d;
+    rl[c % L] += xm * xm;
+  }
+  err = ref = 0;
+  for (int l = 0; l < L; ++l) err += el[l], ref += rl[l];
+}
+}  // namespace
+
+SNIP_CLONES void row_error_norms(const float* x, const float* y, int64_t cols, double& err, double& ref) {
+  // GCC vector types: lane-wise arithmetic, lowered to each clone's width.
+  constexpr int L = 16;
+  typedef float vf __attribute__((vector_size(L * sizeof(float))));
+  typedef uint32_t vu __attribute__((vector_size(L * sizeof(uint32_t))));
+  vf e = {}, r = {};
+  int64_t c = 0;
+  for (; c + L <= cols; c += L) {
+    vf xv, yv;
+    std::memcpy(&xv, x + c, sizeof xv);
+    std::memcpy(&yv, y + c, sizeof yv);
+    vu xb, db;
+    std::memcpy(&xb, &xv, sizeof xb);
+    const vu fin = (xb & kAbsMask) < kInfBits;  // all ones where x is finite
+    xb &= fin;
+    const vf d0 = yv - xv;
+    std::memcpy(&db, &d0, sizeof db);
+    db &= fin;
+    vf xm, d;
+    std::memcpy(&xm, &xb, sizeof xm);
+    std::memcpy(&d, &db, sizeof d);
+    e += d * d;
+    r += xm * xm;
+  }
+  float el[L], rl[L];
+  std::memcpy(el, &e, sizeof el);
+  std::memcpy(rl, &r, sizeof rl);
+  for (; c < cols; ++c) {
+    const float xv = x[c];
+    const bool fin = (bits_of(xv) & kAbsMask) < kInfBits;
+    const float xm = fin ? xv : 0.0f;
+    const float d = fin ? y[c] - xv : 0.0f;
+    el[c % L] += d * d;
+    rl[c % L] += xm * xm;
+  }
+  double se[L / 2], sr[L / 2];
+  for (int l = 0; l < L / 2; ++l) {
+    se[l] = double(el[2 * l]) + double(el[2 * l + 1]);
+    sr[l] = double(rl[2 * l]) + double(rl[2 * l + 1]);
+  }
+  err = ((se[0] + se[1]) + (se[2] + se[3])) + ((se[4] + se[5]) + (se[6] + se[7]));
+  ref = ((sr[0] + sr[1]) + (sr[2] + sr[3])) + ((sr[4] + sr[5]) + (sr[6] + sr[7]));
+  // FP32 squares that overflowed (|x| above ~1.8e19), or a row so small
+  // that its squares are subnormal in FP32 (|x| below ~1e-19) or zero: the
+  // row again in double (a NaN error, from a NaN output, stays NaN).
+  if (std::isinf(err) || std::isinf(ref) || ref < 1e-30) row_error_norms_double(x, y, cols, err, ref);
+}
+}  // namespace detail
+
+namespace {
+
 float amax_of_bits(uint32_t mx) { return mx > kInfBits ? float_of(kCanonicalNaN) : float_of(mx); }
 
 float tensor_amax_fast(const float* in, int64_t n) {
@@ -427,9 +500,10 @@ float tensor_amax_fast(const float* in, int64_t n) {
 //    ([R, GC], 1/BC of the data), reduced over the block rows (and, for
 //    kTwoLevel, to the tensor amax), then the scale grid, then the rows.
 void fast_core(const float* in, float* out, int64_t rows, int64_t cols, const QuantSpec& spec,
-               const RoundingKey& key, QuantStats* stats, const BlockScale* delayed) {
+               const RoundingKey& key, QuantStats* stats, const BlockScale* delayed, ErrorNorms* norms) {
   if (rows == 0 || cols == 0) {
     if (stats) *stats = QuantStats{};
+    if (norms) *norms = ErrorNorms{0, 0, 1};
     return;
   }
   const KernelParams kp = make_params(spec);
@@ -483,7 +557,8 @@ void fast_core(const float* in, float* out, int64_t rows, int64_t cols, const Qu
   const fast::ScaleCtx ctx(spec, TensorScale{});  // row-local rules need no tensor scale
 
   std::vector<QuantStats> per_row(stats ? size_t(rows) : 0);
-  const bool need_copy = stats != nullptr && in == out;
+  std::vector<double> row_norms(norms ? size_t(2 * rows) : 0);
+  const bool need_copy = (stats != nullptr || norms != nullptr) && in == out;
 #pragma omp parallel
   {
     std::vector<uint32_t> amax_bits(row_local ? size_t(gc) : 0);
@@ -511,27 +586,29 @@ void fast_core(const float* in, float* out, int64_t rows, int64_t cols, const Qu
       if (sr) philox_row(key, uint64_t(r) * uint64_t(cols), cols, rnd_tmp.data(), rnd.data());
       row_fn(RowArgs{x, y, cols, bc, enc, dec, sr ? rnd.data() : nullptr, &kp});
       if (stats) row_stats(x, y, cols, bc, enc, kp.maxv, per_row[size_t(r)]);
+      if (norms) detail::row_error_norms(x, y, cols, row_norms[size_t(2 * r)], row_norms[size_t(2 * r + 1)]);
     }
   }
   if (stats) *stats = detail::sum_rows(per_row);
+  if (norms) *norms = detail::sum_row_norms(row_norms);
 }
 
 }  // namespace
 
 void fake_quantize(const float* in, float* out, int64_t rows, int64_t cols, const QuantSpec& spec,
-                   const RoundingKey& key, QuantStats* stats) {
+                   const RoundingKey& key, QuantStats* stats, ErrorNorms* norms) {
   detail::check_fq_args(in, out, rows, cols, spec, key, /*delayed_ok=*/false);
   in = detail::hadamard_input(in, out, rows, cols, spec);
-  fast_core(in, out, rows, cols, spec, key, stats, nullptr);
+  fast_core(in, out, rows, cols, spec, key, stats, nullptr, norms);
 }
 
 void fake_quantize(const float* in, float* out, int64_t rows, int64_t cols,
-                   const RoundingKey& key, DelayedScaling& state, QuantStats* stats) {
+                   const RoundingKey& key, DelayedScaling& state, QuantStats* stats, ErrorNorms* norms) {
   detail::check_fq_args(in, out, rows, cols, state.spec(), key, /*delayed_ok=*/true);
   in = detail::hadamard_input(in, out, rows, cols, state.spec());
   const float amax = rows * cols > 0 ? tensor_amax_fast(in, rows * cols) : 0.0f;
   const BlockScale s = detail::delayed_call_scale(state, amax);
-  fast_core(in, out, rows, cols, state.spec(), key, stats, &s);
+  fast_core(in, out, rows, cols, state.spec(), key, stats, &s, norms);
   state.record(amax);
 }
 

@@ -32,6 +32,18 @@ double QuantStats::sqnr_db() const {
   return 10.0 * std::log10(sum_sq_ref / sum_sq_err);
 }
 
+double ErrorNorms::rel_error() const {
+  if (std::isnan(sum_sq_err)) return std::numeric_limits<double>::quiet_NaN();
+  if (sum_sq_ref == 0.0) return sum_sq_err == 0.0 ? 0.0 : std::numeric_limits<double>::infinity();
+  return std::sqrt(sum_sq_err / sum_sq_ref);
+}
+
+void ErrorNorms::merge(const ErrorNorms& o) {
+  sum_sq_err += o.sum_sq_err;
+  sum_sq_ref += o.sum_sq_ref;
+  calls += o.calls;
+}
+
 void QuantStats::merge(const QuantStats& o) {
   count += o.count;
   amax = detail::nan_max(amax, o.amax);
@@ -46,12 +58,15 @@ namespace {
 
 void reference_core(const float* in, float* out, int64_t rows, int64_t cols,
                     const QuantSpec& spec, const RoundingKey& key, QuantStats* stats,
-                    const BlockScale* delayed) {
+                    const BlockScale* delayed, ErrorNorms* norms) {
   const ScaleArray sa = compute_scales_reference(in, rows, cols, spec, delayed);
   const float maxv = float(spec.element.max_value());
   const bool sr = spec.rounding == Rounding::kStochastic;
   std::vector<QuantStats> row_stats(stats ? size_t(rows) : 0);
+  std::vector<double> row_norms(norms ? size_t(2 * rows) : 0);
+  std::vector<float> xrow(norms ? size_t(cols) : 0);  // the row's input (out may be in)
   for (int64_t r = 0; r < rows; ++r) {
+    if (norms) std::copy(in + r * cols, in + (r + 1) * cols, xrow.begin());
     for (int64_t c = 0; c < cols; ++c) {
       const int64_t i = r * cols + c;
       const BlockScale& s = sa.at(r, c);
@@ -61,8 +76,11 @@ void reference_core(const float* in, float* out, int64_t rows, int64_t cols,
       out[i] = y;
       if (stats) detail::stats_add(row_stats[size_t(r)], x, y, s.encode, maxv);
     }
+    if (norms)
+      detail::row_error_norms(xrow.data(), out + r * cols, cols, row_norms[size_t(2 * r)], row_norms[size_t(2 * r + 1)]);
   }
   if (stats) *stats = detail::sum_rows(row_stats);
+  if (norms) *norms = detail::sum_row_norms(row_norms);
 }
 
 float tensor_amax_reference(const float* in, int64_t n) {
@@ -85,19 +103,21 @@ BlockScale delayed_call_scale(const DelayedScaling& state, float amax_tensor) {
 }  // namespace detail
 
 void fake_quantize_reference(const float* in, float* out, int64_t rows, int64_t cols,
-                             const QuantSpec& spec, const RoundingKey& key, QuantStats* stats) {
+                             const QuantSpec& spec, const RoundingKey& key, QuantStats* stats,
+                             ErrorNorms* norms) {
   detail::check_fq_args(in, out, rows, cols, spec, key, /*delayed_ok=*/false);
   in = detail::hadamard_input(in, out, rows, cols, spec);
-  reference_core(in, out, rows, cols, spec, key, stats, nullptr);
+  reference_core(in, out, rows, cols, spec, key, stats, nullptr, norms);
 }
 
 void fake_quantize_reference(const float* in, float* out, int64_t rows, int64_t cols,
-                             const RoundingKey& key, DelayedScaling& state, QuantStats* stats) {
+                             const RoundingKey& key, DelayedScaling& state, QuantStats* stats,
+                             ErrorNorms* norms) {
   detail::check_fq_args(in, out, rows, cols, state.spec(), key, /*delayed_ok=*/true);
   in = detail::hadamard_input(in, out, rows, cols, state.spec());
   const float amax = tensor_amax_reference(in, rows * cols);
   const BlockScale s = detail::delayed_call_scale(state, amax);
-  reference_core(in, out, rows, cols, state.spec(), key, stats, &s);
+  reference_core(in, out, rows, cols, state.spec(), key, stats, &s, norms);
   state.record(amax);
 }
 

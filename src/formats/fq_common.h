@@ -81,6 +81,26 @@ inline void stats_add(QuantStats& st, float x, float y, float m, float maxv) {
   if (x != 0.0f && y == 0.0f) ++st.underflow;
 }
 
+/// ErrorNorms of one row [cols] (fake_quant_fast.cpp): column c into FP32
+/// lane c % 16, the 16 lanes then added in double in a fixed order; a row
+/// whose FP32 squares overflow or underflow (|x| above ~1.8e19, or the row's
+/// sum of squares below 1e-30) is summed again in double lanes. The lanes
+/// are explicit and the library is built without FMA contraction, so every
+/// clone (SSE2, AVX2, AVX-512) gives the same bits. Non-finite inputs count
+/// in neither sum; a finite input with a NaN output makes the error sum NaN.
+void row_error_norms(const float* x, const float* y, int64_t cols, double& err, double& ref);
+
+/// Per-row error sums [rows][2] added in row order into one call's ErrorNorms.
+inline ErrorNorms sum_row_norms(const std::vector<double>& rows2) {
+  ErrorNorms n;
+  n.calls = 1;
+  for (size_t i = 0; i + 1 < rows2.size(); i += 2) {
+    n.sum_sq_err += rows2[i];
+    n.sum_sq_ref += rows2[i + 1];
+  }
+  return n;
+}
+
 /// Sum of per-row statistics in row order.
 inline QuantStats sum_rows(const std::vector<QuantStats>& rows) {
   QuantStats total;

@@ -351,6 +351,19 @@ std::vector<std::string> PrecisionController::layers_below_fp8() const {
   return out;
 }
 
+std::array<std::string, kNumOperands> PrecisionController::operand_formats(const std::string& layer) const {
+  std::array<std::string, kNumOperands> out;
+  if (std::none_of(shapes_.begin(), shapes_.end(), [&](const LayerShape& l) { return l.name == layer; }))
+    fail("operand_formats: '", layer, "' is not a linear layer of this model");
+  if (!active_ || current_.empty()) return out;
+  const PerGemm<std::string> opts = current_.layer_options(layer);
+  for (int o = 0; o < kNumOperands; ++o) {
+    const std::string& option = opts[gemm_of(Operand(o))];
+    if (option != kReference) out[size_t(o)] = recipes_.find(option)[Operand(o)].element.name;
+  }
+  return out;
+}
+
 // Items with FLOPs 6·in·out per token (per step up to a common factor, which
 // shares ignore) and placeholder Q (1 at the low option, 0 elsewhere) for
 // every option the controller knows.

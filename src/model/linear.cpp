@@ -60,6 +60,7 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
     sp->precision = l.precision;
     sp->key = l.key_base;
     sp->key.layer = l.layer_index;
+    sp->key.errors = l.operand_errors.get();
     if (l.frozen && l.frozen->made_for(sp->precision)) sp->frozen = l.frozen;
     if (!sp->frozen && w.numel() == 0)
       fail("layer ", l.name, ": its frozen base weight was released but has no packed form for this precision "
@@ -166,6 +167,18 @@ std::pair<torch::Tensor, torch::Tensor> linear_backward(const torch::Tensor& dy,
 namespace {
 thread_local int freeze_depth = 0;
 }  // namespace
+
+void OperandErrors::add(Operand op, const formats::ErrorNorms& n) {
+  std::lock_guard<std::mutex> g(mu_);
+  sums_[size_t(op)].merge(n);
+}
+
+std::array<formats::ErrorNorms, kNumOperands> OperandErrors::take() {
+  std::lock_guard<std::mutex> g(mu_);
+  std::array<formats::ErrorNorms, kNumOperands> out = sums_;
+  sums_ = {};
+  return out;
+}
 
 QuantStateFreeze::QuantStateFreeze() { ++freeze_depth; }
 QuantStateFreeze::~QuantStateFreeze() { --freeze_depth; }

@@ -220,6 +220,10 @@ class RecipeQuantizer final : public OperandQuantizer {
     torch::Tensor out = torch::empty_like(in);
     const formats::QuantSpec& spec = recipe_.operands[size_t(key.operand)];
     formats::RoundingKey rk{key.seed, uint64_t(key.step), uint64_t(key.layer), uint32_t(key.operand)};
+    // The per-step error (QuantKey::errors), a by-product of the pass over
+    // each row; never under QuantStateFreeze (evaluation, sampling).
+    formats::ErrorNorms norms;
+    formats::ErrorNorms* np = key.errors && !QuantStateFreeze::active() ? &norms : nullptr;
     if (spec.rule == formats::ScaleRule::kDelayed) {
       std::lock_guard<std::mutex> g(mu_);
       if (QuantStateFreeze::active()) {
@@ -231,11 +235,13 @@ class RecipeQuantizer final : public OperandQuantizer {
       } else {
         auto it = delayed_.try_emplace({key.layer, int(key.operand)}, spec).first;
         formats::fake_quantize(in.data_ptr<float>(), out.data_ptr<float>(), in.size(0), in.size(1), rk,
-                               it->second);
+                               it->second, nullptr, np);
       }
     } else {
-      formats::fake_quantize(in.data_ptr<float>(), out.data_ptr<float>(), in.size(0), in.size(1), spec, rk);
+      formats::fake_quantize(in.data_ptr<float>(), out.data_ptr<float>(), in.size(0), in.size(1), spec, rk,
+                             nullptr, np);
     }
+    if (np) key.errors->add(key.operand, norms);
     return out;
   }
 
@@ -269,6 +275,7 @@ class RecipeQuantizer final : public OperandQuantizer {
       const torch::Tensor v = (w + e.used).contiguous();  // W_t + r_t [OUT, IN]
       QuantKey kf = key;
       kf.operand = Operand::kFpropW;
+      if (!fprop) kf.errors = nullptr;  // fprop.w's own call records it
       const torch::Tensor qf = quantize_plain(v, kf);
       e.next = v - unrotated(qf, recipe_.operands[size_t(Operand::kFpropW)]);  // r_{t+1}, in W's own domain
       if (fprop) return qf;

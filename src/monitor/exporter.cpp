@@ -8,6 +8,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -31,6 +32,13 @@ using json = nlohmann::json;
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// Element bits of registry format `name` (NaN for "" or an unknown name).
+double format_bits(const std::string& name) {
+  for (const std::string& n : formats::element_format_names())
+    if (n == name) return double(formats::find_element_format(name).bits);
+  return kNaN;
+}
 
 double wall_now_s() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -102,6 +110,10 @@ int64_t Streak::add(const std::string& key, double value, double threshold) {
   return n;
 }
 
+void Streak::keep_only(const std::set<std::string>& keys) {
+  for (auto it = n_.begin(); it != n_.end();) it = keys.count(it->first) ? std::next(it) : n_.erase(it);
+}
+
 int64_t Streak::get(const std::string& key) const {
   auto it = n_.find(key);
   return it == n_.end() ? 0 : it->second;
@@ -126,7 +138,14 @@ const std::vector<MetricInfo>& metric_table() {
        "Relative error ||Y_q - Y||/||Y|| of a GEMM's output under the layer's option, at the last stats step "
        "(ratio; labels layer, gemm, operand)"},
       {"snip_quant_rel_error_streak", "gauge",
-       "Consecutive measurements of snip_quant_rel_error above 0.05 (reset by one at or below it)"},
+       "Consecutive stats steps with snip_quant_rel_error above its format's threshold (reset by one at or below "
+       "it)"},
+      {"snip_quant_operand_rel_error", "gauge",
+       "Relative error ||Q(x) - x||/||x|| of each quantized GEMM operand over the last step's training passes "
+       "(ratio; labels layer, gemm, operand, format)"},
+      {"snip_quant_operand_rel_error_streak", "gauge",
+       "Consecutive steps with snip_quant_operand_rel_error above its format's threshold (guard.quant_error_"
+       "threshold*; reset by one at or below it)"},
       {"snip_layer_precision_bits", "gauge",
        "Element bits of each GEMM operand under the layer's current option (labels layer, gemm, operand, "
        "option)"},
@@ -181,40 +200,55 @@ class Collector : public prometheus::Collectable {
       scalar_["snip_step_seconds"] = tps > 0 ? double(info_.tokens_per_step) / tps : kNaN;
     }
     if (r.plan_status) plan_status_ = *r.plan_status;
-    if (r.precision) {
-      bits_.clear();
-      for (const auto& [item, option] : *r.precision) {
-        // Items are layers ("layers.0.mlp.up_proj") or, with
-        // precision.granularity = gemm, "layer:gemm".
-        const size_t c = item.rfind(':');
-        const std::string layer = c == std::string::npos ? item : item.substr(0, c);
-        const std::string only = c == std::string::npos ? "" : item.substr(c + 1);
-        auto ob = info_.option_bits.find(option);
-        for (const char* gemm : {"fprop", "dgrad", "wgrad"}) {
-          if (!only.empty() && only != gemm) continue;
-          if (ob == info_.option_bits.end()) continue;
-          for (const auto& [operand, bits] : ob->second)
-            if (operand.compare(0, std::strlen(gemm) + 1, std::string(gemm) + ".") == 0)
-              bits_[{layer, gemm, operand.substr(std::strlen(gemm) + 1)}] = {option, double(bits)};
+    update_precision(r);
+    // Every quantized operand is measured at every step: one not in this
+    // record was not quantized by it (its layer moved to the reference, or
+    // nothing ran quantized), so its sample and its streak go.
+    std::map<Key, std::pair<double, std::string>> fresh;
+    std::set<std::string> seen;
+    if (r.quant_err)
+      for (const auto& [layer, ops] : *r.quant_err)
+        for (const auto& [op, v] : ops) {
+          const size_t dot = op.find('.');
+          const Key k{layer, op.substr(0, dot), dot == std::string::npos ? "" : op.substr(dot + 1)};
+          const auto b = bits_.find(k);
+          const std::string format = b != bits_.end() ? b->second.second : "";
+          const std::string key = operand_streak_key(layer, op, format);
+          op_streak_.add(key, v, info_.guard.threshold_for(format));
+          seen.insert(key);
+          fresh[k] = {v, format};
         }
-      }
-    }
+    op_err_ = std::move(fresh);
+    op_streak_.keep_only(seen);
     if (r.rel_err_fprop) {
       std::map<Key, double> fresh;
       for (const auto& [layer, v] : *r.rel_err_fprop) fresh[{layer, "fprop", "both"}] = v;
       // A layer not measured at this stats step has no current value: drop it.
       rel_ = fresh;
       for (const auto& [k, v] : rel_) {
-        // 4-bit fprop operands (E2M1) count against their own threshold.
-        bool fp4 = false;
+        // The GEMM output counts against the higher threshold of its two
+        // operands' formats (both are quantized).
+        double threshold = info_.guard.threshold_for("");
         for (const char* operand : {"x", "w"}) {
           const auto b = bits_.find({k.layer, "fprop", operand});
-          fp4 = fp4 || (b != bits_.end() && b->second.second <= 4);
+          if (b != bits_.end()) threshold = std::max(threshold, info_.guard.threshold_for(b->second.second));
         }
-        streak_.add(k.layer + "\n" + k.gemm + "\n" + k.operand, v,
-                    fp4 ? info_.quant_error_threshold_fp4 : info_.quant_error_threshold);
+        streak_.add(k.layer + "\n" + k.gemm + "\n" + k.operand, v, threshold);
       }
     }
+  }
+
+  void set_operand_streaks(const std::map<std::string, int64_t>& counts) {
+    std::lock_guard<std::mutex> g(mu_);
+    op_streak_ = Streak(kQuantErrorThreshold);
+    for (const auto& [k, n] : counts) op_streak_.set(k, n);
+  }
+
+  void set_precision(const std::map<std::string, std::string>& items) {
+    std::lock_guard<std::mutex> g(mu_);
+    StepRecord r;
+    r.precision = items;
+    update_precision(r);
   }
 
   void checkpoint_written(int64_t step) {
@@ -259,9 +293,16 @@ class Collector : public prometheus::Collectable {
         for (const auto& [k, v] : rel_)
           add(double(streak_.get(k.layer + "\n" + k.gemm + "\n" + k.operand)),
               {{"gemm", k.gemm}, {"layer", k.layer}, {"operand", k.operand}});
+      } else if (name == "snip_quant_operand_rel_error") {
+        for (const auto& [k, v] : op_err_)
+          add(v.first, {{"format", v.second}, {"gemm", k.gemm}, {"layer", k.layer}, {"operand", k.operand}});
+      } else if (name == "snip_quant_operand_rel_error_streak") {
+        for (const auto& [k, v] : op_err_)
+          add(double(op_streak_.get(operand_streak_key(k.layer, k.gemm + "." + k.operand, v.second))),
+              {{"format", v.second}, {"gemm", k.gemm}, {"layer", k.layer}, {"operand", k.operand}});
       } else if (name == "snip_layer_precision_bits") {
         for (const auto& [k, v] : bits_)
-          add(v.second, {{"gemm", k.gemm}, {"layer", k.layer}, {"operand", k.operand}, {"option", v.first}});
+          add(format_bits(v.second), {{"gemm", k.gemm}, {"layer", k.layer}, {"operand", k.operand}, {"option", v.first}});
       } else if (name == "snip_planner_status") {
         if (!plan_status_.empty()) add(1, {{"status", plan_status_}});
       } else if (name == "snip_process_resident_memory_bytes") {
@@ -283,13 +324,37 @@ class Collector : public prometheus::Collectable {
   }
 
  private:
+  // snip_layer_precision_bits from a record's "precision" (mu_ held).
+  void update_precision(const StepRecord& r) {
+    if (r.precision) {
+      bits_.clear();
+      for (const auto& [item, option] : *r.precision) {
+        // Items are layers ("layers.0.mlp.up_proj") or, with
+        // precision.granularity = gemm, "layer:gemm".
+        const size_t c = item.rfind(':');
+        const std::string layer = c == std::string::npos ? item : item.substr(0, c);
+        const std::string only = c == std::string::npos ? "" : item.substr(c + 1);
+        auto of = info_.option_formats.find(option);
+        for (const char* gemm : {"fprop", "dgrad", "wgrad"}) {
+          if (!only.empty() && only != gemm) continue;
+          if (of == info_.option_formats.end()) continue;
+          for (const auto& [operand, format] : of->second)
+            if (operand.compare(0, std::strlen(gemm) + 1, std::string(gemm) + ".") == 0)
+              bits_[{layer, gemm, operand.substr(std::strlen(gemm) + 1)}] = {option, format};
+        }
+      }
+    }
+  }
+
   mutable std::mutex mu_;
   RunInfo info_;
   int64_t step_ = 0;
   std::map<std::string, double> scalar_;
   std::map<Key, double> rel_;
   Streak streak_{kQuantErrorThreshold};
-  std::map<Key, std::pair<std::string, double>> bits_;
+  std::map<Key, std::pair<std::string, std::string>> bits_;  // -> option, element format
+  std::map<Key, std::pair<double, std::string>> op_err_;      // -> per-step error, element format
+  Streak op_streak_{kQuantErrorThreshold};
   std::string plan_status_;
   double checkpoint_s_ = kNaN;
   int guard_ = 0;
@@ -338,6 +403,10 @@ int Exporter::listen(const std::string& address, std::string* error) {
 }
 
 void Exporter::update(const StepRecord& record) { collector_->update(record); }
+void Exporter::set_precision(const std::map<std::string, std::string>& items) { collector_->set_precision(items); }
+void Exporter::set_operand_streaks(const std::map<std::string, int64_t>& counts) {
+  collector_->set_operand_streaks(counts);
+}
 void Exporter::checkpoint_written(int64_t step) { collector_->checkpoint_written(step); }
 void Exporter::set_guard_state(int state) { collector_->set_guard_state(state); }
 
@@ -354,7 +423,7 @@ std::unique_ptr<Exporter> start_exporter(const MonitorOptions& opts, RunInfo inf
   for (const std::string& name : recipes.names()) {
     const recipes::Recipe& r = recipes.find(name);
     for (int op = 0; op < kNumOperands; ++op)
-      info.option_bits[name][operand_name(Operand(op))] = r[Operand(op)].element.bits;
+      info.option_formats[name][operand_name(Operand(op))] = r[Operand(op)].element.name;
   }
   auto e = std::make_unique<Exporter>(std::move(info));
   std::string why;

@@ -83,6 +83,7 @@ json StepRecord::to_json() const {
   put(j, "plan_solve_seconds", plan_solve_seconds);
   put(j, "stats_seconds", stats_seconds);
   put(j, "rel_err_fprop", rel_err_fprop);
+  put(j, "quant_err", quant_err);
   if (guard_replan) j["guard_replan"] = true;
   if (!guard.empty()) {
     json g = json::array();
@@ -134,6 +135,14 @@ void StepRecord::merge(const json& fields, const std::string& what) {
       std::map<std::string, double> m;
       for (const auto& [layer, e] : v.items()) m[layer] = number_or_null(e, what, key + "." + layer);
       rel_err_fprop = std::move(m);
+    } else if (key == "quant_err") {
+      if (!v.is_object()) bad(what, key, "an object of layer -> {operand: relative error}", v);
+      std::map<std::string, std::map<std::string, double>> m;
+      for (const auto& [layer, ops] : v.items()) {
+        if (!ops.is_object()) bad(what, key + "." + layer, "an object of operand -> relative error", ops);
+        for (const auto& [op, e] : ops.items()) m[layer][op] = number_or_null(e, what, key + "." + layer + "." + op);
+      }
+      quant_err = std::move(m);
     } else if (key == "guard_replan") guard_replan = flag(v, what, key);
     else if (key == "guard") {
       if (!v.is_array()) bad(what, key, "a list of guard events", v);

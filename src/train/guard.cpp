@@ -1,7 +1,10 @@
 // The in-process guard's conditions (see guard.h).
 #include "guard.h"
 
+#include <algorithm>
 #include <cmath>
+#include <set>
+#include <limits>
 #include <numeric>
 
 #include <spdlog/fmt/fmt.h>
@@ -60,23 +63,48 @@ std::vector<GuardEvent> Guard::observe(const GuardObservation& o) {
     losses_.push_back(o.loss);
     if (losses_.size() > W) losses_.pop_front();
   }
-  std::vector<std::string> over;
-  std::string worst;
-  for (const auto& [layer, err] : o.quant_error) {
-    const auto b = o.quant_bits.find(layer);
-    const bool fp4 = b != o.quant_bits.end() && b->second <= 4;
-    const double threshold = fp4 ? cfg_.quant_error_threshold_fp4 : cfg_.quant_error_threshold;
-    if (streak_.add(layer, err, threshold) >= cfg_.quant_error_steps) {
-      over.push_back(layer);
-      if (!worst.empty()) worst += ", ";
-      worst += fmt::format("{} {:.4f} (> {:.3g}, {}-bit)", layer, err, threshold, fp4 ? 4 : 8);
+  // Per layer over its threshold: its operands over, and the worst of them
+  // (the largest error relative to its threshold; NaN counts as the worst).
+  struct Over {
+    std::string layer, worst;
+    double ratio = -1;
+    int operands = 0;
+  };
+  std::vector<Over> over;
+  std::set<std::string> seen;
+  for (const GuardObservation::QuantError& q : o.quant_error) {
+    const std::string key = q.operand.empty() ? q.layer : monitor::operand_streak_key(q.layer, q.operand, q.format);
+    const std::string name = q.operand.empty() ? q.layer : q.layer + " " + q.operand;
+    const double threshold = cfg_.threshold_for(q.format);
+    seen.insert(key);
+    // Once per streak, at its quant_error_steps-th step.
+    if (streak_.add(key, q.rel_err, threshold) != cfg_.quant_error_steps) continue;
+    auto it = std::find_if(over.begin(), over.end(), [&](const Over& v) { return v.layer == q.layer; });
+    if (it == over.end()) it = over.insert(over.end(), Over{q.layer, "", -1, 0});
+    ++it->operands;
+    const double ratio = std::isfinite(q.rel_err) ? q.rel_err / threshold : std::numeric_limits<double>::infinity();
+    if (ratio > it->ratio) {
+      it->ratio = ratio;
+      it->worst = fmt::format("{} {:.4f} (> {:.3g}, {})", name, q.rel_err, threshold,
+                              q.format.empty() ? std::string("format unknown") : q.format);
     }
   }
+  // Not measured at this step: its run of steps is broken.
+  streak_.keep_only(seen);
+  // One entry per layer (its worst operand), at most kListed layers.
+  constexpr size_t kListed = 6;
+  std::string worst;
+  for (size_t i = 0; i < over.size() && i < kListed; ++i) {
+    if (!worst.empty()) worst += ", ";
+    worst += over[i].worst;
+    if (over[i].operands > 1) worst += fmt::format(" and {} more operands", over[i].operands - 1);
+  }
+  if (over.size() > kListed) worst += fmt::format(", and {} more layers", over.size() - kListed);
   if (!over.empty()) {
     GuardEvent e = event("quant_error", cfg_.on_quant_error,
-                         fmt::format("relative quantization error above its format's threshold for {} measurements "
+                         fmt::format("relative quantization error above its format's threshold for {} steps "
                                      "in a row: {}", cfg_.quant_error_steps, worst));
-    e.layers = over;
+    for (const Over& v : over) e.layers.push_back(v.layer);
     out.push_back(std::move(e));
   }
   if (o.tokens_per_s > 0) {

@@ -16,13 +16,19 @@
 //   loss_spike      loss > (1 + spike_ratio) x mean of the last spike_window
 //                   losses of steps that neither spiked nor were non-finite,
 //                   once spike_window such losses exist.
-//   quant_error     a layer's relative quantization error (the metrics
-//                   record's "rel_err_fprop": ||Y_q - Y|| / ||Y|| of its fprop
-//                   GEMM under the option it runs, measured at stats steps)
-//                   strictly above quant_error_threshold for quant_error_steps
-//                   measurements in a row; one at or below the threshold
-//                   resets the layer's count (monitor::Streak). Exactly at
-//                   the threshold does not count.
+//   quant_error     a quantized operand's relative error ||Q(x) - x|| / ||x||
+//                   (the metrics record's "quant_err", measured at every step
+//                   by the quantizers' own pass, summed over micro-batches and
+//                   ranks) strictly above its format's threshold
+//                   (GuardConfig::threshold_for: E2M1 0.3, E5M2 0.15, E4M3
+//                   0.08 by default) for quant_error_steps steps in a row;
+//                   one at or below the threshold resets that operand's count
+//                   (monitor::Streak), and so does a step that does not
+//                   measure it (not quantized then, or under another format:
+//                   the key holds the format, monitor::operand_streak_key).
+//                   Exactly at the threshold does not count. A streak fires
+//                   once, at its quant_error_steps-th step; a streak that
+//                   breaks and builds up again fires again.
 //   throughput_drop tokens/s < (1 - throughput_drop) x mean of the last
 //                   spike_window steps' tokens/s (the window of steps that
 //                   were not slow), once spike_window exist, for
@@ -81,14 +87,15 @@ struct GuardObservation {
   double loss = 0;              ///< mean training loss, nats per token (may be NaN/Inf)
   double grad_norm = 0;         ///< global gradient L2 norm before clipping (may be NaN/Inf)
   double tokens_per_s = 0;      ///< the step's throughput, tokens per second (all ranks); <= 0 = not measured
-  /// Layer -> relative quantization error (fraction) measured at this step;
-  /// empty at steps that measured none.
-  std::map<std::string, double> quant_error;
-  /// Layer -> the fewest element bits among its fprop operands under the
-  /// option it runs (4 for E2M1 formats); a layer absent here counts as 8
-  /// bits. Chooses the threshold: GuardConfig::quant_error_threshold_fp4
-  /// at 4 bits or fewer, quant_error_threshold otherwise.
-  std::map<std::string, int> quant_bits;
+  /// One quantized operand's relative error at this step.
+  struct QuantError {
+    std::string layer;    ///< the layer (what fp8-layer moves), e.g. "model.layers.0.mlp.up_proj"
+    std::string operand;  ///< "fprop.x", ... ("" for a measurement of the whole layer)
+    std::string format;   ///< its element format ("e2m1", "e4m3", ...; "" = unknown): chooses the threshold
+    double rel_err = 0;   ///< ||Q(x) - x|| / ||x||, a fraction (NaN/Inf count as above)
+  };
+  /// Every operand measured at this step; empty at steps that measured none.
+  std::vector<QuantError> quant_error;
 };
 
 /// One condition that fired, and the action configured for it.
@@ -119,8 +126,12 @@ class Guard {
   /// described the abandoned steps); the quantization-error streaks restart.
   void reset_windows();
 
-  /// Streak of `layer` (consecutive measurements above the threshold).
-  int64_t streak(const std::string& layer) const { return streak_.get(layer); }
+  /// Streak of `key` (consecutive measurements above the threshold):
+  /// monitor::operand_streak_key(layer, operand, format), or the layer for a
+  /// whole-layer measurement (GuardObservation::QuantError).
+  int64_t streak(const std::string& key) const { return streak_.get(key); }
+  /// Every streak (key -> steps), for the exporter's gauge.
+  const std::map<std::string, int64_t>& quant_streaks() const { return streak_.counts(); }
 
   // ---- what the guard did, saved in checkpoints ("guard" in trainer_state.json)
   int64_t rollbacks = 0;        ///< rollbacks carried out in this run
@@ -131,7 +142,7 @@ class Guard {
   std::vector<GuardEvent> events;  ///< every event of the run, in order (the last 1000)
 
   /// {"rollbacks", "skipped_steps", "raises", "rolled_back_steps", "state", "events": [...],
-  /// "loss_window": [...], "quant_error_streaks": {layer: n}}.
+  /// "loss_window": [...], "quant_error_streaks": {key: n}} (keys as streak()).
   nlohmann::json to_json() const;
   /// Inverse of to_json: a resumed run judges the next steps as the
   /// uninterrupted one would (the throughput window, wall time, refills).

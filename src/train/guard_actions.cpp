@@ -32,25 +32,28 @@ std::string rollback_target(const std::string& run_dir) {
   return fallback;
 }
 
-// What the guard observes of step `r` (the run's `recipes` give an option's bits).
-GuardObservation observe(const StepResult& r, int64_t step, double tokens_per_s, const recipes::RecipeSet& recipes) {
+// What the guard observes of step `r`: its loss, gradient norm, throughput
+// and each quantized operand's per-step error with the element format it
+// ran (the controller's assignment in force: the step ran under it).
+GuardObservation observe(const StepResult& r, int64_t step, double tokens_per_s,
+                         const std::vector<QuantLinear>& layers, const PrecisionController& ctl) {
   GuardObservation obs;
   obs.step = step;
   obs.loss = r.loss;
   obs.grad_norm = r.grad_norm;
   obs.tokens_per_s = tokens_per_s;
-  if (r.precision.metrics.contains("rel_err_fprop"))
-    for (auto& [layer, v] : r.precision.metrics["rel_err_fprop"].items()) {
-      obs.quant_error[layer] = v.is_number() ? v.get<double>() : std::nan("");
-      // The element bits of the option the layer's fprop runs (the item is
-      // the layer, or "layer:fprop" under precision.granularity = gemm).
-      const json& prec = r.precision.metrics.value("precision", json::object());
-      const std::string item = prec.contains(layer) ? layer : plan_item_key(layer, Gemm::kFprop);
-      if (prec.contains(item) && prec[item].is_string() && recipes.has(prec[item].get<std::string>())) {
-        const recipes::Recipe& q = recipes.find(prec[item].get<std::string>());
-        obs.quant_bits[layer] = std::min(q[Operand::kFpropX].element.bits, q[Operand::kFpropW].element.bits);
-      }
+  for (size_t l = 0; l < r.operand_errors.size() && l < layers.size(); ++l) {
+    std::array<std::string, kNumOperands> formats;
+    bool any = false;
+    for (const formats::ErrorNorms& n : r.operand_errors[l]) any = any || n.calls > 0;
+    if (!any) continue;
+    formats = ctl.operand_formats(layers[l]->name);
+    for (int o = 0; o < kNumOperands; ++o) {
+      const formats::ErrorNorms& n = r.operand_errors[l][size_t(o)];
+      if (n.calls > 0)
+        obs.quant_error.push_back({layers[l]->name, operand_name(Operand(o)), formats[size_t(o)], n.rel_error()});
     }
+  }
   return obs;
 }
 
@@ -86,6 +89,7 @@ std::pair<int64_t, std::string> GuardActions::rollback(const std::string& target
     s.comm->barrier();
   }
   s.guard->reset_windows();
+  if (s.exporter) s.exporter->set_operand_streaks(s.guard->quant_streaks());  // emptied with the guard's
   ++s.guard->rollbacks;
   s.guard->rolled_back_steps += from - to;
   return {to, fmt::format("rolled back from step {} to {} ({}), skipping the {} windows read since{}", from, to,
@@ -118,7 +122,7 @@ GuardOutcome GuardActions::after_step(const StepResult& r, StepRecord& rec, doub
   // not a stats step (extra passes).
   const bool plain = steps_done > 1 && !r.precision.metrics.contains("stats_seconds");
   std::vector<GuardEvent> events =
-      guard.observe(observe(r, s.step, plain ? double(s.tokens_per_step) / dt : 0.0, s.rc.recipes));
+      guard.observe(observe(r, s.step, plain ? double(s.tokens_per_step) / dt : 0.0, s.model->linear_layers(), *s.ctl));
   if (!r.nonfinite_stats.empty())
     for (GuardEvent& e : events)
       if (e.condition == "nonfinite") e.reason = r.nonfinite_stats + " (the step was skipped)";

@@ -146,6 +146,7 @@ StepResult pipeline_step(StepContext& c, PipelineContext& p, int64_t step, doubl
   }
   io.bytes = 0;
   io.wait_s = 0;
+  clear_operand_errors(c.model->linear_layers());  // the boundary's passes do not count
 
   // ---- the schedule
   const auto t0 = std::chrono::steady_clock::now();
@@ -198,16 +199,21 @@ StepResult pipeline_step(StepContext& c, PipelineContext& p, int64_t step, doubl
     p.pipe->allreduce_sum(g);
   }
   if (p.dp) dist::allreduce_gradients(*p.dp, p.stage_params);
-  // loss (last stages), bubble, boundary bytes: one float64 all-reduce over the world
+  // loss (last stages), bubble, boundary bytes and the per-step quantization
+  // error (each stage's own layers; the others add 0): one float64
+  // all-reduce over the world
   {
-    std::vector<Tensor> v{torch::tensor({last ? loss_sum : 0.0, sched_s > 0 ? io.wait_s / sched_s : 0.0,
-                                         double(io.bytes)},
-                                        torch::kDouble)};
+    const std::vector<QuantLinear> layers = c.model->linear_layers();
+    std::vector<double> sums{last ? loss_sum : 0.0, sched_s > 0 ? io.wait_s / sched_s : 0.0, double(io.bytes)};
+    const std::vector<double> qe = take_operand_errors(layers);
+    sums.insert(sums.end(), qe.begin(), qe.end());
+    std::vector<Tensor> v{torch::tensor(sums, torch::kDouble)};
     p.world->allreduce_sum(v);
     const double* a = v[0].data_ptr<double>();
     loss_sum = a[0];
     r.pipe_bubble = a[1] / double(S * D);
     r.boundary_bytes = int64_t(std::llround(a[2]));
+    r.operand_errors = operand_errors_from(a + 3, layers.size());
   }
   r.loss = loss_sum / double(M * D);
   const double max_norm = check_loss_and_clip_threshold(c, r, step);

@@ -53,6 +53,7 @@ StepRecord Progress::record(const StepResult& r, double lr, double dt) {
   if (r.grad_comm_sent_bytes >= 0) rec.grad_comm_sent_bytes = r.grad_comm_sent_bytes;
   if (r.comm_s >= 0) rec.comm_s = r.comm_s;
   if (s.stages) s.stages->record(rec, r);
+  rec.quant_err = quant_error_record(s.model->linear_layers(), r);
   if (!r.precision.metrics.is_null()) rec.merge(r.precision.metrics, "the precision decision's record");
   // A precision change without a decision (the guard's fp8-layer action, a
   // rollback's restored plan) is recorded at the first step it runs, so

@@ -159,6 +159,13 @@ void build_model(TrainSession& s) {
   // The adaptive precision controller (inactive for policy none). Validates
   // the [precision] options against the layer list, pins and budget included.
   s.ctl = std::make_unique<PrecisionController>(s.rc, s.model->linear_layers(), s.gemm);
+  // monitor.quant_error = false: the quantizers record no per-step error.
+  if (!s.rc.monitor.quant_error) {
+    for (QuantLinear l : s.model->linear_layers()) l->operand_errors = nullptr;
+    if (s.rc.guard.enabled && s.rc.guard.on_quant_error != GuardAction::kWarn && s.world.rank == 0)
+      spdlog::warn("monitor.quant_error = false: the guard's quant_error condition sees no error, so "
+                   "guard.on_quant_error = {} never acts", to_string(s.rc.guard.on_quant_error));
+  }
   if (s.stages) s.stages->set_controller_stages();
   if (s.lora.enabled())  // LoRA: loss divergence alone, on the FP32 base read back for the stats step
     s.ctl->set_frozen_base([&s] { s.lora.frozen_base->materialize(s.model->linear_layers()); });

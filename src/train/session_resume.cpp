@@ -88,11 +88,16 @@ void open_run_files(TrainSession& s) {
   // count was recorded: step x today's tokens per step.
   s.tokens_trained = s.resume_ckpt.empty() ? 0 : s.resume_typed.tokens.value_or(s.step * s.tokens_per_step);
   // The /metrics endpoint (monitor/exporter.h), fed the record of each step.
-  s.exporter = monitor::start_exporter(
-      s.monitor_opts,
-      {s.tokens_per_step, s.world.rank, s.R, s.ctl->policy(), {}, s.rc.guard.quant_error_threshold,
-       s.rc.guard.quant_error_threshold_fp4},
-      s.rc.recipes, s.world.local_rank, !opts.quiet);
+  s.exporter = monitor::start_exporter(s.monitor_opts, {s.tokens_per_step, s.world.rank, s.R, s.ctl->policy(), {}, s.rc.guard},
+                                       s.rc.recipes, s.world.local_rank, !opts.quiet);
+  // A resumed run's precision in force (its records name it only at the
+  // next change) and the guard's restored streaks (the gauge counts on).
+  if (s.exporter && !s.ctl->assignment().empty()) {
+    std::map<std::string, std::string> items;
+    for (const auto& [k, option] : s.ctl->assignment().options) items[k.str()] = option;
+    s.exporter->set_precision(items);
+  }
+  if (s.exporter) s.exporter->set_operand_streaks(s.guard->quant_streaks());
   // Wall time of the earlier invocations (a resumed run's elapsed_s continues).
   s.elapsed0 = s.resume_ckpt.empty() ? 0.0 : s.resume_typed.elapsed_s.value_or(0.0);
   s.start_step = s.step;

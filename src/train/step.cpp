@@ -2,6 +2,9 @@
 #include "snip/train/step.h"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "snip/dist/grad_reducer.h"
@@ -15,6 +18,50 @@ namespace snip {
 
 torch::Tensor to_ids(const std::vector<int32_t>& ids, int64_t B, int64_t T) {
   return torch::from_blob(const_cast<int32_t*>(ids.data()), {B, T}, torch::kInt).to(torch::kLong);
+}
+
+void clear_operand_errors(const std::vector<QuantLinear>& layers) {
+  for (const QuantLinear& l : layers)
+    if (l->operand_errors) l->operand_errors->take();
+}
+
+std::vector<double> take_operand_errors(const std::vector<QuantLinear>& layers) {
+  std::vector<double> v;
+  v.reserve(layers.size() * kNumOperands * 3);
+  for (const QuantLinear& l : layers)
+    for (const formats::ErrorNorms& n : l->operand_errors ? l->operand_errors->take()
+                                                          : std::array<formats::ErrorNorms, kNumOperands>{})
+      v.insert(v.end(), {n.sum_sq_err, n.sum_sq_ref, double(n.calls)});
+  return v;
+}
+
+std::vector<std::array<formats::ErrorNorms, kNumOperands>> operand_errors_from(const double* v, size_t layers) {
+  std::vector<std::array<formats::ErrorNorms, kNumOperands>> out(layers);
+  for (size_t l = 0; l < layers; ++l)
+    for (size_t o = 0; o < size_t(kNumOperands); ++o, v += 3) out[l][o] = {v[0], v[1], int64_t(std::llround(v[2]))};
+  return out;
+}
+
+namespace {
+// `v` to `digits` significant decimal digits (JSON then writes it short:
+// 0.09673, not 0.09672505169293935); non-finite values as they are.
+double round_sig(double v, int digits) {
+  if (!std::isfinite(v) || v == 0) return v;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+  return std::strtod(buf, nullptr);
+}
+}  // namespace
+
+std::optional<std::map<std::string, std::map<std::string, double>>> quant_error_record(
+    const std::vector<QuantLinear>& layers, const StepResult& r) {
+  std::map<std::string, std::map<std::string, double>> m;
+  for (size_t l = 0; l < r.operand_errors.size() && l < layers.size(); ++l)
+    for (int o = 0; o < kNumOperands; ++o)
+      if (r.operand_errors[l][size_t(o)].calls > 0)
+        m[layers[l]->name][operand_name(Operand(o))] = round_sig(r.operand_errors[l][size_t(o)].rel_error(), 4);
+  if (m.empty()) return std::nullopt;
+  return m;
 }
 
 double check_loss_and_clip_threshold(StepContext& c, StepResult& r, int64_t step) {
@@ -75,6 +122,7 @@ StepResult train_step(StepContext& c, int64_t step, double lr) {
       }
     }
     if (m == 0 && c.after_boundary) c.after_boundary();
+    if (m == 0) clear_operand_errors(c.model->linear_layers());  // the boundary's passes do not count
     torch::Tensor loss = LlamaForCausalLMImpl::loss(c.model(ids), targets);
     if (m == c.grad_accum - 1) {
       if (c.comm) blocked0 = c.comm->blocked_s();
@@ -83,15 +131,23 @@ StepResult train_step(StepContext& c, int64_t step, double lr) {
     (loss / double(c.grad_accum * R)).backward();
     loss_sum += loss.item<double>();
   }
+  // The loss sum and the per-step quantization error: one float64 vector
+  // [loss, L x 6 x (err, ref, calls)], summed over the ranks.
+  const std::vector<QuantLinear> layers = c.model->linear_layers();
+  std::vector<double> sums{loss_sum};
+  const std::vector<double> qe = take_operand_errors(layers);
+  sums.insert(sums.end(), qe.begin(), qe.end());
   if (c.comm) {
     const dist::ReduceBytes bytes = c.reducer->reduce(params, c.seed, step);
     r.grad_comm_bytes = bytes.format;
     r.grad_comm_sent_bytes = bytes.sent;
     r.comm_s = c.comm->blocked_s() - blocked0;
-    std::vector<torch::Tensor> l{torch::full({1}, loss_sum, torch::kDouble)};
+    std::vector<torch::Tensor> l{torch::tensor(sums, torch::kDouble)};
     c.comm->allreduce_sum(l);
-    loss_sum = l[0].item<double>();
+    std::memcpy(sums.data(), l[0].data_ptr<double>(), sums.size() * sizeof(double));
+    loss_sum = sums[0];
   }
+  r.operand_errors = operand_errors_from(sums.data() + 1, layers.size());
   r.loss = loss_sum / double(c.grad_accum * R);
   const double clip = check_loss_and_clip_threshold(c, r, step);
   // Collective under ZeRO (every rank computes it, whatever the loss); the

@@ -12,7 +12,8 @@ model:
   snip       policy snip on 2 ranks, rank 1 started with another budget:
              every rank logs the same plan digest at every decision (rank 0
              solves, broadcasts; rank 1 applies rank 0's plan), rank 0 writes
-             the plans, at rank 0's budget
+             the plans, at rank 0's budget; the per-step quantization error
+             (quant_err) of every operand at every quantized step
   checksum   a parameter perturbed on rank 1 after step 2
              (SNIP_TEST_PERTURB_RANK/STEP, a test-only hook) stops both ranks
              with one line naming the tensor and rank 1
@@ -275,6 +276,15 @@ try:
         # Rank 0's budget (FP4 share >= 0.5, to the planner's 1e-9), not rank 1's 0.25.
         check(shares and all(x >= 0.5 - 1e-9 and b == 0.5 for x, b in shares),
               "snip: the plans are rank 0's (budget 0.5)", str(shares))
+        # The per-step quantization error of 2 ranks (sums over both, one
+        # all-reduce with the loss): every step after the 2 warmup steps (BF16,
+        # nothing quantized) has all six operands of the 7 layers, finite.
+        qe = [(r["step"], r.get("quant_err")) for r in metrics(run)]
+        check(len(qe) == 8 and all((q is None) == (st <= 2) for st, q in qe) and
+              all(len(q) == 7 and all(len(ops) == 6 and all(0 < v < 0.5 for v in ops.values())
+                                      for ops in q.values()) for st, q in qe if q),
+              "snip: quant_err on 2 ranks: 7 layers x 6 operands at every quantized step",
+              str([(st, None if q is None else len(q)) for st, q in qe]))
 
     if "checksum" in cases:
         run = os.path.join(tmp, "corrupt")

@@ -53,6 +53,7 @@ void expect_paths_agree(const std::vector<float>& x, int64_t rows, int64_t cols,
                         const QuantSpec& spec, const std::string& what, const RoundingKey& key) {
   std::vector<float> y(x.size()), yr(x.size());
   QuantStats sf, sr;
+  ErrorNorms nf, nr;
   if (spec.rule == ScaleRule::kDelayed) {
     DelayedScaling df(spec), dr(spec);
     // Two calls: bootstrap, then a history-based scale (from a 4x smaller tensor).
@@ -61,11 +62,22 @@ void expect_paths_agree(const std::vector<float>& x, int64_t rows, int64_t cols,
     fake_quantize(small.data(), y.data(), rows, cols, key, df);
     fake_quantize_reference(small.data(), yr.data(), rows, cols, key, dr);
     ASSERT_TRUE(bits_equal(y, yr, cols)) << what << " (bootstrap)";
-    fake_quantize(x.data(), y.data(), rows, cols, key, df, &sf);
-    fake_quantize_reference(x.data(), yr.data(), rows, cols, key, dr, &sr);
+    fake_quantize(x.data(), y.data(), rows, cols, key, df, &sf, &nf);
+    fake_quantize_reference(x.data(), yr.data(), rows, cols, key, dr, &sr, &nr);
   } else {
-    fake_quantize(x.data(), y.data(), rows, cols, spec, key, &sf);
-    fake_quantize_reference(x.data(), yr.data(), rows, cols, spec, key, &sr);
+    fake_quantize(x.data(), y.data(), rows, cols, spec, key, &sf, &nf);
+    fake_quantize_reference(x.data(), yr.data(), rows, cols, spec, key, &sr, &nr);
+  }
+  // The per-step error norms: the same bits in both paths, and the sums of
+  // QuantStats (plain column order, double) up to the FP32 lanes' rounding.
+  EXPECT_TRUE(same_double(nf.sum_sq_err, nr.sum_sq_err)) << what << " " << nf.sum_sq_err << " vs " << nr.sum_sq_err;
+  EXPECT_TRUE(same_double(nf.sum_sq_ref, nr.sum_sq_ref)) << what;
+  EXPECT_EQ(nf.calls, 1);
+  EXPECT_EQ(nr.calls, 1);
+  EXPECT_EQ(std::isnan(nf.sum_sq_err), std::isnan(sf.sum_sq_err)) << what;
+  if (std::isfinite(sf.sum_sq_err) && std::isfinite(sf.sum_sq_ref)) {
+    EXPECT_NEAR(nf.sum_sq_err, sf.sum_sq_err, 1e-5 * sf.sum_sq_err + 1e-30) << what;
+    EXPECT_NEAR(nf.sum_sq_ref, sf.sum_sq_ref, 1e-5 * sf.sum_sq_ref + 1e-30) << what;
   }
   ASSERT_TRUE(bits_equal(y, yr, cols)) << what << " [" << rows << ", " << cols << "]";
   EXPECT_EQ(sf.count, sr.count) << what;
@@ -181,13 +193,23 @@ TEST(FakeQuant, InPlaceEqualsOutOfPlace) {
     const QuantSpec s = recipes::RecipeSet().find(recipe)[Operand::kWgradDY];
     std::vector<float> y(x.size()), z(x), zr(x);
     QuantStats a, b, c;
-    fake_quantize(x.data(), y.data(), 37, 300, s, RoundingKey{1, 2, 3, 4}, &a);
-    fake_quantize(z.data(), z.data(), 37, 300, s, RoundingKey{1, 2, 3, 4}, &b);
-    fake_quantize_reference(zr.data(), zr.data(), 37, 300, s, RoundingKey{1, 2, 3, 4}, &c);
+    ErrorNorms na, nb, nc;
+    fake_quantize(x.data(), y.data(), 37, 300, s, RoundingKey{1, 2, 3, 4}, &a, &na);
+    fake_quantize(z.data(), z.data(), 37, 300, s, RoundingKey{1, 2, 3, 4}, &b, &nb);
+    fake_quantize_reference(zr.data(), zr.data(), 37, 300, s, RoundingKey{1, 2, 3, 4}, &c, &nc);
     EXPECT_TRUE(bits_equal(y, z, 300)) << recipe;
     EXPECT_TRUE(bits_equal(y, zr, 300)) << recipe;
     EXPECT_EQ(a.sum_sq_err, b.sum_sq_err);
     EXPECT_EQ(a.sum_sq_err, c.sum_sq_err);
+    // In place, the norms compare the output with the input as it was.
+    EXPECT_EQ(na.sum_sq_err, nb.sum_sq_err) << recipe;
+    EXPECT_EQ(na.sum_sq_err, nc.sum_sq_err) << recipe;
+    EXPECT_EQ(na.sum_sq_ref, nb.sum_sq_ref) << recipe;
+    EXPECT_GT(na.sum_sq_err, 0.0) << recipe;
+    // Norms alone (no QuantStats) are the same as with them.
+    ErrorNorms alone;
+    fake_quantize(x.data(), y.data(), 37, 300, s, RoundingKey{1, 2, 3, 4}, nullptr, &alone);
+    EXPECT_EQ(alone.sum_sq_err, na.sum_sq_err) << recipe;
   }
 }
 
@@ -229,6 +251,82 @@ TEST(FakeQuant, StatsByHand) {
   QuantSpec e4 = recipes::RecipeSet().find("block_fp8")[Operand::kFpropX];
   fake_quantize(g.data(), gy.data(), 64, 1024, e4, RoundingKey{}, &st);
   EXPECT_NEAR(st.sqnr_db(), 10 * std::log10(3.0 / (2 * std::log(2.0)) * 768.0), 1.0);
+}
+
+// ErrorNorms by hand: StatsByHand's six values (the NaN input counts in
+// neither sum), the lanes of a 19-column row, a finite input in a block
+// whose scale is NaN (error NaN), a row whose FP32 squares overflow (summed
+// in double), merge and the rel_error edge cases.
+TEST(FakeQuant, ErrorNormsByHand) {
+  QuantSpec s;
+  s.element = kE2M1;
+  s.rule = ScaleRule::kNone;
+  const std::vector<float> x = {0.2f, 7.0f, -1.25f, 0.0f, NAN, 3.0f};
+  std::vector<float> y(x.size());
+  ErrorNorms n;
+  fake_quantize(x.data(), y.data(), 2, 3, s, RoundingKey{}, nullptr, &n);
+  // Squares in FP32 lanes: 0.2f² rounds to FP32 (the others are exact).
+  const volatile float p = 0.2f * 0.2f;
+  const double sse = double(p) + 1.0 + 0.0625;
+  const double ssr = double(p) + 49.0 + 1.5625 + 9.0;
+  EXPECT_DOUBLE_EQ(n.sum_sq_err, sse);
+  EXPECT_DOUBLE_EQ(n.sum_sq_ref, ssr);
+  EXPECT_DOUBLE_EQ(n.rel_error(), std::sqrt(sse / ssr));
+  EXPECT_EQ(n.calls, 1);
+  // 19 columns of 1.25 (-> 1 under E2M1 RNE, error 0.25 each): two full
+  // lane sweeps and a tail of 3, every term exact in double.
+  std::vector<float> r(19, 1.25f), ry(19);
+  fake_quantize(r.data(), ry.data(), 1, 19, s, RoundingKey{}, nullptr, &n);
+  EXPECT_EQ(n.sum_sq_err, 19 * 0.0625);
+  EXPECT_EQ(n.sum_sq_ref, 19 * 1.5625);
+  EXPECT_DOUBLE_EQ(n.rel_error(), 0.2);
+  // Per-tensor current scaling with a NaN in the tensor: the scale is NaN,
+  // every output NaN, so the finite inputs' error is NaN (a broken
+  // measurement, which the guard counts as above its threshold).
+  QuantSpec cur = recipes::RecipeSet().find("fp8")[Operand::kFpropX];
+  cur.block = BlockShape::tensor();
+  std::vector<float> z = {1.0f, NAN, 2.0f, 3.0f};
+  std::vector<float> zy(z.size());
+  fake_quantize(z.data(), zy.data(), 1, 4, cur, RoundingKey{}, nullptr, &n);
+  EXPECT_TRUE(std::isnan(n.sum_sq_err));
+  EXPECT_EQ(n.sum_sq_ref, 14.0);
+  EXPECT_TRUE(std::isnan(n.rel_error()));
+  // 1e20 and 3e20 (squares beyond FP32's 3.4e38) under BF16's cast, which
+  // keeps them to 8 bits of mantissa: the sums in double are finite.
+  QuantSpec bf;
+  bf.element = kBF16;
+  bf.rule = ScaleRule::kNone;
+  bf.saturate = false;
+  std::vector<float> big = {1e20f, 3e20f}, by(2);
+  fake_quantize(big.data(), by.data(), 1, 2, bf, RoundingKey{}, nullptr, &n);
+  const double e0 = double(by[0]) - double(big[0]), e1 = double(by[1]) - double(big[1]);
+  EXPECT_DOUBLE_EQ(n.sum_sq_ref, double(big[0]) * double(big[0]) + double(big[1]) * double(big[1]));
+  EXPECT_DOUBLE_EQ(n.sum_sq_err, e0 * e0 + e1 * e1);
+  EXPECT_TRUE(std::isfinite(n.rel_error()));
+  EXPECT_GT(n.rel_error(), 0.0);
+  // 3e-25 and 5e-25 (squares below FP32's smallest normal) in a
+  // 4-element row: summed in double, the same ratio as the same row x 2^80.
+  QuantSpec e4 = recipes::RecipeSet().find("block_fp8")[Operand::kFpropX];
+  std::vector<float> tiny = {3e-25f, 5e-25f, -4e-25f, 1e-25f}, ty(4), scaled(4), sy(4);
+  for (size_t i = 0; i < 4; ++i) scaled[i] = std::ldexp(tiny[i], 80);
+  ErrorNorms nt, ns;
+  fake_quantize(tiny.data(), ty.data(), 1, 4, e4, RoundingKey{}, nullptr, &nt);
+  fake_quantize(scaled.data(), sy.data(), 1, 4, e4, RoundingKey{}, nullptr, &ns);
+  EXPECT_GT(nt.sum_sq_ref, 0.0);
+  EXPECT_NEAR(nt.rel_error(), ns.rel_error(), 1e-6 * ns.rel_error());
+  // merge adds sums and calls; 0/0 is 0, x/0 is +Inf.
+  ErrorNorms a{1.0, 4.0, 1}, b{3.0, 12.0, 2};
+  a.merge(b);
+  EXPECT_EQ(a.sum_sq_err, 4.0);
+  EXPECT_EQ(a.sum_sq_ref, 16.0);
+  EXPECT_EQ(a.calls, 3);
+  EXPECT_EQ(a.rel_error(), 0.5);
+  EXPECT_EQ((ErrorNorms{0, 0, 1}).rel_error(), 0.0);
+  EXPECT_TRUE(std::isinf((ErrorNorms{1, 0, 1}).rel_error()));
+  // An empty tensor: one call, nothing summed.
+  fake_quantize(z.data(), zy.data(), 0, 4, cur, RoundingKey{}, nullptr, &n);
+  EXPECT_EQ(n.calls, 1);
+  EXPECT_EQ(n.sum_sq_ref, 0.0);
 }
 
 TEST(FakeQuant, ArgumentErrors) {

@@ -84,12 +84,18 @@ def main():
             ds = t.get("datasource", p.get("datasource", {}))
             check(ds.get("uid") == "${datasource}", f"panel {p['id']} target {t['refId']} uses the datasource variable")
     for need in ["snip_loss", "snip_val_loss", "snip_tokens_per_second", "snip_fp4_flops_share",
-                 "snip_quant_rel_error", "snip_layer_precision_bits"]:
+                 "snip_quant_rel_error", "snip_layer_precision_bits", "snip_quant_operand_rel_error",
+                 "snip_quant_operand_rel_error_streak"]:
         check(need in used, f"the dashboard shows {need}")
     check(any(p["type"] == "alertlist" for p in all_panels), "the dashboard has an alert list")
     check(any(p["type"] in ("heatmap", "status-history") and "snip_quant_rel_error" in
               "".join(t["expr"] for t in p.get("targets", [])) for p in all_panels),
           "the per-layer quantization error is a heat map (status history: one row per layer)")
+    check(any(p["type"] == "status-history" and "snip_quant_operand_rel_error" in
+              "".join(t["expr"] for t in p.get("targets", [])) and
+              all("{{operand}}" in t.get("legendFormat", "") and "{{format}}" in t.get("legendFormat", "")
+                  for t in p.get("targets", [])) for p in all_panels),
+          "the per-step operand error is a heat map whose rows name layer, operand and format")
 
     # The alert rules (YAML without a YAML library: the expr lines).
     with open(os.path.join(root, "deploy/prometheus/snip-rules.yml")) as f:

@@ -1,7 +1,8 @@
 // The Prometheus exporter (monitor/exporter.h): the exposition text against
 // hand-written expected text (label escaping, NaN / +Inf / -Inf as the text
-// format 0.0.4 spells them), the 5%-for-3-measurements streak at its
-// boundaries, monitor.listen parsing, and the HTTP endpoint on loopback.
+// format 0.0.4 spells them), the streaks (stats-step GEMM error; per-step
+// operand error against its format's threshold) at their boundaries,
+// monitor.listen parsing, and the HTTP endpoint on loopback.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -29,10 +30,12 @@ RunInfo info() {
   i.rank = 0;
   i.world_size = 1;
   i.policy = "snip";
-  i.option_bits["fp4"] = {{"fprop.x", 4}, {"fprop.w", 4}, {"dgrad.dy", 4}, {"dgrad.w", 4}, {"wgrad.dy", 4},
-                          {"wgrad.x", 4}};
-  i.option_bits["fp8"] = {{"fprop.x", 8}, {"fprop.w", 8}, {"dgrad.dy", 8}, {"dgrad.w", 8}, {"wgrad.dy", 8},
-                          {"wgrad.x", 8}};
+  i.option_formats["fp4"] = {{"fprop.x", "e2m1"}, {"fprop.w", "e2m1"}, {"dgrad.dy", "e2m1"},
+                             {"dgrad.w", "e2m1"},  {"wgrad.dy", "e2m1"}, {"wgrad.x", "e2m1"}};
+  // An FP8 option with E5M2 gradients (TransformerEngine's HYBRID format):
+  // E4M3 for X and W, E5M2 for dY.
+  i.option_formats["fp8"] = {{"fprop.x", "e4m3"}, {"fprop.w", "e4m3"}, {"dgrad.dy", "e5m2"},
+                             {"dgrad.w", "e4m3"}, {"wgrad.dy", "e5m2"}, {"wgrad.x", "e4m3"}};
   return i;
 }
 
@@ -129,13 +132,14 @@ TEST(Monitor, PerLayerErrorPrecisionAndPlanner) {
   EXPECT_EQ(std::count(g.begin(), g.end(), '\n'), 2 + 6);
 }
 
-TEST(Monitor, StreakCountsMeasurementsStrictlyAbove5Percent) {
-  // The boundary cases of deploy/prometheus/snip-rules-test.yml, as snip
-  // counts them: exactly 5% never counts; two above then one below resets;
-  // three above reach 3 (the rule fires at >= 3); NaN and Inf count as above.
+TEST(Monitor, StatsStepStreakCountsMeasurementsStrictlyAboveTheThreshold) {
+  // The stats step's GEMM-output error of a layer with no precision known
+  // counts against guard.quant_error_threshold (0.08 by default): exactly
+  // the threshold never counts; two above then one below resets; three
+  // above reach 3; NaN and Inf count as above.
   Exporter e(info());
   const std::vector<std::vector<double>> seq = {
-      {0.05, 0.06, 0.06, 0.07, kNaN}, {0.05, 0.06, 0.06, 0.08, kInf}, {0.05, 0.06, 0.04, 0.06, 0.0}};
+      {0.08, 0.09, 0.09, 0.1, kNaN}, {0.08, 0.09, 0.09, 0.12, kInf}, {0.08, 0.09, 0.07, 0.09, 0.0}};
   const std::vector<std::vector<int64_t>> want = {{0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}, {0, 1, 0, 1, 0}};
   const char* layers[3] = {"a", "b", "c"};
   for (size_t k = 0; k < 5; ++k) {
@@ -153,6 +157,46 @@ TEST(Monitor, StreakCountsMeasurementsStrictlyAbove5Percent) {
   EXPECT_EQ(e.streak("a"), 4);
   EXPECT_NE(e.text().find("snip_quant_rel_error_streak{gemm=\"fprop\",layer=\"a\",operand=\"both\"} 4\n"),
             std::string::npos);
+}
+
+// The per-step operand error and its streak against the threshold of the
+// operand's own element format, with the guard's defaults (E4M3 0.08, E5M2
+// 0.15, E2M1 0.3): the sequences of deploy/prometheus/snip-rules-test.yml.
+TEST(Monitor, OperandStreakCountsStepsAboveTheFormatsThreshold) {
+  Exporter e(info());
+  e.update(rec({{"step", 1}, {"precision", {{"l.q", "fp4"}, {"l.k", "fp8"}}}}));
+  struct Seq {
+    const char *layer, *op, *gemm, *operand;
+    std::vector<double> v;
+    std::vector<int64_t> want;
+  };
+  const std::vector<Seq> seqs = {
+      {"l.k", "fprop.x", "fprop", "x", {0.08, 0.08, 0.08, 0.08}, {0, 0, 0, 0}},    // e4m3, exactly 0.08
+      {"l.k", "dgrad.dy", "dgrad", "dy", {0.16, 0.17, 0.14, 0.14}, {1, 2, 0, 0}},  // e5m2, a drop
+      {"l.q", "fprop.w", "fprop", "w", {0.25, 0.25, 0.25, 0.25}, {0, 0, 0, 0}},    // e2m1 healthy
+      {"l.k", "wgrad.x", "wgrad", "x", {0.09, 0.09, 0.1, 0.1}, {1, 2, 3, 4}},      // e4m3 above 0.08
+      {"l.q", "wgrad.dy", "wgrad", "dy", {0.31, kNaN, kInf, 0.3}, {1, 2, 3, 0}},   // e2m1; NaN/Inf count
+  };
+  for (size_t k = 0; k < 4; ++k) {
+    json q = json::object();
+    for (const Seq& s : seqs) q[s.layer][s.op] = s.v[k];
+    e.update(rec({{"step", k + 2}, {"quant_err", q}}));
+    for (const Seq& s : seqs) {
+      const std::string want = "snip_quant_operand_rel_error_streak{format=\"" +
+                               std::string(std::string(s.layer) == "l.q" ? "e2m1" : s.operand == std::string("dy") ? "e5m2" : "e4m3") +
+                               "\",gemm=\"" + s.gemm + "\",layer=\"" + s.layer + "\",operand=\"" + s.operand +
+                               "\"} " + std::to_string(s.want[k]) + "\n";
+      EXPECT_NE(e.text().find(want), std::string::npos) << want << " at step " << k + 2;
+    }
+  }
+  const std::string t = family(e.text(), "snip_quant_operand_rel_error");
+  EXPECT_NE(t.find("snip_quant_operand_rel_error{format=\"e5m2\",gemm=\"dgrad\",layer=\"l.k\",operand=\"dy\"} 0.14\n"),
+            std::string::npos) << t;
+  EXPECT_EQ(std::count(t.begin(), t.end(), '\n'), 2 + 5);
+  // A step that quantized nothing of a layer drops its operands (not measured).
+  e.update(rec({{"step", 6}, {"quant_err", {{"l.k", {{"fprop.x", 0.01}}}}}}));
+  const std::string u = family(e.text(), "snip_quant_operand_rel_error");
+  EXPECT_EQ(std::count(u.begin(), u.end(), '\n'), 2 + 1) << u;
 }
 
 TEST(Monitor, CheckpointAgeAndMemory) {

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 
 #include "snip/config/config.h"
 #include "snip/io/atomic_file.h"
@@ -49,6 +50,12 @@ GuardObservation obs(int64_t step, double loss, double gnorm = 1.0, double tps =
   o.grad_norm = gnorm;
   o.tokens_per_s = tps;
   return o;
+}
+
+// One whole-layer measurement of `layer` (operand ""), or of an operand.
+GuardObservation::QuantError qe(const std::string& layer, double err, const std::string& format = "",
+                                const std::string& operand = "") {
+  return {layer, operand, format, err};
 }
 
 std::vector<std::string> conditions(const std::vector<GuardEvent>& ev) {
@@ -97,33 +104,70 @@ TEST(Guard, LossSpikeIsStrictlyAboveOneAndAHalfTimesTheWindowMean) {
   EXPECT_EQ(conditions(g.observe(obs(15, 23.0))), std::vector<std::string>{"loss_spike"});
 }
 
-// A layer whose fprop operands are 4-bit counts against
-// quant_error_threshold_fp4 (0.2 by default): E2M1's healthy ~0.1-0.13 never
-// fires, 0.21 does; an 8-bit layer (or one with no bits given) against 0.05.
-TEST(Guard, QuantErrorThresholdPerElementWidth) {
-  GuardConfig c = small_windows();
-  EXPECT_EQ(c.quant_error_threshold_fp4, 0.2);  // the default, as config.cpp declares it
+// Each operand counts against its element format's threshold
+// (GuardConfig::threshold_for; defaults E2M1 0.3, E5M2 0.15, E4M3 0.08,
+// config.cpp's): E2M1's healthy ~0.1-0.25 never fires, 0.31 does; E5M2's
+// 0.12 does not, E4M3's 0.09 does; an unknown format counts against
+// quant_error_threshold.
+TEST(Guard, QuantErrorThresholdPerElementFormat) {
+  GuardConfig c;  // the defaults
+  EXPECT_EQ(c.quant_error_threshold_fp4, 0.3);
+  EXPECT_EQ(c.quant_error_threshold_e5m2, 0.15);
+  EXPECT_EQ(c.quant_error_threshold, 0.08);
+  EXPECT_EQ(c.quant_error_steps, 3);
+  EXPECT_EQ(c.threshold_for("e2m1"), 0.3);
+  EXPECT_EQ(c.threshold_for("int4"), 0.3);  // 4 bits, not a float
+  EXPECT_EQ(c.threshold_for("e1m2"), 0.3);  // 4 bits, though 2 mantissa bits
+  EXPECT_EQ(c.threshold_for("e5m2"), 0.15);
+  EXPECT_EQ(c.threshold_for("e3m2"), 0.15);  // FP6 with 2 mantissa bits
+  EXPECT_EQ(c.threshold_for("e4m3"), 0.08);
+  EXPECT_EQ(c.threshold_for("int8"), 0.08);
+  EXPECT_EQ(c.threshold_for("bf16"), 0.08);
+  EXPECT_EQ(c.threshold_for(""), 0.08);
+  EXPECT_EQ(c.threshold_for("no-such-format"), 0.08);
   Guard g(c);
   std::vector<GuardEvent> ev;
   for (int64_t s = 1; s <= 3; ++s) {
     GuardObservation o = obs(s, 2.0);
-    o.quant_error = {{"fp4_healthy", 0.13}, {"fp4_bad", 0.21}, {"fp8", 0.06}, {"fp4_at", 0.2}, {"unknown", 0.06}};
-    o.quant_bits = {{"fp4_healthy", 4}, {"fp4_bad", 4}, {"fp8", 8}, {"fp4_at", 4}};
+    o.quant_error = {qe("l1", 0.25, "e2m1", "fprop.x"), qe("l1", 0.31, "e2m1", "fprop.w"),
+                     qe("l2", 0.12, "e5m2", "dgrad.dy"), qe("l2", 0.09, "e4m3", "fprop.x"),
+                     qe("l3", 0.3, "e2m1", "fprop.x"), qe("l4", 0.09)};
     ev = g.observe(o);
   }
-  EXPECT_EQ(g.streak("fp4_healthy"), 0);
-  EXPECT_EQ(g.streak("fp4_at"), 0);  // exactly the threshold does not count
+  EXPECT_EQ(g.streak("l1 fprop.x e2m1"), 0);
+  EXPECT_EQ(g.streak("l1 fprop.w e2m1"), 3);
+  EXPECT_EQ(g.streak("l2 dgrad.dy e5m2"), 0);
+  EXPECT_EQ(g.streak("l3 fprop.x e2m1"), 0);  // exactly the threshold does not count
   ASSERT_EQ(conditions(ev), std::vector<std::string>{"quant_error"});
-  EXPECT_EQ(ev[0].layers, (std::vector<std::string>{"fp4_bad", "fp8", "unknown"}));
-  EXPECT_NE(ev[0].reason.find("fp4_bad 0.2100 (> 0.2, 4-bit)"), std::string::npos) << ev[0].reason;
-  EXPECT_NE(ev[0].reason.find("fp8 0.0600 (> 0.05, 8-bit)"), std::string::npos) << ev[0].reason;
+  EXPECT_EQ(ev[0].layers, (std::vector<std::string>{"l1", "l2", "l4"}));  // each layer once
+  EXPECT_NE(ev[0].reason.find("l1 fprop.w 0.3100 (> 0.3, e2m1), l2 fprop.x 0.0900 (> 0.08, e4m3), "
+                               "l4 0.0900 (> 0.08, format unknown)"),
+            std::string::npos)
+      << ev[0].reason;
+  // Per layer its worst operand (error / threshold) and how many more are
+  // over; at most 6 layers named in the reason, every one in `layers`.
+  Guard h(c);
+  for (int64_t s = 1; s <= 3; ++s) {
+    GuardObservation o = obs(s, 2.0);
+    o.quant_error = {qe("a", 0.31, "e2m1", "fprop.x"), qe("a", 0.16, "e5m2", "dgrad.dy"),
+                     qe("a", 0.5, "e2m1", "wgrad.dy")};
+    for (int l = 0; l < 7; ++l) o.quant_error.push_back(qe("m" + std::to_string(l), 0.1, "e4m3", "fprop.x"));
+    ev = h.observe(o);
+  }
+  ASSERT_EQ(conditions(ev), std::vector<std::string>{"quant_error"});
+  EXPECT_EQ(ev[0].layers.size(), 8u);
+  EXPECT_NE(ev[0].reason.find(": a wgrad.dy 0.5000 (> 0.3, e2m1) and 2 more operands, m0 fprop.x 0.1000"),
+            std::string::npos)
+      << ev[0].reason;
+  EXPECT_NE(ev[0].reason.find("m4 fprop.x 0.1000 (> 0.08, e4m3), and 2 more layers"), std::string::npos)
+      << ev[0].reason;
 }
 
 TEST(Guard, QuantErrorAboveFivePercentForThreeMeasurements) {
   Guard g(small_windows());
   auto q = [&](int64_t step, double a, double b) {
     GuardObservation o = obs(step, 2.0);
-    o.quant_error = {{"a", a}, {"b", b}};
+    o.quant_error = {qe("a", a), qe("b", b)};
     return g.observe(o);
   };
   // Exactly 5% never counts; "a" above twice then a drop; "b" three times.
@@ -138,12 +182,32 @@ TEST(Guard, QuantErrorAboveFivePercentForThreeMeasurements) {
   ASSERT_EQ(conditions(ev), std::vector<std::string>{"quant_error"});
   EXPECT_EQ(ev[0].layers, std::vector<std::string>{"b"});
   EXPECT_EQ(ev[0].action, GuardAction::kWarn);  // the default
-  // Steps without a measurement leave the streaks as they are.
-  EXPECT_TRUE(g.observe(obs(5, 2.0)).empty());
-  EXPECT_EQ(g.streak("b"), 3);
+  // Once per streak: b's fourth step above is no new event.
+  EXPECT_TRUE(q(5, 0.04, 0.09).empty());
+  EXPECT_EQ(g.streak("b"), 4);
+  // A step without a measurement breaks every streak (measured every step,
+  // an operand not measured was not quantized).
+  EXPECT_TRUE(g.observe(obs(6, 2.0)).empty());
+  EXPECT_EQ(g.streak("b"), 0);
   // A NaN measurement counts as above (a broken measurement is not a good one).
-  EXPECT_EQ(conditions(q(6, std::nan(""), 0.0)), std::vector<std::string>{});
+  EXPECT_EQ(conditions(q(7, std::nan(""), 0.0)), std::vector<std::string>{});
   EXPECT_EQ(g.streak("a"), 1);
+  // b builds up again: a new streak fires again at its third step.
+  EXPECT_TRUE(q(8, 0.0, 0.06).empty());
+  EXPECT_TRUE(q(9, 0.0, 0.06).empty());
+  EXPECT_EQ(conditions(q(10, 0.0, 0.06)), std::vector<std::string>{"quant_error"});
+  // The format is part of the key: a count made under e2m1 does not carry
+  // over when the operand runs e4m3 (a plan change).
+  Guard h(small_windows());
+  GuardObservation o1 = obs(1, 2.0), o2 = obs(2, 2.0), o3 = obs(3, 2.0);
+  o1.quant_error = {qe("l", 0.4, "e2m1", "fprop.x")};
+  o2.quant_error = {qe("l", 0.4, "e2m1", "fprop.x")};
+  o3.quant_error = {qe("l", 0.4, "e4m3", "fprop.x")};
+  EXPECT_TRUE(h.observe(o1).empty());
+  EXPECT_TRUE(h.observe(o2).empty());
+  EXPECT_TRUE(h.observe(o3).empty());
+  EXPECT_EQ(h.streak("l fprop.x e4m3"), 1);
+  EXPECT_EQ(h.streak("l fprop.x e2m1"), 0);
 }
 
 TEST(Guard, ThroughputBelowHalfTheWindowMeanForThreeSteps) {
@@ -172,7 +236,7 @@ TEST(Guard, StrongestActionWinsAndActionsParse) {
   c.on_quant_error = GuardAction::kReplan;
   Guard g(c);
   GuardObservation o = obs(1, kInf);
-  o.quant_error = {{"x", 0.5}};
+  o.quant_error = {qe("x", 0.5)};
   g.observe(o);
   g.observe(o);
   const auto ev = g.observe(o);
@@ -218,7 +282,7 @@ TEST(Guard, StateRoundTripsThroughJson) {
   // Windows that decide the next steps: 4 losses of 2.0, a streak of 2.
   for (int s = 1; s <= 4; ++s) {
     GuardObservation o = obs(s, 2.0);
-    if (s >= 3) o.quant_error = {{"q", 0.2}};
+    if (s >= 3) o.quant_error = {qe("q", 0.2)};
     g.observe(o);
   }
   Guard h(small_windows());
@@ -227,7 +291,7 @@ TEST(Guard, StateRoundTripsThroughJson) {
   EXPECT_EQ(h.streak("q"), 2);
   // The restored guard decides the next step as the original does.
   GuardObservation next = obs(5, 3.1);  // > 1.5 x 2.0
-  next.quant_error = {{"q", 0.2}};      // the third in a row
+  next.quant_error = {qe("q", 0.2)};      // the third in a row
   EXPECT_EQ(conditions(h.observe(next)), (std::vector<std::string>{"loss_spike", "quant_error"}));
   EXPECT_EQ(conditions(g.observe(next)), (std::vector<std::string>{"loss_spike", "quant_error"}));
   json bad = g.to_json();
@@ -378,59 +442,88 @@ TEST(GuardTrain, InjectedInfIsCaughtRolledBackAndRaised) {
   fs::remove_all(run);
 }
 
-// fp8-layer on the quantization-error condition in a real run: E2M1's fprop
-// error on the micro model is ~0.1, so with the 4-bit threshold lowered to
-// 5% (guard.quant_error_threshold_fp4; its default 0.2 sits above healthy
-// FP4) every FP4 layer is above it at each stats step; at the third
-// measurement (plans at steps 2, 4, 7) the guard moves them to fp8 until
-// the next plan (step 12, the last boundary).
+// fp8-layer on the quantization-error condition in a real run, per step:
+// every quantized operand's error is in each step's record ("quant_err");
+// with E2M1's threshold lowered to 5% (guard.quant_error_threshold_fp4; its
+// default 0.3 sits above healthy FP4's ~0.1-0.25) every FP4 operand is above
+// it at every step it runs, so the guard fires at the third step after the
+// first plan puts layers in FP4, naming exactly the layers with an operand
+// above its format's threshold three steps in a row (recounted here from
+// the records, with the formats of the recipes the records name), and moves
+// them to fp8 until the next plan.
 TEST(GuardTrain, QuantErrorStreakMovesLayersToFp8) {
   require_data();
   const std::string run = test::fresh_dir("guard-fp8");
   Config c = guarded_micro();
   c.set("train.max_steps", int64_t{12}, "test");
-  c.set("precision.initial_interval", int64_t{1}, "test");
+  c.set("precision.initial_interval", int64_t{8}, "test");
   c.set("precision.final_interval", int64_t{8}, "test");
   c.set("precision.final_high_precision_fraction", 0.0, "test");
   c.set("guard.on_quant_error", std::string("fp8-layer"), "test");
   c.set("guard.quant_error_threshold_fp4", 0.05, "test");
+  const RunConfig rc = RunConfig::from(c);
   TrainOptions o;
   o.run_dir = run;
   o.quiet = true;
   train(c, o);
   const auto m = test::read_metrics(run);
   ASSERT_EQ(m.size(), 12u);
-  // Decisions at the boundaries before steps 3, 5 and 8 (plan_step 2, 4, 7).
-  std::vector<int64_t> plans;
-  for (const auto& r : m)
-    if (r.contains("plan_step")) plans.push_back(r["plan_step"].get<int64_t>());
-  ASSERT_EQ(plans, (std::vector<int64_t>{0, 2, 4, 7}));  // warmup at 0, then the plans
-  const json& at8 = m[7];
-  ASSERT_TRUE(at8.contains("guard")) << at8.dump();
-  const json& e = at8["guard"][0];
+  // The streaks, recounted: per "layer operand", against the threshold of
+  // the format the option in force gives it.
+  std::map<std::string, std::string> in_force;  // item -> option
+  std::map<std::string, int> streak;
+  int64_t fired_at = -1;
+  std::vector<std::string> expected;
+  for (const json& r : m) {
+    if (r.contains("precision"))
+      for (const auto& [item, option] : r["precision"].items()) in_force[item] = option.get<std::string>();
+    // The warmup runs bf16 (nothing quantized, nothing measured: the
+    // streaks stay); from the first plan on every step quantizes.
+    const int64_t step = r["step"].get<int64_t>();
+    ASSERT_EQ(r.contains("quant_err"), step > 2) << r.dump();
+    if (!r.contains("quant_err")) continue;
+    std::vector<std::string> over;
+    for (const auto& [layer, ops] : r["quant_err"].items()) {
+      ASSERT_EQ(ops.size(), 6u) << layer;  // all six operands of every layer
+      for (const auto& [op, v] : ops.items()) {
+        const std::string format = rc.recipes.find(in_force.at(layer))[parse_operand(op, "test")].element.name;
+        const double err = v.get<double>();
+        EXPECT_GT(err, 0.0) << layer << " " << op;
+        EXPECT_LT(err, 0.5) << layer << " " << op;
+        int& n = streak[layer + " " + op];
+        n = err > rc.guard.threshold_for(format) ? n + 1 : 0;
+        if (n >= 3 && std::find(over.begin(), over.end(), layer) == over.end()) over.push_back(layer);
+      }
+    }
+    if (fired_at < 0 && !over.empty()) {
+      fired_at = step;
+      expected = over;
+    }
+    if (fired_at >= 0) break;
+  }
+  // The first plan is at the boundary before step 3 (warmup 2 steps): FP4
+  // from step 3, so the third FP4 step is step 5.
+  ASSERT_EQ(fired_at, 5);
+  const json& at = m[size_t(fired_at - 1)];
+  ASSERT_TRUE(at.contains("guard")) << at.dump();
+  const json& e = at["guard"][0];
   EXPECT_EQ(e["condition"], "quant_error");
   EXPECT_EQ(e["action"], "fp8-layer");
-  // Exactly the layers whose fprop error under FP4 stayed above 5% at all three plans.
-  std::vector<std::string> expected;
-  for (const auto& [layer, v] : at8["rel_err_fprop"].items()) {
-    bool above = true;
-    for (size_t i : {2u, 4u, 7u}) above = above && m[i]["rel_err_fprop"][layer].get<double>() > 0.05;
-    if (above) expected.push_back(layer);
-  }
-  ASSERT_FALSE(expected.empty());
+  for (size_t k = 0; k + 1 < size_t(fired_at); ++k) EXPECT_FALSE(m[k].contains("guard")) << m[k].dump();
   std::vector<std::string> got = e["layers"].get<std::vector<std::string>>();
   std::sort(got.begin(), got.end());
   std::sort(expected.begin(), expected.end());
+  ASSERT_FALSE(expected.empty());
   EXPECT_EQ(got, expected);
   EXPECT_NE(e["outcome"].get<std::string>().find("moved to fp8 until the next plan"), std::string::npos) << e.dump();
-  // From step 9 on they run fp8: the FP4 share falls.
-  EXPECT_GT(at8["fp4_share"].get<double>(), 0.5);
-  EXPECT_LT(m[8]["fp4_share"].get<double>(), at8["fp4_share"].get<double>());
-  // And step 9's record says so: the moved layers at fp8, no plan made (no plan_step).
-  ASSERT_TRUE(m[8].contains("precision")) << m[8].dump();
-  EXPECT_FALSE(m[8].contains("plan_step"));
-  for (const std::string& layer : expected) EXPECT_EQ(m[8]["precision"][layer], "fp8") << layer;
-  EXPECT_FALSE(m[9].contains("precision"));  // recorded once, at the change
+  // From the next step on they run fp8: the FP4 share falls, and that
+  // step's record says so (the moved layers at fp8, no plan made).
+  const json& next = m[size_t(fired_at)];
+  EXPECT_GT(at["fp4_share"].get<double>(), 0.5);
+  EXPECT_LT(next["fp4_share"].get<double>(), at["fp4_share"].get<double>());
+  ASSERT_TRUE(next.contains("precision")) << next.dump();
+  EXPECT_FALSE(next.contains("plan_step"));
+  for (const std::string& layer : expected) EXPECT_EQ(next["precision"][layer], "fp8") << layer;
   fs::remove_all(run);
 }
 

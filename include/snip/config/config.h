@@ -285,14 +285,27 @@ struct GuardConfig {
   int64_t spike_window = 20;  ///< guard.spike_window
   double spike_ratio = 0.5;  ///< guard.spike_ratio
   double throughput_drop = 0.5;  ///< guard.throughput_drop
-  double quant_error_threshold = 0.05;  ///< guard.quant_error_threshold
-  double quant_error_threshold_fp4 = 0.2;  ///< guard.quant_error_threshold_fp4
+  double quant_error_threshold = 0.08;  ///< guard.quant_error_threshold
+  double quant_error_threshold_e5m2 = 0.15;  ///< guard.quant_error_threshold_e5m2
+  double quant_error_threshold_fp4 = 0.3;  ///< guard.quant_error_threshold_fp4
   int64_t quant_error_steps = 3;  ///< guard.quant_error_steps
   double stall_minutes = 10.0;  ///< guard.stall_minutes
   double budget_step = 0.10;  ///< guard.budget_step
   double smoothing = 0.3;  ///< guard.smoothing
   std::string raise_option = "fp8";  ///< guard.raise_option
   int64_t max_rollbacks = 3;  ///< guard.max_rollbacks
+
+  /// The quantization-error threshold (relative error, a fraction) of an
+  /// operand in element format `format` (registry name, formats/
+  /// element_format.h): quant_error_threshold_fp4 for formats of 4 bits or
+  /// fewer (E2M1, int4), quant_error_threshold_e5m2 for other floats with 2
+  /// explicit mantissa bits or fewer (E5M2, E3M2), quant_error_threshold for
+  /// the rest (E4M3, int8, BF16) and for "" or a name not registered. Each
+  /// format's own rounding sets its healthy level: RNE's relative error
+  /// grows 2x per mantissa bit dropped (E4M3 ~0.027, E5M2 ~0.053, E2M1
+  /// ~0.1-0.25 per operand; docs/operations.md "Per-step quantization
+  /// error" gives the measured levels the defaults sit above).
+  double threshold_for(const std::string& format) const;
 };
 
 /// [lora] (model/lora.h says what each does): adapters when rank > 0.
@@ -331,6 +344,7 @@ struct DistConfig {
 struct MonitorConfig {
   std::string listen = "127.0.0.1:9464";  ///< monitor.listen
   std::string ranks = "rank0";  ///< monitor.ranks
+  bool quant_error = true;  ///< monitor.quant_error
 };
 
 /// A run's whole configuration, parsed once.

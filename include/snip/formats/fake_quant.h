@@ -59,10 +59,36 @@ struct QuantStats {
   void merge(const QuantStats& other);
 };
 
+/// The per-call error norms of a fake quantization, for per-step monitoring
+/// (the trainer's "quant_err", docs/operations.md): the two sums of
+/// QuantStats's relative error without the rest of its statistics, a
+/// by-product of the quantizer's pass over each row while the row is in
+/// cache (docs/benchmarks.md "Per-step quantization error" measures the
+/// cost). Per row, the columns are summed in 16 interleaved FP32 lanes
+/// (column c into lane c % 16), the lanes then added in double in a fixed
+/// order; rows are added in row order, in double. So both paths give the
+/// same bits on every CPU and thread count; the sums differ from
+/// QuantStats's (plain column order, double) by the FP32 lanes' rounding,
+/// about 1e-7 relative per term added to a lane. A row whose FP32 squares
+/// overflow or underflow (|x| above ~1.8e19; a sum of squares below 1e-30)
+/// is summed in double instead.
+struct ErrorNorms {
+  double sum_sq_err = 0;  ///< sum over finite inputs x of (out - x)^2 (NaN if such an output is NaN)
+  double sum_sq_ref = 0;  ///< sum over finite inputs x of x^2
+  int64_t calls = 0;      ///< fake quantizations summed in (1 after one call; merge adds)
+
+  /// ||out - x|| / ||x||, a fraction: 0 when both sums are 0, +Inf when only
+  /// the reference is 0, NaN when the error sum is NaN.
+  double rel_error() const;
+  /// Adds another call's (or rank's, or micro-batch's) sums.
+  void merge(const ErrorNorms& other);
+};
+
 /// Fast path. Fake-quantizes `in` [rows, cols] into `out` [rows, cols] under
 /// `spec` (validated: throws snip::UserError like validate_quant_spec),
 /// stochastic rounding keyed by `key` (check_rounding_key), statistics into
-/// `stats` if non-null (overwritten). Throws std::invalid_argument for
+/// `stats` if non-null (overwritten), error norms into `norms` if non-null
+/// (overwritten, calls = 1; with a Hadamard transform against x·R). Throws std::invalid_argument for
 /// negative sizes, null pointers with a nonzero size, or spec.rule kDelayed
 /// (use the DelayedScaling overload). With spec.hadamard_size > 0 the
 /// operand is first transformed along each row (x·R, hadamard.h) and `out`
@@ -70,22 +96,24 @@ struct QuantStats {
 /// statistics compare it with x·R, which has the same norm as x). `in` may
 /// equal `out`.
 void fake_quantize(const float* in, float* out, int64_t rows, int64_t cols,
-                   const QuantSpec& spec, const RoundingKey& key, QuantStats* stats = nullptr);
+                   const QuantSpec& spec, const RoundingKey& key, QuantStats* stats = nullptr,
+                   ErrorNorms* norms = nullptr);
 
 /// Reference path: same contract and results as fake_quantize.
 void fake_quantize_reference(const float* in, float* out, int64_t rows, int64_t cols,
                              const QuantSpec& spec, const RoundingKey& key,
-                             QuantStats* stats = nullptr);
+                             QuantStats* stats = nullptr, ErrorNorms* norms = nullptr);
 
 /// Delayed scaling (spec.rule == kDelayed, which must equal state.spec()):
 /// quantizes with state.scale() (or current scaling before the first record)
 /// and then records this call's amax into `state`.
 void fake_quantize(const float* in, float* out, int64_t rows, int64_t cols,
-                   const RoundingKey& key, DelayedScaling& state, QuantStats* stats = nullptr);
+                   const RoundingKey& key, DelayedScaling& state, QuantStats* stats = nullptr,
+                   ErrorNorms* norms = nullptr);
 /// Reference twin of the delayed overload.
 void fake_quantize_reference(const float* in, float* out, int64_t rows, int64_t cols,
                              const RoundingKey& key, DelayedScaling& state,
-                             QuantStats* stats = nullptr);
+                             QuantStats* stats = nullptr, ErrorNorms* norms = nullptr);
 
 // ---------------------------------------------------------------------------
 // Packed storage: element codes, packed, plus the scale array.

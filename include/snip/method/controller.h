@@ -266,6 +266,11 @@ class PrecisionController {
   /// fewer than 8 element bits (fp4, mxfp4, nvfp4, ...). Empty before the
   /// first decision or when inactive.
   std::vector<std::string> layers_below_fp8() const;
+  /// The element format (registry name: "e2m1", "e4m3", ...) of each
+  /// operand of `layer` (by Operand) under the assignment in force; "" where
+  /// the option is the reference (not quantized), before the first decision
+  /// and when inactive. Throws UserError for a layer the model does not have.
+  std::array<std::string, kNumOperands> operand_formats(const std::string& layer) const;
   /// The FP4 budget and smoothing in force (precision.budget and
   /// precision.smoothing, or what raise_precision made of them).
   double budget() const { return pc_.budget; }

@@ -25,8 +25,10 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <array>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -38,6 +40,25 @@
 
 namespace snip {
 
+/// One layer's per-step quantization error (docs/operations.md "Per-step
+/// quantization error"): per operand, the ErrorNorms (formats/fake_quant.h)
+/// of every quantization of that operand since the last take(), summed
+/// (micro-batches of a step add up). Filled by the recipe quantizers while
+/// training; evaluation and sampling (QuantStateFreeze) add nothing.
+/// Thread-safe.
+class OperandErrors {
+ public:
+  /// Adds one call's sums to operand `op`.
+  void add(Operand op, const formats::ErrorNorms& n);
+  /// The sums since the last take(), per operand (calls = 0: not quantized),
+  /// and starts afresh.
+  std::array<formats::ErrorNorms, kNumOperands> take();
+
+ private:
+  std::mutex mu_;
+  std::array<formats::ErrorNorms, kNumOperands> sums_{};
+};
+
 /// What identifies one quantization call, for stochastic rounding's
 /// counter-based generator: results depend only on this key and the element
 /// index, never on thread count.
@@ -46,6 +67,10 @@ struct QuantKey {
   int64_t step = 0;    ///< optimizer step
   int64_t layer = 0;   ///< index of the linear layer in the model
   Operand operand = Operand::kFpropX;
+  /// Where a recipe quantizer adds the call's error norms (the layer's
+  /// QuantLinearImpl::operand_errors during training); nullptr = not recorded.
+  /// Not part of the rounding key.
+  OperandErrors* errors = nullptr;
 };
 
 /// The quantizer hook: fake-quantizes one GEMM operand.
@@ -173,6 +198,10 @@ class QuantLinearImpl : public torch::nn::Module {
   /// takes effect from the next forward on (plans change at step boundaries).
   LinearPrecision precision;
   QuantKey key_base;     ///< seed and step; layer and operand are filled per call
+  /// This layer's per-step quantization error, filled by its forward and
+  /// backward (QuantKey::errors); the trainer takes it after each step.
+  /// nullptr = not measured (monitor.quant_error = false).
+  std::shared_ptr<OperandErrors> operand_errors = std::make_shared<OperandErrors>();
 
   // ---- stats-step probes (off unless set; see docs/method.md section 3)
   /// When set, forward stores X and backward stores dY into it, and its noise

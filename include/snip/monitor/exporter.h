@@ -19,8 +19,12 @@
 //                  min-rel-err) also the stats-step time and, per layer, the
 //                  fprop GEMM's relative output error ||Y_q - Y|| / ||Y|| under
 //                  the option chosen (both operands quantized: label
-//                  operand="both"; dgrad/wgrad and per-operand errors are not
-//                  measured in training today)
+//                  operand="both")
+//   every step     (with a quantized operand) per layer and operand the
+//                  relative error ||Q(x) - x|| / ||x|| of the step's training
+//                  passes (snip_quant_operand_rel_error, the record's
+//                  "quant_err") and its streak above the operand format's
+//                  threshold (the guard's; the SnipQuantErrorHigh alert)
 //   each scrape    process RSS and peak RSS (/proc/self/status), checkpoint age
 #pragma once
 
@@ -28,6 +32,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,9 +49,9 @@ class Server;
 
 namespace snip::monitor {
 
-/// The relative-error threshold of the quantization-error alert (the seeds'
-/// "above 5% for 3 consecutive steps"; deploy/prometheus/snip-rules.yml).
-inline constexpr double kQuantErrorThreshold = 0.05;
+/// The default threshold of a Streak: guard.quant_error_threshold's default
+/// (E4M3 and wider formats; GuardConfig::threshold_for gives each format's).
+inline constexpr double kQuantErrorThreshold = 0.08;
 
 /// [monitor] options, parsed and checked once (monitor_options).
 struct MonitorOptions {
@@ -78,6 +83,10 @@ class Streak {
   /// The same against `threshold` instead of the one given at construction.
   int64_t add(const std::string& key, double value, double threshold);
   int64_t get(const std::string& key) const;
+  /// Drops every key not in `keys` (their streaks restart at 0): an operand
+  /// not measured at a step is not quantized (or not under that format) any
+  /// more, so its run of consecutive steps is broken.
+  void keep_only(const std::set<std::string>& keys);
   double threshold() const { return threshold_; }
   /// Every key's streak (for checkpoints), and setting one back.
   const std::map<std::string, int64_t>& counts() const { return n_; }
@@ -88,19 +97,28 @@ class Streak {
   std::map<std::string, int64_t> n_;
 };
 
+/// The streak key of one quantized operand, the same in the guard
+/// (train/guard.h) and the exporter: "<layer> <operand> <format>", e.g.
+/// "model.layers.0.mlp.up_proj fprop.x e2m1". The format is part of the
+/// key, so a count made under one format never carries over to another.
+inline std::string operand_streak_key(const std::string& layer, const std::string& operand,
+                                      const std::string& format) {
+  return layer + " " + operand + " " + format;
+}
+
 /// What the trainer knows before the first step.
 struct RunInfo {
   int64_t tokens_per_step = 0;  ///< B x T x grad_accum x ranks
   int rank = 0, world_size = 1;
   std::string policy;           ///< precision.policy as written
-  /// Element bits per operand of each precision option (recipe name ->
-  /// {"fprop.x": 4, ...}); start_exporter fills it from the run's recipes.
-  std::map<std::string, std::map<std::string, int>> option_bits;
-  /// The streak's thresholds (relative error, fraction), as the guard's
-  /// (guard.quant_error_threshold, guard.quant_error_threshold_fp4): a
-  /// layer whose fprop operands are 4-bit counts against the second.
-  double quant_error_threshold = kQuantErrorThreshold;
-  double quant_error_threshold_fp4 = 0.2;
+  /// Element format per operand of each precision option (recipe name ->
+  /// {"fprop.x": "e2m1", ...}, registry names); start_exporter fills it from
+  /// the run's recipes. Gives the bits of snip_layer_precision_bits and the
+  /// thresholds of the streaks.
+  std::map<std::string, std::map<std::string, std::string>> option_formats;
+  /// The guard's thresholds (GuardConfig::threshold_for: per element
+  /// format), which the streaks count against, as the guard does.
+  GuardConfig guard;
 };
 
 /// Every metric family snip exports: name, type ("gauge"/"counter") and help.
@@ -133,6 +151,15 @@ class Exporter {
   /// plan_solve_seconds. Absent fields keep their last value; a non-finite
   /// value (NaN) is exported as NaN.
   void update(const StepRecord& record);
+  /// The precision in force when the exporter starts (a resumed run records
+  /// its precision only at its next change): item -> option, as a record's
+  /// "precision".
+  void set_precision(const std::map<std::string, std::string>& items);
+  /// Replaces the per-step operand streaks with `counts` (operand_streak_key
+  /// -> steps): the guard's, restored from a checkpoint at the start of a
+  /// resumed run, or emptied by a rollback, so the gauge and the alert count
+  /// what the guard counts.
+  void set_operand_streaks(const std::map<std::string, int64_t>& counts);
   /// A checkpoint was written now (its step).
   void checkpoint_written(int64_t step);
   /// The guard's state (train/guard.h GuardState: 0 idle, 1 warned, 2
@@ -152,7 +179,7 @@ class Exporter {
 };
 
 /// Starts the exporter of this rank when `opts` says it serves one (else
-/// nullptr): fills info.option_bits from `recipes` (the run's), binds
+/// nullptr): fills info.option_formats from `recipes` (the run's), binds
 /// opts.address(rank, local_rank) and logs the URL (when `log`). A port that
 /// cannot be bound is one warning naming it and what to set, and nullptr:
 /// metrics are never a reason to stop a run.

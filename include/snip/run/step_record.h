@@ -66,6 +66,13 @@ struct StepRecord {
   std::optional<double> stats_seconds;        ///< the stats step's wall time
   std::optional<std::map<std::string, double>> rel_err_fprop;  ///< layer -> fprop relative error at its option
   bool guard_replan = false;                  ///< this plan was asked for by the guard's replan action
+  /// The per-step quantization error (docs/operations.md "Per-step
+  /// quantization error"), every step that quantized something: layer ->
+  /// operand ("fprop.x", "fprop.w", "dgrad.dy", "dgrad.w", "wgrad.dy",
+  /// "wgrad.x") -> ||Q(x) - x|| / ||x|| over the step's training passes (all
+  /// micro-batches and ranks), a fraction; NaN (null) when not finite.
+  /// Operands that were not quantized are absent.
+  std::optional<std::map<std::string, std::map<std::string, double>>> quant_err;
   // The guard (train/guard.h):
   std::vector<GuardEvent> guard;     ///< the conditions seen at this step (written when any)
   bool skipped = false;              ///< the update was skipped (a non-finite gradient)

@@ -48,8 +48,11 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -121,7 +124,31 @@ struct StepResult {
   /// over ranks (activations and their gradients, in dist.boundary_comm's
   /// format: 4 per element for fp32, 1 per element + 4 per message for fp8); -1 = no pipeline.
   int64_t boundary_bytes = -1;
+  /// The per-step quantization error (docs/operations.md "Per-step
+  /// quantization error"): per linear layer (LlamaForCausalLMImpl::
+  /// linear_layers order) and operand, the ErrorNorms of the step's
+  /// training passes, summed over micro-batches and ranks (every rank holds
+  /// the same sums); calls = 0 where the operand was not quantized. Empty
+  /// when the step did not run (non-finite statistics).
+  std::vector<std::array<formats::ErrorNorms, kNumOperands>> operand_errors;
 };
+
+/// Drops what the layers' OperandErrors hold (the boundary's stats passes,
+/// an evaluation): the step's training passes start from zero.
+void clear_operand_errors(const std::vector<QuantLinear>& layers);
+/// Takes every layer's OperandErrors as [L][6][3] doubles (err, ref, calls),
+/// flattened, for one all-reduce with the step's other sums.
+std::vector<double> take_operand_errors(const std::vector<QuantLinear>& layers);
+/// r.operand_errors as the metrics record's "quant_err" (StepRecord::
+/// quant_err): layer name (from `layers`, the same order) -> operand name ->
+/// relative error to 4 significant digits (a 7B model's 224 layers x 6
+/// operands stay ~20 KB a line), operands with calls > 0 only; nullopt when
+/// nothing was quantized (or the step did not run). The guard judges the
+/// unrounded values.
+std::optional<std::map<std::string, std::map<std::string, double>>> quant_error_record(
+    const std::vector<QuantLinear>& layers, const StepResult& r);
+/// Inverse of take_operand_errors' layout: L layers' [6][3] doubles at `v`.
+std::vector<std::array<formats::ErrorNorms, kNumOperands>> operand_errors_from(const double* v, size_t layers);
 
 /// The part of a step between the summed gradients and their norm, shared by
 /// train_step and pipeline_step: throws UserError "training diverged" for a

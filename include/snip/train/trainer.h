@@ -18,7 +18,9 @@
 //                              precision, plan_step, phase, plan_status,
 //                              plan_solve_seconds (rank 0), rel_err_fprop and
 //                              stats_seconds (after a stats step) on the first
-//                              step after a precision decision
+//                              step after a precision decision; quant_err
+//                              (layer -> operand -> relative error) at every
+//                              step that quantized something
 //   RUN/plans/step-N.json      precision decisions, RUN/stats/step-N.json stats
 //                              steps (precision.policy != bf16; controller.h)
 //   RUN/checkpoints/step-N/    model.safetensors (HF names, F32), config.json,
