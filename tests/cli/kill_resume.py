@@ -32,13 +32,12 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from clitest import Checks, micro_toml  # noqa: E402
+from clitest import Checks, free_port, micro_toml  # noqa: E402
 
 snip, data = sys.argv[1], sys.argv[2]
 tmp = tempfile.mkdtemp(prefix="snip-kill-resume-")
@@ -186,11 +185,6 @@ for cfg_name, body in CONFIGS.items():
 
 
 # ---- 2 ranks under torchrun: rank 1 SIGKILLed mid-step, the job restarted.
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
 if not os.path.exists(torchrun):

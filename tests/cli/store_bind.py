@@ -53,6 +53,17 @@ def listeners(port):
     return out
 
 
+def wait_listening(port, proc):
+    """The listening sockets on `port` once there are any (30 s at most, or
+    until `proc` ends)."""
+    seen = []
+    deadline = time.time() + 30
+    while time.time() < deadline and not seen and proc.poll() is None:
+        seen = listeners(port)
+        time.sleep(0.05)
+    return seen
+
+
 port = free_port()
 run = os.path.join(tmp, "run")
 r0 = subprocess.Popen([snip, "train", "--config", cfg, "--run-dir", run], env=env_for(0, port),
@@ -60,11 +71,7 @@ r0 = subprocess.Popen([snip, "train", "--config", cfg, "--run-dir", run], env=en
 r1 = None
 try:
     # Rank 0 hosts the store and waits in the handshake for rank 1.
-    seen = []
-    deadline = time.time() + 30
-    while time.time() < deadline and not seen and r0.poll() is None:
-        seen = listeners(port)
-        time.sleep(0.05)
+    seen = wait_listening(port, r0)
     c.check(seen == [("/proc/net/tcp", "0100007F")],
             "the store listens on 127.0.0.1 only (MASTER_ADDR), not on every address",
             f"listening sockets on port {port}: {seen}")
@@ -88,11 +95,7 @@ p = subprocess.Popen([snip, "train", "--config", cfg, "--run-dir", os.path.join(
                      env=env_for(0, port, "192.0.2.1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                      start_new_session=True)
 try:
-    seen = []
-    deadline = time.time() + 30
-    while time.time() < deadline and not seen and p.poll() is None:
-        seen = listeners(port)
-        time.sleep(0.05)
+    seen = wait_listening(port, p)
     wildcard = [s for s in seen if set(s[1]) == {"0"}]
     c.check(len(wildcard) == 1 and len(seen) == 1, "a MASTER_ADDR not of this machine: the store on every address",
             f"listening sockets on port {port}: {seen}")

@@ -67,7 +67,7 @@ import time
 import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from clitest import Checks, micro_toml  # noqa: E402
+from clitest import Checks, free_port, micro_toml  # noqa: E402
 
 snip, data = sys.argv[1], sys.argv[2]
 cases = sys.argv[3:] or ["exact", "snip", "checksum", "stop", "errors", "torchrun", "gradcomm", "four", "killed",
@@ -77,11 +77,6 @@ T = Checks(snip)
 check = T.check
 procs = []  # every Popen started, killed at the end
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_env(rank, world, port, extra=None):

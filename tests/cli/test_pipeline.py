@@ -57,14 +57,13 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from clitest import Checks, micro_toml  # noqa: E402
+from clitest import Checks, free_port, micro_toml  # noqa: E402
 
 snip, data = sys.argv[1], sys.argv[2]
 cases = sys.argv[3:] or ["exact", "four", "tied", "fp8", "snip", "delayed", "rebalance", "cost", "resume",
@@ -81,11 +80,6 @@ micro_toml(cfg, data, "max_steps = 6\neval_interval = 3\neval_batches = 2\ncheck
 BASE = ["model.num_hidden_layers=4", "model.tie_word_embeddings=false"]
 KEYS = ["step", "loss", "grad_norm", "val_loss"]
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def train(world, run, sets, resume=False, timeout=180, kill=None, rank_sets=None):

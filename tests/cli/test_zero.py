@@ -35,7 +35,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -43,7 +42,7 @@ import tempfile
 import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from clitest import Checks, micro_toml  # noqa: E402
+from clitest import Checks, free_port, micro_toml  # noqa: E402
 
 snip, data = sys.argv[1], sys.argv[2]
 cases = sys.argv[3:] or ["stages", "resume", "reshard", "stats", "errors"]
@@ -52,11 +51,6 @@ T = Checks(snip)
 check = T.check
 procs = []
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_env(rank, world, port):
