@@ -61,30 +61,14 @@ template <bool kSR, int N>
 inline void span_minifloat(const float* x, float* y, int64_t n_rt, float m,
                            float d, const uint32_t* __restrict rnd, const KernelParams& kp) {
   const fast::MiniFloatParams p = kp.mf;
-  const uint32_t max_bits = kp.max_bits;
-  const float maxv = kp.maxv;
-  // Value of an overflow: saturating -> max (Inf stays Inf where the format
-  // has it); IEEE -> Inf, else NaN, else max.
-  const uint32_t ovf_bits = kp.saturate ? max_bits
-                            : p.has_inf ? kInfBits
-                            : p.has_nan ? kCanonicalNaN
-                                        : max_bits;
+  const uint32_t ovf_bits = fast::minifloat_overflow_bits(p, kp.saturate);
   const bool inf_keeps = p.has_inf;
   const int64_t n = N > 0 ? N : n_rt;
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i] * m;
-    const uint32_t vb = bits_of(v);
-    const uint32_t sign = vb & 0x80000000u;
-    const uint32_t ab = vb & kAbsMask;
     float u = 0.0f;
     if constexpr (kSR) u = float(rnd[i] >> 8) * 0x1p-24f;
-    const float r = fast::round_magnitude<kSR>(float_of(ab), p, u);
-    uint32_t rb = r > maxv ? ovf_bits : bits_of(r);
-    rb = (inf_keeps && ab == kInfBits) ? kInfBits : rb;
-    rb = rb == kCanonicalNaN ? rb : (rb | sign);
-    rb = ab > kInfBits ? kCanonicalNaN : rb;
-    y[i] = fast::dequantize(rb, d);
+    y[i] = fast::minifloat_element<kSR>(x[i], m, d, u, p, ovf_bits, inf_keeps);
   }
 }
 

@@ -1,7 +1,9 @@
 // Private to snip_formats: bit-level helpers shared by the fast scale
-// computation (scale.cpp) and the fast kernels (fake_quant_fast.cpp, bf16.cpp).
-// Everything here is exact FP32 arithmetic; no FMA contraction (the library
-// is built with -ffp-contract=off), so results equal the reference path's.
+// computation (scale.cpp), the fast kernels (fake_quant_fast.cpp, bf16.cpp)
+// and the CUDA kernels (fake_quant_cuda.cu): the one codec of the CPU and
+// the GPU. Everything here is exact FP32 arithmetic; no FMA contraction (the
+// library is built with -ffp-contract=off, the CUDA one with --fmad=false),
+// so results equal the reference path's on every device.
 #pragma once
 
 #include <cfloat>
@@ -22,16 +24,23 @@
 #define SNIP_CLONES_NO512
 #endif
 
+// Host and device: nvcc compiles the functions below for both.
+#if defined(__CUDACC__)
+#define SNIP_HD __host__ __device__
+#else
+#define SNIP_HD
+#endif
+
 namespace snip::formats::fast {
 
-inline uint32_t bits_of(float f) {
+SNIP_HD inline uint32_t bits_of(float f) {
   uint32_t u;
-  std::memcpy(&u, &f, 4);
+  __builtin_memcpy(&u, &f, 4);
   return u;
 }
-inline float float_of(uint32_t u) {
+SNIP_HD inline float float_of(uint32_t u) {
   float f;
-  std::memcpy(&f, &u, 4);
+  __builtin_memcpy(&f, &u, 4);
   return f;
 }
 
@@ -43,7 +52,7 @@ inline constexpr uint32_t kInfBits = 0x7F800000u;
 /// product of a finite code that overflows FP32 (a code rounded up next to
 /// FLT_MAX, times a scale rounded up) saturates to +-FLT_MAX: a finite input
 /// never dequantizes to Inf. Inf and NaN codes pass through as code x d.
-inline float dequantize(uint32_t code_bits, float d) {
+SNIP_HD inline float dequantize(uint32_t code_bits, float d) {
   const float y = float_of(code_bits) * d;
   const uint32_t yb = bits_of(y);
   const bool ovf = (yb & kAbsMask) == kInfBits && (code_bits & kAbsMask) < kInfBits;
@@ -51,7 +60,7 @@ inline float dequantize(uint32_t code_bits, float d) {
 }
 
 /// 2^k as an FP32 value for k in [-149, 127] (subnormal below -126).
-inline float pow2f(int k) {
+SNIP_HD inline float pow2f(int k) {
   return k >= -126 ? float_of(uint32_t(k + 127) << 23) : float_of(1u << (k + 149));
 }
 
@@ -96,7 +105,7 @@ inline bool minifloat_fast_ok(const ElementFormat& f) {
 /// scalings of FP32 values inside the normal range, and q + 2^23 - 2^23 is
 /// FP32's own RNE to an integer (valid for 0 <= q < 2^22).
 template <bool kSR>
-inline float round_magnitude(float a, const MiniFloatParams& p, float u) {
+SNIP_HD inline float round_magnitude(float a, const MiniFloatParams& p, float u) {
   const float ac = a < p.lim ? a : p.lim;
   uint32_t e = bits_of(ac) >> 23;
   e = e < p.emin32 ? p.emin32 : e;
@@ -113,8 +122,38 @@ inline float round_magnitude(float a, const MiniFloatParams& p, float u) {
   return n * quantum;
 }
 
+/// The bits of an overflow's value under minifloat parameters `p`:
+/// saturating -> the largest finite value (Inf stays Inf where the format
+/// has it, minifloat_element); IEEE -> Inf, else NaN, else the largest.
+SNIP_HD inline uint32_t minifloat_overflow_bits(const MiniFloatParams& p, bool saturate) {
+  const uint32_t max_bits = bits_of(p.maxv);
+  return saturate ? max_bits : p.has_inf ? kInfBits : p.has_nan ? kCanonicalNaN : max_bits;
+}
+
+/// One element of the minifloat kernels (E2M1 .. E5M2), CPU and GPU: x
+/// scaled by the block's encode multiplier m, its magnitude rounded onto the
+/// grid (round_magnitude; u the stochastic-rounding threshold in [0, 1)),
+/// then the overflow, Inf and NaN selects, dequantized with d. `ovf_bits`
+/// is the bits of an overflow's value (saturating: the largest finite;
+/// IEEE: Inf, else NaN, else the largest), `inf_keeps` whether an Inf input
+/// stays Inf (the format has Inf).
+template <bool kSR>
+SNIP_HD inline float minifloat_element(float x, float m, float d, float u, const MiniFloatParams& p,
+                                       uint32_t ovf_bits, bool inf_keeps) {
+  const float v = x * m;
+  const uint32_t vb = bits_of(v);
+  const uint32_t sign = vb & 0x80000000u;
+  const uint32_t ab = vb & kAbsMask;
+  const float r = round_magnitude<kSR>(float_of(ab), p, u);
+  uint32_t rb = r > p.maxv ? ovf_bits : bits_of(r);
+  rb = (inf_keeps && ab == kInfBits) ? kInfBits : rb;
+  rb = rb == kCanonicalNaN ? rb : (rb | sign);
+  rb = ab > kInfBits ? kCanonicalNaN : rb;
+  return dequantize(rb, d);
+}
+
 /// E4M3 code of a value r already on the E4M3 grid, 0 <= r <= 448.
-inline uint32_t e4m3_code_of(float r) {
+SNIP_HD inline uint32_t e4m3_code_of(float r) {
   const uint32_t b = bits_of(r);
   const uint32_t e = b >> 23;
   const uint32_t normal = ((e - 120) << 3) | ((b >> 20) & 7u);  // E = e - 127 + 7
@@ -145,14 +184,14 @@ struct ScaleCtx {
 /// floor(log2(a)) for the bits b of a finite a > 0, FP32 subnormals
 /// included, branch-free (vectorisable): a subnormal's bits are an integer
 /// m < 2^23 with a = m * 2^-149, and (float)m is exact.
-inline int floor_log2_bits(uint32_t b) {
+SNIP_HD inline int floor_log2_bits(uint32_t b) {
   const int e = int(b >> 23) - 127;
   const int sub = int(bits_of(float(int32_t(b & 0x7FFFFFu))) >> 23) - 127 - 149;
   return (b >> 23) != 0 ? e : sub;
 }
 
 /// 2^k as FP32 for k in [-127, 127] (2^-127 is subnormal).
-inline float pow2_scale_value(int k) {
+SNIP_HD inline float pow2_scale_value(int k) {
   return k >= -126 ? float_of(uint32_t(k + 127) << 23) : float_of(0x00400000u);
 }
 
@@ -160,7 +199,7 @@ inline float pow2_scale_value(int k) {
 // means Inf or NaN), one branch-free function per rule so that loops over
 // blocks vectorise. Contract: scaling.h block_scale; formulas: quant_spec.h.
 
-inline void nan_if(bool bad, const ScaleCtx& c, float& enc, float& dec, uint32_t& code) {
+SNIP_HD inline void nan_if(bool bad, const ScaleCtx& c, float& enc, float& dec, uint32_t& code) {
   const float nan = float_of(kCanonicalNaN);
   enc = bad ? nan : enc;
   dec = bad ? nan : dec;
@@ -171,7 +210,7 @@ inline void nan_if(bool bad, const ScaleCtx& c, float& enc, float& dec, uint32_t
 }
 
 /// kMxFloor: 2^(floor(log2 amax) - emax_elem), clamped to E8M0.
-inline void lane_mx_floor(uint32_t ab, const ScaleCtx& c, float& enc, float& dec, uint32_t& code) {
+SNIP_HD inline void lane_mx_floor(uint32_t ab, const ScaleCtx& c, float& enc, float& dec, uint32_t& code) {
   const bool zero = ab == 0;
   const int fl = floor_log2_bits(zero ? 1u : ab);
   int k = (zero ? -126 : fl) - c.emax_elem;
@@ -185,7 +224,7 @@ inline void lane_mx_floor(uint32_t ab, const ScaleCtx& c, float& enc, float& dec
 /// kTwoLevel (TransformerEngine core_nvfp4.cuh, compute_decoding_scaling_factor):
 /// s_b = E4M3_RNE_sat(min(amax * (S_enc * fl(1/T)), FLT_MAX)), in that FP32
 /// order; d = s_b * S_dec; m = min(1 / d, FLT_MAX) (TE's block_scale_inverse).
-inline void lane_two_level(uint32_t ab, const ScaleCtx& c, float& enc, float& dec,
+SNIP_HD inline void lane_two_level(uint32_t ab, const ScaleCtx& c, float& enc, float& dec,
                            uint32_t& code) {
   const float per_amax = c.tensor.encode * c.rcp_target;
   float sb = float_of(ab) * per_amax;
@@ -201,7 +240,7 @@ inline void lane_two_level(uint32_t ab, const ScaleCtx& c, float& enc, float& de
 
 /// The FP32 encode multiplier of TE's compute_scale_from_amax (recipe_common.cuh,
 /// margin 0, epsilon 0): m = fl(T / amax), Inf -> FLT_MAX; amax = 0 -> 1.
-inline float te_encode_scale(uint32_t ab, const ScaleCtx& c) {
+SNIP_HD inline float te_encode_scale(uint32_t ab, const ScaleCtx& c) {
   float m = c.target / float_of(ab);  // computed unconditionally: no branch
   m = m < FLT_MAX ? m : FLT_MAX;
   return ab == 0 ? 1.0f : m;
@@ -209,7 +248,7 @@ inline float te_encode_scale(uint32_t ab, const ScaleCtx& c) {
 
 /// kCurrent / kDelayed with FP32 scales (TE Float8CurrentScaling and
 /// DelayedScaling): m = te_encode_scale, d = fl(1 / m) (TE's reciprocal).
-inline void lane_fp32(uint32_t ab, const ScaleCtx& c, float& enc, float& dec, uint32_t& code) {
+SNIP_HD inline void lane_fp32(uint32_t ab, const ScaleCtx& c, float& enc, float& dec, uint32_t& code) {
   const float m = te_encode_scale(ab, c);
   enc = m;
   dec = 1.0f / m;  // >= 1 / FLT_MAX: nonzero
@@ -221,7 +260,7 @@ inline void lane_fp32(uint32_t ab, const ScaleCtx& c, float& enc, float& dec, ui
 /// force_pow_2_scales): m = te_encode_scale with its mantissa cleared
 /// (rounded down to 2^j), j >= -126 (TE leaves a subnormal m undefined; it
 /// needs T / FLT_MAX < 2^-126, i.e. T < 4); d = 2^-j.
-inline void lane_pow2(uint32_t ab, const ScaleCtx& c, float& enc, float& dec, uint32_t& code) {
+SNIP_HD inline void lane_pow2(uint32_t ab, const ScaleCtx& c, float& enc, float& dec, uint32_t& code) {
   uint32_t mb = bits_of(te_encode_scale(ab, c)) & 0xFF800000u;
   mb = mb < 0x00800000u ? 0x00800000u : mb;  // j >= -126
   const int j = int(mb >> 23) - 127;
@@ -236,7 +275,7 @@ inline void lane_pow2(uint32_t ab, const ScaleCtx& c, float& enc, float& dec, ui
 /// v = fl(amax * fl(1/T)); code = v's biased exponent, plus one when v is
 /// not a power of two (rounding toward +Inf), except that v <= 2^-127 gives
 /// code 0 and code 0xFE is not rounded further (satfinite); d = 2^(code-127).
-inline void lane_e8m0_rceil(uint32_t ab, const ScaleCtx& c, float& enc, float& dec,
+SNIP_HD inline void lane_e8m0_rceil(uint32_t ab, const ScaleCtx& c, float& enc, float& dec,
                             uint32_t& code) {
   const uint32_t vb = bits_of(float_of(ab) * c.rcp_target);
   const uint32_t e = vb >> 23, mant = vb & 0x7FFFFFu;
@@ -251,7 +290,7 @@ inline void lane_e8m0_rceil(uint32_t ab, const ScaleCtx& c, float& enc, float& d
 }
 
 /// Dispatch on the rule (scalar use).
-inline void scale_lane(uint32_t ab, const ScaleCtx& c, float& enc, float& dec, uint32_t& code) {
+SNIP_HD inline void scale_lane(uint32_t ab, const ScaleCtx& c, float& enc, float& dec, uint32_t& code) {
   switch (c.rule) {
     case ScaleRule::kNone:
       enc = dec = 1.0f;

@@ -1,0 +1,49 @@
+// snip/formats/fake_quant_cuda.h: fake quantization on an NVIDIA GPU, with
+// the CPU's codec (src/formats/fast_math.h: the same host-device functions
+// for block scales and element rounding), so a GPU result equals
+// fake_quantize's (fake_quant.h) bit for bit.
+//
+// Built when CMake finds nvcc (SNIP_WITH_CUDA; the CUDA 13 toolkit in
+// /usr/local/cuda), for sm_80, sm_89, sm_90 and sm_100 (+ PTX of sm_100),
+// with --fmad=false (no FMA contraction, as the CPU library's
+// -ffp-contract=off). What it covers today, and what it refuses (`supported`):
+//   covered   minifloat elements E2M1 .. E5M2 (E4M3, E5M2, E2M1, E3M2, E2M3,
+//             E1M2), round-to-nearest-even, any block shape (1xN tiles, 2-D
+//             blocks, per-row, per-tensor), rules none, current (FP32, FP32
+//             power-of-two and E8M0 scales), mx_floor and two_level (NVFP4:
+//             the tensor scale from the block amaxes, on the host)
+//   refused   stochastic rounding (Philox on the device is next), delayed
+//             scaling (its history lives in a host object), the Hadamard
+//             transform, BF16 / integer / posit elements
+// Shapes: in, out [rows, cols] FP32 row-major, cols = the GEMM's K; `in` may
+// equal `out`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "snip/formats/quant_spec.h"
+
+namespace snip::formats::cuda {
+
+/// CUDA devices this process sees: 0 when the build has no CUDA kernels,
+/// the driver is missing, or no device is present; `why` (if given) then
+/// says which, in one line.
+int device_count(std::string* why = nullptr);
+
+/// Whether fake_quantize below covers `spec` (validated first); when not,
+/// `why` (if given) names what is missing.
+bool supported(const QuantSpec& spec, std::string* why = nullptr);
+
+/// fake_quantize (fake_quant.h) of device arrays on the current device,
+/// synchronous: the same results bit for bit, NaN outputs canonical.
+/// Throws std::invalid_argument for a spec that is not supported (the line
+/// of `supported`) or negative sizes, std::runtime_error naming the CUDA
+/// call that failed (no device included).
+void fake_quantize_device(const float* in, float* out, int64_t rows, int64_t cols, const QuantSpec& spec);
+
+/// The same on host arrays: copied to the device, quantized there, copied
+/// back (tests and `snip doctor`).
+void fake_quantize_host(const float* in, float* out, int64_t rows, int64_t cols, const QuantSpec& spec);
+
+}  // namespace snip::formats::cuda

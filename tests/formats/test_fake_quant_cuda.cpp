@@ -1,0 +1,120 @@
+// fake_quantize on the GPU (formats/fake_quant_cuda.h) against the CPU's
+// fast path, bit for bit: every recipe operand the CUDA kernels cover on
+// awkward data with special values, every code of E4M3, E5M2 and E2M1 and
+// the midpoints between neighbours (ties). Without a CUDA device those
+// tests skip, saying why; what the kernels refuse is checked everywhere.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "snip/formats/fake_quant.h"
+#include "snip/formats/fake_quant_cuda.h"
+#include "snip/recipes/recipe.h"
+#include "test_util.h"
+
+using namespace snip;
+using namespace snip::formats;
+
+namespace {
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// The first index where the GPU's bits differ from the CPU's, or -1.
+int64_t first_difference(const std::vector<float>& x, int64_t rows, int64_t cols, const QuantSpec& spec) {
+  std::vector<float> cpu(x.size()), gpu(x.size());
+  fake_quantize(x.data(), cpu.data(), rows, cols, spec, RoundingKey{});
+  cuda::fake_quantize_host(x.data(), gpu.data(), rows, cols, spec);
+  for (size_t i = 0; i < x.size(); ++i)
+    if (bits(cpu[i]) != bits(gpu[i])) return int64_t(i);
+  return -1;
+}
+
+#define REQUIRE_GPU()                                  \
+  do {                                                 \
+    std::string why;                                   \
+    if (cuda::device_count(&why) == 0) GTEST_SKIP() << why; \
+  } while (0)
+
+}  // namespace
+
+TEST(CudaFakeQuant, BitExactWithTheCpuForEveryCoveredRecipeOperand) {
+  REQUIRE_GPU();
+  const recipes::RecipeSet set;
+  int covered = 0;
+  uint32_t seed = 1;
+  for (const std::string& name : set.names())
+    for (int op = 0; op < kNumOperands; ++op) {
+      const QuantSpec& spec = set.find(name)[Operand(op)];
+      if (!cuda::supported(spec)) continue;
+      ++covered;
+      for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{256, 512}, {130, 129}, {3, 17}, {1, 1}}) {
+        auto x = snip::formats::testing::awkward_data(rows, cols, seed++);
+        if (rows * cols > 8) {
+          x[1] = NAN;
+          x[size_t(cols)] = INFINITY;
+          x[size_t(rows * cols - 1)] = -3e38f;
+        }
+        EXPECT_EQ(first_difference(x, rows, cols, spec), -1) << name << " " << operand_name(Operand(op)) << " ["
+                                                             << rows << ", " << cols << "]";
+      }
+    }
+  EXPECT_GE(covered, 8);  // fp8, mxfp8, mxfp4, nvfp4's RNE operands, ...
+}
+
+TEST(CudaFakeQuant, EveryCodeAndEveryTieOfE4M3E5M2E2M1) {
+  REQUIRE_GPU();
+  for (const ElementFormat& e : {kE4M3, kE5M2, kE2M1}) {
+    QuantSpec s;
+    s.element = e;
+    s.rule = ScaleRule::kNone;
+    std::vector<float> x;
+    std::vector<float> values;
+    for (uint32_t c = 0; c < e.num_codes(); ++c) {
+      const float v = decode(e, c);
+      if (std::isfinite(v)) values.push_back(v);
+      x.push_back(v);
+    }
+    std::sort(values.begin(), values.end());
+    for (size_t i = 0; i + 1 < values.size(); ++i) x.push_back(0.5f * (values[i] + values[i + 1]));  // ties
+    x.push_back(2.0f * values.back());  // overflow: saturates
+    EXPECT_EQ(first_difference(x, 1, int64_t(x.size()), s), -1) << e.name;
+    s.saturate = false;
+    EXPECT_EQ(first_difference(x, 1, int64_t(x.size()), s), -1) << e.name << " (IEEE overflow)";
+  }
+}
+
+// Everywhere (no device needed): what the kernels do not cover yet is
+// refused with a line that names it, before any device is touched.
+TEST(CudaFakeQuant, RefusesWhatItDoesNotCoverSayingWhat) {
+  const recipes::RecipeSet set;
+  std::string why;
+  EXPECT_TRUE(cuda::supported(set.find("fp8")[Operand::kFpropX], &why)) << why;
+  EXPECT_TRUE(cuda::supported(set.find("nvfp4")[Operand::kFpropW], &why)) << why;
+  EXPECT_FALSE(cuda::supported(set.find("fp4")[Operand::kDgradDY], &why));  // stochastic rounding
+  EXPECT_NE(why.find("stochastic rounding"), std::string::npos) << why;
+  EXPECT_FALSE(cuda::supported(set.find("bf16")[Operand::kFpropX], &why));
+  EXPECT_NE(why.find("element format bf16"), std::string::npos) << why;
+  EXPECT_FALSE(cuda::supported(set.find("fp8_tensor")[Operand::kFpropX], &why));
+  EXPECT_NE(why.find("delayed scaling"), std::string::npos) << why;
+  std::vector<float> x(4, 1.0f), y(4);
+  try {
+    cuda::fake_quantize_host(x.data(), y.data(), 1, 4, set.find("fp4")[Operand::kDgradDY]);
+    ADD_FAILURE() << "an SR spec was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("fake_quantize (CUDA): stochastic rounding is not covered yet", 0), 0u)
+        << e.what();
+  }
+  // device_count says why there is none (this CPU machine) or counts them.
+  std::string none;
+  const int n = cuda::device_count(&none);
+  if (n == 0) EXPECT_EQ(none.rfind("no CUDA device", 0), 0u) << none;
+  else EXPECT_GT(n, 0);
+}
