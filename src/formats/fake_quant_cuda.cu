@@ -22,6 +22,11 @@
 #include "fast_math.h"
 #include "snip/formats/scaling.h"
 
+// Bit-for-bit with the CPU needs IEEE division and subnormals on the device.
+#if defined(__USE_FAST_MATH__)
+#error "fake_quant_cuda.cu must not be built with --use_fast_math (the CPU's results need IEEE arithmetic)"
+#endif
+
 namespace snip::formats::cuda {
 
 namespace {
@@ -87,7 +92,7 @@ int device_count(std::string* why) {
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
     if (why) *why = std::string("no CUDA device: ") + cudaGetErrorString(e);
-    cudaGetLastError();  // clear the sticky error of a missing driver
+    cudaGetLastError();  // leave no error behind for the next call to report
     return 0;
   }
   if (n == 0 && why) *why = "no CUDA device: the driver sees none";
@@ -146,6 +151,8 @@ void fake_quantize_host(const float* in, float* out, int64_t rows, int64_t cols,
   std::string why;
   if (!supported(spec, &why)) throw std::invalid_argument(why);
   if (rows < 0 || cols < 0) throw std::invalid_argument("fake_quantize (CUDA): negative size");
+  if (rows * cols == 0) return;
+  if (!in || !out) throw std::invalid_argument("fake_quantize (CUDA): null data pointer");
   const size_t n = size_t(rows * cols);
   DeviceBuffer<float> x(n);
   check(cudaMemcpy(x.p, in, n * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");

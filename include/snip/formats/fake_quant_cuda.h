@@ -16,7 +16,9 @@
 //             scaling (its history lives in a host object), the Hadamard
 //             transform, BF16 / integer / posit elements
 // Shapes: in, out [rows, cols] FP32 row-major, cols = the GEMM's K; `in` may
-// equal `out`.
+// equal `out`. The kernels run on the legacy default stream and synchronise
+// the device at the end (no stream argument yet: that comes with the
+// trainer's CUDA quantizers, docs/gpu.md).
 #pragma once
 
 #include <cstdint>
@@ -26,9 +28,10 @@
 
 namespace snip::formats::cuda {
 
-/// CUDA devices this process sees: 0 when the build has no CUDA kernels,
-/// the driver is missing, or no device is present; `why` (if given) then
-/// says which, in one line.
+/// CUDA devices this process sees: 0 when the driver is missing or too old
+/// for the CUDA 13 runtime, or no device is present; `why` (if given) then
+/// says which, in one line. (Declared only in builds with the CUDA kernels:
+/// snip_formats_cuda, SNIP_WITH_CUDA.)
 int device_count(std::string* why = nullptr);
 
 /// Whether fake_quantize below covers `spec` (validated first); when not,
@@ -43,7 +46,7 @@ bool supported(const QuantSpec& spec, std::string* why = nullptr);
 void fake_quantize_device(const float* in, float* out, int64_t rows, int64_t cols, const QuantSpec& spec);
 
 /// The same on host arrays: copied to the device, quantized there, copied
-/// back (tests and `snip doctor`).
+/// back (the tests). Nothing to do for 0 elements (no device touched).
 void fake_quantize_host(const float* in, float* out, int64_t rows, int64_t cols, const QuantSpec& spec);
 
 }  // namespace snip::formats::cuda
