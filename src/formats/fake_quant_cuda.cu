@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "fast_math.h"
+#include "snip/formats/fake_quant.h"
+#include "snip/formats/rounding.h"
 #include "snip/formats/scaling.h"
 
 // Bit-for-bit with the CPU needs IEEE division and subnormals on the device.
@@ -73,12 +75,16 @@ __global__ void block_scale_kernel(const uint32_t* amax, int64_t n, fast::ScaleC
   dec[b] = d;
 }
 
+// Element i = row * cols + col; stochastic rounding draws the CPU's word,
+// random_bits(key, i) (rounding.h: Philox4x32-10 on the host and device).
+template <bool kSR>
 __global__ void quantize_kernel(const float* x, float* y, Grid g, const float* enc, const float* dec,
-                                fast::MiniFloatParams p, uint32_t ovf_bits, bool inf_keeps) {
+                                fast::MiniFloatParams p, uint32_t ovf_bits, bool inf_keeps, RoundingKey key) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= g.rows * g.cols) return;
   const int64_t b = (i / g.cols / g.br) * g.gc + (i % g.cols) / g.bc;
-  const float v = fast::minifloat_element<false>(x[i], enc[b], dec[b], 0.0f, p, ovf_bits, inf_keeps);
+  const float u = kSR ? uniform_from_bits(random_bits(key, uint64_t(i))) : 0.0f;
+  const float v = fast::minifloat_element<kSR>(x[i], enc[b], dec[b], u, p, ovf_bits, inf_keeps);
   // The device's arithmetic NaN is 0x7FFFFFFF; the CPU's outputs are 0x7FC00000.
   y[i] = v != v ? fast::float_of(fast::kCanonicalNaN) : v;
 }
@@ -106,15 +112,16 @@ bool supported(const QuantSpec& spec, std::string* why) {
     return false;
   };
   if (!fast::minifloat_fast_ok(spec.element)) return no(std::string("element format ") + spec.element.name);
-  if (spec.rounding != Rounding::kRNE) return no("stochastic rounding");
   if (spec.rule == ScaleRule::kDelayed) return no("delayed scaling");
   if (spec.hadamard_size != 0) return no("the Hadamard transform");
   return true;
 }
 
-void fake_quantize_device(const float* in, float* out, int64_t rows, int64_t cols, const QuantSpec& spec) {
+void fake_quantize_device(const float* in, float* out, int64_t rows, int64_t cols, const QuantSpec& spec,
+                          const RoundingKey& key) {
   std::string why;
   if (!supported(spec, &why)) throw std::invalid_argument(why);
+  check_rounding_key(key);
   if (rows < 0 || cols < 0) throw std::invalid_argument("fake_quantize (CUDA): negative size");
   if (rows * cols == 0) return;
   Grid g{rows, cols, std::max<int64_t>(1, spec.block.rows_over(rows)), std::max<int64_t>(1, spec.block.cols_over(cols)), 0,
@@ -140,14 +147,19 @@ void fake_quantize_device(const float* in, float* out, int64_t rows, int64_t col
   block_scale_kernel<<<blocks_for(nb, kThreads), kThreads>>>(amax.p, nb, ctx, enc.p, dec.p);
   check(cudaGetLastError(), "block_scale_kernel");
   const fast::MiniFloatParams p(spec.element);
-  quantize_kernel<<<blocks_for(rows * cols, kThreads), kThreads>>>(in, out, g, enc.p, dec.p, p,
-                                                                    fast::minifloat_overflow_bits(p, spec.saturate),
-                                                                    p.has_inf);
+  const uint32_t ovf = fast::minifloat_overflow_bits(p, spec.saturate);
+  if (spec.rounding == Rounding::kStochastic)
+    quantize_kernel<true><<<blocks_for(rows * cols, kThreads), kThreads>>>(in, out, g, enc.p, dec.p, p, ovf,
+                                                                           p.has_inf, key);
+  else
+    quantize_kernel<false><<<blocks_for(rows * cols, kThreads), kThreads>>>(in, out, g, enc.p, dec.p, p, ovf,
+                                                                            p.has_inf, key);
   check(cudaGetLastError(), "quantize_kernel");
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
-void fake_quantize_host(const float* in, float* out, int64_t rows, int64_t cols, const QuantSpec& spec) {
+void fake_quantize_host(const float* in, float* out, int64_t rows, int64_t cols, const QuantSpec& spec,
+                        const RoundingKey& key) {
   std::string why;
   if (!supported(spec, &why)) throw std::invalid_argument(why);
   if (rows < 0 || cols < 0) throw std::invalid_argument("fake_quantize (CUDA): negative size");
@@ -156,7 +168,7 @@ void fake_quantize_host(const float* in, float* out, int64_t rows, int64_t cols,
   const size_t n = size_t(rows * cols);
   DeviceBuffer<float> x(n);
   check(cudaMemcpy(x.p, in, n * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
-  fake_quantize_device(x.p, x.p, rows, cols, spec);
+  fake_quantize_device(x.p, x.p, rows, cols, spec, key);
   check(cudaMemcpy(out, x.p, n * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
 }
 

@@ -24,12 +24,8 @@
 #define SNIP_CLONES_NO512
 #endif
 
-// Host and device: nvcc compiles the functions below for both.
-#if defined(__CUDACC__)
-#define SNIP_HD __host__ __device__
-#else
-#define SNIP_HD
-#endif
+// Host and device: nvcc compiles the functions below for both (SNIP_HD).
+#include "snip/formats/hd.h"
 
 namespace snip::formats::fast {
 

@@ -29,10 +29,11 @@ uint32_t bits(float f) {
 }
 
 // The first index where the GPU's bits differ from the CPU's, or -1.
-int64_t first_difference(const std::vector<float>& x, int64_t rows, int64_t cols, const QuantSpec& spec) {
+int64_t first_difference(const std::vector<float>& x, int64_t rows, int64_t cols, const QuantSpec& spec,
+                         const RoundingKey& key = {}) {
   std::vector<float> cpu(x.size()), gpu(x.size());
-  fake_quantize(x.data(), cpu.data(), rows, cols, spec, RoundingKey{});
-  cuda::fake_quantize_host(x.data(), gpu.data(), rows, cols, spec);
+  fake_quantize(x.data(), cpu.data(), rows, cols, spec, key);
+  cuda::fake_quantize_host(x.data(), gpu.data(), rows, cols, spec, key);
   for (size_t i = 0; i < x.size(); ++i)
     if (bits(cpu[i]) != bits(gpu[i])) return int64_t(i);
   return -1;
@@ -71,7 +72,9 @@ TEST(CudaFakeQuant, BitExactWithTheCpuForEveryCoveredRecipeOperand) {
         auto x = snip::formats::testing::awkward_data(rows, cols, seed++);
         const std::string what = name + " " + operand_name(Operand(op)) + " [" + std::to_string(rows) + ", " +
                                  std::to_string(cols) + "]";
-        EXPECT_EQ(first_difference(x, rows, cols, spec), -1) << what;
+        // Stochastic rounding (fp4/nvfp4's dY): the CPU's Philox words.
+        const RoundingKey key{0x0123456789ABCDEFull, seed, 3, uint32_t(op)};
+        EXPECT_EQ(first_difference(x, rows, cols, spec, key), -1) << what;
         if (rows * cols > 8) {
           const size_t last = size_t((rows - 1) * cols);
           x[last] = NAN;
@@ -117,18 +120,21 @@ TEST(CudaFakeQuant, RefusesWhatItDoesNotCoverSayingWhat) {
   std::string why;
   EXPECT_TRUE(cuda::supported(set.find("fp8")[Operand::kFpropX], &why)) << why;
   EXPECT_TRUE(cuda::supported(set.find("nvfp4")[Operand::kFpropW], &why)) << why;
-  EXPECT_FALSE(cuda::supported(set.find("fp4")[Operand::kDgradDY], &why));  // stochastic rounding
-  EXPECT_NE(why.find("stochastic rounding"), std::string::npos) << why;
+  EXPECT_TRUE(cuda::supported(set.find("fp4")[Operand::kDgradDY], &why)) << why;  // stochastic rounding
+  QuantSpec rht = set.find("nvfp4")[Operand::kWgradDY];
+  rht.hadamard_size = 16;
+  EXPECT_FALSE(cuda::supported(rht, &why));
+  EXPECT_NE(why.find("the Hadamard transform"), std::string::npos) << why;
   EXPECT_FALSE(cuda::supported(set.find("bf16")[Operand::kFpropX], &why));
   EXPECT_NE(why.find("element format bf16"), std::string::npos) << why;
   EXPECT_FALSE(cuda::supported(set.find("fp8_tensor")[Operand::kFpropX], &why));
   EXPECT_NE(why.find("delayed scaling"), std::string::npos) << why;
   std::vector<float> x(4, 1.0f), y(4);
   try {
-    cuda::fake_quantize_host(x.data(), y.data(), 1, 4, set.find("fp4")[Operand::kDgradDY]);
-    ADD_FAILURE() << "an SR spec was accepted";
+    cuda::fake_quantize_host(x.data(), y.data(), 1, 4, rht);
+    ADD_FAILURE() << "a Hadamard spec was accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_EQ(std::string(e.what()).rfind("fake_quantize (CUDA): stochastic rounding is not covered yet", 0), 0u)
+    EXPECT_EQ(std::string(e.what()).rfind("fake_quantize (CUDA): the Hadamard transform is not covered yet", 0), 0u)
         << e.what();
   }
   // device_count says why there is none (this CPU machine) or counts them.

@@ -8,13 +8,14 @@
 // with --fmad=false (no FMA contraction, as the CPU library's
 // -ffp-contract=off). What it covers today, and what it refuses (`supported`):
 //   covered   minifloat elements E2M1 .. E5M2 (E4M3, E5M2, E2M1, E3M2, E2M3,
-//             E1M2), round-to-nearest-even, any block shape (1xN tiles, 2-D
+//             E1M2), any block shape (1xN tiles, 2-D
 //             blocks, per-row, per-tensor), rules none, current (FP32, FP32
 //             power-of-two and E8M0 scales), mx_floor and two_level (NVFP4:
-//             the tensor scale from the block amaxes, on the host)
-//   refused   stochastic rounding (Philox on the device is next), delayed
-//             scaling (its history lives in a host object), the Hadamard
-//             transform, BF16 / integer / posit elements
+//             the tensor scale from the block amaxes, on the host); RNE and
+//             stochastic rounding (the CPU's Philox4x32-10 words, rounding.h,
+//             on the device)
+//   refused   delayed scaling (its history lives in a host object), the
+//             Hadamard transform, BF16 / integer / posit elements
 // Shapes: in, out [rows, cols] FP32 row-major, cols = the GEMM's K; `in` may
 // equal `out`. The kernels run on the legacy default stream and synchronise
 // the device at the end (no stream argument yet: that comes with the
@@ -25,6 +26,7 @@
 #include <string>
 
 #include "snip/formats/quant_spec.h"
+#include "snip/formats/rounding.h"
 
 namespace snip::formats::cuda {
 
@@ -39,14 +41,17 @@ int device_count(std::string* why = nullptr);
 bool supported(const QuantSpec& spec, std::string* why = nullptr);
 
 /// fake_quantize (fake_quant.h) of device arrays on the current device,
-/// synchronous: the same results bit for bit, NaN outputs canonical.
-/// Throws std::invalid_argument for a spec that is not supported (the line
-/// of `supported`) or negative sizes, std::runtime_error naming the CUDA
-/// call that failed (no device included).
-void fake_quantize_device(const float* in, float* out, int64_t rows, int64_t cols, const QuantSpec& spec);
+/// synchronous: the same results bit for bit (stochastic rounding draws the
+/// CPU's Philox words for `key`), NaN outputs canonical. Throws
+/// std::invalid_argument for a spec that is not supported (the line of
+/// `supported`), an out-of-range key or negative sizes, std::runtime_error
+/// naming the CUDA call that failed (no device included).
+void fake_quantize_device(const float* in, float* out, int64_t rows, int64_t cols, const QuantSpec& spec,
+                          const RoundingKey& key = {});
 
 /// The same on host arrays: copied to the device, quantized there, copied
 /// back (the tests). Nothing to do for 0 elements (no device touched).
-void fake_quantize_host(const float* in, float* out, int64_t rows, int64_t cols, const QuantSpec& spec);
+void fake_quantize_host(const float* in, float* out, int64_t rows, int64_t cols, const QuantSpec& spec,
+                        const RoundingKey& key = {});
 
 }  // namespace snip::formats::cuda

@@ -21,6 +21,8 @@
 #include <array>
 #include <cstdint>
 
+#include "snip/formats/hd.h"
+
 namespace snip::formats {
 
 /// What identifies one quantization call for stochastic rounding.
@@ -40,8 +42,8 @@ void check_rounding_key(const RoundingKey& key);
 /// increments 0x9E3779B9 (golden ratio), 0xBB67AE85 (sqrt(3) - 1).
 /// Known answer (Random123 kat_vectors): counter 0, key 0 ->
 /// {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}.
-inline std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> ctr,
-                                             std::array<uint32_t, 2> key) {
+SNIP_HD inline std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> ctr,
+                                                     std::array<uint32_t, 2> key) {
   constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
   constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
   for (int round = 0; round < 10; ++round) {
@@ -58,7 +60,7 @@ inline std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> ctr,
 }
 
 /// The 32 random bits of element `index` under `key` (layout above).
-inline uint32_t random_bits(const RoundingKey& key, uint64_t index) {
+SNIP_HD inline uint32_t random_bits(const RoundingKey& key, uint64_t index) {
   const uint64_t block = index >> 2;
   const std::array<uint32_t, 4> out = philox4x32_10(
       {uint32_t(block), uint32_t(block >> 32) | (key.operand << 24), uint32_t(key.step),
@@ -69,6 +71,6 @@ inline uint32_t random_bits(const RoundingKey& key, uint64_t index) {
 
 /// The uniform draw u in [0, 1) that stochastic rounding compares against:
 /// u = (bits >> 8) * 2^-24, exact in FP32.
-inline float uniform_from_bits(uint32_t bits) { return float(bits >> 8) * 0x1p-24f; }
+SNIP_HD inline float uniform_from_bits(uint32_t bits) { return float(bits >> 8) * 0x1p-24f; }
 
 }  // namespace snip::formats
