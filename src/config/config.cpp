@@ -996,12 +996,10 @@ FirstOrder parse_first_order(const std::string& s, const std::string& what) {
 const char* to_string(GuardAction a) { return kActionNames[int(a)]; }
 
 double GuardConfig::threshold_for(const std::string& format) const {
-  if (format.empty()) return quant_error_threshold;
-  const std::vector<std::string> known = formats::element_format_names();
-  if (std::find(known.begin(), known.end(), format) == known.end()) return quant_error_threshold;
-  const formats::ElementFormat f = formats::find_element_format(format);
-  if (f.bits <= 4) return quant_error_threshold_fp4;
-  if (f.kind == formats::ElementKind::kFloat && f.mbits <= 2) return quant_error_threshold_e5m2;
+  const std::optional<formats::ElementFormat> f = formats::lookup_element_format(format);
+  if (!f) return quant_error_threshold;
+  if (f->bits <= 4) return quant_error_threshold_fp4;
+  if (f->kind == formats::ElementKind::kFloat && f->mbits <= 2) return quant_error_threshold_e5m2;
   return quant_error_threshold;
 }
 

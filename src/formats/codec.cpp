@@ -241,11 +241,18 @@ std::string lower(std::string s) {
 
 }  // namespace
 
-ElementFormat find_element_format(const std::string& name) {
+std::optional<ElementFormat> lookup_element_format(const std::string& name) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   const auto it = r.formats.find(lower(name));
-  if (it != r.formats.end()) return it->second;
+  if (it == r.formats.end()) return std::nullopt;
+  return it->second;
+}
+
+ElementFormat find_element_format(const std::string& name) {
+  if (const std::optional<ElementFormat> f = lookup_element_format(name)) return *f;
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
   std::string known;
   for (const auto& kv : r.formats) known += (known.empty() ? "" : ", ") + kv.first;
   fail("unknown element format '", name, "' (known: ", known, ")");

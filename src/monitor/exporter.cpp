@@ -35,9 +35,8 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // Element bits of registry format `name` (NaN for "" or an unknown name).
 double format_bits(const std::string& name) {
-  for (const std::string& n : formats::element_format_names())
-    if (n == name) return double(formats::find_element_format(name).bits);
-  return kNaN;
+  const std::optional<formats::ElementFormat> f = formats::lookup_element_format(name);
+  return f ? double(f->bits) : kNaN;
 }
 
 double wall_now_s() {

@@ -347,6 +347,9 @@ TEST(ElementFormat, StochasticRoundingDecisionRule) {
 TEST(ElementFormat, Registry) {
   EXPECT_EQ(find_element_format("E4M3"), kE4M3);
   EXPECT_EQ(find_element_format("posit8"), kPosit8);
+  ASSERT_TRUE(lookup_element_format("E5M2").has_value());
+  EXPECT_EQ(*lookup_element_format("E5M2"), kE5M2);
+  EXPECT_FALSE(lookup_element_format("fp5").has_value());  // no error: the caller decides
   const auto names = element_format_names();
   for (const char* n : {"bf16", "e1m2", "e2m1", "e2m3", "e3m2", "e4m3", "e5m2", "int4", "int8", "posit8"})
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;

@@ -34,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -202,6 +203,8 @@ void validate_element_format(const ElementFormat& fmt, const std::string& where)
 /// The format registered under `name` (case-insensitive, e.g. "E4M3").
 /// Throws snip::UserError "unknown element format 'x' (known: e1m2, ...)".
 ElementFormat find_element_format(const std::string& name);
+/// The same without the error: nullopt for a name that is not registered.
+std::optional<ElementFormat> lookup_element_format(const std::string& name);
 /// Registered names, sorted.
 std::vector<std::string> element_format_names();
 /// Adds a format (validated; the name is copied). Throws snip::UserError if
