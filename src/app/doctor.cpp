@@ -4,10 +4,13 @@
 // Prints the capability record (snip/hw/capabilities.h), the LibTorch build,
 // the runtime settings snip applies (snip/hw/platform.h), the CPU support
 // matrix with a measured GEMM throughput per precision at the tiny model's
-// shape, the GPU matrix (each detected GPU, or the reference rows by compute
-// capability), warnings with their fix, and the checks that decide the exit
-// status: 0 when the main job can run here; when it cannot, one line
-// `snip: error: the main job cannot run here: <reasons>` and status 2.
+// shape, the GPU it finds measured (doctor_gpu.h: name, compute capability,
+// memory, versions, BF16 and FP8 GEMM rates and each recipe's path) or why
+// none is usable, the static GPU support matrix as a reference by compute
+// capability for GPUs not present, warnings with their fix, and the checks
+// that decide the exit status: 0 when the main job can run here; when it
+// cannot, one line `snip: error: the main job cannot run here: <reasons>`
+// and status 2.
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
@@ -25,6 +28,7 @@
 #include <algorithm>
 
 #include "snip/app/doctor.h"
+#include "doctor_gpu.h"
 #include "snip/data/data_folder.h"
 #include "snip/config/config.h"
 #include "snip/data/loader.h"
@@ -268,7 +272,15 @@ void run_doctor(const DoctorOpts& o) {
   out["cpu_support"] = rows;
   out["gemm_shape"] = {{"M", kM}, {"K", kK}, {"N", kN}, {"what", "tiny model MLP fprop, quantization of both operands included"}};
 
-  // The GPU matrix: each GPU found, else the reference capabilities.
+  // The GPU LibTorch sees, measured (doctor_gpu.h); the recipes listed are
+  // --config's run's (its recipe file's included) or the built-in ones.
+  out["gpu"] = measure_gpu(run ? run->recipes : recipes::RecipeSet(), out["libtorch"]["cuda_built"].get<bool>(),
+                           caps.gpus.empty() ? std::string() : caps.gpus[0].driver_version, o.min_time, progress);
+  const bool gpu_present = out["gpu"]["present"].get<bool>();
+
+  // The static GPU matrix, a reference by compute capability for GPUs not
+  // present (not measured): the usual capabilities, plus those nvidia-smi
+  // reports.
   json gpus = json::array();
   auto gpu_rows = [](int ma, int mi) {
     json rs = json::array();
@@ -277,17 +289,14 @@ void run_doctor(const DoctorOpts& o) {
                     {"how", r.how}, {"source", r.source}});
     return rs;
   };
-  if (!caps.gpus.empty()) {
-    for (const hw::GpuInfo& g : caps.gpus)
-      gpus.push_back({{"index", g.index}, {"name", g.name}, {"compute_capability", std::to_string(g.cc_major) + "." + std::to_string(g.cc_minor)},
-                      {"rows", gpu_rows(g.cc_major, g.cc_minor)}});
-  } else {
-    const std::pair<int, int> ref[] = {{7, 0}, {8, 0}, {8, 9}, {9, 0}, {10, 0}, {12, 0}};
-    for (auto [ma, mi] : ref)
-      gpus.push_back({{"compute_capability", std::to_string(ma) + "." + std::to_string(mi)}, {"rows", gpu_rows(ma, mi)}});
-  }
+  std::vector<std::pair<int, int>> ref = {{7, 0}, {8, 0}, {8, 9}, {9, 0}, {10, 0}, {12, 0}};
+  for (const hw::GpuInfo& g : caps.gpus) ref.emplace_back(g.cc_major, g.cc_minor);
+  std::sort(ref.begin(), ref.end());
+  ref.erase(std::unique(ref.begin(), ref.end()), ref.end());
+  for (auto [ma, mi] : ref)
+    gpus.push_back({{"compute_capability", std::to_string(ma) + "." + std::to_string(mi)}, {"rows", gpu_rows(ma, mi)}});
   out["gpu_support"] = gpus;
-  out["gpu_support_is_reference"] = caps.gpus.empty();
+  out["gpu_support_is_reference"] = true;  // the measured GPU is out["gpu"]
 
   // Warnings, each with its fix.
   json warnings = json::array(), notes = json::array();
@@ -330,6 +339,11 @@ void run_doctor(const DoctorOpts& o) {
   if (!caps.gpus.empty() && !out["libtorch"]["cuda_built"].get<bool>())
     warn(std::to_string(caps.gpus.size()) + " NVIDIA GPU(s) found, but this LibTorch is built without CUDA: snip trains on the CPU",
          "build snip against a CUDA LibTorch to use them");
+  if (!caps.gpus.empty() && out["libtorch"]["cuda_built"].get<bool>() && !gpu_present)
+    warn(std::to_string(caps.gpus.size()) + " NVIDIA GPU(s) found by nvidia-smi, but CUDA cannot use them: " +
+             out["gpu"]["reason"].get<std::string>(),
+         "install an NVIDIA driver new enough for the CUDA 13 runtime (nvidia-smi's \"CUDA Version\" 13.0 or later), "
+         "and check CUDA_VISIBLE_DEVICES");
   if (caps.cpu.arch == "x86_64" && !caps.cpu.avx2)
     warn("no AVX2: the fake-quantization kernels run their SSE2 baseline (several times slower)", "use an AVX2 machine");
   for (const std::string& m : caps.cpu.flag_mismatches) warn("ISA flag mismatch: " + m, "none needed: snip uses what the CPU reports via cpuid");
@@ -397,10 +411,13 @@ void run_doctor(const DoctorOpts& o) {
                                r["support"].get<std::string>(), r.value("gflops", 0.0), r.value("vs_bf16", 0.0),
                                r["how"].get<std::string>(),
                                r.contains("note") ? "\n" + std::string(50, ' ') + "note: " + r["note"].get<std::string>() : "");
-    std::cout << "\nGPU support matrix" << (caps.gpus.empty() ? " (no NVIDIA GPU here: reference by compute capability)" : "") << "\n";
+    std::cout << "\n";
+    print_gpu(out["gpu"], std::cout);
+    std::cout << "\nGPU support matrix: reference by compute capability, for GPUs not present (static table, not "
+                 "measured"
+              << (gpu_present ? "; the GPU here is measured above" : "") << ")\n";
     for (const json& g : gpus) {
-      std::cout << "  compute capability " << g["compute_capability"].get<std::string>()
-                << (g.contains("name") ? " (" + g["name"].get<std::string>() + ")" : "") << ":";
+      std::cout << "  compute capability " << g["compute_capability"].get<std::string>() << ":";
       for (const json& r : g["rows"]) std::cout << " " << r["precision"].get<std::string>() << "=" << r["support"].get<std::string>();
       std::cout << "\n";
     }

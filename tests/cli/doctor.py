@@ -85,11 +85,24 @@ for p in PRECISIONS:
     check(f"{p} measured", by[p].get("gflops", 0) > 0 and by[p]["source"] != "", str(by[p]))
 check("vs_bf16 of bf16", abs(by["bf16"]["vs_bf16"] - 1.0) < 1e-12, str(by["bf16"]["vs_bf16"]))
 
-# 2. The GPU matrix (reference rows when no GPU is here).
+# 2. The GPU: measured when torch sees one (tests/cli/doctor_gpu.py checks
+# that record on a GPU, CTest label cuda); otherwise one reason. The static
+# matrix is a reference by compute capability, labelled so.
+gpu = d["gpu"]
+if not torch.cuda.is_available():
+    reason = gpu.get("reason")
+    check("gpu absent", gpu["present"] is False and isinstance(reason, str) and reason.startswith("no CUDA device: ")
+          and len(reason) > len("no CUDA device: ") and "\n" not in reason, str(gpu))
+    check("gpu absent: nothing measured", sorted(gpu) == ["present", "reason"], str(sorted(gpu)))
+else:
+    check("gpu present", gpu["present"] is True and gpu["devices"], str(gpu)[:300])
+check("gpu matrix is the reference", d["gpu_support_is_reference"] is True, str(d["gpu_support_is_reference"]))
 gpus = d["gpu_support"]
 if d["gpu_support_is_reference"]:
     cc = {g["compute_capability"]: {x["precision"]: x["support"] for x in g["rows"]} for g in gpus}
-    check("reference ccs", sorted(cc) == sorted(["7.0", "8.0", "8.9", "9.0", "10.0", "12.0"]), str(sorted(cc)))
+    check("reference ccs", {"7.0", "8.0", "8.9", "9.0", "10.0", "12.0"} <= set(cc), str(sorted(cc)))
+    smi = {f'{x["cc_major"]}.{x["cc_minor"]}' for x in d["machine"]["gpus"]}
+    check("nvidia-smi's ccs in the reference", smi <= set(cc), f"{sorted(smi)} vs {sorted(cc)}")
     check("fp8 before 8.9", cc["8.0"]["fp8_e4m3"] != "native" and cc["7.0"]["fp8_e4m3"] == "none", str(cc["8.0"]))
     check("fp8 from 8.9", cc["8.9"]["fp8_e4m3"] == "native" and cc["9.0"]["fp8_e5m2"] == "native", str(cc["8.9"]))
     check("fp4 before 10.0", cc["9.0"]["nvfp4"] != "native" and cc["9.0"]["fp4_e2m1"] != "native", str(cc["9.0"]))
@@ -98,6 +111,18 @@ if d["gpu_support_is_reference"]:
 for g in gpus:
     for x in g["rows"]:
         check("gpu row source", x["source"] != "", str(x))
+
+# The text: the GPU line or section, and the matrix under its reference heading.
+r = run("doctor", "--min-time", "0.01")
+check("text: exit status 0", r.returncode == 0, f"{r.returncode}: {r.stderr}")
+head = "GPU support matrix: reference by compute capability, for GPUs not present (static table, not measured"
+check("text: reference heading", head in r.stdout, r.stdout[-2000:])
+if not torch.cuda.is_available():
+    lines = [x for x in r.stdout.splitlines() if x.startswith("GPU: none measured: no CUDA device: ")]
+    check("text: why no GPU", len(lines) == 1 and lines[0].endswith(gpu["reason"]), r.stdout[-2000:])
+    check("text: no GPU section", "GPU (measured on device" not in r.stdout, r.stdout[-2000:])
+else:
+    check("text: GPU section", "GPU (measured on device 0" in r.stdout, r.stdout[-2000:])
 
 check("checks ok", d["ok"] is True and all(c["ok"] for c in d["checks"]), str(d["checks"]))
 check("warnings have fixes", all(w["fix"] for w in d["warnings"]), str(d["warnings"]))

@@ -2,8 +2,11 @@
 // measured (README, "Your machine"): the capability record (snip/hw/capabilities.h),
 // the LibTorch build, the runtime settings (snip/hw/platform.h), the CPU
 // support matrix with a measured GEMM throughput (GFLOP/s) per precision at
-// the tiny model's shape, the GPU matrix, warnings with their fix, and the
-// checks that decide whether the main job can run here.
+// the tiny model's shape, the GPU it finds measured (src/app/doctor_gpu.h:
+// devices, versions, BF16 and FP8 TFLOP/s, each recipe's path) or why none
+// is usable, the GPU matrix as a reference by compute capability, warnings
+// with their fix, and the checks that decide whether the main job can run
+// here.
 #pragma once
 
 #include <string>
