@@ -48,7 +48,7 @@ function(snip_reuse_torch_pch target)
   target_compile_options(${target} PRIVATE -fPIC)
 endfunction()
 snip_torch_library(snip_model model ${TORCH_LIBRARIES} nlohmann_json::nlohmann_json spdlog::spdlog
-                   OpenMP::OpenMP_CXX ZLIB::ZLIB ${SNIP_OPENBLAS_LIBRARY} ${SNIP_TORCH_BELOW})
+                   OpenMP::OpenMP_CXX ZLIB::ZLIB ${SNIP_OPENBLAS_LIBRARY} ${SNIP_TORCH_BELOW} snip_formats_cuda)
 snip_torch_library(snip_dist dist snip_model)
 snip_torch_library(snip_method method snip_dist)
 snip_torch_library(snip_train train snip_method)

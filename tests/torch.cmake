@@ -33,3 +33,9 @@ add_test(NAME bf16_emulated
          COMMAND test_torch --gtest_filter=Bf16Gemm.*:QuantLinear.*:Llama*:Reference.*:Trainer.LossDecreasesOnRealText:Trainer.ResumeIsExact:QuantTraining.*)
 set_tests_properties(bf16_emulated PROPERTIES ENVIRONMENT SNIP_BF16_GEMM=emulated LABELS bf16-emulated
                      FIXTURES_REQUIRED "llama_ref;kjv512" TIMEOUT 900)
+
+# The trainer's GPU path (label cuda, run by scripts/gpu_check.sh on a lent
+# device): the recipe quantizers on CUDA tensors against the CPU. The same
+# cases are discovered above too and skip there without a GPU.
+add_test(NAME cuda_quantizers COMMAND test_torch --gtest_filter=CudaQuantizers.*)
+set_tests_properties(cuda_quantizers PROPERTIES LABELS cuda TIMEOUT 600)

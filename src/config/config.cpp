@@ -254,6 +254,10 @@ std::vector<OptionSpec> make_table() {
       choice("train.gemm_backend", &RunConfig::train, &TrainConfig::gemm_backend, kGemmBackendNames,
              "how BF16 GEMMs run: native (LibTorch's BF16 kernel), emulated (FP32 GEMM on BF16-rounded "
              "operands, same numerics), auto (native where it accumulates in FP32; `snip doctor` shows it)"),
+      field("train.device", &RunConfig::train, &TrainConfig::device, "",
+            "where training runs: auto (CUDA device 0 when LibTorch sees one and the run is one process, else "
+            "the CPU), cpu, or cuda; docs/gpu.md")
+          .words({"auto", "cpu", "cuda"}),
       field("train.eval_interval", &RunConfig::train, &TrainConfig::eval_interval, "steps",
             "evaluate every N steps (and at the end)")
           .in(positive),

@@ -217,8 +217,11 @@ torch::Tensor QuantLinearImpl::forward(const torch::Tensor& x) {
       const uint64_t k = key_base.seed * 0x9E3779B97F4A7C15ull ^ uint64_t(key_base.step) * 0xBF58476D1CE4E5B9ull ^
                          uint64_t(layer_index) * 0x94D049BB133111EBull ^ uint64_t(dropout_calls_++);
       auto gen = at::make_generator<at::CPUGeneratorImpl>(k);
+      // Drawn on the host (the same masks on CPU and GPU), then moved to x's device.
       const torch::Tensor keep =
-          at::bernoulli(torch::full_like(x2, 1.0 - lora_dropout), gen).div_(1.0 - lora_dropout);
+          at::bernoulli(torch::full(x2.sizes(), 1.0 - lora_dropout, x2.options().device(torch::kCPU)), gen)
+              .div_(1.0 - lora_dropout)
+              .to(x2.device());
       xa = x2 * keep;
     }
     y = y + torch::mm(torch::mm(xa, lora_A.t()), lora_B.t()).mul(lora_scale);
@@ -238,8 +241,9 @@ void QuantLinearImpl::add_lora(const torch::Tensor& a, const torch::Tensor& b, d
   lora_dropout = dropout;
   auto ma = std::make_shared<torch::nn::Module>();
   auto mb = std::make_shared<torch::nn::Module>();
-  lora_A = ma->register_parameter("weight", a.detach().to(torch::kFloat).clone());
-  lora_B = mb->register_parameter("weight", b.detach().to(torch::kFloat).clone());
+  // On the layer's device (train.device; model/device.h).
+  lora_A = ma->register_parameter("weight", a.detach().to(weight.device(), torch::kFloat).clone());
+  lora_B = mb->register_parameter("weight", b.detach().to(weight.device(), torch::kFloat).clone());
   register_module("lora_A", ma);
   register_module("lora_B", mb);
 }

@@ -15,13 +15,13 @@ namespace snip {
 // ----------------------------------------------------------------- modules --
 
 std::pair<torch::Tensor, torch::Tensor> rope_tables(int64_t T, int64_t hd, double theta,
-                                                    at::ScalarType dtype) {
+                                                    at::ScalarType dtype, const torch::Device& device) {
   auto opts = torch::TensorOptions().dtype(torch::kDouble);
   // inv_freq[i] = θ^(-2i/HD), i = 0..HD/2-1
   torch::Tensor inv_freq = 1.0 / torch::pow(theta, torch::arange(0, hd, 2, opts) / double(hd));
   torch::Tensor freqs = torch::outer(torch::arange(T, opts), inv_freq);  // [T, HD/2]
   torch::Tensor emb = torch::cat({freqs, freqs}, -1);                    // [T, HD]
-  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+  return {emb.cos().to(device, dtype), emb.sin().to(device, dtype)};
 }
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
@@ -116,7 +116,7 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& ids) {
   if (T > cfg.max_position_embeddings)
     fail("sequence length ", T, " exceeds max_position_embeddings ", cfg.max_position_embeddings);
   torch::Tensor h = embed_tokens(ids);  // [B, T, C]
-  auto [cos, sin] = rope_tables(T, cfg.head_dim(), cfg.rope_theta, h.scalar_type());
+  auto [cos, sin] = rope_tables(T, cfg.head_dim(), cfg.rope_theta, h.scalar_type(), h.device());
   for (const auto& layer : *layers) h = layer->as<DecoderLayer>()->forward(h, cos, sin);
   return norm(h);
 }
@@ -148,7 +148,7 @@ torch::Tensor LlamaForCausalLMImpl::forward_stage(const torch::Tensor& x, int64_
   if (T > cfg.max_position_embeddings)
     fail("sequence length ", T, " exceeds max_position_embeddings ", cfg.max_position_embeddings);
   torch::Tensor h = embed ? model->embed_tokens(x) : x;  // [B, T, C]
-  auto [cos, sin] = rope_tables(T, cfg.head_dim(), cfg.rope_theta, h.scalar_type());
+  auto [cos, sin] = rope_tables(T, cfg.head_dim(), cfg.rope_theta, h.scalar_type(), h.device());
   for (int64_t i = first; i < end; ++i) h = model->layers->ptr(i)->as<DecoderLayer>()->forward(h, cos, sin);
   if (!head) return h;
   h = model->norm(h);

@@ -1,6 +1,8 @@
 // SNIP-LoRA: adapters, the frozen packed base, PEFT files (see lora.h).
 #include "snip/model/lora.h"
 
+#include "snip/model/device.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
@@ -75,6 +77,7 @@ int64_t FrozenWeight::Stored::bytes() const {
 
 torch::Tensor FrozenWeight::Stored::decode() const {
   if (bits == 0) return plain.to(torch::kFloat);
+  // Codes and scales live on the host; the operand goes where training runs (model/device.h).
   torch::Tensor out = torch::empty({rows, cols}, torch::kFloat);
   float* o = out.data_ptr<float>();
   const uint32_t nan_bits = 0x7FC00000u;  // formats::dequantize's canonical NaN
@@ -93,7 +96,7 @@ torch::Tensor FrozenWeight::Stored::decode() const {
       o[i] = (std::isnan(e) || std::isnan(d)) ? nan : e * d;
     }
   }
-  return out;
+  return out.to(compute_device());
 }
 
 torch::Tensor FrozenWeight::operand(Operand op) const {
@@ -161,7 +164,7 @@ void load_base_weight(QuantLinearImpl& l, const io::SafeTensors& st, const std::
   torch::Tensor t = torch::empty({l.out_features, l.in_features}, torch::kFloat);
   std::memcpy(t.data_ptr<float>(), v.data(), v.size() * sizeof(float));
   torch::NoGradGuard ng;
-  l.weight.set_(t);
+  l.weight.set_(t.to(compute_device()));
 }
 
 }  // namespace

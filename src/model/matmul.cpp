@@ -44,7 +44,9 @@ torch::Tensor round_bf16_raw(const torch::Tensor& t) {
   return out;
 }
 
-bool dense(const torch::Tensor& t) { return t.is_non_overlapping_and_dense(); }
+// Dense host memory: what formats::round_to_bf16's pointer pass reads (a
+// CUDA tensor takes the casts, which round the same way: RNE).
+bool dense(const torch::Tensor& t) { return t.device().is_cpu() && t.is_non_overlapping_and_dense(); }
 
 // The rounding as an autograd function with the derivative of the cast pair
 // it replaces: .to(BF16).to(FP32) passes the gradient back through the same
@@ -121,8 +123,22 @@ std::string g_reason;
 
 }  // namespace
 
-void set_bf16_gemm_backend(GemmBackend b) {
-  BackendChoice c = resolve(b);
+void set_bf16_gemm_backend(GemmBackend b, bool on_cuda) {
+  BackendChoice c;
+  if (on_cuda) {
+    // cuBLAS's BF16 GEMMs accumulate in FP32; LibTorch lets them reduce
+    // split-K partial sums in BF16 unless told not to (PyTorch's
+    // allow_bf16_reduced_precision_reduction): off, so one rounding per output.
+    at::globalContext().setAllowBF16ReductionCuBLAS(false);
+    if (b == GemmBackend::kEmulated)
+      c = {false, "train.gemm_backend = emulated (FP32 GEMMs on BF16-rounded operands, on the GPU)"};
+    else
+      c = {true, b == GemmBackend::kNative ? "train.gemm_backend = native"
+                                            : "auto: train.device = cuda: cuBLAS BF16 GEMMs with FP32 accumulation "
+                                              "(reduced-precision reductions off)"};
+  } else {
+    c = resolve(b);
+  }
   std::lock_guard<std::mutex> lk(g_backend_mu);
   g_reason = c.reason;
   g_native.store(c.native ? 1 : 0);

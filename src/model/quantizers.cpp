@@ -4,8 +4,12 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
+
+#include <spdlog/spdlog.h>
 
 #include "snip/formats/fake_quant.h"
+#include "snip/formats/fake_quant_cuda.h"
 #include "snip/formats/hadamard.h"
 #include "snip/formats/scaling.h"
 #include "snip/model/matmul.h"
@@ -69,10 +73,10 @@ class RecipeQuantizer final : public OperandQuantizer {
 
   torch::Tensor quantize(const torch::Tensor& t, const QuantKey& key) const override {
     TORCH_CHECK(t.dim() == 2, "quantize: expected [rows, K], got ", t.sizes());
-    // The kernels read host memory through raw pointers.
+    if (t.is_cuda()) return quantize_cuda(t, key);
+    // The CPU kernels read host memory through raw pointers.
     if (!t.device().is_cpu())
-      fail("quantizer ", recipe_.name, ": ", t.device().str(), " tensors are not supported yet (the kernels run "
-           "on CPU; CUDA kernels are not built)");
+      fail("quantizer ", recipe_.name, ": ", t.device().str(), " tensors are not supported (CPU and CUDA only)");
     const torch::Tensor in = t.to(torch::kFloat).contiguous();  // [rows, K]
     const bool weight = key.operand == Operand::kFpropW || key.operand == Operand::kDgradW;
     const torch::Tensor out = recipe_.error_feedback && weight ? quantize_weight_ef(in, key) : quantize_plain(in, key);
@@ -95,8 +99,8 @@ class RecipeQuantizer final : public OperandQuantizer {
         spec.rounding != formats::Rounding::kRNE || spec.hadamard_size != 0 || spec.is_bf16_passthrough() ||
         spec.element.bits > 8)
       return std::nullopt;
-    TORCH_CHECK(t.dim() == 2 && t.device().is_cpu(), "quantize_packed: expected a CPU [rows, K] tensor, got ", t.sizes());
-    const torch::Tensor in = t.to(torch::kFloat).contiguous();
+    TORCH_CHECK(t.dim() == 2, "quantize_packed: expected a [rows, K] tensor, got ", t.sizes());
+    const torch::Tensor in = t.to(torch::kCPU, torch::kFloat).contiguous();  // packed codes live on the host
     formats::RoundingKey rk{key.seed, uint64_t(key.step), uint64_t(key.layer), uint32_t(key.operand)};
     return formats::quantize_packed(in.data_ptr<float>(), in.size(0), in.size(1), spec, rk);
   }
@@ -214,6 +218,48 @@ class RecipeQuantizer final : public OperandQuantizer {
   }
 
  private:
+  // t: [rows, K] on a CUDA device -> Q(t) there, in t's dtype, the CPU's bits.
+  // The CUDA kernels (formats/fake_quant_cuda.h) take what they cover; the
+  // rest (delayed scaling and error feedback, whose state lives in host
+  // objects; the Hadamard transform; BF16/integer/posit elements) goes
+  // through the host codec: copied to the CPU, quantized, copied back, one
+  // warning per recipe and operand naming why. The per-step error
+  // (QuantKey::errors) is summed on the device in FP64, not in the CPU's
+  // lane order: the same value up to summation order.
+  torch::Tensor quantize_cuda(const torch::Tensor& t, const QuantKey& key) const {
+    const bool weight = key.operand == Operand::kFpropW || key.operand == Operand::kDgradW;
+    const formats::QuantSpec& spec = recipe_.operands[size_t(key.operand)];
+    std::string why;
+    if (recipe_.error_feedback && weight) why = "error feedback keeps its residual on the host";
+    else if (!formats::cuda::supported(spec, &why) && why.empty()) why = "not covered by the CUDA kernels";
+    if (!why.empty()) {
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        if (host_warned_.insert(int(key.operand)).second)
+          spdlog::warn("quantizer {}: {} runs on the host codec (copied off the GPU and back): {}", recipe_.name,
+                       operand_name(key.operand), why);
+      }
+      return quantize(t.to(torch::kCPU), key).to(t.device());
+    }
+    const c10::DeviceGuard dg(t.device());
+    const torch::Tensor in = t.to(torch::kFloat).contiguous();  // [rows, K]
+    torch::Tensor out = torch::empty_like(in);
+    const formats::RoundingKey rk{key.seed, uint64_t(key.step), uint64_t(key.layer), uint32_t(key.operand)};
+    formats::cuda::fake_quantize_device(in.data_ptr<float>(), out.data_ptr<float>(), in.size(0), in.size(1), spec,
+                                        rk);
+    if (key.errors && !QuantStateFreeze::active()) {
+      // ErrorNorms' definition: finite inputs only; a NaN output of one makes the error NaN.
+      const torch::Tensor fin = torch::isfinite(in), x = in.to(torch::kDouble);
+      const torch::Tensor zero = torch::zeros({}, x.options());
+      formats::ErrorNorms n;
+      n.sum_sq_err = torch::where(fin, (out.to(torch::kDouble) - x).square(), zero).sum().item<double>();
+      n.sum_sq_ref = torch::where(fin, x.square(), zero).sum().item<double>();
+      n.calls = 1;
+      key.errors->add(key.operand, n);
+    }
+    return out.to(t.scalar_type());
+  }
+
   // in: [rows, K] FP32 contiguous -> Q(in) by the spec of key.operand (its
   // delayed-scaling state recorded unless a QuantStateFreeze is active).
   torch::Tensor quantize_plain(const torch::Tensor& in, const QuantKey& key) const {
@@ -316,6 +362,7 @@ class RecipeQuantizer final : public OperandQuantizer {
   mutable std::map<std::pair<int64_t, int>, formats::DelayedScaling> delayed_;
   mutable std::mutex ef_mu_;                       // taken before mu_ when both are held
   mutable std::map<int64_t, Residual> residual_;   // by layer index
+  mutable std::set<int> host_warned_;             // operands warned about the host codec on CUDA (under mu_)
 };
 
 }  // namespace

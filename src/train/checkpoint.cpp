@@ -304,7 +304,7 @@ io::SafeTensors trainable_safetensors(LlamaForCausalLM& model) {
   st.metadata["format"] = "pt";
   for (const auto& p : model->named_parameters(/*recurse=*/true)) {
     if (!p.value().requires_grad()) continue;
-    const torch::Tensor c = p.value().detach().to(torch::kFloat).contiguous();
+    const torch::Tensor c = p.value().detach().to(torch::kCPU, torch::kFloat).contiguous();
     st.add(p.key(), io::DType::F32, c.sizes().vec(), c.data_ptr());
   }
   return st;
@@ -354,7 +354,9 @@ void load_optimizer_state(torch::optim::Optimizer& opt, const std::string& bytes
   try {
     std::istringstream is(bytes);
     torch::serialize::InputArchive a;
-    a.load_from(is);
+    // AdamW's moments onto the parameters' device: a run resumes across CPU and GPU.
+    const auto& ps = opt.param_groups().front().params();
+    a.load_from(is, ps.empty() ? std::optional<torch::Device>() : ps.front().device());
     opt.load(a);
   } catch (const c10::Error& e) {
     fail("checkpoint ", what, ": cannot be loaded: ", e.what_without_backtrace());

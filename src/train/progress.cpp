@@ -169,6 +169,7 @@ TrainSummary Progress::summarize(const History& h, const Checkpointer& ck, int64
             {"vocab_size", s.mcfg.vocab_size}, {"ln_vocab", std::log(double(s.mcfg.vocab_size))},
             {"parameters", s.mcfg.num_parameters()}, {"policy", s.ctl->policy()},
             {"gemm_dtype", tc.gemm_bf16 ? "bf16" : "fp32"}, {"elapsed_s", sum.seconds},
+            {"device", s.device.str()}, {"device_reason", s.device_reason},
             {"tokens_total", sum.tokens}, {"resumed_at", s.resumed_at}, {"world_size", s.R},
             {"zero_stage", s.zero_stage}, {"memory_per_rank", memory_per_rank_},
             {"pipeline", s.stages ? s.stages->summary() : json(nullptr)},

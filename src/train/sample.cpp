@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "snip/core/error.h"
+#include "snip/model/device.h"
 
 namespace snip {
 
@@ -22,7 +23,9 @@ std::vector<int32_t> sample(LlamaForCausalLM& model, const std::vector<int32_t>&
     const int64_t start = std::max<int64_t>(0, int64_t(ids.size()) - ctx);
     const torch::Tensor in =
         torch::tensor(std::vector<int64_t>(ids.begin() + start, ids.end()), torch::kLong).unsqueeze(0);  // [1, T]
-    torch::Tensor logits = model(in).select(1, in.size(1) - 1).squeeze(0).to(torch::kFloat);             // [V]
+    // On the model's device; the logits back on the host for the CPU generator.
+    torch::Tensor logits = model(in.to(compute_device())).select(1, in.size(1) - 1).squeeze(0).to(torch::kCPU,
+                                                                                                    torch::kFloat);  // [V]
     if (o.vocab_limit > 0 && o.vocab_limit < V) logits = logits.slice(0, 0, o.vocab_limit);              // [vocab_limit]
     int64_t next;
     if (o.temperature == 0) {

@@ -133,6 +133,8 @@ struct TrainSession {
   dist::GradComm gcomm{dist::GradCompressor(), {}};
   bool keeps_residuals = false;  ///< error-feedback residuals travel in checkpoints
   int zero_stage = 0;            ///< in force (0 in one process or under stages)
+  torch::Device device = torch::kCPU;  ///< train.device resolved (model/device.h)
+  std::string device_reason;           ///< why, one line (the run's log and summary)
 
   // ---- data
   std::filesystem::path data_dir;

@@ -11,6 +11,7 @@
 #include "snip/io/json.h"
 #include "snip/io/safetensors.h"
 #include "snip/model/blas.h"
+#include "snip/model/device.h"
 #include "snip/model/matmul.h"
 #include "snip/train/memory.h"
 #include "snip/train/optimizer.h"
@@ -98,6 +99,11 @@ void make_model(TrainSession& s) {
   set_threads(tc.threads > 0 || s.world.local_size <= 1
                   ? tc.threads
                   : std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency()) / s.world.local_size));
+  // Where training runs: parameters, optimizer state and batches (model/device.h).
+  const DeviceChoice dev = resolve_train_device(tc.device, s.R);
+  s.device = dev.device;
+  s.device_reason = dev.reason;
+  set_compute_device(s.device);
   torch::manual_seed(s.seed);
   s.mcfg = LlamaConfig::from_run_config(s.rc.model, s.loader->vocab_size());
   // This machine's ranks share its memory; ZeRO shards the AdamW state (and the gradients at stage 2).
@@ -113,7 +119,7 @@ void make_model(TrainSession& s) {
                                                       s.init->config.tie_word_embeddings))
       s.init_notes.push_back(std::move(n));
   }
-  s.gemm = prepare_model(s.model, tc);
+  s.gemm = prepare_model(s.model, tc, s.device);  // on the device before the optimizer sees the parameters
   s.optimizer = make_optimizer(s.model, tc);
   // ZeRO: this rank's AdamW holds the parameters it owns, nothing else.
   if (s.zero_stage > 0) {

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "snip/dist/grad_reducer.h"
+#include "snip/model/device.h"
 #include "snip/dist/zero.h"
 #include "snip/method/nonfinite.h"
 #include "snip/train/optimizer.h"
@@ -17,7 +18,7 @@
 namespace snip {
 
 torch::Tensor to_ids(const std::vector<int32_t>& ids, int64_t B, int64_t T) {
-  return torch::from_blob(const_cast<int32_t*>(ids.data()), {B, T}, torch::kInt).to(torch::kLong);
+  return torch::from_blob(const_cast<int32_t*>(ids.data()), {B, T}, torch::kInt).to(compute_device(), torch::kLong);
 }
 
 void clear_operand_errors(const std::vector<QuantLinear>& layers) {

@@ -26,9 +26,10 @@ void set_threads(int64_t threads) {
 
 at::ScalarType gemm_dtype_of(const TrainConfig& t) { return t.gemm_bf16 ? at::kBFloat16 : at::kFloat; }
 
-at::ScalarType prepare_model(LlamaForCausalLM& model, const TrainConfig& t) {
+at::ScalarType prepare_model(LlamaForCausalLM& model, const TrainConfig& t, const torch::Device& device) {
   const at::ScalarType gemm = gemm_dtype_of(t);
-  set_bf16_gemm_backend(t.gemm_backend);
+  if (!device.is_cpu()) model->to(device);
+  set_bf16_gemm_backend(t.gemm_backend, device.is_cuda());
   model->set_precision(LinearPrecision{nullptr, gemm});
   model->set_non_linear_gemm_dtype(gemm);
   return gemm;

@@ -192,17 +192,17 @@ TEST(QuantLinear, BackwardUsesThePrecisionOfItsForward) {
   EXPECT_TRUE(torch::equal(a->weight.grad(), b->weight.grad()));
 }
 
-TEST(QuantLinear, QuantizerRefusesTensorsOffTheCpu) {
-  // The kernels read host memory through raw pointers: a tensor elsewhere is a
-  // clear error, not a read of a device address. (A meta tensor stands in for
-  // a CUDA one on machines without a GPU.)
+TEST(QuantLinear, QuantizerRefusesTensorsOffTheCpuAndCuda) {
+  // The CPU kernels read host memory through raw pointers and CUDA tensors go
+  // to the CUDA kernels (test_cuda_quantizers.cpp): a tensor on any other
+  // device is a clear error, not a read of a device address.
   const auto q = make_recipe_quantizer(recipes::RecipeSet(), "fp4");
   const torch::Tensor t = torch::empty({4, 32}, torch::TensorOptions().device(torch::kMeta));
   try {
     q->quantize(t, QuantKey{});
     ADD_FAILURE() << "expected UserError";
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("quantizer fp4: meta tensors are not supported yet"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("quantizer fp4: meta tensors are not supported (CPU and CUDA only)"), std::string::npos)
         << e.what();
   }
 }

@@ -32,8 +32,9 @@ namespace snip::formats::cuda {
 
 /// CUDA devices this process sees: 0 when the driver is missing or too old
 /// for the CUDA 13 runtime, or no device is present; `why` (if given) then
-/// says which, in one line. (Declared only in builds with the CUDA kernels:
-/// snip_formats_cuda, SNIP_WITH_CUDA.)
+/// says which, in one line. (snip_formats_cuda; in a build without nvcc,
+/// src/formats/fake_quant_nocuda.cpp: 0 devices, nothing supported, and
+/// the fake_quantize functions throw std::runtime_error saying so.)
 int device_count(std::string* why = nullptr);
 
 /// Whether fake_quantize below covers `spec` (validated first); when not,

@@ -133,8 +133,9 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
 TORCH_MODULE(LlamaForCausalLM);
 
 /// RoPE tables for positions 0..T-1: returns {cos, sin}, each [T, HD], in
-/// `dtype`, HF's cat(freqs, freqs) layout.
+/// `dtype` on `device` (computed in FP64 on the host), HF's cat(freqs, freqs)
+/// layout.
 std::pair<torch::Tensor, torch::Tensor> rope_tables(int64_t T, int64_t head_dim, double theta,
-                                                    at::ScalarType dtype);
+                                                    at::ScalarType dtype, const torch::Device& device = torch::kCPU);
 
 }  // namespace snip

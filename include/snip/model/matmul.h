@@ -37,7 +37,11 @@ namespace snip {
 /// allowed (it is slow and inexact there: snip doctor warns). Throws
 /// snip::UserError when SNIP_BF16_GEMM is set to anything else (kAuto only;
 /// native_bf16_gemm() resolves kAuto the same way on first use).
-void set_bf16_gemm_backend(GemmBackend b);
+/// on_cuda (train.device = cuda): kAuto is native without a probe (cuBLAS
+/// accumulates BF16 GEMMs in FP32), SNIP_BF16_GEMM is not read, and
+/// LibTorch's reduced-precision BF16 split-K reductions are turned off for
+/// the process (at::Context::setAllowBF16ReductionCuBLAS(false)).
+void set_bf16_gemm_backend(GemmBackend b, bool on_cuda = false);
 
 /// True when LibTorch's own BF16 matmul accumulates in FP32 on this machine:
 /// a probe, run once per process (a [16, 4096] x [4096, 16] product of fixed

@@ -68,7 +68,8 @@ struct ZeroPartition;  // snip/dist/zero.h
 
 namespace snip {
 
-/// Token ids [B*T] (int32, row-major) -> [B, T] int64 tensor (a copy).
+/// Token ids [B*T] (int32, row-major) -> [B, T] int64 tensor (a copy) on
+/// compute_device() (train.device; model/device.h).
 torch::Tensor to_ids(const std::vector<int32_t>& ids, int64_t B, int64_t T);
 
 /// What one step reads and changes. References, not owners.

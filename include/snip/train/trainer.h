@@ -139,8 +139,11 @@ at::ScalarType gemm_dtype_of(const TrainConfig& t);
 /// GEMM backend set from train.gemm_backend (model/matmul.h), every linear
 /// layer unquantized with its GEMMs in train.gemm_dtype, the non-linear GEMMs
 /// (attention, lm_head) in it too. Returns that dtype (gemm_dtype_of). Throws
-/// UserError for a bad SNIP_BF16_GEMM (set_bf16_gemm_backend).
-at::ScalarType prepare_model(LlamaForCausalLM& model, const TrainConfig& t);
+/// UserError for a bad SNIP_BF16_GEMM (set_bf16_gemm_backend). The model
+/// is moved to `device` first (train.device resolved: model/device.h); on a
+/// CUDA device BF16 GEMMs run natively (cuBLAS, FP32 accumulation).
+at::ScalarType prepare_model(LlamaForCausalLM& model, const TrainConfig& t,
+                             const torch::Device& device = torch::kCPU);
 
 /// How much of a validation shard an evaluate() call read.
 struct EvalCoverage {

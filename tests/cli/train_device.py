@@ -1,0 +1,128 @@
+"""train.device (docs/gpu.md "Training on a GPU").
+
+Every machine (`train_device.py SNIP DATA`):
+  - train.device = cuda where LibTorch sees no CUDA device: exit 2, one line
+    naming train.device and why, no run folder left behind;
+  - train.device = auto there trains on the CPU and says why (log line,
+    summary.json "device" = "cpu" with its reason);
+  - a word other than auto/cpu/cuda: exit 2, one line.
+
+With a GPU (`train_device.py SNIP DATA --gpu`, CTest label cuda; exit 77 =
+skipped, with the reason, where there is none; SNIP_REQUIRE_CUDA=1 makes a
+missing device fail instead):
+  - the same micro run (the snip policy: FP4/FP8 layers, the stats step, the
+    controller) on the CPU and on cuda: summary.json says cuda; the first
+    step's loss agrees to 1e-3 (same weights and batch: the GEMMs differ
+    only in summation order) and the last step's to 5%; FP4 shares equal;
+  - the cuda run's step-10 checkpoint resumes on the CPU and ends (a
+    checkpoint moves across devices), and a CPU checkpoint resumes on cuda.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from clitest import Checks, micro_toml  # noqa: E402
+
+snip, data = sys.argv[1], sys.argv[2]
+gpu = "--gpu" in sys.argv[3:]
+c = Checks(snip)
+tmp = tempfile.mkdtemp(prefix="snip-train-device-")
+
+
+def has_cuda():
+    """(True, "") when snip sees a CUDA device, else (False, why)."""
+    rc, out, err = c.run(["doctor", "--json"], timeout=300)
+    try:
+        g = json.loads(out).get("gpu") or {}
+    except ValueError:
+        return False, f"snip doctor --json failed (exit {rc}): {err.strip()[-300:]}"
+    if g.get("present"):
+        return True, ""
+    return False, g.get("reason") or "snip doctor found no GPU"
+
+
+def train(run, device, extra=(), timeout=600):
+    return c.run(["train", "--config", cfg, "--run-dir", run, "--set", f"train.device={device}"] + list(extra),
+                 timeout=timeout)
+
+
+def metrics(run):
+    with open(os.path.join(run, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def summary(run):
+    with open(os.path.join(run, "summary.json")) as f:
+        return json.load(f)
+
+
+try:
+    cfg = os.path.join(tmp, "micro.toml")
+    micro_toml(cfg, data, "max_steps = 20\neval_interval = 10\ncheckpoint_interval = 10\nkeep_checkpoints = 4\n"
+               "[precision]\npolicy = \"snip\"\nbudget = 0.5\nwarmup_steps = 4\ninitial_interval = 8\n"
+               "[monitor]\nlisten = \"\"")
+    present, why = has_cuda()
+    if not gpu:
+        if present:
+            print("note: a CUDA device is present: the error case for train.device = cuda is not checked here")
+        else:
+            c.expect_error("cuda without a device", ["train", "--config", cfg, "--run-dir", os.path.join(tmp, "x"),
+                                                     "--set", "train.device=cuda"], "train.device = cuda",
+                           absent=os.path.join(tmp, "x"))
+            run = os.path.join(tmp, "auto")
+            rc, out, err = train(run, "auto")
+            c.check(rc == 0, "auto trains", err[-1500:])
+            c.check("device: cpu (train.device = auto; auto: " in err + out, "auto says what it chose",
+                    (err + out)[-1500:])
+            if rc == 0:
+                s = summary(run)
+                c.check(s.get("device") == "cpu" and s.get("device_reason", "").startswith("auto: "),
+                        "summary.json device", json.dumps({k: s.get(k) for k in ("device", "device_reason")}))
+        c.expect_error("another word", ["train", "--config", cfg, "--run-dir", os.path.join(tmp, "y"),
+                                        "--set", "train.device=gpu"], "expected auto, cpu or cuda",
+                       absent=os.path.join(tmp, "y"))
+        c.finish()
+
+    if not present:
+        if os.environ.get("SNIP_REQUIRE_CUDA") == "1":
+            print(f"FAIL: SNIP_REQUIRE_CUDA=1 but {why}", file=sys.stderr)
+            sys.exit(1)
+        print(f"skipped: {why}")
+        sys.exit(77)
+
+    runs = {}
+    for dev in ("cpu", "cuda"):
+        runs[dev] = os.path.join(tmp, dev)
+        rc, out, err = train(runs[dev], dev)
+        c.check(rc == 0, f"{dev} run ends", err[-3000:])
+    if all(os.path.exists(os.path.join(r, "summary.json")) for r in runs.values()):
+        c.check(summary(runs["cuda"]).get("device", "").startswith("cuda"), "summary.json device cuda",
+                summary(runs["cuda"]).get("device"))
+        m_cpu, m_gpu = metrics(runs["cpu"]), metrics(runs["cuda"])
+        c.check(len(m_cpu) == len(m_gpu) == 20, "20 steps each", f"{len(m_cpu)} / {len(m_gpu)}")
+        l0c, l0g = m_cpu[0]["loss"], m_gpu[0]["loss"]
+        c.check(abs(l0c - l0g) <= 1e-3 * abs(l0c), "step 1 loss cpu ~ cuda", f"{l0c} vs {l0g}")
+        lc, lg = m_cpu[-1]["loss"], m_gpu[-1]["loss"]
+        c.check(abs(lc - lg) <= 0.05 * abs(lc), "step 20 loss cpu ~ cuda (5%)", f"{lc} vs {lg}")
+        c.check([r.get("fp4_share") for r in m_cpu] == [r.get("fp4_share") for r in m_gpu], "FP4 shares equal",
+                f"{[r.get('fp4_share') for r in m_cpu]} vs {[r.get('fp4_share') for r in m_gpu]}")
+    # Across devices: each run's step-10 checkpoint resumes on the other device.
+    for src, dst in (("cuda", "cpu"), ("cpu", "cuda")):
+        run = os.path.join(tmp, f"{src}-to-{dst}")
+        shutil.copytree(runs[src], run)
+        shutil.rmtree(os.path.join(run, "checkpoints", "step-20"), ignore_errors=True)
+        for n in ("summary.json",):
+            if os.path.exists(os.path.join(run, n)):
+                os.remove(os.path.join(run, n))
+        rc, out, err = train(run, dst, ["--resume"])
+        c.check(rc == 0, f"{src} checkpoint resumes on {dst}", err[-3000:])
+        if rc == 0:
+            c.check(summary(run).get("device", "").startswith(dst), f"{src} -> {dst}: runs on {dst}",
+                    summary(run).get("device"))
+    c.finish()
+finally:
+    shutil.rmtree(tmp, ignore_errors=True)
