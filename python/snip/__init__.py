@@ -27,7 +27,8 @@ OPERANDS = ("fprop.x", "fprop.w", "dgrad.dy", "dgrad.w", "wgrad.dy", "wgrad.x")
 
 
 def fake_quant(x, recipe, operand="fprop.x", *, seed=0, step=0, layer=0):
-    """Quantizes ``x`` [..., K] (float32 or float64, CPU) along its last
+    """Quantizes ``x`` [..., K] (float32 or float64, on the CPU or a CUDA
+    device: the same bits, docs/gpu.md) along its last
     dimension K with ``recipe``'s spec for ``operand`` (one of
     snip.OPERANDS; blocks run along K, as the GEMM's reduction dimension) and
     dequantizes it: a tensor of x's shape and dtype holding exactly the values
@@ -35,11 +36,11 @@ def fake_quant(x, recipe, operand="fprop.x", *, seed=0, step=0, layer=0):
     ``layer`` key stochastic rounding (integers >= 0).
 
     Raises snip.RecipeError (unknown recipe or operand, dtype, shape),
-    snip.DeviceError (not on the CPU). Source: src/python/ops.cpp
-    (formats/fake_quant.h).
+    snip.DeviceError (neither on the CPU nor on a CUDA device). Source:
+    src/python/ops.cpp (formats/fake_quant.h, formats/fake_quant_cuda.h).
     """
     _ops.check_tensor(x)
-    _ops.check_device(x)
+    _ops.check_device(x, cuda=True)
     return _ops.call(_ops.ops.fake_quant, x, _recipe_arg(recipe), operand, int(seed), int(step), int(layer))
 
 

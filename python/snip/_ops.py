@@ -66,14 +66,18 @@ def check_tensor(x, what="x"):
         raise RecipeError(f"{what}: expected a torch.Tensor, got {type(x).__name__}")
 
 
-def check_device(*tensors):
-    """Raises snip.DeviceError for a tensor that is not on the CPU."""
+def check_device(*tensors, cuda=False):
+    """Raises snip.DeviceError for a tensor on a device the operator has no
+    kernel for (the CPU always; CUDA when ``cuda``: fake_quant and the
+    linear layer), or for tensors on different devices."""
+    devices = {t.device for t in tensors}
     for t in tensors:
-        if t.device.type != "cpu":
-            raise DeviceError(
-                f"snip: tensor on {t.device}: the snip operators have CPU kernels only today (the GPU path is "
-                "being built); move the model and inputs to the CPU"
-            )
+        if t.device.type == "cpu" or (cuda and t.device.type == "cuda"):
+            continue
+        where = "the CPU and CUDA" if cuda else "the CPU only (packed codes and scales live on the host)"
+        raise DeviceError(f"snip: tensor on {t.device}: this snip operator has kernels for {where}; move it there")
+    if len(devices) > 1:
+        raise DeviceError(f"snip: tensors on {', '.join(sorted(str(d) for d in devices))}: expected one device")
 
 
 @torch.library.register_fake("snip::fake_quant")

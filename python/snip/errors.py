@@ -16,7 +16,8 @@ class RecipeError(Error, ValueError):
 
 
 class DeviceError(Error, RuntimeError):
-    """A tensor on a device snip has no kernel for (CPU only today)."""
+    """A tensor on a device snip has no kernel for (fake_quant and snip.nn.Linear:
+    CPU and CUDA; quantize/dequantize: CPU), or tensors on different devices."""
 
 
 class ConvertError(Error, ValueError):

@@ -55,7 +55,8 @@ class Linear(torch.nn.Linear):
     torch.nn.Linear's (``weight`` [OUT, IN], ``bias`` [OUT]).
 
     Raises snip.RecipeError for an unknown or unsupported recipe (at
-    construction), snip.DeviceError for tensors off the CPU.
+    construction), snip.DeviceError for tensors neither on the CPU nor on a CUDA device,
+    or on different devices.
     """
 
     def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, recipe="fp8",
@@ -144,7 +145,7 @@ class Linear(torch.nn.Linear):
 
     def forward(self, x):
         _ops.check_tensor(x)
-        _ops.check_device(x, self.weight)
+        _ops.check_device(x, self.weight, cuda=True)
         if x.dim() < 1 or x.shape[-1] != self.in_features:
             raise _ops.RecipeError(f"snip.nn.Linear: expected input [..., {self.in_features}], got {list(x.shape)}")
         for t, what in ((x, "input"), (self.weight, "weight")):

@@ -143,8 +143,10 @@ void check_float(const torch::Tensor& t, const char* what) {
 }
 
 int64_t step_of(const torch::Tensor& step) {
-  if (step.scalar_type() != at::kLong || step.numel() != 1 || !step.device().is_cpu())
-    fail("step: expected a one-element int64 CPU tensor, got ", c10::toString(step.scalar_type()), " ", step.sizes());
+  // On the CPU or beside a CUDA module's weight (snip.nn.Linear's buffer moves with it): item() reads either.
+  if (step.scalar_type() != at::kLong || step.numel() != 1 || !(step.device().is_cpu() || step.is_cuda()))
+    fail("step: expected a one-element int64 tensor on the CPU or a CUDA device, got ",
+         c10::toString(step.scalar_type()), " ", step.sizes(), " on ", step.device().str());
   return step.item<int64_t>();
 }
 
@@ -454,6 +456,16 @@ TORCH_LIBRARY(snip, m) {
   m.def("dequantize(Tensor data, Tensor scales, Tensor block, int rows, int cols, str recipe, str operand) -> Tensor");
   m.def("formats_json() -> str", &snip::formats_json);
   m.def("recipes_json(str recipe_file) -> str", &snip::recipes_json);
+}
+
+// CUDA tensors: the same functions; the recipe quantizers send CUDA operands
+// to the CUDA kernels (formats/fake_quant_cuda.h) with the CPU's bits, and
+// the GEMMs are LibTorch's on the device (docs/gpu.md). quantize/dequantize
+// (packed codes and scales) stay host-only.
+TORCH_LIBRARY_IMPL(snip, CUDA, m) {
+  m.impl("fake_quant", &snip::fake_quant);
+  m.impl("linear_fprop", &snip::linear_fprop_op);
+  m.impl("linear_backward", &snip::linear_backward_op);
 }
 
 TORCH_LIBRARY_IMPL(snip, CPU, m) {

@@ -87,7 +87,12 @@ def test_stochastic_rounding_is_keyed_and_unbiased():
     (lambda: snip.fake_quant(torch.ones(2, 32, dtype=torch.int32), "fp8"), snip.RecipeError, "x: expected a float32"),
     (lambda: snip.fake_quant(torch.ones(2, 32), "fp8_tensor"), snip.RecipeError, "keeps state between calls"),
     (lambda: snip.fake_quant(torch.ones(2, 32), "fp8", seed=-1), snip.RecipeError, "expected integers >= 0"),
-    (lambda: snip.fake_quant(torch.ones(2, 32, device="meta"), "fp8"), snip.DeviceError, "tensor on meta"),
+    (lambda: snip.fake_quant(torch.ones(2, 32, device="meta"), "fp8"), snip.DeviceError,
+     "tensor on meta: this snip operator has kernels for the CPU and CUDA"),
+    (lambda: snip.quantize(torch.ones(2, 32, device="meta"), "fp8"), snip.DeviceError,
+     "kernels for the CPU only (packed codes and scales live on the host)"),
+    (lambda: snip.nn.Linear(32, 8, recipe="fp8")(torch.ones(2, 32, device="meta")), snip.DeviceError,
+     "tensor on meta: this snip operator has kernels for the CPU and CUDA"),
     (lambda: snip.fake_quant(torch.ones(2, 32), 3), snip.RecipeError, "expected a recipe name"),
 ])
 def test_bad_input_is_one_line_of_the_right_class(call, kind, text):
