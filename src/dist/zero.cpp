@@ -290,8 +290,8 @@ void load_optimizer_shards(const std::string& dir, const json& crc, torch::optim
         fail(where, rec->name.substr(name.size() + 1), " holds non-finite values (corrupt)");
     }
     if ((a.exp_avg_sq < 0).any().item<bool>()) fail(where, "exp_avg_sq holds negative values (corrupt)");
-    a.exp_avg = a.exp_avg.to(p.scalar_type());
-    a.exp_avg_sq = a.exp_avg_sq.to(p.scalar_type());
+    a.exp_avg = a.exp_avg.to(p.options());  // the parameter's dtype and device (train.device)
+    a.exp_avg_sq = a.exp_avg_sq.to(p.options());
     set_adam_entry(opt, p, a);
   }
 }

@@ -192,7 +192,7 @@ int FrozenBase::sync(const std::vector<QuantLinear>& layers) {
   }
   torch::NoGradGuard ng;
   for (const auto& l : layers)
-    if (l->frozen && l->weight.numel() != 0) l->weight.set_(torch::empty({0}, torch::kFloat));
+    if (l->frozen && l->weight.numel() != 0) l->weight.set_(torch::empty({0}, l->weight.options()));  // on its device
   return changed;
 }
 
@@ -202,7 +202,7 @@ void FrozenBase::refreeze(QuantLinearImpl& l) {
   QuantKey key = l.key_base;
   key.layer = l.layer_index;
   l.frozen = freeze_weight(l.weight.detach(), l.precision, key);
-  if (pack_ && l.frozen) l.weight.set_(torch::empty({0}, torch::kFloat));
+  if (pack_ && l.frozen) l.weight.set_(torch::empty({0}, l.weight.options()));
 }
 
 FrozenMemory FrozenBase::memory(const std::vector<QuantLinear>& layers) const {

@@ -244,16 +244,24 @@ class RecipeQuantizer final : public OperandQuantizer {
     const c10::DeviceGuard dg(t.device());
     const torch::Tensor in = t.to(torch::kFloat).contiguous();  // [rows, K]
     torch::Tensor out = torch::empty_like(in);
+    // The kernels run on the legacy default stream and synchronise the
+    // device when done: wait for PyTorch's current stream (a side stream
+    // under torch.cuda.stream) to have written `in` first.
+    c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device()).synchronize();
     const formats::RoundingKey rk{key.seed, uint64_t(key.step), uint64_t(key.layer), uint32_t(key.operand)};
     formats::cuda::fake_quantize_device(in.data_ptr<float>(), out.data_ptr<float>(), in.size(0), in.size(1), spec,
                                         rk);
     if (key.errors && !QuantStateFreeze::active()) {
       // ErrorNorms' definition: finite inputs only; a NaN output of one makes the error NaN.
-      const torch::Tensor fin = torch::isfinite(in), x = in.to(torch::kDouble);
-      const torch::Tensor zero = torch::zeros({}, x.options());
+      // The difference in FP32 as the CPU's lanes take it, squared and summed in FP64; one read-back.
+      const torch::Tensor fin = torch::isfinite(in), zero = torch::zeros({}, in.options());
+      const torch::Tensor sums =
+          torch::stack({torch::where(fin, out - in, zero).to(torch::kDouble).square().sum(),
+                        torch::where(fin, in, zero).to(torch::kDouble).square().sum()})
+              .to(torch::kCPU);
       formats::ErrorNorms n;
-      n.sum_sq_err = torch::where(fin, (out.to(torch::kDouble) - x).square(), zero).sum().item<double>();
-      n.sum_sq_ref = torch::where(fin, x.square(), zero).sum().item<double>();
+      n.sum_sq_err = sums[0].item<double>();
+      n.sum_sq_ref = sums[1].item<double>();
       n.calls = 1;
       key.errors->add(key.operand, n);
     }

@@ -63,6 +63,7 @@
 #include "snip/plan/plan_file.h"
 #include "snip/core/error.h"
 #include "snip/formats/fake_quant.h"
+#include "snip/model/matmul.h"
 #include "snip/model/linear.h"
 #include "snip/model/quantizers.h"
 #include "snip/recipes/recipe.h"
@@ -181,10 +182,19 @@ void check_linear(const torch::Tensor& x, const torch::Tensor& w) {
     fail("linear: expected x [N, IN] and weight [OUT, IN], got ", x.sizes(), " and ", w.sizes());
 }
 
+// The first CUDA GEMM of the process sets the BF16 GEMMs as the trainer does
+// on cuda (model/matmul.h: native, no reduced-precision split-K reductions);
+// CPU calls in the same process then run native BF16 too.
+void bf16_on_cuda(const torch::Tensor& x) {
+  static std::once_flag once;
+  if (x.is_cuda()) std::call_once(once, [] { set_bf16_gemm_backend(GemmBackend::kAuto, /*on_cuda=*/true); });
+}
+
 torch::Tensor linear_fprop_op(const torch::Tensor& x, const torch::Tensor& w, std::string recipe, int64_t seed,
                               const torch::Tensor& step, int64_t layer, std::string gemm) {
   return user_errors([&] {
     check_linear(x, w);
+    bf16_on_cuda(x);
     return linear_fprop(x, w, LinearPrecision{quantizer_of(recipe), gemm_dtype(gemm)},
                         key_of(seed, step_of(step), layer));
   });
@@ -196,6 +206,7 @@ std::tuple<torch::Tensor, torch::Tensor> linear_backward_op(const torch::Tensor&
                                                             bool need_dx, bool need_dw) {
   return user_errors([&] {
     check_linear(x, w);
+    bf16_on_cuda(x);
     if (dy.dim() != 2 || dy.size(0) != x.size(0) || dy.size(1) != w.size(0))
       fail("linear: expected dy [N, OUT] = [", x.size(0), ", ", w.size(0), "], got ", dy.sizes());
     auto [dx, dw] = linear_backward(dy, x, w, LinearPrecision{quantizer_of(recipe), gemm_dtype(gemm)},

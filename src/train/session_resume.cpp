@@ -125,7 +125,7 @@ void announce(TrainSession& s) {
   if (tc.gemm_bf16) {
     spdlog::info("BF16 GEMMs {} ({})", native_bf16_gemm() ? "native" : "emulated: FP32 GEMMs on BF16-rounded operands",
                  bf16_gemm_reason());
-    if (native_bf16_gemm() && !libtorch_bf16_gemm_accumulates_fp32())
+    if (native_bf16_gemm() && s.device.is_cpu() && !libtorch_bf16_gemm_accumulates_fp32())
       spdlog::warn("LibTorch's BF16 GEMM accumulates in BF16 on this CPU: inexact and ~100x slower than the "
                    "emulated path (set train.gemm_backend = auto; `snip doctor` measures both)");
   }

@@ -34,6 +34,7 @@ dir = "{data_dir}"
 batch_size = 2
 seq_len = {seq_len}
 threads = 1
+device = "cpu"
 {extra}
 """)
 

@@ -99,6 +99,7 @@ try:
         runs[dev] = os.path.join(tmp, dev)
         rc, out, err = train(runs[dev], dev)
         c.check(rc == 0, f"{dev} run ends", err[-3000:])
+        gpu_err = err
     if all(os.path.exists(os.path.join(r, "summary.json")) for r in runs.values()):
         c.check(summary(runs["cuda"]).get("device", "").startswith("cuda"), "summary.json device cuda",
                 summary(runs["cuda"]).get("device"))
@@ -108,8 +109,13 @@ try:
         c.check(abs(l0c - l0g) <= 1e-3 * abs(l0c), "step 1 loss cpu ~ cuda", f"{l0c} vs {l0g}")
         lc, lg = m_cpu[-1]["loss"], m_gpu[-1]["loss"]
         c.check(abs(lc - lg) <= 0.05 * abs(lc), "step 20 loss cpu ~ cuda (5%)", f"{lc} vs {lg}")
-        c.check([r.get("fp4_share") for r in m_cpu] == [r.get("fp4_share") for r in m_gpu], "FP4 shares equal",
-                f"{[r.get('fp4_share') for r in m_cpu]} vs {[r.get('fp4_share') for r in m_gpu]}")
+        # The first plan comes from stats a few steps in: equal; later plans
+        # may flip a near-tie (stats differ in summation order).
+        first = next((i for i, r in enumerate(m_cpu) if r.get("fp4_share")), None)
+        c.check(first is not None and m_gpu[first].get("fp4_share") == m_cpu[first]["fp4_share"],
+                "first plan's FP4 share equal", f"{[r.get('fp4_share') for r in m_cpu]} vs "
+                f"{[r.get('fp4_share') for r in m_gpu]}")
+        c.check("host codec" not in gpu_err, "fp4/fp8 operands ran on the CUDA kernels", gpu_err[-2000:])
     # Across devices: each run's step-10 checkpoint resumes on the other device.
     for src, dst in (("cuda", "cpu"), ("cpu", "cuda")):
         run = os.path.join(tmp, f"{src}-to-{dst}")
@@ -123,6 +129,11 @@ try:
         if rc == 0:
             c.check(summary(run).get("device", "").startswith(dst), f"{src} -> {dst}: runs on {dst}",
                     summary(run).get("device"))
+            # Same weights, AdamW state and batch as the source's step 11: the
+            # loss agrees up to summation order (lost state would not).
+            a = next(r["loss"] for r in metrics(runs[src]) if r["step"] == 11)
+            b = next(r["loss"] for r in metrics(run) if r["step"] == 11)
+            c.check(abs(a - b) <= 1e-3 * abs(a), f"{src} -> {dst}: step 11 loss", f"{a} vs {b}")
     c.finish()
 finally:
     shutil.rmtree(tmp, ignore_errors=True)

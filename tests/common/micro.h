@@ -40,6 +40,7 @@ eval_interval = 1000
 eval_batches = 8
 log_interval = 1000
 threads = 1
+device = "cpu"
 )", "micro");
   c.set("data.dir", kKjv512, "test");
   return c;
