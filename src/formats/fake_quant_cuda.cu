@@ -3,14 +3,16 @@
 // scales_from_amax runs) and elements through fast::minifloat_element (the
 // CPU's span_minifloat body), compiled for the device from fast_math.h.
 //
-// Three steps, as the CPU's 2-D/two-level path: (1) one thread per scaling
-// block takes the max of |x|'s bits over its elements (NaN bits above Inf's:
-// NaN-propagating); (2) two_level: the tensor scale from those amaxes, on
-// the host (scale.cpp, the CPU's function); one thread per block computes
-// its (encode, decode) scale; (3) one thread per element quantizes. Order of
-// the max does not matter (max is exact), so the results are the CPU's bit
-// for bit; NaN outputs are made the CPU's canonical 0x7FC00000 (the device
-// writes 0x7FFFFFFF for an arithmetic NaN). Not tuned for speed yet.
+// Three steps, as the CPU's 2-D/two-level path: (1) the max of |x|'s bits
+// per scaling block (NaN bits above Inf's: NaN-propagating), in two passes:
+// one thread per (row, block column) over its columns, then one thread per
+// block over its rows; (2) two_level: the tensor scale from those amaxes, on
+// the host (scale.cpp, the CPU's function); delayed: the state's scale, on
+// the host (scaling.h); one thread per block computes its (encode, decode)
+// scale; (3) one thread per element quantizes. Order of the max does not
+// matter (max is exact), so the results are the CPU's bit for bit; NaN
+// outputs are made the CPU's canonical 0x7FC00000 (the device writes
+// 0x7FFFFFFF for an arithmetic NaN). Not tuned for speed yet.
 #include "snip/formats/fake_quant_cuda.h"
 
 #include <cuda_runtime.h>
@@ -29,6 +31,14 @@
 #error "fake_quant_cuda.cu must not be built with --use_fast_math (the CPU's results need IEEE arithmetic)"
 #endif
 
+namespace snip::formats {
+namespace detail {
+// fake_quant_ref.cpp: the scale a delayed-scaling call uses (the state's,
+// or current scaling of this call's amax before the first record).
+BlockScale delayed_call_scale(const DelayedScaling& state, float amax_tensor);
+}  // namespace detail
+}  // namespace snip::formats
+
 namespace snip::formats::cuda {
 
 namespace {
@@ -41,7 +51,9 @@ void check(cudaError_t e, const char* call) {
 template <typename T>
 struct DeviceBuffer {
   T* p = nullptr;
-  explicit DeviceBuffer(size_t n) { check(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc"); }
+  explicit DeviceBuffer(size_t n) {  // n = 0: none (the caller's scratch is used)
+    if (n > 0) check(cudaMalloc(&p, n * sizeof(T)), "cudaMalloc");
+  }
   ~DeviceBuffer() { cudaFree(p); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
@@ -51,18 +63,41 @@ struct Grid {
   int64_t rows, cols, br, bc, gr, gc;
 };
 
-__global__ void block_amax_kernel(const float* x, Grid g, uint32_t* amax) {
+// Pass 1: row_amax[r * gc + j] = max |x| bits over row r's block column j.
+__global__ void row_amax_kernel(const float* x, Grid g, uint32_t* row_amax) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= g.rows * g.gc) return;
+  const int64_t r = t / g.gc, c0 = (t % g.gc) * g.bc;
+  const int64_t c1 = c0 + g.bc < g.cols ? c0 + g.bc : g.cols;
+  const float* row = x + r * g.cols;
+  uint32_t m = 0;
+  for (int64_t c = c0; c < c1; ++c) {
+    const uint32_t a = fast::bits_of(row[c]) & fast::kAbsMask;
+    m = a > m ? a : m;
+  }
+  row_amax[t] = m;
+}
+
+// Pass 2: amax[b] = max over block b's rows of pass 1.
+__global__ void block_amax_kernel(const uint32_t* row_amax, Grid g, uint32_t* amax) {
   const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b >= g.gr * g.gc) return;
-  const int64_t r0 = (b / g.gc) * g.br, c0 = (b % g.gc) * g.bc;
-  const int64_t r1 = r0 + g.br < g.rows ? r0 + g.br : g.rows, c1 = c0 + g.bc < g.cols ? c0 + g.bc : g.cols;
+  const int64_t r0 = (b / g.gc) * g.br, j = b % g.gc;
+  const int64_t r1 = r0 + g.br < g.rows ? r0 + g.br : g.rows;
   uint32_t m = 0;
-  for (int64_t r = r0; r < r1; ++r)
-    for (int64_t c = c0; c < c1; ++c) {
-      const uint32_t a = fast::bits_of(x[r * g.cols + c]) & fast::kAbsMask;
-      m = a > m ? a : m;
-    }
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint32_t a = row_amax[r * g.gc + j];
+    m = a > m ? a : m;
+  }
   amax[b] = m;
+}
+
+// Delayed scaling: every block takes the state's (encode, decode).
+__global__ void fixed_scale_kernel(int64_t n, float e, float d, float* enc, float* dec) {
+  const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= n) return;
+  enc[b] = e;
+  dec[b] = d;
 }
 
 __global__ void block_scale_kernel(const uint32_t* amax, int64_t n, fast::ScaleCtx ctx, float* enc, float* dec) {
@@ -112,63 +147,172 @@ bool supported(const QuantSpec& spec, std::string* why) {
     return false;
   };
   if (!fast::minifloat_fast_ok(spec.element)) return no(std::string("element format ") + spec.element.name);
-  if (spec.rule == ScaleRule::kDelayed) return no("delayed scaling");
   if (spec.hadamard_size != 0) return no("the Hadamard transform");
   return true;
 }
 
-void fake_quantize_device(const float* in, float* out, int64_t rows, int64_t cols, const QuantSpec& spec,
-                          const RoundingKey& key) {
+namespace {
+
+Grid grid_of(int64_t rows, int64_t cols, const QuantSpec& spec) {
+  Grid g{rows, cols, std::max<int64_t>(1, spec.block.rows_over(rows)), std::max<int64_t>(1, spec.block.cols_over(cols)),
+         0, 0};
+  g.gr = (rows + g.br - 1) / g.br;
+  g.gc = (cols + g.bc - 1) / g.bc;
+  return g;
+}
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+// The scratch layout: row amaxes [rows * gc] u32, block amaxes [nb] u32,
+// encode and decode scales [nb] f32 each.
+struct Scratch {
+  uint32_t *row_amax, *amax;
+  float *enc, *dec;
+  static size_t bytes(const Grid& g) {
+    const size_t nb = size_t(g.gr * g.gc);
+    return align256(size_t(g.rows * g.gc) * 4) + 3 * align256(nb * 4);
+  }
+  Scratch(void* base, const Grid& g) {
+    char* p = static_cast<char*>(base);
+    const size_t nb = size_t(g.gr * g.gc);
+    row_amax = reinterpret_cast<uint32_t*>(p);
+    p += align256(size_t(g.rows * g.gc) * 4);
+    amax = reinterpret_cast<uint32_t*>(p);
+    p += align256(nb * 4);
+    enc = reinterpret_cast<float*>(p);
+    p += align256(nb * 4);
+    dec = reinterpret_cast<float*>(p);
+  }
+};
+
+// The checks every entry point makes, in the CPU's words.
+void check_args(int64_t rows, int64_t cols, const QuantSpec& spec, const RoundingKey& key) {
   std::string why;
   if (!supported(spec, &why)) throw std::invalid_argument(why);
   check_rounding_key(key);
   if (rows < 0 || cols < 0) throw std::invalid_argument("fake_quantize (CUDA): negative size");
-  if (rows * cols == 0) return;
-  Grid g{rows, cols, std::max<int64_t>(1, spec.block.rows_over(rows)), std::max<int64_t>(1, spec.block.cols_over(cols)), 0,
-         0};
-  g.gr = (rows + g.br - 1) / g.br;
-  g.gc = (cols + g.bc - 1) / g.bc;
+}
+
+// check_args for the QuantSpec overloads, which have no state for a delayed spec.
+void check_stateless(int64_t rows, int64_t cols, const QuantSpec& spec, const RoundingKey& key) {
+  check_args(rows, cols, spec, key);
+  if (spec.rule == ScaleRule::kDelayed)
+    throw std::invalid_argument("fake_quantize (CUDA): delayed scaling needs its state (the DelayedScaling overload)");
+}
+
+// One call: block amaxes (pass 1, 2), then `scales` (host side: fills enc/dec
+// of every block, or returns false to have them computed from the amaxes
+// with `tensor`), then the elements. `tensor_amax` (if non-null) gets the
+// tensor's amax read back. The scratch and stream come from `launch`.
+template <typename HostScales>
+void run(const float* in, float* out, const Grid& g, const QuantSpec& spec, const RoundingKey& key,
+         const DeviceLaunch& launch, bool need_tensor_amax, HostScales&& host_scales) {
+  const cudaStream_t st = static_cast<cudaStream_t>(launch.stream);
   const int64_t nb = g.gr * g.gc;
   constexpr unsigned kThreads = 256;
-  DeviceBuffer<uint32_t> amax{static_cast<size_t>(nb)};
-  DeviceBuffer<float> enc{static_cast<size_t>(nb)}, dec{static_cast<size_t>(nb)};
-  block_amax_kernel<<<blocks_for(nb, kThreads), kThreads>>>(in, g, amax.p);
+  DeviceBuffer<char> own(launch.scratch ? 0 : Scratch::bytes(g));
+  const Scratch sc(launch.scratch ? launch.scratch : own.p, g);
+  row_amax_kernel<<<blocks_for(g.rows * g.gc, kThreads), kThreads, 0, st>>>(in, g, sc.row_amax);
+  check(cudaGetLastError(), "row_amax_kernel");
+  block_amax_kernel<<<blocks_for(nb, kThreads), kThreads, 0, st>>>(sc.row_amax, g, sc.amax);
   check(cudaGetLastError(), "block_amax_kernel");
-  TensorScale tensor;
-  if (spec.rule == ScaleRule::kTwoLevel) {  // the tensor amax, then the CPU's own tensor-scale function
+  float amax = 0.0f;
+  if (need_tensor_amax) {  // the block amaxes back to the host (the stream waits), their max there
     std::vector<uint32_t> a(static_cast<size_t>(nb));
-    check(cudaMemcpy(a.data(), amax.p, a.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost), "cudaMemcpy");
+    check(cudaMemcpyAsync(a.data(), sc.amax, a.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost, st),
+          "cudaMemcpyAsync");
+    check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
     uint32_t mx = 0;
     for (uint32_t v : a) mx = std::max(mx, v);
-    tensor = two_level_tensor_scale(mx > fast::kInfBits ? fast::float_of(fast::kCanonicalNaN) : fast::float_of(mx),
-                                    spec);
+    amax = mx > fast::kInfBits ? fast::float_of(fast::kCanonicalNaN) : fast::float_of(mx);
   }
-  const fast::ScaleCtx ctx(spec, tensor);
-  block_scale_kernel<<<blocks_for(nb, kThreads), kThreads>>>(amax.p, nb, ctx, enc.p, dec.p);
-  check(cudaGetLastError(), "block_scale_kernel");
+  BlockScale fixed;
+  TensorScale tensor;
+  if (host_scales(amax, fixed, tensor)) {
+    fixed_scale_kernel<<<blocks_for(nb, kThreads), kThreads, 0, st>>>(nb, fixed.encode, fixed.decode, sc.enc, sc.dec);
+    check(cudaGetLastError(), "fixed_scale_kernel");
+  } else {
+    const fast::ScaleCtx ctx(spec, tensor);
+    block_scale_kernel<<<blocks_for(nb, kThreads), kThreads, 0, st>>>(sc.amax, nb, ctx, sc.enc, sc.dec);
+    check(cudaGetLastError(), "block_scale_kernel");
+  }
   const fast::MiniFloatParams p(spec.element);
   const uint32_t ovf = fast::minifloat_overflow_bits(p, spec.saturate);
+  const int64_t n = g.rows * g.cols;
   if (spec.rounding == Rounding::kStochastic)
-    quantize_kernel<true><<<blocks_for(rows * cols, kThreads), kThreads>>>(in, out, g, enc.p, dec.p, p, ovf,
-                                                                           p.has_inf, key);
+    quantize_kernel<true><<<blocks_for(n, kThreads), kThreads, 0, st>>>(in, out, g, sc.enc, sc.dec, p, ovf,
+                                                                          p.has_inf, key);
   else
-    quantize_kernel<false><<<blocks_for(rows * cols, kThreads), kThreads>>>(in, out, g, enc.p, dec.p, p, ovf,
-                                                                            p.has_inf, key);
+    quantize_kernel<false><<<blocks_for(n, kThreads), kThreads, 0, st>>>(in, out, g, sc.enc, sc.dec, p, ovf,
+                                                                           p.has_inf, key);
   check(cudaGetLastError(), "quantize_kernel");
-  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  // Without the caller's scratch and stream: done when this returns (the
+  // scratch is freed by DeviceBuffer's cudaFree, which waits for the device).
+  if (!launch.scratch || !launch.stream) check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+}  // namespace
+
+size_t fake_quantize_scratch_bytes(int64_t rows, int64_t cols, const QuantSpec& spec) {
+  if (rows <= 0 || cols <= 0) return 0;
+  return Scratch::bytes(grid_of(rows, cols, spec));
+}
+
+void fake_quantize_device(const float* in, float* out, int64_t rows, int64_t cols, const QuantSpec& spec,
+                          const RoundingKey& key, const DeviceLaunch& launch) {
+  check_stateless(rows, cols, spec, key);
+  if (rows * cols == 0) return;
+  const bool two_level = spec.rule == ScaleRule::kTwoLevel;
+  run(in, out, grid_of(rows, cols, spec), spec, key, launch, two_level,
+      [&](float amax, BlockScale&, TensorScale& tensor) {
+        // two_level: the tensor amax, then the CPU's own tensor-scale function
+        if (two_level) tensor = two_level_tensor_scale(amax, spec);
+        return false;
+      });
+}
+
+void fake_quantize_device(const float* in, float* out, int64_t rows, int64_t cols, const RoundingKey& key,
+                          DelayedScaling& state, const DeviceLaunch& launch) {
+  const QuantSpec& spec = state.spec();
+  check_args(rows, cols, spec, key);
+  if (rows * cols == 0) {  // as the CPU: an empty tensor records amax 0
+    state.record(0.0f);
+    return;
+  }
+  float recorded = 0.0f;
+  run(in, out, grid_of(rows, cols, spec), spec, key, launch, /*need_tensor_amax=*/true,
+      [&](float amax, BlockScale& fixed, TensorScale&) {
+        fixed = detail::delayed_call_scale(state, amax);
+        recorded = amax;
+        return true;
+      });
+  state.record(recorded);
 }
 
 void fake_quantize_host(const float* in, float* out, int64_t rows, int64_t cols, const QuantSpec& spec,
                         const RoundingKey& key) {
-  std::string why;
-  if (!supported(spec, &why)) throw std::invalid_argument(why);
-  if (rows < 0 || cols < 0) throw std::invalid_argument("fake_quantize (CUDA): negative size");
+  check_stateless(rows, cols, spec, key);
   if (rows * cols == 0) return;
   if (!in || !out) throw std::invalid_argument("fake_quantize (CUDA): null data pointer");
   const size_t n = size_t(rows * cols);
   DeviceBuffer<float> x(n);
   check(cudaMemcpy(x.p, in, n * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
   fake_quantize_device(x.p, x.p, rows, cols, spec, key);
+  check(cudaMemcpy(out, x.p, n * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+}
+
+void fake_quantize_host(const float* in, float* out, int64_t rows, int64_t cols, const RoundingKey& key,
+                        DelayedScaling& state) {
+  check_args(rows, cols, state.spec(), key);
+  if (rows * cols == 0) {
+    state.record(0.0f);
+    return;
+  }
+  if (!in || !out) throw std::invalid_argument("fake_quantize (CUDA): null data pointer");
+  const size_t n = size_t(rows * cols);
+  DeviceBuffer<float> x(n);
+  check(cudaMemcpy(x.p, in, n * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+  fake_quantize_device(x.p, x.p, rows, cols, key, state);
   check(cudaMemcpy(out, x.p, n * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
 }
 

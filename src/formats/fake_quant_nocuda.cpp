@@ -20,11 +20,23 @@ bool supported(const QuantSpec&, std::string* why) {
   return false;
 }
 
-void fake_quantize_device(const float*, float*, int64_t, int64_t, const QuantSpec&, const RoundingKey&) {
+size_t fake_quantize_scratch_bytes(int64_t, int64_t, const QuantSpec&) { return 0; }
+
+void fake_quantize_device(const float*, float*, int64_t, int64_t, const QuantSpec&, const RoundingKey&,
+                          const DeviceLaunch&) {
+  throw std::runtime_error(kWhy);
+}
+
+void fake_quantize_device(const float*, float*, int64_t, int64_t, const RoundingKey&, DelayedScaling&,
+                          const DeviceLaunch&) {
   throw std::runtime_error(kWhy);
 }
 
 void fake_quantize_host(const float*, float*, int64_t rows, int64_t cols, const QuantSpec&, const RoundingKey&) {
+  if (rows > 0 && cols > 0) throw std::runtime_error(kWhy);
+}
+
+void fake_quantize_host(const float*, float*, int64_t rows, int64_t cols, const RoundingKey&, DelayedScaling&) {
   if (rows > 0 && cols > 0) throw std::runtime_error(kWhy);
 }
 

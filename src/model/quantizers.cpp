@@ -219,9 +219,10 @@ class RecipeQuantizer final : public OperandQuantizer {
 
  private:
   // t: [rows, K] on a CUDA device -> Q(t) there, in t's dtype, the CPU's bits.
-  // The CUDA kernels (formats/fake_quant_cuda.h) take what they cover; the
-  // rest (delayed scaling and error feedback, whose state lives in host
-  // objects; the Hadamard transform; BF16/integer/posit elements) goes
+  // The CUDA kernels (formats/fake_quant_cuda.h) take what they cover,
+  // delayed scaling included (its history stays in the host object); the
+  // rest (error feedback, whose residual lives on the host; the Hadamard
+  // transform; BF16/integer/posit elements) goes
   // through the host codec: copied to the CPU, quantized, copied back, one
   // warning per recipe and operand naming why. The per-step error
   // (QuantKey::errors) is summed on the device in FP64, not in the CPU's
@@ -244,15 +245,31 @@ class RecipeQuantizer final : public OperandQuantizer {
     const c10::DeviceGuard dg(t.device());
     const torch::Tensor in = t.to(torch::kFloat).contiguous();  // [rows, K]
     torch::Tensor out = torch::empty_like(in);
-    // The kernels run on the legacy default stream and synchronise the
-    // device when done: wait for PyTorch's current stream (a side stream
-    // under torch.cuda.stream) to have written `in` first.
-    c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device()).synchronize();
+    const int64_t rows = in.size(0), cols = in.size(1);
+    // On PyTorch's current stream, scratch from its caching allocator (freed
+    // in stream order): no device-wide synchronisation, no cudaMalloc.
+    const torch::Tensor scratch = torch::empty(
+        {int64_t(formats::cuda::fake_quantize_scratch_bytes(rows, cols, spec))}, in.options().dtype(torch::kUInt8));
+    const formats::cuda::DeviceLaunch launch{
+        c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device()).native_handle(),
+        scratch.numel() > 0 ? scratch.data_ptr() : nullptr};
     const formats::RoundingKey rk{key.seed, uint64_t(key.step), uint64_t(key.layer), uint32_t(key.operand)};
-    formats::cuda::fake_quantize_device(in.data_ptr<float>(), out.data_ptr<float>(), in.size(0), in.size(1), spec,
-                                        rk);
+    if (spec.rule == formats::ScaleRule::kDelayed) {
+      // The history lives here, on the host; the amax comes back from the device.
+      std::lock_guard<std::mutex> g(mu_);
+      if (QuantStateFreeze::active()) {
+        auto it = delayed_.find({key.layer, int(key.operand)});
+        formats::DelayedScaling copy = it != delayed_.end() ? it->second : formats::DelayedScaling(spec);
+        formats::cuda::fake_quantize_device(in.data_ptr<float>(), out.data_ptr<float>(), rows, cols, rk, copy, launch);
+      } else {
+        auto it = delayed_.try_emplace({key.layer, int(key.operand)}, spec).first;
+        formats::cuda::fake_quantize_device(in.data_ptr<float>(), out.data_ptr<float>(), rows, cols, rk, it->second,
+                                            launch);
+      }
+    } else {
+      formats::cuda::fake_quantize_device(in.data_ptr<float>(), out.data_ptr<float>(), rows, cols, spec, rk, launch);
+    }
     if (key.errors && !QuantStateFreeze::active()) {
-      // ErrorNorms' definition: finite inputs only; a NaN output of one makes the error NaN.
       // The difference in FP32 as the CPU's lanes take it, squared and summed in FP64; one read-back.
       const torch::Tensor fin = torch::isfinite(in), zero = torch::zeros({}, in.options());
       const torch::Tensor sums =

@@ -62,7 +62,7 @@ TEST(CudaFakeQuant, BitExactWithTheCpuForEveryCoveredRecipeOperand) {
   for (const std::string& name : set.names())
     for (int op = 0; op < kNumOperands; ++op) {
       const QuantSpec& spec = set.find(name)[Operand(op)];
-      if (!cuda::supported(spec)) continue;
+      if (!cuda::supported(spec) || spec.rule == ScaleRule::kDelayed) continue;  // delayed: its own test below
       ++covered;
       for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{256, 512}, {130, 129}, {3, 17}, {1, 1}}) {
         // Clean data (every block and tensor scale finite: two-level's
@@ -89,6 +89,45 @@ TEST(CudaFakeQuant, BitExactWithTheCpuForEveryCoveredRecipeOperand) {
       }
     }
   EXPECT_GE(covered, 8);  // fp8, mxfp8, mxfp4, nvfp4's RNE operands, ...
+}
+
+// Delayed scaling (fp8_tensor: E4M3 X/W, E5M2 dY, per-tensor FP32 scales
+// from an amax history): a sequence of calls whose magnitudes rise and fall
+// (the first call bootstraps from its own amax, later ones use the history;
+// a NaN call is skipped by the history), the same bits and the same state as
+// the CPU's after every call.
+TEST(CudaFakeQuant, DelayedScalingMatchesTheCpuCallForCall) {
+  REQUIRE_GPU();
+  const recipes::RecipeSet set;
+  for (Operand op : {Operand::kFpropX, Operand::kWgradDY}) {
+    QuantSpec spec = set.find("fp8_tensor")[op];
+    spec.amax_history_len = 4;
+    spec.scale_refresh_interval = 2;
+    DelayedScaling cpu(spec), gpu(spec);
+    uint32_t seed = 11;
+    for (int call = 0; call < 9; ++call) {
+      const int64_t rows = 64 + call, cols = 96;
+      auto x = snip::formats::testing::awkward_data(rows, cols, seed++);
+      const float mag = std::ldexp(1.0f, (call % 5) * 3 - 6);
+      for (float& v : x)
+        if (std::isfinite(v)) v *= mag;
+      if (call == 6) x[5] = NAN;
+      std::vector<float> a(x.size()), b(x.size());
+      fake_quantize(x.data(), a.data(), rows, cols, RoundingKey{}, cpu);
+      cuda::fake_quantize_host(x.data(), b.data(), rows, cols, RoundingKey{}, gpu);
+      int64_t diff = -1;
+      for (size_t i = 0; i < x.size() && diff < 0; ++i)
+        if (bits(a[i]) != bits(b[i])) diff = int64_t(i);
+      EXPECT_EQ(diff, -1) << operand_name(op) << " call " << call;
+      EXPECT_EQ(cpu.history(), gpu.history()) << operand_name(op) << " call " << call;
+      EXPECT_EQ(cpu.calls(), gpu.calls());
+      EXPECT_EQ(cpu.skipped(), gpu.skipped());
+      EXPECT_EQ(cpu.has_scale(), gpu.has_scale());
+      if (cpu.has_scale()) {
+        EXPECT_EQ(bits(cpu.scale().decode), bits(gpu.scale().decode));
+      }
+    }
+  }
 }
 
 TEST(CudaFakeQuant, EveryCodeAndEveryTieOfE4M3E5M2E2M1) {
@@ -127,9 +166,15 @@ TEST(CudaFakeQuant, RefusesWhatItDoesNotCoverSayingWhat) {
   EXPECT_NE(why.find("the Hadamard transform"), std::string::npos) << why;
   EXPECT_FALSE(cuda::supported(set.find("bf16")[Operand::kFpropX], &why));
   EXPECT_NE(why.find("element format bf16"), std::string::npos) << why;
-  EXPECT_FALSE(cuda::supported(set.find("fp8_tensor")[Operand::kFpropX], &why));
-  EXPECT_NE(why.find("delayed scaling"), std::string::npos) << why;
+  // Delayed scaling: covered through the DelayedScaling overload only.
+  EXPECT_TRUE(cuda::supported(set.find("fp8_tensor")[Operand::kFpropX], &why)) << why;
   std::vector<float> x(4, 1.0f), y(4);
+  try {
+    cuda::fake_quantize_host(x.data(), y.data(), 1, 4, set.find("fp8_tensor")[Operand::kFpropX]);
+    ADD_FAILURE() << "a delayed spec was accepted without its state";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("the DelayedScaling overload"), std::string::npos) << e.what();
+  }
   try {
     cuda::fake_quantize_host(x.data(), y.data(), 1, 4, rht);
     ADD_FAILURE() << "a Hadamard spec was accepted";

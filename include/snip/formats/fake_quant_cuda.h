@@ -14,12 +14,14 @@
 //             the tensor scale from the block amaxes, on the host); RNE and
 //             stochastic rounding (the CPU's Philox4x32-10 words, rounding.h,
 //             on the device)
-//   refused   delayed scaling (its history lives in a host object), the
-//             Hadamard transform, BF16 / integer / posit elements
+//             delayed scaling through the DelayedScaling overload (the
+//             tensor amax on the device, the history in the host object)
+//   refused   the Hadamard transform, BF16 / integer / posit elements
 // Shapes: in, out [rows, cols] FP32 row-major, cols = the GEMM's K; `in` may
-// equal `out`. The kernels run on the legacy default stream and synchronise
-// the device at the end (no stream argument yet: that comes with the
-// trainer's CUDA quantizers, docs/gpu.md).
+// equal `out`. Where they run: DeviceLaunch (a stream and scratch memory
+// from the caller, e.g. PyTorch's current stream and caching allocator), or
+// by default the legacy default stream with cudaMalloc'd scratch and a
+// device synchronisation at the end.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +29,7 @@
 
 #include "snip/formats/quant_spec.h"
 #include "snip/formats/rounding.h"
+#include "snip/formats/scaling.h"
 
 namespace snip::formats::cuda {
 
@@ -37,22 +40,55 @@ namespace snip::formats::cuda {
 /// the fake_quantize functions throw std::runtime_error saying so.)
 int device_count(std::string* why = nullptr);
 
-/// Whether fake_quantize below covers `spec` (validated first); when not,
-/// `why` (if given) names what is missing.
+/// Whether fake_quantize below covers `spec` (validated first; delayed
+/// scaling through its DelayedScaling overload); when not, `why` (if given)
+/// names what is missing.
 bool supported(const QuantSpec& spec, std::string* why = nullptr);
 
-/// fake_quantize (fake_quant.h) of device arrays on the current device,
-/// synchronous: the same results bit for bit (stochastic rounding draws the
-/// CPU's Philox words for `key`), NaN outputs canonical. Throws
+/// Where a device call runs. stream: a cudaStream_t (nullptr = the legacy
+/// default stream); the call is ordered on it. scratch: device memory of at
+/// least fake_quantize_scratch_bytes(rows, cols, spec) bytes, valid until
+/// the stream has run the call (nullptr = cudaMalloc'd and freed by the call,
+/// which then synchronises the device). With neither, the call returns when
+/// the device is done; with both it returns once the work is queued, except
+/// that two-level (NVFP4) and delayed scaling wait for the stream to read
+/// the tensor amax back to the host.
+struct DeviceLaunch {
+  void* stream = nullptr;
+  void* scratch = nullptr;
+};
+
+/// Bytes of scratch a call on [rows, cols] under `spec` needs (block amaxes
+/// per row, per block, and the block scales; a few percent of the operand
+/// for 1x16 blocks, 16 bytes for a per-tensor scale).
+size_t fake_quantize_scratch_bytes(int64_t rows, int64_t cols, const QuantSpec& spec);
+
+/// fake_quantize (fake_quant.h) of device arrays on the current device, as
+/// `launch` says (above): the same results bit for bit (stochastic rounding
+/// draws the CPU's Philox words for `key`), NaN outputs canonical. Throws
 /// std::invalid_argument for a spec that is not supported (the line of
-/// `supported`), an out-of-range key or negative sizes, std::runtime_error
-/// naming the CUDA call that failed (no device included).
+/// `supported`) or is delayed (use the DelayedScaling overload), an
+/// out-of-range key or negative sizes, std::runtime_error naming the CUDA
+/// call that failed (no device included).
 void fake_quantize_device(const float* in, float* out, int64_t rows, int64_t cols, const QuantSpec& spec,
-                          const RoundingKey& key = {});
+                          const RoundingKey& key = {}, const DeviceLaunch& launch = {});
+
+/// Delayed scaling (TransformerEngine's DelayedScaling; scaling.h), as the
+/// CPU's fake_quantize overload: this call's tensor amax (max |x|, NaN when
+/// any x is NaN) is reduced on the device and read back, the call uses
+/// `state`'s scale (or, before the first record, current scaling of that
+/// amax), then the amax is recorded in `state`. The same bits and the same
+/// state as the CPU. Throws as above (a spec the kernels do not cover,
+/// e.g. with a Hadamard transform).
+void fake_quantize_device(const float* in, float* out, int64_t rows, int64_t cols, const RoundingKey& key,
+                          DelayedScaling& state, const DeviceLaunch& launch = {});
 
 /// The same on host arrays: copied to the device, quantized there, copied
 /// back (the tests). Nothing to do for 0 elements (no device touched).
 void fake_quantize_host(const float* in, float* out, int64_t rows, int64_t cols, const QuantSpec& spec,
                         const RoundingKey& key = {});
+/// The DelayedScaling overload on host arrays (the tests).
+void fake_quantize_host(const float* in, float* out, int64_t rows, int64_t cols, const RoundingKey& key,
+                        DelayedScaling& state);
 
 }  // namespace snip::formats::cuda
