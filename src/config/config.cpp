@@ -258,6 +258,11 @@ std::vector<OptionSpec> make_table() {
             "where training runs: auto (CUDA device 0 when LibTorch sees one and the run is one process, else "
             "the CPU), cpu, or cuda; docs/gpu.md")
           .words({"auto", "cpu", "cuda"}),
+      field("train.fp8_gemm", &RunConfig::train, &TrainConfig::fp8_gemm, "",
+            "GEMMs whose two operands are per-tensor-scaled FP8 (e.g. recipe fp8_tensor): native (at::_scaled_mm "
+            "on the FP8 codes), emulated (the fake-quantized values in train.gemm_dtype), or auto (native on "
+            "CUDA, emulated on the CPU, whose oneDNN FP8 GEMM is ~1000x slower); docs/gpu.md")
+          .words({"auto", "native", "emulated"}),
       field("train.eval_interval", &RunConfig::train, &TrainConfig::eval_interval, "steps",
             "evaluate every N steps (and at the end)")
           .in(positive),

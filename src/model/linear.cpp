@@ -38,17 +38,49 @@ torch::Tensor q(const StepPrecision& sp, const torch::Tensor& t, Operand op) {
   return sp.precision.quantizer->quantize_for_gemm(t.contiguous(), k, dt);
 }
 
-// The GEMM input of weight operand `op` (W [OUT, IN] for fprop, Wᵀ for dgrad).
-torch::Tensor qw(const StepPrecision& sp, const torch::Tensor& w, Operand op) {
-  if (sp.frozen) return sp.frozen->operand(op);
-  return q(sp, op == Operand::kFpropW ? w : w.t(), op);
-}
-
 // a: [M, K], b: [N, K], both GEMM inputs from q() -> a · bᵀ [M, N] with FP32
 // accumulation (model/matmul.h), as `out` (the activation dtype). Strided
 // views are fine: the GEMM reads transposed operands without copies.
 torch::Tensor gemm_nt(const torch::Tensor& a, const torch::Tensor& b, at::ScalarType dtype, at::ScalarType out) {
   return gemm_result(fp32_mm(a, b.t()), dtype, out);
+}
+
+// a_in [M, K] · b_in [N, K]ᵀ for operands oa, ob (b_in = W or Wᵀ for the
+// weight operands): with both operands per-tensor FP8 (scaled_operand) and
+// native FP8 GEMMs on (train.fp8_gemm; model/matmul.h), at::_scaled_mm on
+// their codes (BF16 out for a BF16 GEMM dtype, else FP32), as `out` through
+// gemm_result; else gemm_nt of the
+// quantized operands. A GEMM the device refuses runs on the same operands'
+// values (native_fp8_gemm_refused says whether it may).
+torch::Tensor qgemm(const StepPrecision& sp, const torch::Tensor& a_in, Operand oa, const torch::Tensor& b_in,
+                    Operand ob, at::ScalarType out) {
+  const auto dt = sp.precision.gemm_dtype;
+  const auto& qz = sp.precision.quantizer;
+  const bool b_weight = ob == Operand::kFpropW || ob == Operand::kDgradW;
+  const bool b_frozen = b_weight && sp.frozen;
+  if (!qz || b_frozen || !qz->scaled_operand(oa) || !qz->scaled_operand(ob) || !native_fp8_gemm(a_in.device()))
+    return gemm_nt(q(sp, a_in, oa), b_frozen ? sp.frozen->operand(ob) : q(sp, b_in, ob), dt, out);
+  QuantKey ka = sp.key, kb = sp.key;
+  ka.operand = oa;
+  kb.operand = ob;
+  const OperandQuantizer::ScaledOperand a = qz->quantize_scaled(a_in.contiguous(), ka);
+  const OperandQuantizer::ScaledOperand b = qz->quantize_scaled(b_in.contiguous(), kb);
+  // cuBLASLt's FP8 GEMMs need K and N in multiples of 16; smaller or odd
+  // GEMMs take the values.
+  const bool shape_ok = !a_in.is_cuda() || (a_in.size(1) % 16 == 0 && b_in.size(0) % 16 == 0);
+  if (shape_ok) {
+    try {
+      // b.codes [N, K] row-major: its transpose is the column-major [K, N] _scaled_mm expects.
+      // Stored as the GEMM dtype's outputs are: BF16 rounds once, from the scaled FP32 accumulator.
+      const at::ScalarType y_dtype = dt == at::kBFloat16 ? at::kBFloat16 : at::kFloat;
+      torch::Tensor y = at::_scaled_mm(a.codes, b.codes.t(), a.scale, b.scale, std::nullopt, std::nullopt, y_dtype);
+      count_native_fp8_gemm();
+      return gemm_result(y, dt, out);
+    } catch (const c10::Error& e) {
+      native_fp8_gemm_refused(e.what_without_backtrace());
+    }
+  }
+  return gemm_nt(gemm_operand_fresh(a.values, dt), gemm_operand_fresh(b.values, dt), dt, out);
 }
 
 struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunction> {
@@ -83,7 +115,7 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
     // reduction dims (blocks differ per GEMM), so the originals are saved.
     ctx->save_for_backward({x, w});
     ctx->saved_data["cast"] = false;
-    return gemm_nt(q(*sp, x, Operand::kFpropX), qw(*sp, w, Operand::kFpropW), dt, x.scalar_type());
+    return qgemm(*sp, x, Operand::kFpropX, w, Operand::kFpropW, x.scalar_type());
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -113,12 +145,12 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
     }
     if (ctx->needs_input_grad(0)) {
       // dgrad: dX [N, IN] = dY [N, OUT] · W [OUT, IN]; K = OUT, so W goes in as Wᵀ [IN, OUT].
-      dx = gemm_nt(q(*sp, dy, Operand::kDgradDY), qw(*sp, w, Operand::kDgradW), dt, dy.scalar_type());
+      dx = qgemm(*sp, dy, Operand::kDgradDY, w.t(), Operand::kDgradW, dy.scalar_type());
       if (l.probe && l.probe->input_grad_noise) dx.add_(l.probe->input_grad_noise());
     }
     if (ctx->needs_input_grad(1) && !(l.probe && l.probe->skip_wgrad)) {
       // wgrad: dW [OUT, IN] = dYᵀ [OUT, N] · X [N, IN]; K = N: dYᵀ [OUT, N], Xᵀ [IN, N].
-      dw = gemm_nt(q(*sp, dy.t(), Operand::kWgradDY), q(*sp, x.t(), Operand::kWgradX), dt, dy.scalar_type());
+      dw = qgemm(*sp, dy.t(), Operand::kWgradDY, x.t(), Operand::kWgradX, dy.scalar_type());
     }
     return {dx, dw, torch::Tensor()};
   }
@@ -142,7 +174,7 @@ torch::Tensor linear_fprop(const torch::Tensor& x, const torch::Tensor& w, const
   sp.key = key;
   const auto dt = p.gemm_dtype;
   if (cast_path(p, x)) return gemm_result(fp32_mm(gemm_operand(x, dt), gemm_operand(w, dt).t()), dt, x.scalar_type());
-  return gemm_nt(q(sp, x, Operand::kFpropX), qw(sp, w, Operand::kFpropW), dt, x.scalar_type());
+  return qgemm(sp, x, Operand::kFpropX, w, Operand::kFpropW, x.scalar_type());
 }
 
 std::pair<torch::Tensor, torch::Tensor> linear_backward(const torch::Tensor& dy, const torch::Tensor& x,
@@ -159,8 +191,8 @@ std::pair<torch::Tensor, torch::Tensor> linear_backward(const torch::Tensor& dy,
     if (need_dw) dw = gemm_result(fp32_mm(gemm_operand(x, dt).t(), dyc).t().contiguous(), dt, dy.scalar_type());
     return {dx, dw};
   }
-  if (need_dx) dx = gemm_nt(q(sp, dy, Operand::kDgradDY), qw(sp, w, Operand::kDgradW), dt, dy.scalar_type());
-  if (need_dw) dw = gemm_nt(q(sp, dy.t(), Operand::kWgradDY), q(sp, x.t(), Operand::kWgradX), dt, dy.scalar_type());
+  if (need_dx) dx = qgemm(sp, dy, Operand::kDgradDY, w.t(), Operand::kDgradW, dy.scalar_type());
+  if (need_dw) dw = qgemm(sp, dy.t(), Operand::kWgradDY, x.t(), Operand::kWgradX, dy.scalar_type());
   return {dx, dw};
 }
 
@@ -186,6 +218,11 @@ bool QuantStateFreeze::active() { return freeze_depth > 0; }
 
 void OperandQuantizer::restore_state(const nlohmann::json& st, const std::string& what, int64_t) const {
   if (!st.is_null()) fail(what, ": quantizer '", name(), "' keeps no state, got ", st.dump());
+}
+
+OperandQuantizer::ScaledOperand OperandQuantizer::quantize_scaled(const torch::Tensor&, const QuantKey& key) const {
+  throw std::logic_error("quantize_scaled: quantizer " + name() + " has no per-tensor FP8 operand " +
+                         std::string(operand_name(key.operand)));
 }
 
 torch::Tensor OperandQuantizer::quantize_for_gemm(const torch::Tensor& t, const QuantKey& key,

@@ -1,6 +1,8 @@
 // GEMMs in BF16 with FP32 accumulation (see matmul.h).
 #include "snip/model/matmul.h"
 
+#include <spdlog/spdlog.h>
+
 #include "snip/hw/capabilities.h"
 #include "snip/model/blas.h"
 
@@ -162,6 +164,47 @@ std::string bf16_gemm_reason() {
   native_bf16_gemm();
   std::lock_guard<std::mutex> lk(g_backend_mu);
   return g_reason;
+}
+
+namespace {
+std::atomic<int> g_fp8_gemm{int(Fp8Gemm::kAuto)};
+std::atomic<bool> g_fp8_refused{false};
+}  // namespace
+
+Fp8Gemm parse_fp8_gemm(const std::string& s) {
+  if (s == "auto") return Fp8Gemm::kAuto;
+  if (s == "native") return Fp8Gemm::kNative;
+  if (s == "emulated") return Fp8Gemm::kEmulated;
+  fail("train.fp8_gemm: expected auto, native or emulated, got '", s, "'");
+}
+
+void set_fp8_gemm(Fp8Gemm m) {
+  g_fp8_gemm.store(int(m));
+  g_fp8_refused.store(false);
+}
+
+bool native_fp8_gemm(const torch::Device& device) {
+  switch (Fp8Gemm(g_fp8_gemm.load())) {
+    case Fp8Gemm::kNative: return true;
+    case Fp8Gemm::kEmulated: return false;
+    case Fp8Gemm::kAuto: return device.is_cuda() && !g_fp8_refused.load();
+  }
+  return false;
+}
+
+namespace {
+std::atomic<int64_t> g_fp8_native_calls{0};
+}  // namespace
+
+int64_t native_fp8_gemm_count() { return g_fp8_native_calls.load(); }
+void count_native_fp8_gemm() { g_fp8_native_calls.fetch_add(1, std::memory_order_relaxed); }
+
+void native_fp8_gemm_refused(const std::string& why) {
+  if (Fp8Gemm(g_fp8_gemm.load()) == Fp8Gemm::kNative)
+    fail("train.fp8_gemm = native: the device refused an FP8 GEMM (", why, "); use train.fp8_gemm = auto or emulated");
+  if (!g_fp8_refused.exchange(true))
+    spdlog::warn("train.fp8_gemm = auto: the device refused a native FP8 GEMM ({}): FP8 GEMMs run emulated from "
+                 "now on (fake-quantized operands, the same products)", why);
 }
 
 torch::Tensor gemm_operand(const torch::Tensor& t, at::ScalarType dtype) {

@@ -92,6 +92,48 @@ class RecipeQuantizer final : public OperandQuantizer {
 
   std::string name() const override { return recipe_.name; }
 
+  bool scaled_operand(Operand op) const override {
+    const formats::QuantSpec& s = recipe_.operands[size_t(op)];
+    const bool weight = op == Operand::kFpropW || op == Operand::kDgradW;
+    return (s.element == formats::kE4M3 || s.element == formats::kE5M2) && s.block == formats::BlockShape::tensor() &&
+           (s.rule == formats::ScaleRule::kCurrent || s.rule == formats::ScaleRule::kDelayed) && s.hadamard_size == 0 &&
+           !(recipe_.error_feedback && weight);
+  }
+
+  // The call's decode scale is the one quantize() is about to use: delayed
+  // scaling's current scale (before this call records its amax), or the
+  // current rule's scale of this tensor's amax (block_scale, the codec's).
+  ScaledOperand quantize_scaled(const torch::Tensor& t, const QuantKey& key) const override {
+    if (!scaled_operand(key.operand))
+      throw std::logic_error("quantize_scaled: operand " + std::string(operand_name(key.operand)) + " of recipe " + recipe_.name +
+                             " is not a per-tensor FP8 operand");
+    const formats::QuantSpec& spec = recipe_.operands[size_t(key.operand)];
+    const torch::Tensor in = t.to(torch::kFloat).contiguous();  // [rows, K]
+    auto amax = [&] { return in.numel() ? in.abs().amax().item<float>() : 0.0f; };  // NaN-propagating, as the codec's
+    float d = 0;
+    if (spec.rule == formats::ScaleRule::kDelayed) {
+      bool has = false;
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        const auto it = delayed_.find({key.layer, int(key.operand)});
+        if (it != delayed_.end() && it->second.has_scale()) has = true, d = it->second.scale().decode;
+      }
+      if (!has) {  // the bootstrap call: current scaling of its own amax (fake_quant_ref.cpp delayed_call_scale)
+        formats::QuantSpec cur = spec;
+        cur.rule = formats::ScaleRule::kCurrent;
+        d = formats::block_scale(amax(), cur).decode;
+      }
+    } else {
+      d = formats::block_scale(amax(), spec).decode;
+    }
+    ScaledOperand o;
+    o.values = quantize(in, key);  // records as quantize() does
+    o.scale = torch::full({}, d, in.options());
+    // values = code * d rounded to FP32: / d comes back within 2^-23 of the code, which the cast restores.
+    o.codes = (o.values / o.scale).to(spec.element == formats::kE4M3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2);
+    return o;
+  }
+
   std::optional<formats::QuantizedTensor> quantize_packed(const torch::Tensor& t, const QuantKey& key) const override {
     const bool weight = key.operand == Operand::kFpropW || key.operand == Operand::kDgradW;
     const formats::QuantSpec& spec = recipe_.operands[size_t(key.operand)];

@@ -5,6 +5,7 @@
 #include "session.h"
 
 #include "snip/io/atomic_file.h"
+#include "snip/model/matmul.h"
 #include "snip/report/report.h"
 
 namespace snip {
@@ -170,6 +171,7 @@ TrainSummary Progress::summarize(const History& h, const Checkpointer& ck, int64
             {"parameters", s.mcfg.num_parameters()}, {"policy", s.ctl->policy()},
             {"gemm_dtype", tc.gemm_bf16 ? "bf16" : "fp32"}, {"elapsed_s", sum.seconds},
             {"device", s.device.str()}, {"device_reason", s.device_reason},
+            {"fp8_gemms_native", native_fp8_gemm_count()},
             {"tokens_total", sum.tokens}, {"resumed_at", s.resumed_at}, {"world_size", s.R},
             {"zero_stage", s.zero_stage}, {"memory_per_rank", memory_per_rank_},
             {"pipeline", s.stages ? s.stages->summary() : json(nullptr)},

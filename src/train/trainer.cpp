@@ -30,6 +30,7 @@ at::ScalarType prepare_model(LlamaForCausalLM& model, const TrainConfig& t, cons
   const at::ScalarType gemm = gemm_dtype_of(t);
   if (!device.is_cpu()) model->to(device);
   set_bf16_gemm_backend(t.gemm_backend, device.is_cuda());
+  set_fp8_gemm(parse_fp8_gemm(t.fp8_gemm));
   model->set_precision(LinearPrecision{nullptr, gemm});
   model->set_non_linear_gemm_dtype(gemm);
   return gemm;

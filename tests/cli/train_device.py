@@ -82,6 +82,23 @@ try:
                 s = summary(run)
                 c.check(s.get("device") == "cpu" and s.get("device_reason", "").startswith("auto: "),
                         "summary.json device", json.dumps({k: s.get(k) for k in ("device", "device_reason")}))
+        # train.fp8_gemm: the per-tensor FP8 recipe's GEMMs through at::_scaled_mm
+        # (oneDNN here) give the FP32 emulation's losses; summary.json counts them.
+        fp8 = ["--set", "precision.policy=uniform-fp8_tensor", "--set", "train.gemm_dtype=fp32",
+               "--set", "train.max_steps=8"]
+        losses = {}
+        for mode in ("native", "emulated"):
+            run = os.path.join(tmp, "fp8-" + mode)
+            rc, out, err = train(run, "cpu", fp8 + ["--set", f"train.fp8_gemm={mode}"])
+            c.check(rc == 0, f"fp8_gemm={mode} trains", err[-1500:])
+            if rc == 0:
+                losses[mode] = [r["loss"] for r in metrics(run)]
+                n = summary(run).get("fp8_gemms_native")
+                c.check(n == 0 if mode == "emulated" else n >= 7 * 3, f"fp8_gemm={mode}: native GEMMs counted",
+                        f"fp8_gemms_native = {n}")
+        if len(losses) == 2:
+            c.check(all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(losses["native"], losses["emulated"])),
+                    "native FP8 GEMMs give the emulation's losses", f"{losses}")
         c.expect_error("another word", ["train", "--config", cfg, "--run-dir", os.path.join(tmp, "y"),
                                         "--set", "train.device=gpu"], "expected auto, cpu or cuda",
                        absent=os.path.join(tmp, "y"))

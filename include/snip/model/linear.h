@@ -89,6 +89,26 @@ class OperandQuantizer {
   /// A short name for logs ("fp8", "nvfp4", ...).
   virtual std::string name() const = 0;
 
+  /// An operand of a native FP8 GEMM (at::_scaled_mm): `values` is
+  /// quantize(t, key) bit for bit (FP32 [rows, K], the state recorded as
+  /// quantize records it), `codes` the same as float8_e4m3fn or
+  /// float8_e5m2 [rows, K] (values = codes * scale exactly, up to FP32's
+  /// rounding of the product), `scale` the per-tensor decode scale (FP32,
+  /// 0-dim, on t's device).
+  struct ScaledOperand {
+    torch::Tensor values, codes, scale;
+  };
+  /// Whether operand `op` can be a native FP8 GEMM operand: E4M3 or E5M2
+  /// elements with one scale per tensor (current or delayed scaling), no
+  /// Hadamard transform, no error feedback on weights. False by default.
+  virtual bool scaled_operand(Operand op) const {
+    (void)op;
+    return false;
+  }
+  /// For scaled_operand(key.operand): t quantized as quantize() does, with its
+  /// codes and scale. Throws std::logic_error for another operand.
+  virtual ScaledOperand quantize_scaled(const torch::Tensor& t, const QuantKey& key) const;
+
   /// The weight operand t ([rows, K] FP32 contiguous: W [OUT, IN] for
   /// kFpropW, Wᵀ [IN, OUT] for kDgradW) as element codes and block scales
   /// whose formats::dequantize equals quantize(t, key) bit for bit, for a

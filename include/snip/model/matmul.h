@@ -60,6 +60,34 @@ bool native_bf16_gemm();
 /// "... accumulates in BF16 here ...".
 std::string bf16_gemm_reason();
 
+/// How a GEMM whose two operands are per-tensor-scaled FP8 runs
+/// (train.fp8_gemm; OperandQuantizer::scaled_operand in model/linear.h):
+/// kNative = at::_scaled_mm on the FP8 codes (FP32 accumulation, the two
+/// decode scales applied to the FP32 result: cuBLASLt on a GPU of compute
+/// capability 8.9+, oneDNN on the CPU), kEmulated = the fake-quantized
+/// values in train.gemm_dtype (the same products; the BF16 emulation also
+/// rounds each dequantized operand to BF16), kAuto = native on CUDA devices,
+/// emulated on the CPU.
+enum class Fp8Gemm { kAuto, kNative, kEmulated };
+
+/// Parses "auto", "native", "emulated"; throws snip::UserError naming
+/// train.fp8_gemm otherwise.
+Fp8Gemm parse_fp8_gemm(const std::string& s);
+/// Sets the mode for the rest of the process (the trainer, from
+/// train.fp8_gemm; kAuto until called).
+void set_fp8_gemm(Fp8Gemm m);
+/// True when a GEMM with both operands scaled on `device` runs natively now.
+bool native_fp8_gemm(const torch::Device& device);
+/// Native FP8 GEMMs run in this process so far (at::_scaled_mm calls that
+/// returned), for logs, summaries and tests.
+int64_t native_fp8_gemm_count();
+void count_native_fp8_gemm();
+
+/// A native FP8 GEMM the device refused (`why`, one line): under kAuto the
+/// process runs the emulation from now on, with one warning; under kNative
+/// throws snip::UserError naming train.fp8_gemm and why.
+void native_fp8_gemm_refused(const std::string& why);
+
 /// t rounded to BF16 precision (round to nearest even) and held in t's dtype:
 /// bit for bit t.to(kBFloat16).to(t.dtype), including the derivative (the
 /// gradient is rounded to BF16 the same way) and the layout (t's strides).
