@@ -61,9 +61,10 @@ run    (on the device; also works here, without a GPU) runs from the pack,
                      one they run and skip, and so does the step)
                      -> cuda_tests.json
          doctor      snip doctor --json -> doctor.json
-         train_bf16, train_fp8, train_snip
+         train_bf16, train_fp8, train_fp8_tensor, train_snip
                      configs/tiny.toml on the packed data (policy none,
-                     recipe fp8, policy snip) -> train.json (tokens/s,
+                     recipe fp8, recipe fp8_tensor: native FP8 GEMMs on a
+                     GPU, policy snip) -> train.json (tokens/s,
                      losses, peak memory, fp8/bf16 step time)
          bench       bench_formats' fake-quant cases -> bench_formats.json
          python_ops  the Python package with the packed operators
@@ -322,7 +323,8 @@ def train_row(name, run_dir, rss_json, gpu_log, device, steps, out):
         row["fp4_share_mean"] = sum(fp4) / len(fp4) if fp4 else None
     try:
         s = json.load(open(os.path.join(run_dir, "summary.json")))
-        for k in ("policy", "tokens_per_s", "final_val_loss", "final_train_loss", "parameters", "seconds"):
+        for k in ("policy", "tokens_per_s", "final_val_loss", "final_train_loss", "parameters", "seconds", "device",
+                  "fp8_gemms_native"):
             if k in s:
                 row["summary_" + k if k == "final_train_loss" else k] = s[k]
         row["memory_per_rank"] = s.get("memory_per_rank")
@@ -355,7 +357,7 @@ def train_row(name, run_dir, rss_json, gpu_log, device, steps, out):
 
 def train_json(rows_dir, out, steps, device, note):
     rows = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(rows_dir, "*.json")))]
-    order = {"train_bf16": 0, "train_fp8": 1, "train_snip": 2}
+    order = {"train_bf16": 0, "train_fp8": 1, "train_fp8_tensor": 2, "train_snip": 3}
     rows.sort(key=lambda r: order.get(r["name"], 9))
     by = {r["name"]: r for r in rows}
     def ratio(a, b):
@@ -363,6 +365,7 @@ def train_json(rows_dir, out, steps, device, note):
         return x / y if finite(x) and finite(y) and y > 0 else None
     atomic_json(out, {"steps": int(steps), "device": device, "note": note, "rows": rows,
                       "fp8_over_bf16_step_time": ratio("train_fp8", "train_bf16"),
+                      "fp8_tensor_over_bf16_step_time": ratio("train_fp8_tensor", "train_bf16"),
                       "snip_over_bf16_step_time": ratio("train_snip", "train_bf16")})
 
 def cuda_items(pack_json):
@@ -870,7 +873,7 @@ step_doctor() {
 train_steps() {
   if [ -n "${SNIP_GPU_CHECK_STEPS:-}" ]; then echo "$SNIP_GPU_CHECK_STEPS"
   elif [ "$train_device" = cuda ]; then echo 200
-  else echo 30; fi
+  else echo 16; fi
 }
 
 # train_run NAME [--set ...]: configs/tiny.toml on the packed data.
@@ -910,6 +913,9 @@ train_run() {
 }
 step_train_bf16() { train_run train_bf16; }
 step_train_fp8() { train_run train_fp8 --set precision.recipe=fp8; }
+# Per-tensor FP8 (TE's DelayedScaling HYBRID): its GEMMs native through
+# at::_scaled_mm on a GPU (train.fp8_gemm = auto; fp8_gemms_native in the row).
+step_train_fp8_tensor() { train_run train_fp8_tensor --set precision.recipe=fp8_tensor; }
 step_train_snip() { train_run train_snip --set precision.policy=snip; }
 
 step_bench() {
@@ -946,13 +952,13 @@ if torch.cuda.is_available():
         yc = snip.fake_quant(x.cuda(), "mxfp4")
         msg += "; on cuda: " + ("bit-exact with the CPU" if torch.equal(yc.cpu(), y) else "DIFFERS from the CPU")
     except snip.Error as e:
-        msg += f"; on cuda: refused ({str(e).splitlines()[0][:120]})"
+        msg += f"; on cuda: REFUSED ({str(e).splitlines()[0][:120]})"  # the operators take CUDA tensors
 print(msg)
 ' 2>&1) || rc=$?
   echo "$out"
   if [ "$rc" -ne 0 ]; then fail "python3 with the packed operators: exit status $rc: $(tail -1 <<<"$out")"; return 0; fi
   STEP_REASON=$(tail -1 <<<"$out")
-  case "$STEP_REASON" in *DIFFERS*) fail "$STEP_REASON" ;; esac
+  case "$STEP_REASON" in *DIFFERS*|*REFUSED*) fail "$STEP_REASON" ;; esac
 }
 
 pack_field() { "$py" -c 'import json,sys; print(json.load(open(sys.argv[1])).get(sys.argv[2], "?"))' "$pack/pack.json" "$1" 2>/dev/null || echo "?"; }
@@ -1045,6 +1051,7 @@ cmd_run() {
   step doctor      10  45 step_doctor
   step train_bf16  15  60 step_train_bf16
   step train_fp8   15  60 step_train_fp8
+  step train_fp8_tensor 15 60 step_train_fp8_tensor
   step train_snip  15  75 step_train_snip
   step bench        5  30 step_bench
   step python_ops  10  30 step_python_ops

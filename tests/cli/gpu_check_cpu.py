@@ -39,7 +39,8 @@ env = {k: v for k, v in os.environ.items() if k not in ("OUT", "SNIP_GPU_CHECK_S
 # What a device has of its own (scripts/gpu_check.sh base_libs and fallback_libs).
 SYSTEM = {"libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1", "libutil.so.1", "libresolv.so.2",
           "libgomp.so.1", "libstdc++.so.6", "libgcc_s.so.1"}
-STEPS = ["env", "cuda_tests", "doctor", "train_bf16", "train_fp8", "train_snip", "bench", "python_ops"]
+STEPS = ["env", "cuda_tests", "doctor", "train_bf16", "train_fp8", "train_fp8_tensor", "train_snip", "bench",
+         "python_ops"]
 
 
 def sh(args, timeout):
@@ -131,7 +132,11 @@ try:
     c.check(all(i["ok"] and not i["failed"] for i in ct["items"]), "no CUDA test failed", ct["items"])
     train = json.load(open(os.path.join(out, "train.json")))
     rows = {r["name"]: r for r in train["rows"]}
-    c.check(sorted(rows) == ["train_bf16", "train_fp8", "train_snip"], "train.json has the three runs", sorted(rows))
+    c.check(sorted(rows) == ["train_bf16", "train_fp8", "train_fp8_tensor", "train_snip"], "train.json has the four runs",
+            sorted(rows))
+    # On this CPU, train.fp8_gemm = auto keeps the per-tensor FP8 GEMMs emulated.
+    c.check(rows.get("train_fp8_tensor", {}).get("fp8_gemms_native") == 0, "fp8_tensor emulated on the CPU",
+            rows.get("train_fp8_tensor"))
     for name, r in rows.items():
         c.check(finite(r.get("tokens_per_s")) and r["tokens_per_s"] > 0, f"{name}: tokens/s > 0", r.get("tokens_per_s"))
         c.check(finite(r.get("final_train_loss")) and finite(r.get("final_val_loss")), f"{name}: finite losses", r)
