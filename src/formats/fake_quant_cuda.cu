@@ -140,6 +140,22 @@ int device_count(std::string* why) {
   return n;
 }
 
+bool memory_info(int device, size_t* free_bytes, size_t* total_bytes, std::string* why) {
+  int prev = 0;
+  cudaError_t e = cudaGetDevice(&prev);
+  if (e == cudaSuccess) e = cudaSetDevice(device);
+  if (e == cudaSuccess) {
+    e = cudaMemGetInfo(free_bytes, total_bytes);
+    cudaSetDevice(prev);
+  }
+  if (e != cudaSuccess) {
+    if (why) *why = std::string("cudaMemGetInfo on device ") + std::to_string(device) + ": " + cudaGetErrorString(e);
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
 bool supported(const QuantSpec& spec, std::string* why) {
   validate_quant_spec(spec, "fake_quantize (CUDA)");
   auto no = [&](const std::string& w) {

@@ -15,6 +15,11 @@ int device_count(std::string* why) {
   return 0;
 }
 
+bool memory_info(int, size_t*, size_t*, std::string* why) {
+  if (why) *why = kWhy;
+  return false;
+}
+
 bool supported(const QuantSpec&, std::string* why) {
   if (why) *why = kWhy;
   return false;

@@ -10,6 +10,7 @@
 #include "snip/io/atomic_file.h"
 #include "snip/io/json.h"
 #include "snip/io/safetensors.h"
+#include "snip/formats/fake_quant_cuda.h"
 #include "snip/model/blas.h"
 #include "snip/model/device.h"
 #include "snip/model/matmul.h"
@@ -107,8 +108,14 @@ void make_model(TrainSession& s) {
   torch::manual_seed(s.seed);
   s.mcfg = LlamaConfig::from_run_config(s.rc.model, s.loader->vocab_size());
   // This machine's ranks share its memory; ZeRO shards the AdamW state (and the gradients at stage 2).
-  check_memory(training_memory(s.mcfg, s.B, s.T, RankLayout{s.R, std::max(1, s.world.local_size), s.zero_stage}),
-               hw::available_memory_bytes(), "snip train");
+  // On a GPU the device's free memory bounds it (one process per device).
+  const MemoryEstimate need =
+      training_memory(s.mcfg, s.B, s.T, RankLayout{s.R, std::max(1, s.world.local_size), s.zero_stage});
+  size_t gpu_free = 0, gpu_total = 0;
+  if (s.device.is_cuda() && formats::cuda::memory_info(s.device.index(), &gpu_free, &gpu_total))
+    check_memory(need, (long long)gpu_free, "snip train (train.device = cuda: the GPU's free memory)");
+  else
+    check_memory(need, hw::available_memory_bytes(), "snip train");
   s.model = LlamaForCausalLM(s.mcfg);
   if (s.init) {
     // Every parameter from the file (shapes and dtypes checked, unused

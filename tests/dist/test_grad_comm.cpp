@@ -58,19 +58,25 @@ void check_bookkeeping(const std::string& format, bool additions_exact) {
     const torch::Tensor e_old = e.clone();
     const torch::Tensor v = g + e_old;  // what compress computes first
     const torch::Tensor r = v.to(torch::kDouble) - (g.to(torch::kDouble) + e_old.to(torch::kDouble));
-    if (additions_exact) EXPECT_TRUE(torch::equal(r, torch::zeros_like(r))) << "step " << step;
+    if (additions_exact) {
+      EXPECT_TRUE(torch::equal(r, torch::zeros_like(r))) << "step " << step;
+    }
     EXPECT_TRUE((r.abs() <= v.to(torch::kDouble).abs() * std::ldexp(1.0, -24)).all().item<bool>());
     const float amax = v.abs().max().item<float>();  // one rank: the shared amax is its own
     const torch::Tensor q = c.compress(g, e, amax, formats::RoundingKey{7, uint64_t(step), 0, 0});
     ASSERT_TRUE(torch::equal(q.to(torch::kDouble) + e.to(torch::kDouble), v.to(torch::kDouble)))
         << "step " << step << ": q + e_new != fl(g + e_old)";
-    if (format != "fp32") EXPECT_FALSE(torch::equal(q, v)) << "step " << step << ": nothing was quantized";
+    if (format != "fp32") {
+      EXPECT_FALSE(torch::equal(q, v)) << "step " << step << ": nothing was quantized";
+    }
     sum_q += q.to(torch::kDouble);
     sum_g += g.to(torch::kDouble);
     sum_r += r;
   }
   EXPECT_TRUE(torch::equal(sum_q + e.to(torch::kDouble), sum_g + sum_r));
-  if (additions_exact) EXPECT_TRUE(torch::equal(sum_q + e.to(torch::kDouble), sum_g));
+  if (additions_exact) {
+    EXPECT_TRUE(torch::equal(sum_q + e.to(torch::kDouble), sum_g));
+  }
 }
 
 TEST(DistGradComm, ErrorFeedbackTransmittedPlusResidualIsTheSumExactly) {

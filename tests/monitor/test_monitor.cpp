@@ -261,7 +261,9 @@ TEST(Monitor, ServesMetricsOnLoopbackAndReportsAPortInUse) {
   for (const MetricInfo& m : metric_table()) listed.insert(m.name);
   std::istringstream in(res->body);
   for (std::string line; std::getline(in, line);)
-    if (line.rfind("# TYPE ", 0) == 0) EXPECT_TRUE(listed.count(line.substr(7, line.find(' ', 7) - 7))) << line;
+    if (line.rfind("# TYPE ", 0) == 0) {
+      EXPECT_TRUE(listed.count(line.substr(7, line.find(' ', 7) - 7))) << line;
+    }
   Exporter second(info());
   std::string busy;
   EXPECT_EQ(second.listen("127.0.0.1:" + std::to_string(port), &busy), -1);

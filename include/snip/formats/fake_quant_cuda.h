@@ -40,6 +40,11 @@ namespace snip::formats::cuda {
 /// the fake_quantize functions throw std::runtime_error saying so.)
 int device_count(std::string* why = nullptr);
 
+/// Free and total memory of CUDA device `device` in bytes (cudaMemGetInfo;
+/// the caller's current device is kept). False, with `why`, when there is
+/// no such device or the runtime fails.
+bool memory_info(int device, size_t* free_bytes, size_t* total_bytes, std::string* why = nullptr);
+
 /// Whether fake_quantize below covers `spec` (validated first; delayed
 /// scaling through its DelayedScaling overload); when not, `why` (if given)
 /// names what is missing.
