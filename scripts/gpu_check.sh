@@ -121,6 +121,25 @@ def sha256(path):
             h.update(chunk)
     return h.hexdigest()
 
+
+def version_chain(data, o, head, cnt_i, aux_i, next_i, file_i, entry, name_i, enext_i, refs):
+    """Appends the string offsets of a GNU version section's chain to refs:
+    each head (struct `head`: count, aux offset, next offset, and for verneed
+    the file name) and its `count` entries (struct `entry`: name, next)."""
+    while True:
+        h = struct.unpack_from(head, data, o)
+        if file_i is not None:
+            refs.append(h[file_i])
+        a = o + h[aux_i]
+        for _ in range(h[cnt_i]):
+            e = struct.unpack_from(entry, data, a)
+            refs.append(e[name_i])
+            if not e[enext_i]:
+                break
+            a += e[enext_i]
+        if not h[next_i]:
+            break
+        o += h[next_i]
 def set_runpath(path, new):
     """Overwrites DT_RUNPATH/DT_RPATH's string in .dynstr with `new` (no
     longer than the old one; NUL padding), after checking that no other name
@@ -153,35 +172,10 @@ def set_runpath(path, new):
             continue
         if s[1] == 11:  # SHT_DYNSYM
             refs += [struct.unpack_from("<I", data, o)[0] for o in range(s[4], s[4] + s[5], 24)]
-        elif s[1] == 0x6FFFFFFE and s[5]:  # SHT_GNU_verneed
-            o = s[4]
-            while True:
-                _, cnt, vfile, aux, nxt = struct.unpack_from("<HHIII", data, o)
-                refs.append(vfile)
-                a = o + aux
-                for _ in range(cnt):
-                    _, _, _, name, anext = struct.unpack_from("<IHHII", data, a)
-                    refs.append(name)
-                    if not anext:
-                        break
-                    a += anext
-                if not nxt:
-                    break
-                o += nxt
-        elif s[1] == 0x6FFFFFFD and s[5]:  # SHT_GNU_verdef
-            o = s[4]
-            while True:
-                _, _, _, cnt, _, aux, nxt = struct.unpack_from("<HHHHIII", data, o)
-                a = o + aux
-                for _ in range(cnt):
-                    name, anext = struct.unpack_from("<II", data, a)
-                    refs.append(name)
-                    if not anext:
-                        break
-                    a += anext
-                if not nxt:
-                    break
-                o += nxt
+        elif s[1] == 0x6FFFFFFE and s[5]:  # SHT_GNU_verneed: Verneed (file name) -> Vernaux (version names)
+            version_chain(data, s[4], "<HHIII", 1, 3, 4, 2, "<IHHII", 3, 4, refs)
+        elif s[1] == 0x6FFFFFFD and s[5]:  # SHT_GNU_verdef: Verdef -> Verdaux (version names)
+            version_chain(data, s[4], "<HHHHIII", 3, 5, 6, None, "<II", 0, 1, refs)
     if not targets:
         print(f"{path}: no RUNPATH"); return
     for val in targets:

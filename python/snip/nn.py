@@ -145,7 +145,8 @@ class Linear(torch.nn.Linear):
 
     def forward(self, x):
         _ops.check_tensor(x)
-        _ops.check_device(x, self.weight, cuda=True)
+        _ops.check_device(x, self.weight, *([] if self.bias is None else [self.bias]), cuda=True)
+        _ops.check_device(self._step, cuda=True)  # on the CPU or beside the weight
         if x.dim() < 1 or x.shape[-1] != self.in_features:
             raise _ops.RecipeError(f"snip.nn.Linear: expected input [..., {self.in_features}], got {list(x.shape)}")
         for t, what in ((x, "input"), (self.weight, "weight")):

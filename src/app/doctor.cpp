@@ -31,6 +31,7 @@
 #include "doctor_gpu.h"
 #include "snip/data/data_folder.h"
 #include "snip/config/config.h"
+#include "snip/model/device.h"
 #include "snip/data/loader.h"
 #include "snip/hw/platform.h"
 #include "snip/hw/capabilities.h"
@@ -207,6 +208,11 @@ void run_doctor(const DoctorOpts& o) {
       run = RunConfig::from(c);
       check("config", true, o.config + " is valid");
       set_bf16_gemm_backend(run->train.gemm_backend);
+      try {  // train.device as the trainer resolves it (one process)
+        check("device", true, resolve_train_device(run->train.device, 1).reason);
+      } catch (const std::exception& e) {
+        check("device", false, e.what());
+      }
       const std::string dir = run->data.dir;
       try {  // the shards as the trainer opens them (header, token range, size)
         for (const char* f : {"train.bin", "val.bin"}) {

@@ -269,6 +269,18 @@ void run(const float* in, float* out, const Grid& g, const QuantSpec& spec, cons
 
 }  // namespace
 
+namespace {
+// in (host, n floats) -> the device, `run` on it in place, back to out (host).
+template <typename Run>
+void round_trip(const float* in, float* out, int64_t n, Run&& run) {
+  if (!in || !out) throw std::invalid_argument("fake_quantize (CUDA): null data pointer");
+  DeviceBuffer<float> x(static_cast<size_t>(n));
+  check(cudaMemcpy(x.p, in, size_t(n) * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+  run(x.p);
+  check(cudaMemcpy(out, x.p, size_t(n) * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+}
+}  // namespace
+
 size_t fake_quantize_scratch_bytes(int64_t rows, int64_t cols, const QuantSpec& spec) {
   if (rows <= 0 || cols <= 0) return 0;
   return Scratch::bytes(grid_of(rows, cols, spec));
@@ -309,12 +321,7 @@ void fake_quantize_host(const float* in, float* out, int64_t rows, int64_t cols,
                         const RoundingKey& key) {
   check_stateless(rows, cols, spec, key);
   if (rows * cols == 0) return;
-  if (!in || !out) throw std::invalid_argument("fake_quantize (CUDA): null data pointer");
-  const size_t n = size_t(rows * cols);
-  DeviceBuffer<float> x(n);
-  check(cudaMemcpy(x.p, in, n * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
-  fake_quantize_device(x.p, x.p, rows, cols, spec, key);
-  check(cudaMemcpy(out, x.p, n * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  round_trip(in, out, rows * cols, [&](float* x) { fake_quantize_device(x, x, rows, cols, spec, key); });
 }
 
 void fake_quantize_host(const float* in, float* out, int64_t rows, int64_t cols, const RoundingKey& key,
@@ -324,12 +331,7 @@ void fake_quantize_host(const float* in, float* out, int64_t rows, int64_t cols,
     state.record(0.0f);
     return;
   }
-  if (!in || !out) throw std::invalid_argument("fake_quantize (CUDA): null data pointer");
-  const size_t n = size_t(rows * cols);
-  DeviceBuffer<float> x(n);
-  check(cudaMemcpy(x.p, in, n * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
-  fake_quantize_device(x.p, x.p, rows, cols, key, state);
-  check(cudaMemcpy(out, x.p, n * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  round_trip(in, out, rows * cols, [&](float* x) { fake_quantize_device(x, x, rows, cols, key, state); });
 }
 
 }  // namespace snip::formats::cuda

@@ -22,20 +22,20 @@ std::string cuda_unavailable_reason() {
 
 DeviceChoice resolve_train_device(const std::string& option, int world_size) {
   if (option == "cpu") return {torch::kCPU, "train.device = cpu"};
+  const std::string head = "train.device = " + option;
   if (option == "cuda" || option == "auto") {
     const std::string missing = cuda_unavailable_reason();
     if (option == "auto") {
-      if (!missing.empty()) return {torch::kCPU, "auto: " + missing};
+      if (!missing.empty()) return {torch::kCPU, head + ": " + missing};
       if (world_size > 1)
-        return {torch::kCPU, str_cat("auto: ", world_size, " ranks train on the CPU (Gloo): NCCL data parallelism "
-                                     "on CUDA is not built yet")};
+        return {torch::kCPU, str_cat(head, ": ", world_size, " ranks train on the CPU (Gloo): NCCL data "
+                                     "parallelism on CUDA is not built yet")};
     }
     if (!missing.empty()) fail("train.device = cuda: ", missing, "; use train.device = cpu (or auto)");
     if (world_size > 1)
       fail("train.device = cuda: ", world_size, " ranks: NCCL data parallelism on CUDA is not built yet; use "
            "train.device = cpu with dist.backend = gloo, or one process per run");
-    return {torch::Device(torch::kCUDA, 0), str_cat(option == "auto" ? "auto" : "train.device = cuda", ": CUDA device 0 of ",
-                                                    torch::cuda::device_count())};
+    return {torch::Device(torch::kCUDA, 0), str_cat(head, ": CUDA device 0 of ", torch::cuda::device_count())};
   }
   fail("train.device: expected auto, cpu or cuda, got '", option, "'");
 }

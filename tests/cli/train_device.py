@@ -73,14 +73,21 @@ try:
             c.expect_error("cuda without a device", ["train", "--config", cfg, "--run-dir", os.path.join(tmp, "x"),
                                                      "--set", "train.device=cuda"], "train.device = cuda",
                            absent=os.path.join(tmp, "x"))
+            # snip doctor --config resolves it as the trainer does: exit 2 naming it.
+            dcfg = os.path.join(tmp, "cuda.toml")
+            with open(dcfg, "w") as f:
+                f.write(f'[data]\ndir = "{data}"\n[train]\ndevice = "cuda"\n')
+            rc, out, err = c.run(["doctor", "--config", dcfg], timeout=300)
+            c.check(rc == 2 and "device: train.device = cuda: no CUDA device" in err, "doctor refuses cuda",
+                    f"rc={rc} {err[-500:]}")
             run = os.path.join(tmp, "auto")
             rc, out, err = train(run, "auto")
             c.check(rc == 0, "auto trains", err[-1500:])
-            c.check("device: cpu (train.device = auto; auto: " in err + out, "auto says what it chose",
+            c.check("device: cpu (train.device = auto: " in err + out, "auto says what it chose",
                     (err + out)[-1500:])
             if rc == 0:
                 s = summary(run)
-                c.check(s.get("device") == "cpu" and s.get("device_reason", "").startswith("auto: "),
+                c.check(s.get("device") == "cpu" and s.get("device_reason", "").startswith("train.device = auto: "),
                         "summary.json device", json.dumps({k: s.get(k) for k in ("device", "device_reason")}))
         # train.fp8_gemm: the per-tensor FP8 recipe's GEMMs through at::_scaled_mm
         # (oneDNN here) give the FP32 emulation's losses; summary.json counts them.

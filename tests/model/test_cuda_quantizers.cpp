@@ -88,6 +88,7 @@ TEST(CudaQuantizers, Bf16InputsKeepTheirDtype) {
 TEST(CudaQuantizers, ResolveDevice) {
   // Every machine: the words and the refusals.
   EXPECT_TRUE(resolve_train_device("cpu", 1).device.is_cpu());
+  EXPECT_EQ(resolve_train_device("auto", 1).reason.rfind("train.device = auto: ", 0), 0u);
   EXPECT_THROW(resolve_train_device("gpu", 1), std::exception);
   const bool has = cuda_unavailable_reason().empty();
   EXPECT_EQ(resolve_train_device("auto", 1).device.is_cuda(), has);

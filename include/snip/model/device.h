@@ -16,7 +16,7 @@ namespace snip {
 /// A resolved train.device: the device and one line saying why.
 struct DeviceChoice {
   torch::Device device = torch::kCPU;
-  std::string reason;  ///< e.g. "auto: CUDA device 0 of 1" or "auto: no CUDA device (...)"
+  std::string reason;  ///< e.g. "train.device = auto: CUDA device 0 of 1" or "auto: no CUDA device (...)"
 };
 
 /// Why LibTorch sees no CUDA device here, in one line ("" when it sees
