@@ -81,6 +81,16 @@ def test_stochastic_rounding_is_keyed_and_unbiased():
     assert torch.equal(snip.fake_quant(x, "fp4", "fprop.x"), snip.fake_quant(x, "fp4", "fprop.x", step=9))  # RNE
 
 
+def _linear_with(step=None, bias=None):
+    """A snip.nn.Linear(32, 8) whose step buffer or bias sits on another device."""
+    layer = snip.nn.Linear(32, 8, recipe="fp8")
+    if step:
+        layer._step = layer._step.to(step)
+    if bias:
+        layer.bias = torch.nn.Parameter(torch.empty(8, device=bias))
+    return layer
+
+
 @pytest.mark.parametrize("call,kind,text", [
     (lambda: snip.fake_quant(torch.ones(2, 32), "fp3"), snip.RecipeError, "unknown recipe 'fp3' (known: bf16"),
     (lambda: snip.fake_quant(torch.ones(2, 32), "fp8", "fprop.z"), snip.RecipeError, "operand: unknown GEMM operand"),
@@ -93,6 +103,9 @@ def test_stochastic_rounding_is_keyed_and_unbiased():
      "kernels for the CPU only (packed codes and scales live on the host)"),
     (lambda: snip.nn.Linear(32, 8, recipe="fp8")(torch.ones(2, 32, device="meta")), snip.DeviceError,
      "tensor on meta: this snip operator has kernels for the CPU and CUDA"),
+    # The step buffer and the bias are checked too (a meta step once gave uninitialised output).
+    (lambda: _linear_with(step="meta")(torch.ones(2, 32)), snip.DeviceError, "tensor on meta"),
+    (lambda: _linear_with(bias="meta")(torch.ones(2, 32)), snip.DeviceError, "tensor on meta"),
     (lambda: snip.fake_quant(torch.ones(2, 32), 3), snip.RecipeError, "expected a recipe name"),
 ])
 def test_bad_input_is_one_line_of_the_right_class(call, kind, text):
