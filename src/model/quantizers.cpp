@@ -78,7 +78,7 @@ class RecipeQuantizer final : public OperandQuantizer {
     if (!t.device().is_cpu())
       fail("quantizer ", recipe_.name, ": ", t.device().str(), " tensors are not supported (CPU and CUDA only)");
     const torch::Tensor in = t.to(torch::kFloat).contiguous();  // [rows, K]
-    const bool weight = key.operand == Operand::kFpropW || key.operand == Operand::kDgradW;
+    const bool weight = weight_operand(key.operand);
     const torch::Tensor out = recipe_.error_feedback && weight ? quantize_weight_ef(in, key) : quantize_plain(in, key);
     return out.to(t.scalar_type());
   }
@@ -94,7 +94,7 @@ class RecipeQuantizer final : public OperandQuantizer {
 
   bool scaled_operand(Operand op) const override {
     const formats::QuantSpec& s = recipe_.operands[size_t(op)];
-    const bool weight = op == Operand::kFpropW || op == Operand::kDgradW;
+    const bool weight = weight_operand(op);
     return (s.element == formats::kE4M3 || s.element == formats::kE5M2) && s.block == formats::BlockShape::tensor() &&
            (s.rule == formats::ScaleRule::kCurrent || s.rule == formats::ScaleRule::kDelayed) && s.hadamard_size == 0 &&
            !(recipe_.error_feedback && weight);
@@ -135,7 +135,7 @@ class RecipeQuantizer final : public OperandQuantizer {
   }
 
   std::optional<formats::QuantizedTensor> quantize_packed(const torch::Tensor& t, const QuantKey& key) const override {
-    const bool weight = key.operand == Operand::kFpropW || key.operand == Operand::kDgradW;
+    const bool weight = weight_operand(key.operand);
     const formats::QuantSpec& spec = recipe_.operands[size_t(key.operand)];
     if (!weight || recipe_.error_feedback || spec.rule == formats::ScaleRule::kDelayed ||
         spec.rounding != formats::Rounding::kRNE || spec.hadamard_size != 0 || spec.is_bf16_passthrough() ||
@@ -270,7 +270,7 @@ class RecipeQuantizer final : public OperandQuantizer {
   // (QuantKey::errors) is summed on the device in FP64, not in the CPU's
   // lane order: the same value up to summation order.
   torch::Tensor quantize_cuda(const torch::Tensor& t, const QuantKey& key) const {
-    const bool weight = key.operand == Operand::kFpropW || key.operand == Operand::kDgradW;
+    const bool weight = weight_operand(key.operand);
     const formats::QuantSpec& spec = recipe_.operands[size_t(key.operand)];
     std::string why;
     if (recipe_.error_feedback && weight) why = "error feedback keeps its residual on the host";
@@ -298,16 +298,9 @@ class RecipeQuantizer final : public OperandQuantizer {
     const formats::RoundingKey rk{key.seed, uint64_t(key.step), uint64_t(key.layer), uint32_t(key.operand)};
     if (spec.rule == formats::ScaleRule::kDelayed) {
       // The history lives here, on the host; the amax comes back from the device.
-      std::lock_guard<std::mutex> g(mu_);
-      if (QuantStateFreeze::active()) {
-        auto it = delayed_.find({key.layer, int(key.operand)});
-        formats::DelayedScaling copy = it != delayed_.end() ? it->second : formats::DelayedScaling(spec);
-        formats::cuda::fake_quantize_device(in.data_ptr<float>(), out.data_ptr<float>(), rows, cols, rk, copy, launch);
-      } else {
-        auto it = delayed_.try_emplace({key.layer, int(key.operand)}, spec).first;
-        formats::cuda::fake_quantize_device(in.data_ptr<float>(), out.data_ptr<float>(), rows, cols, rk, it->second,
-                                            launch);
-      }
+      with_delayed(key, spec, [&](formats::DelayedScaling& st) {
+        formats::cuda::fake_quantize_device(in.data_ptr<float>(), out.data_ptr<float>(), rows, cols, rk, st, launch);
+      });
     } else {
       formats::cuda::fake_quantize_device(in.data_ptr<float>(), out.data_ptr<float>(), rows, cols, spec, rk, launch);
     }
@@ -327,6 +320,23 @@ class RecipeQuantizer final : public OperandQuantizer {
     return out.to(t.scalar_type());
   }
 
+  static bool weight_operand(Operand op) { return op == Operand::kFpropW || op == Operand::kDgradW; }
+
+  // Runs f on operand key's delayed-scaling state, under mu_; under a
+  // QuantStateFreeze on a copy that is dropped (the same scale as the next
+  // training call would use, nothing recorded). CPU and CUDA calls share it.
+  template <typename F>
+  void with_delayed(const QuantKey& key, const formats::QuantSpec& spec, F&& f) const {
+    std::lock_guard<std::mutex> g(mu_);
+    if (QuantStateFreeze::active()) {
+      const auto it = delayed_.find({key.layer, int(key.operand)});
+      formats::DelayedScaling copy = it != delayed_.end() ? it->second : formats::DelayedScaling(spec);
+      f(copy);
+    } else {
+      f(delayed_.try_emplace({key.layer, int(key.operand)}, spec).first->second);
+    }
+  }
+
   // in: [rows, K] FP32 contiguous -> Q(in) by the spec of key.operand (its
   // delayed-scaling state recorded unless a QuantStateFreeze is active).
   torch::Tensor quantize_plain(const torch::Tensor& in, const QuantKey& key) const {
@@ -338,18 +348,11 @@ class RecipeQuantizer final : public OperandQuantizer {
     formats::ErrorNorms norms;
     formats::ErrorNorms* np = key.errors && !QuantStateFreeze::active() ? &norms : nullptr;
     if (spec.rule == formats::ScaleRule::kDelayed) {
-      std::lock_guard<std::mutex> g(mu_);
-      if (QuantStateFreeze::active()) {
-        // Same scale as the next training call would use; the record goes to
-        // a copy that is dropped.
-        auto it = delayed_.find({key.layer, int(key.operand)});
-        formats::DelayedScaling copy = it != delayed_.end() ? it->second : formats::DelayedScaling(spec);
-        formats::fake_quantize(in.data_ptr<float>(), out.data_ptr<float>(), in.size(0), in.size(1), rk, copy);
-      } else {
-        auto it = delayed_.try_emplace({key.layer, int(key.operand)}, spec).first;
-        formats::fake_quantize(in.data_ptr<float>(), out.data_ptr<float>(), in.size(0), in.size(1), rk,
-                               it->second, nullptr, np);
-      }
+      // np is null under QuantStateFreeze.
+      with_delayed(key, spec, [&](formats::DelayedScaling& st) {
+        formats::fake_quantize(in.data_ptr<float>(), out.data_ptr<float>(), in.size(0), in.size(1), rk, st, nullptr,
+                               np);
+      });
     } else {
       formats::fake_quantize(in.data_ptr<float>(), out.data_ptr<float>(), in.size(0), in.size(1), spec, rk,
                              nullptr, np);
