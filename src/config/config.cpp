@@ -258,6 +258,11 @@ std::vector<OptionSpec> make_table() {
             "where training runs: auto (CUDA device 0 when LibTorch sees one and the run is one process, else "
             "the CPU), cpu, or cuda; docs/gpu.md")
           .words({"auto", "cpu", "cuda"}),
+      field("train.attention", &RunConfig::train, &TrainConfig::attention, "",
+            "causal self-attention: sdpa (LibTorch's fused scaled_dot_product_attention: flash / "
+            "memory-efficient kernels on CUDA), math (explicit QKᵀ, mask, softmax, AV: the CPU reference), "
+            "or auto (sdpa on CUDA, math on the CPU); docs/gpu.md")
+          .words({"auto", "sdpa", "math"}),
       field("train.fp8_gemm", &RunConfig::train, &TrainConfig::fp8_gemm, "",
             "GEMMs whose two operands are per-tensor-scaled FP8 (e.g. recipe fp8_tensor): native (at::_scaled_mm "
             "on the FP8 codes), emulated (the fake-quantized values in train.gemm_dtype), or auto (native on "

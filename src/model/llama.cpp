@@ -63,6 +63,17 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   // stack into one [rep*T, HD] operand per KV head and each product is one
   // GEMM per (batch, KV head): q [B, NKV, rep*T, HD] x kᵀ [B, NKV, HD, T].
   const int64_t rep = nh / nkv;
+  if (sdpa) {
+    // [B, NH, T, HD] with K, V [B, NKV, T, HD] (enable_gqa: query head h
+    // reads KV head h / rep, as above); softmax in FP32 inside the kernel.
+    const at::ScalarType act = q.scalar_type();
+    const at::ScalarType dt = bmm_dtype == at::ScalarType::Undefined ? act : bmm_dtype;
+    torch::Tensor y = at::scaled_dot_product_attention(q.to(dt), k.to(dt), v.to(dt), /*attn_mask=*/{},
+                                                       /*dropout_p=*/0.0, /*is_causal=*/true,
+                                                       /*scale=*/1.0 / std::sqrt(double(hd)), /*enable_gqa=*/rep > 1)
+                          .to(act);
+    return o_proj(y.transpose(1, 2).reshape({B, T, nh * hd}));
+  }
   const torch::Tensor qg = q.reshape({B, nkv, rep * T, hd});
   // The two attention products run in `bmm_dtype` (BF16 in the BF16
   // baseline: docs/method.md section 1 keeps them BF16); scores, mask and softmax
@@ -189,6 +200,21 @@ void LlamaForCausalLMImpl::set_non_linear_gemm_dtype(at::ScalarType dtype) {
   if (lm_head) lm_head->precision.gemm_dtype = dtype;
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i)
     model->layers->ptr(i)->as<DecoderLayer>()->self_attn->bmm_dtype = dtype;
+}
+
+void LlamaForCausalLMImpl::set_attention_sdpa(bool sdpa) {
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) model->layers->ptr(i)->as<DecoderLayer>()->self_attn->sdpa = sdpa;
+}
+
+bool LlamaForCausalLMImpl::attention_sdpa() const {
+  return cfg.num_hidden_layers > 0 && model->layers->ptr(0)->as<DecoderLayer>()->self_attn->sdpa;
+}
+
+bool resolve_attention_sdpa(const std::string& option, const torch::Device& device) {
+  if (option == "math") return false;
+  if (option == "sdpa") return true;
+  if (option == "auto") return device.is_cuda();
+  fail("train.attention: expected auto, sdpa or math, got '", option, "'");
 }
 
 void LlamaForCausalLMImpl::set_step(uint64_t seed, int64_t step) {

@@ -172,6 +172,7 @@ TrainSummary Progress::summarize(const History& h, const Checkpointer& ck, int64
             {"gemm_dtype", tc.gemm_bf16 ? "bf16" : "fp32"}, {"elapsed_s", sum.seconds},
             {"device", s.device.str()}, {"device_reason", s.device_reason},
             {"fp8_gemms_native", native_fp8_gemm_count()},
+            {"attention", s.model->attention_sdpa() ? "sdpa" : "math"},
             {"tokens_total", sum.tokens}, {"resumed_at", s.resumed_at}, {"world_size", s.R},
             {"zero_stage", s.zero_stage}, {"memory_per_rank", memory_per_rank_},
             {"pipeline", s.stages ? s.stages->summary() : json(nullptr)},

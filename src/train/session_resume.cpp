@@ -121,9 +121,11 @@ void announce(TrainSession& s) {
   spdlog::info("model: {} parameters ({} layers, C={}, V={}), {} tokens/step, GEMMs in {}, policy {}",
                s.mcfg.num_parameters(), s.mcfg.num_hidden_layers, s.mcfg.hidden_size, s.mcfg.vocab_size,
                s.tokens_per_step, tc.gemm_bf16 ? "bf16" : "fp32", s.ctl->policy());
-  spdlog::info("device: {} ({}); GEMMs of per-tensor FP8 operands (fp8_tensor) {} (train.fp8_gemm = {})",
+  spdlog::info("device: {} ({}); GEMMs of per-tensor FP8 operands (fp8_tensor) {} (train.fp8_gemm = {}); "
+               "attention {} (train.attention = {})",
                s.device.str(), s.device_reason, native_fp8_gemm(s.device) ? "native (at::_scaled_mm)" : "emulated",
-               tc.fp8_gemm);
+               tc.fp8_gemm, s.model->attention_sdpa() ? "scaled_dot_product_attention" : "explicit products",
+               tc.attention);
   if (tc.gemm_bf16) {
     spdlog::info("BF16 GEMMs {} ({})", native_bf16_gemm() ? "native" : "emulated: FP32 GEMMs on BF16-rounded operands",
                  bf16_gemm_reason());

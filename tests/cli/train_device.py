@@ -106,6 +106,21 @@ try:
         if len(losses) == 2:
             c.check(all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(losses["native"], losses["emulated"])),
                     "native FP8 GEMMs give the emulation's losses", f"{losses}")
+        # train.attention: LibTorch's fused SDPA (the CUDA default) gives the
+        # explicit products' losses on the CPU in FP32 (rounding only: 1e-5).
+        att, names = {}, {}
+        for mode in ("sdpa", "math"):
+            run = os.path.join(tmp, "att-" + mode)
+            rc, out, err = train(run, "cpu", ["--set", "train.gemm_dtype=fp32", "--set", "train.max_steps=8",
+                                              "--set", f"train.attention={mode}"])
+            c.check(rc == 0, f"attention={mode} trains", err[-1500:])
+            if rc == 0:
+                att[mode] = [r["loss"] for r in metrics(run)]
+                names[mode] = summary(run).get("attention")
+        c.check(names == {"sdpa": "sdpa", "math": "math"}, "summary.json attention", f"{names}")
+        if len(att) == 2:
+            c.check(len(att["sdpa"]) == 8 and all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(att["sdpa"], att["math"])),
+                    "SDPA gives the explicit attention's losses", f"{att}")
         c.expect_error("another word", ["train", "--config", cfg, "--run-dir", os.path.join(tmp, "y"),
                                         "--set", "train.device=gpu"], "expected auto, cpu or cuda",
                        absent=os.path.join(tmp, "y"))
@@ -127,6 +142,8 @@ try:
     if all(os.path.exists(os.path.join(r, "summary.json")) for r in runs.values()):
         c.check(summary(runs["cuda"]).get("device", "").startswith("cuda"), "summary.json device cuda",
                 summary(runs["cuda"]).get("device"))
+        c.check(summary(runs["cuda"]).get("attention") == "sdpa", "auto attention on cuda is SDPA",
+                summary(runs["cuda"]).get("attention"))
         m_cpu, m_gpu = metrics(runs["cpu"]), metrics(runs["cuda"])
         c.check(len(m_cpu) == len(m_gpu) == 20, "20 steps each", f"{len(m_cpu)} / {len(m_gpu)}")
         l0c, l0g = m_cpu[0]["loss"], m_gpu[0]["loss"]

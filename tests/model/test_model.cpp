@@ -166,3 +166,97 @@ TEST(Model, HuggingFaceParameterNamesAndCounts) {
   EXPECT_EQ(lin[7]->name, "model.layers.1.self_attn.q_proj");
   EXPECT_EQ(lin[13]->layer_index, 13);
 }
+
+// ------------------------------------------------ fused attention (SDPA) --
+// train.attention = sdpa runs at::scaled_dot_product_attention (GQA through
+// enable_gqa) instead of the explicit products. In float64 both are the same
+// function up to rounding (~1e-16 relative): any difference in mask, scale
+// or which KV head serves which query head shows up as O(1).
+
+TEST(Sdpa, EqualsTheExplicitAttentionInFloat64WithGqa) {
+  torch::manual_seed(5);
+  LlamaConfig c = tiny_cfg();  // 4 query heads over 2 KV heads
+  ASSERT_EQ(c.num_attention_heads / c.num_key_value_heads, 2);
+  Attention att(c);
+  att->to(torch::kDouble);
+  auto [cos, sin] = rope_tables(7, c.head_dim(), c.rope_theta, torch::kDouble);
+  torch::Tensor x = torch::randn({3, 7, c.hidden_size}, torch::kDouble).requires_grad_(true);
+  torch::Tensor g = torch::randn({3, 7, c.hidden_size}, torch::kDouble);
+  auto run = [&](bool sdpa) {
+    att->sdpa = sdpa;
+    att->zero_grad();
+    x.mutable_grad() = torch::Tensor();
+    torch::Tensor y = att(x, cos, sin);
+    (y * g).sum().backward();
+    std::vector<torch::Tensor> out{y.detach(), x.grad().clone()};
+    for (auto& p : att->parameters()) out.push_back(p.grad().clone());
+    return out;
+  };
+  const auto ref = run(false), got = run(true);
+  ASSERT_EQ(ref.size(), got.size());
+  for (size_t i = 0; i < ref.size(); ++i)
+    EXPECT_TRUE(torch::allclose(got[i], ref[i], 1e-12, 1e-12)) << "tensor " << i << " (0 = output, 1 = dx)";
+}
+
+TEST(Sdpa, IsCausalAndHasFiniteDifferenceGradients) {
+  torch::manual_seed(6);
+  LlamaConfig c = tiny_cfg();
+  Attention att(c);
+  att->to(torch::kDouble);
+  att->sdpa = true;
+  auto [cos, sin] = rope_tables(6, c.head_dim(), c.rope_theta, torch::kDouble);
+  torch::Tensor x = torch::randn({1, 6, c.hidden_size}, torch::kDouble);
+  torch::Tensor y = att(x, cos, sin);
+  torch::Tensor x2 = x.clone();
+  x2.index_put_({0, 5}, torch::randn({c.hidden_size}, torch::kDouble));  // change the last token only
+  torch::Tensor y2 = att(x2, cos, sin);
+  EXPECT_TRUE(torch::allclose(y.narrow(1, 0, 5), y2.narrow(1, 0, 5), 0, 1e-14));
+  EXPECT_FALSE(torch::allclose(y.narrow(1, 5, 1), y2.narrow(1, 5, 1), 0, 1e-6));
+  torch::Tensor xg = x.clone().requires_grad_(true);
+  torch::Tensor g = torch::randn_like(x);
+  std::vector<torch::Tensor> ap{xg};
+  for (auto& p : att->parameters()) ap.push_back(p);
+  check_grads([&] { return (att(xg, cos, sin) * g).sum(); }, ap);
+}
+
+TEST(Sdpa, Bf16ProductsStayWithinBf16RoundingOfTheExplicitPath) {
+  // The BF16 baseline's setting: FP32 activations, QKᵀ and AV in BF16. Both
+  // paths round Q, K, V to BF16 (8 significant bits, unit roundoff 2^-8);
+  // they differ in where the scores and probabilities are rounded, so the
+  // outputs agree to a few BF16 ulps, not bits: bound 2^-6 relative (Frobenius).
+  torch::manual_seed(7);
+  LlamaConfig c = tiny_cfg();
+  Attention att(c);
+  att->bmm_dtype = at::kBFloat16;
+  auto [cos, sin] = rope_tables(9, c.head_dim(), c.rope_theta, torch::kFloat);
+  torch::Tensor x = torch::randn({2, 9, c.hidden_size});
+  torch::NoGradGuard ng;
+  att->sdpa = false;
+  const torch::Tensor ref = att(x, cos, sin);
+  att->sdpa = true;
+  const torch::Tensor got = att(x, cos, sin);
+  EXPECT_EQ(got.scalar_type(), torch::kFloat);
+  const double rel = ((got - ref).norm() / ref.norm()).item<double>();
+  EXPECT_LT(rel, 1.0 / 64) << "relative Frobenius difference " << rel;
+  EXPECT_GT(rel, 0.0) << "BF16 operands should leave some rounding difference";
+}
+
+TEST(Sdpa, TrainAttentionResolvesPerDevice) {
+  EXPECT_FALSE(resolve_attention_sdpa("auto", torch::Device(torch::kCPU)));
+  EXPECT_TRUE(resolve_attention_sdpa("auto", torch::Device(torch::kCUDA, 0)));
+  EXPECT_TRUE(resolve_attention_sdpa("sdpa", torch::Device(torch::kCPU)));
+  EXPECT_FALSE(resolve_attention_sdpa("math", torch::Device(torch::kCUDA, 0)));
+  try {
+    resolve_attention_sdpa("flash", torch::Device(torch::kCPU));
+    FAIL() << "expected a UserError";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("train.attention"), std::string::npos) << e.what();
+  }
+  LlamaConfig c = tiny_cfg();
+  LlamaForCausalLM m(c);
+  EXPECT_FALSE(m->attention_sdpa());
+  m->set_attention_sdpa(true);
+  EXPECT_TRUE(m->attention_sdpa());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    EXPECT_TRUE(m->model->layers->ptr(i)->as<DecoderLayer>()->self_attn->sdpa);
+}

@@ -211,6 +211,7 @@ struct TrainConfig {
   bool gemm_bf16 = true;  ///< train.gemm_dtype = "bf16" (else "fp32")
   GemmBackend gemm_backend = GemmBackend::kAuto;  ///< train.gemm_backend
   std::string device = "auto";  ///< train.device: auto, cpu or cuda (model/device.h)
+  std::string attention = "auto";  ///< train.attention: auto, sdpa or math (model/llama.h AttentionImpl::sdpa)
   std::string fp8_gemm = "auto";  ///< train.fp8_gemm: auto, native or emulated (model/matmul.h Fp8Gemm)
   int64_t eval_interval = 100;  ///< train.eval_interval
   int64_t eval_batches = 16;  ///< train.eval_batches

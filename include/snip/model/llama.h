@@ -53,8 +53,22 @@ class AttentionImpl : public torch::nn::Module {
   int64_t nh, nkv, hd;
   /// dtype of QKᵀ and AV (Undefined = the activation dtype).
   at::ScalarType bmm_dtype = at::ScalarType::Undefined;
+  /// true: the causal attention runs as LibTorch's fused
+  /// at::scaled_dot_product_attention (flash / memory-efficient / cuDNN
+  /// kernels on CUDA; GQA through enable_gqa) on Q, K, V cast to bmm_dtype,
+  /// the output cast back to the activation dtype. false: the explicit
+  /// products and softmax above (the CPU default; bit-reproducible).
+  /// Both compute softmax(QKᵀ/sqrt(HD) + causal mask)·V; they differ by
+  /// rounding only (test_llama.cpp Sdpa.* states the bound).
+  bool sdpa = false;
 };
 TORCH_MODULE(Attention);
+
+/// Resolves train.attention for a run on `device`: "math" -> false,
+/// "sdpa" -> true, "auto" -> true on CUDA, false on the CPU (where the
+/// explicit products keep the CPU reference numbers). Throws UserError
+/// naming train.attention for another word.
+bool resolve_attention_sdpa(const std::string& option, const torch::Device& device);
 
 /// SwiGLU MLP: x [B, T, C] -> down(silu(gate(x)) * up(x)) [B, T, C].
 class MLPImpl : public torch::nn::Module {
@@ -118,6 +132,10 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   /// not) and the attention products QKᵀ, AV. at::kBFloat16 for the BF16
   /// baseline; Undefined = the activation dtype.
   void set_non_linear_gemm_dtype(at::ScalarType dtype);
+  /// Sets AttentionImpl::sdpa on every decoder block.
+  void set_attention_sdpa(bool sdpa);
+  /// AttentionImpl::sdpa of the blocks (false for a model without blocks).
+  bool attention_sdpa() const;
   /// Sets the optimizer step and seed used to key stochastic rounding.
   void set_step(uint64_t seed, int64_t step);
 

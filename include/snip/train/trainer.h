@@ -141,7 +141,9 @@ at::ScalarType gemm_dtype_of(const TrainConfig& t);
 /// (attention, lm_head) in it too. Returns that dtype (gemm_dtype_of). Throws
 /// UserError for a bad SNIP_BF16_GEMM (set_bf16_gemm_backend). The model
 /// is moved to `device` first (train.device resolved: model/device.h); on a
-/// CUDA device BF16 GEMMs run natively (cuBLAS, FP32 accumulation).
+/// CUDA device BF16 GEMMs run natively (cuBLAS, FP32 accumulation). The
+/// attention path follows train.attention (resolve_attention_sdpa: fused
+/// SDPA on CUDA by default, the explicit products on the CPU).
 at::ScalarType prepare_model(LlamaForCausalLM& model, const TrainConfig& t,
                              const torch::Device& device = torch::kCPU);
 
