@@ -31,6 +31,7 @@
 #include "doctor_gpu.h"
 #include "snip/data/data_folder.h"
 #include "snip/config/config.h"
+#include "snip/dist/world.h"
 #include "snip/model/device.h"
 #include "snip/data/loader.h"
 #include "snip/hw/platform.h"
@@ -208,8 +209,8 @@ void run_doctor(const DoctorOpts& o) {
       run = RunConfig::from(c);
       check("config", true, o.config + " is valid");
       set_bf16_gemm_backend(run->train.gemm_backend);
-      try {  // train.device as the trainer resolves it (one process)
-        check("device", true, resolve_train_device(run->train.device, 1).reason);
+      try {  // train.device with dist.backend as the trainer resolves them (this process's world: one, or its launcher's)
+        check("device", true, dist::place_rank(run->dist, run->train.device, dist::World::from_env()).reason);
       } catch (const std::exception& e) {
         check("device", false, e.what());
       }

@@ -295,7 +295,8 @@ std::vector<OptionSpec> make_table() {
             "prompt of the samples printed at evaluations"),
       // [dist]: several processes (docs/distributed.md); world from torchrun or Slurm.
       field("dist.backend", &RunConfig::dist, &DistConfig::backend, "",
-            "c10d backend: auto (nccl when LibTorch has it and the model is on a GPU, else gloo), gloo or nccl")
+            "c10d backend: auto (nccl when train.device resolves to CUDA, one device per rank; else gloo), gloo "
+            "(CPU ranks) or nccl (GPU ranks)")
           .words({"auto", "gloo", "nccl"}),
       field("dist.timeout_s", &RunConfig::dist, &DistConfig::timeout_s, "seconds",
             "how long a rank waits for the others (rendezvous, every collective) before it stops with an error")

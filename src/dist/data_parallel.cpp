@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "snip/formats/fake_quant.h"
+#include "snip/formats/fake_quant_cuda.h"
 #include "snip/formats/minifloat.h"
 #include "snip/formats/scale_format.h"
 #include "snip/recipes/recipe.h"
@@ -204,13 +205,49 @@ torch::Tensor grad_matrix(const torch::Tensor& t) {
 
 torch::Tensor GradCompressor::compress(const torch::Tensor& g, torch::Tensor& e, float shared_amax,
                                        const formats::RoundingKey& key) const {
-  SNIP_CHECK(g.dim() == 2 && g.scalar_type() == torch::kFloat && g.is_contiguous() && g.device().is_cpu(),
-             "compress: expected a contiguous FP32 CPU [rows, cols] gradient");
-  SNIP_CHECK(e.sizes() == g.sizes() && e.scalar_type() == torch::kFloat, "compress: residual shape differs");
+  SNIP_CHECK(g.dim() == 2 && g.scalar_type() == torch::kFloat && g.is_contiguous() &&
+                 (g.device().is_cpu() || g.device().is_cuda()),
+             "compress: expected a contiguous FP32 CPU or CUDA [rows, cols] gradient");
+  SNIP_CHECK(e.sizes() == g.sizes() && e.scalar_type() == torch::kFloat && e.device() == g.device(),
+             "compress: residual shape or device differs");
   const torch::Tensor v = ef_ ? (g + e).contiguous() : g;  // fl(g + e), element-wise FP32
   if (fp32_) return v.clone();                              // q = v, e - unchanged: v - q = 0
   const int64_t rows = v.size(0), cols = v.size(1);
   torch::Tensor q;
+  if (v.is_cuda()) {
+    if (!formats::cuda::supported(spec_)) {
+      // The host codec, copied off the device and back (the same bits).
+      torch::Tensor eh = e.to(torch::kCPU);
+      q = compress(g.to(torch::kCPU), eh, shared_amax, key).to(g.device());
+      if (ef_) e.copy_(eh);
+      return q;
+    }
+    // The CUDA kernels (formats/fake_quant_cuda.h: the CPU codec's bits), on
+    // PyTorch's current stream, on the buffer the host path quantizes.
+    const c10::DeviceGuard dg(v.device());
+    torch::Tensor buf = v;
+    if (shares_amax() && rows * cols > 0) {
+      const int64_t br = spec_.block.rows == 0 ? 1 : std::max<int64_t>(1, spec_.block.rows);
+      const int64_t padded = spec_.block.rows == 0 ? rows : (rows + br - 1) / br * br;
+      buf = torch::zeros({padded + 1, cols}, v.options());
+      buf.narrow(0, 0, rows).copy_(v);
+      buf[padded][0].fill_(shared_amax);
+    }
+    torch::Tensor out = torch::empty_like(buf);
+    if (rows * cols > 0) {
+      const int64_t br_rows = buf.size(0);
+      const torch::Tensor scratch = torch::empty(
+          {int64_t(formats::cuda::fake_quantize_scratch_bytes(br_rows, cols, spec_))}, v.options().dtype(torch::kUInt8));
+      const formats::cuda::DeviceLaunch launch{
+          c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(v.device()).native_handle(),
+          scratch.numel() > 0 ? scratch.data_ptr() : nullptr};
+      formats::cuda::fake_quantize_device(buf.data_ptr<float>(), out.data_ptr<float>(), br_rows, cols, spec_, key,
+                                          launch);
+    }
+    q = out.narrow(0, 0, rows).contiguous();
+    if (ef_) e.copy_(v - q);  // fl(v - q)
+    return q;
+  }
   if (shares_amax() && rows * cols > 0) {
     // One appended block row holding the shared amax (header comment).
     const int64_t br = spec_.block.rows == 0 ? 1 : std::max<int64_t>(1, spec_.block.rows);
@@ -281,9 +318,19 @@ float float_of(uint32_t u) {
 
 torch::Tensor GradCompressor::compress_packed(const torch::Tensor& g, torch::Tensor& e, float shared_amax,
                                               const formats::RoundingKey& key, uint8_t* out) const {
-  SNIP_CHECK(g.dim() == 2 && g.scalar_type() == torch::kFloat && g.is_contiguous() && g.device().is_cpu(),
-             "compress_packed: expected a contiguous FP32 CPU [rows, cols] gradient");
-  SNIP_CHECK(e.sizes() == g.sizes() && e.scalar_type() == torch::kFloat, "compress_packed: residual shape differs");
+  SNIP_CHECK(g.dim() == 2 && g.scalar_type() == torch::kFloat && g.is_contiguous() &&
+                 (g.device().is_cpu() || g.device().is_cuda()),
+             "compress_packed: expected a contiguous FP32 CPU or CUDA [rows, cols] gradient");
+  SNIP_CHECK(e.sizes() == g.sizes() && e.scalar_type() == torch::kFloat && e.device() == g.device(),
+             "compress_packed: residual shape or device differs");
+  if (g.is_cuda()) {
+    // The codes are packed by the host codec: the gradient and residual are
+    // copied off the device and the residual and q back (the same bits).
+    torch::Tensor eh = e.to(torch::kCPU);
+    const torch::Tensor q = compress_packed(g.to(torch::kCPU), eh, shared_amax, key, out).to(g.device());
+    if (ef_) e.copy_(eh);
+    return q;
+  }
   const int64_t rows = g.size(0), cols = g.size(1), n = rows * cols;
   if (fp32_) {
     const torch::Tensor q = compress(g, e, shared_amax, key);

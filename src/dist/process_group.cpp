@@ -1,11 +1,23 @@
 // The only file that names c10d's stores and process groups (dist/world.h):
-// TCPStore + PrefixStore for the rendezvous, ProcessGroupGloo for the
-// collectives. LibTorch 1.13 and 2.x differ here (2.x: ProcessGroupGloo
-// derives from Backend, errors are c10::DistError); keep such differences in
-// this file.
+// TCPStore + PrefixStore for the rendezvous, ProcessGroupGloo or
+// ProcessGroupNCCL for the collectives. LibTorch 1.13 and 2.x differ here
+// (2.x: ProcessGroupGloo derives from Backend, errors are c10::DistError);
+// keep such differences in this file.
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+// NCCL where this LibTorch has it (a CUDA build defines USE_C10D_NCCL on
+// torch_cuda's targets) and nccl.h is on the include path (the CUDA toolkit,
+// or the nvidia-nccl wheel); a CPU LibTorch builds without it.
+#if defined(USE_C10D_NCCL) && __has_include(<torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>) && \
+    __has_include(<nccl.h>)
+#define SNIP_HAVE_NCCL 1
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#else
+#define SNIP_HAVE_NCCL 0
+#endif
 
 #include <netdb.h>
 #include <arpa/inet.h>
@@ -181,6 +193,25 @@ class Heartbeat {
   std::thread thread_;
 };
 
+// Runs one collective (its time counts in `blocked_s`); a c10d error becomes
+// one UserError line naming the silent ranks (the heartbeat) or the timeout.
+template <typename F>
+void guarded(const char* what, Heartbeat* hb, int world_rank, double timeout_s, double& blocked_s, F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    f();
+  } catch (const UserError&) {
+    throw;
+  } catch (const std::exception& e) {
+    const std::string who = hb ? hb->silent_ranks() : "";
+    if (!who.empty())
+      fail("dist: ", what, " failed on rank ", world_rank, ": ", who, " [", first_line(e), "]");
+    fail("dist: ", what, " failed on rank ", world_rank, " (a rank stopped, or did not answer within "
+         "dist.timeout_s = ", timeout_s, " s): ", first_line(e));
+  }
+  blocked_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::ProcessGroupGloo> pg,
@@ -319,20 +350,7 @@ class GlooCommunicator final : public Communicator {
   // Runs one collective (its time counts in blocked_s_); a c10d error becomes one UserError line.
   template <typename F>
   void guard(const char* what, F&& f) {
-    const auto t0 = std::chrono::steady_clock::now();
-    try {
-      f();
-    } catch (const UserError&) {
-      throw;
-    } catch (const std::exception& e) {
-      const std::string who = hb_ ? hb_->silent_ranks() : "";
-      const int wr = world_ranks_[size_t(rank_)];  // ranks in messages are world ranks
-      if (!who.empty())
-        fail("dist: ", what, " failed on rank ", wr, ": ", who, " [", first_line(e), "]");
-      fail("dist: ", what, " failed on rank ", wr, " (a rank stopped, or did not answer within "
-           "dist.timeout_s = ", timeout_s_, " s): ", first_line(e));
-    }
-    blocked_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    guarded(what, hb_.get(), world_ranks_[size_t(rank_)], timeout_s_, blocked_s_, std::forward<F>(f));
   }
 
   c10::intrusive_ptr<c10d::Store> store_;
@@ -344,6 +362,156 @@ class GlooCommunicator final : public Communicator {
   c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> po_;
   std::vector<int> world_ranks_;  // [size] world rank of each rank of this communicator
 };
+
+#if SNIP_HAVE_NCCL
+// dist.backend = nccl: ProcessGroupNCCL on this rank's CUDA device (one
+// device per rank, cuda:LOCAL_RANK). Tensors on that device go to NCCL as
+// they are; CPU tensors (the trainer's control values) are copied there and
+// back (Staged). NCCL orders its work on its own streams after PyTorch's
+// current stream and Work::wait() orders the current stream after it, so a
+// device tensor may be used right after wait() by work on that stream; a
+// staged tensor's copy back to the host blocks until it is there.
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::ProcessGroupNCCL> pg, int rank,
+                   int size, torch::Device device, double timeout_s, std::shared_ptr<Heartbeat> hb)
+      : store_(std::move(store)), pg_(std::move(pg)), rank_(rank), size_(size), device_(device),
+        timeout_s_(timeout_s), hb_(std::move(hb)) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "nccl"; }
+
+  void allreduce_sum(std::vector<torch::Tensor>& tensors) override {
+    std::vector<Staged> st;
+    guard("all-reduce", [&] {
+      std::vector<c10::intrusive_ptr<c10d::Work>> works;
+      for (auto& t : tensors) {
+        st.push_back(stage(t));
+        std::vector<at::Tensor> one{st.back().dev};
+        works.push_back(pg_->allreduce(one, c10d::AllreduceOptions{}));  // ReduceOp::SUM
+      }
+      for (auto& w : works) w->wait();
+      for (auto& s : st) s.back();
+    });
+  }
+
+  std::unique_ptr<Pending> allreduce_sum_async(std::vector<torch::Tensor>& tensors) override {
+    auto p = std::make_unique<NcclPending>(this);
+    guard("all-reduce", [&] {
+      for (auto& t : tensors) {
+        p->staged.push_back(stage(t));
+        std::vector<at::Tensor> one{p->staged.back().dev};
+        p->works.push_back(pg_->allreduce(one, c10d::AllreduceOptions{}));  // ReduceOp::SUM
+      }
+    });
+    return p;
+  }
+
+  void allreduce_max(std::vector<torch::Tensor>& tensors) override {
+    std::vector<Staged> st;
+    guard("all-reduce (max)", [&] {
+      std::vector<c10::intrusive_ptr<c10d::Work>> works;
+      c10d::AllreduceOptions o;
+      o.reduceOp = c10d::ReduceOp::MAX;
+      for (auto& t : tensors) {
+        st.push_back(stage(t));
+        std::vector<at::Tensor> one{st.back().dev};
+        works.push_back(pg_->allreduce(one, o));
+      }
+      for (auto& w : works) w->wait();
+      for (auto& s : st) s.back();
+    });
+  }
+
+  void broadcast(torch::Tensor& t, int root) override {
+    guard("broadcast", [&] {
+      Staged s = stage(t);
+      std::vector<at::Tensor> one{s.dev};
+      c10d::BroadcastOptions o;
+      o.rootRank = root;
+      pg_->broadcast(one, o)->wait();
+      s.back();
+    });
+  }
+
+  void reduce_sum(torch::Tensor& t, int root) override {
+    guard("reduce", [&] {
+      Staged s = stage(t);
+      std::vector<at::Tensor> one{s.dev};
+      c10d::ReduceOptions o;  // ReduceOp::SUM
+      o.rootRank = root;
+      pg_->reduce(one, o)->wait();
+      s.back();
+    });
+  }
+
+  void barrier() override {
+    guard("barrier", [&] {
+      c10d::BarrierOptions o;
+      o.device_ids = {int64_t(device_.index())};
+      pg_->barrier(o)->wait();
+    });
+  }
+
+  std::vector<torch::Tensor> allgather(const torch::Tensor& t) override {
+    std::vector<std::vector<at::Tensor>> out(1);
+    guard("all-gather", [&] {
+      Staged s = stage(t.contiguous());
+      for (int r = 0; r < size_; ++r) out[0].push_back(torch::empty_like(s.dev));
+      std::vector<at::Tensor> in{s.dev};
+      pg_->allgather(out, in)->wait();
+      if (s.copy)
+        for (auto& o : out[0]) o = o.to(torch::kCPU);  // the caller's device
+    });
+    return out[0];
+  }
+
+ private:
+  // `orig` as NCCL takes it: itself on this rank's device, else a copy there
+  // that back() copies into it.
+  struct Staged {
+    torch::Tensor orig, dev;
+    bool copy = false;
+    void back() {
+      if (copy) orig.copy_(dev);
+    }
+  };
+  Staged stage(const torch::Tensor& t) {
+    SNIP_CHECK(t.is_contiguous(), "nccl: collectives take contiguous tensors");
+    if (t.device() == device_) return {t, t, false};
+    SNIP_CHECK(t.is_cpu(), "nccl: a tensor on ", t.device().str(), "; this rank's device is ", device_.str());
+    return {t, t.to(device_), true};
+  }
+
+  struct NcclPending final : Pending {
+    explicit NcclPending(NcclCommunicator* c) : comm(c) {}
+    void wait() override {
+      comm->guard("all-reduce", [&] {
+        for (auto& w : works) w->wait();
+        for (auto& s : staged) s.back();
+      });
+      works.clear();
+      staged.clear();
+    }
+    NcclCommunicator* comm;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    std::vector<Staged> staged;
+  };
+
+  template <typename F>
+  void guard(const char* what, F&& f) {
+    guarded(what, hb_.get(), rank_, timeout_s_, blocked_s_, std::forward<F>(f));
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::ProcessGroupNCCL> pg_;
+  int rank_, size_;
+  torch::Device device_;
+  double timeout_s_;
+  std::shared_ptr<Heartbeat> hb_;
+};
+#endif  // SNIP_HAVE_NCCL
 
 }  // namespace
 
@@ -365,21 +533,19 @@ std::unique_ptr<Pending> Communicator::allreduce_sum_async(std::vector<torch::Te
   return std::make_unique<Done>();
 }
 
-bool nccl_available() {
-#ifdef USE_C10D_NCCL
-  return true;
-#else
-  return false;
-#endif
-}
+bool nccl_available() { return SNIP_HAVE_NCCL != 0; }
 
 std::unique_ptr<Communicator> connect(const World& w, const DistOptions& opt) {
   SNIP_CHECK(w.size > 1, "connect() needs a world of more than one rank");
-  if (opt.backend == "nccl") {
+  const bool nccl = opt.backend == "nccl";
+  if (nccl) {
     if (!nccl_available())
       fail("dist.backend = nccl: this LibTorch build has no NCCL process group (USE_C10D_NCCL is not defined); "
            "use dist.backend = gloo, or build snip against a CUDA LibTorch");
-    fail("dist.backend = nccl: not built yet (the trainer keeps its tensors on the CPU); use dist.backend = gloo");
+    const int n = torch::cuda::is_available() ? int(torch::cuda::device_count()) : 0;
+    if (w.local_rank >= n)
+      fail("dist.backend = nccl: rank ", w.rank, " is LOCAL_RANK ", w.local_rank, " but LibTorch sees ", n,
+           " CUDA device", n == 1 ? "" : "s", " on its machine (one device per rank); use dist.backend = gloo");
   }
   const milliseconds timeout(int64_t(opt.timeout_s * 1000.0));
   const std::string where = str_cat(w.master_addr, ":", w.master_port);
@@ -436,6 +602,26 @@ std::unique_ptr<Communicator> connect(const World& w, const DistOptions& opt) {
       fail("dist: world-size mismatch: rank ", r, " was started with a world of ", theirs, " ranks, rank ", w.rank,
            " with ", w.size, " (WORLD_SIZE/SLURM_NTASKS must be the same on every rank)");
   }
+#if SNIP_HAVE_NCCL
+  if (nccl) {
+    const torch::Device dev(torch::kCUDA, static_cast<c10::DeviceIndex>(w.local_rank));
+    try {
+      c10::cuda::set_device(dev.index());  // this process's current device: NCCL, cuBLAS, the quantizer kernels
+      auto po = c10d::ProcessGroupNCCL::Options::create();
+      po->timeout = timeout;  // the watchdog's: a collective that long ends the process
+      auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("nccl", store),
+                                                            w.rank, w.size, po);
+      pg->setBoundDeviceId(dev);  // barrier() and eager checks use this rank's device
+      auto hb = std::make_shared<Heartbeat>(w.master_addr, w.master_port, prefix, w.rank, w.size);
+      return std::make_unique<NcclCommunicator>(tcp, pg, w.rank, w.size, dev, opt.timeout_s, std::move(hb));
+    } catch (const UserError&) {
+      throw;
+    } catch (const std::exception& e) {
+      fail("dist: rank ", w.rank, " cannot set up the nccl process group with ", w.size, " ranks at ", where,
+           " on ", dev.str(), ": ", first_line(e));
+    }
+  }
+#endif
   try {
     auto po = c10d::ProcessGroupGloo::Options::create(timeout);
     const std::string ifname = env_or("GLOO_SOCKET_IFNAME", "");

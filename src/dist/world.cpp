@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "snip/core/error.h"
+#include "snip/model/device.h"
 
 namespace snip::dist {
 
@@ -130,5 +131,38 @@ World World::from_env() {
   return w;
 }
 
+
+Placement place_rank(const DistOptions& opt, const std::string& device, const World& w) {
+  const std::string& b = opt.backend;
+  if (b != "auto" && b != "gloo" && b != "nccl") fail("dist.backend: expected auto, gloo or nccl, got '", b, "'");
+  const DeviceChoice d = resolve_train_device(device, w.size, w.local_rank, w.local_size);
+  if (w.size <= 1) return {"", d.device, d.reason};
+  const int S = int(opt.pipeline_stages);
+  const bool cuda = d.device.is_cuda();
+  if (b == "nccl" || (b == "auto" && cuda && S <= 1 && nccl_available())) {
+    if (!nccl_available())
+      fail("dist.backend = nccl: this LibTorch build has no NCCL process group (USE_C10D_NCCL is not defined); "
+           "use dist.backend = gloo, or build snip against a CUDA LibTorch");
+    if (!cuda)
+      fail("dist.backend = nccl needs one CUDA device per rank, but ", d.reason, "; use dist.backend = gloo (or "
+           "auto) to train on the CPU");
+    if (S > 1)
+      fail("dist.backend = nccl with dist.pipeline_stages = ", S, " is not built (pipeline stages exchange "
+           "activations with point-to-point messages, which only the gloo path has); use dist.backend = gloo with "
+           "train.device = cpu");
+    return {"nccl", d.device, d.reason + " (dist.backend = " + b + ": nccl)"};
+  }
+  // gloo: host tensors.
+  if (cuda) {
+    if (device == "cuda")
+      fail("train.device = cuda with dist.backend = ", b, S > 1 ? str_cat(" and dist.pipeline_stages = ", S) : "",
+           " is not supported (gloo sums CPU tensors; snip does not stage a GPU's gradients through the host); use ",
+           S > 1 ? "train.device = cpu" : "dist.backend = nccl (or auto), or train.device = cpu");
+    return {"gloo", torch::kCPU,
+            str_cat("train.device = auto: ", w.size, " ranks over gloo (dist.backend = ", b,
+                    S > 1 ? str_cat(", dist.pipeline_stages = ", S) : "", "): the CPU")};
+  }
+  return {"gloo", d.device, d.reason};
+}
 
 }  // namespace snip::dist

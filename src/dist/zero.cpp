@@ -174,7 +174,7 @@ std::string optimizer_shard_name(int rank) { return "optimizer-rank" + std::to_s
 namespace {
 
 io::TensorRecord record(const std::string& name, const torch::Tensor& t) {
-  const torch::Tensor c = t.contiguous();
+  const torch::Tensor c = t.to(torch::kCPU).contiguous();  // AdamW state on a GPU (dist.backend = nccl) comes to the host
   io::TensorRecord r;
   r.name = name;
   r.dtype = c.scalar_type() == torch::kLong ? io::DType::I64 : io::DType::F32;

@@ -28,7 +28,8 @@ namespace {
 std::string grad_residuals_file(dist::Communicator& comm, const dist::GradComm& gc, const std::string& format) {
   std::vector<torch::Tensor> flat;
   for (const torch::Tensor& e : gc.residuals) flat.push_back(e.reshape({-1}));
-  const torch::Tensor mine = flat.empty() ? torch::zeros({0}, torch::kFloat) : torch::cat(flat);
+  // On the host (residuals on a GPU under dist.backend = nccl): the gathered bytes are read below.
+  const torch::Tensor mine = flat.empty() ? torch::zeros({0}, torch::kFloat) : torch::cat(flat).to(torch::kCPU);
   const std::vector<torch::Tensor> all = comm.allgather(mine);
   io::SafeTensors st;
   st.metadata["grad_comm"] = format;
@@ -84,7 +85,9 @@ std::vector<torch::Tensor> load_grad_residuals(const std::string& dir, const jso
          "another model)");
   int64_t off = 0;
   for (torch::Tensor& e : out) {
-    std::memcpy(e.data_ptr<float>(), t->data.data() + off * 4, size_t(e.numel()) * 4);
+    torch::Tensor h = e.is_cpu() ? e : torch::empty(e.sizes(), torch::kFloat);  // a GPU's residual via the host
+    std::memcpy(h.data_ptr<float>(), t->data.data() + off * 4, size_t(e.numel()) * 4);
+    if (!e.is_cpu()) e.copy_(h);
     off += e.numel();
   }
   return out;

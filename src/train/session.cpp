@@ -225,8 +225,15 @@ void check_resume_config(TrainSession& s) {
 // dist.timeout_s) or exchange tensors of another size. One all-gather of
 // their FNV-1a hashes, before any process group of a stage exists.
 void connect_ranks(TrainSession& s) {
+  // Where this rank trains and over which backend (dist/world.h place_rank):
+  // refused in one line here, before anything is connected or written.
+  const dist::Placement place = dist::place_rank(s.dopt(), s.tc().device, s.world);
+  s.device = place.device;
+  s.device_reason = place.reason;
   if (s.world.size > 1) {
-    s.comm = dist::connect(s.world, s.dopt());
+    dist::DistOptions opt = s.dopt();
+    opt.backend = place.backend;  // "auto" resolved
+    s.comm = dist::connect(s.world, opt);
     if (!s.quiet)
       spdlog::info("dist: {} ranks ({}, {} per machine) over {}, rendezvous {}:{}", s.world.size, s.world.source,
                    s.world.local_size, s.comm->backend(), s.world.master_addr, s.world.master_port);

@@ -100,17 +100,16 @@ void make_model(TrainSession& s) {
   set_threads(tc.threads > 0 || s.world.local_size <= 1
                   ? tc.threads
                   : std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency()) / s.world.local_size));
-  // Where training runs: parameters, optimizer state and batches (model/device.h).
-  const DeviceChoice dev = resolve_train_device(tc.device, s.R);
-  s.device = dev.device;
-  s.device_reason = dev.reason;
+  // Where training runs: parameters, optimizer state and batches (model/device.h),
+  // resolved with dist.backend by connect_ranks (dist::place_rank).
   set_compute_device(s.device);
   torch::manual_seed(s.seed);
   s.mcfg = LlamaConfig::from_run_config(s.rc.model, s.loader->vocab_size());
   // This machine's ranks share its memory; ZeRO shards the AdamW state (and the gradients at stage 2).
   // On a GPU the device's free memory bounds it (one process per device).
   const MemoryEstimate need =
-      training_memory(s.mcfg, s.B, s.T, RankLayout{s.R, std::max(1, s.world.local_size), s.zero_stage});
+      training_memory(s.mcfg, s.B, s.T,
+                      RankLayout{s.R, s.device.is_cuda() ? 1 : std::max(1, s.world.local_size), s.zero_stage});
   size_t gpu_free = 0, gpu_total = 0;
   if (s.device.is_cuda() && formats::cuda::memory_info(s.device.index(), &gpu_free, &gpu_total))
     check_memory(need, (long long)gpu_free, "snip train (train.device = cuda: the GPU's free memory)");

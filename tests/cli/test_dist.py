@@ -22,7 +22,8 @@ model:
   killed     rank 1 SIGKILLed, then (another run) frozen by SIGSTOP: rank 0
              stops with one line naming rank 1 (heartbeats), in bounded time
   errors     a port in use, an unreachable master, a world-size mismatch,
-             dist.backend = nccl without NCCL: one `snip: error:` line, exit 2
+             dist.backend = nccl with train.device = cpu: one `snip: error:`
+             line, exit 2 (more nccl cases: dist_nccl.py)
   torchrun   torchrun --nproc_per_node=2 --tee 1 --redirects 2 --no_python:
              the same weights as the hand-launched 2-rank run; Ctrl-C
              (SIGINT to torchrun's process group): every rank stops after
@@ -365,7 +366,7 @@ try:
         res = launch(2, base + ["--run-dir", os.path.join(tmp, "e3")], per_rank={1: {"WORLD_SIZE": 3}})
         one_error("errors: world-size mismatch (rank 0)", res[0], "world-size mismatch")
         check(res[1][0] == 2, "errors: world-size mismatch (rank 1 stops too)", res[1][2][-300:])
-        # NCCL without NCCL (this LibTorch build is CPU only).
+        # NCCL on the CPU (the micro config's train.device = cpu): refused before the rendezvous.
         res = launch(2, base + ["--run-dir", os.path.join(tmp, "e4"), "--set", "dist.backend=nccl"], ranks=[0])
         one_error("errors: nccl", res[0], "dist.backend = nccl")
         check(not any(os.path.exists(os.path.join(tmp, e, "metrics.jsonl")) for e in ("e1", "e2", "e3", "e4")),

@@ -107,6 +107,63 @@ TEST(DistWorld, SlurmNodelists) {
   EXPECT_THROW(parse_nodelist(""), UserError);
 }
 
+// dist.backend against train.device (place_rank): one line naming the
+// options for every refusal; auto = nccl on CUDA devices, gloo on the CPU.
+std::string placement_error(const std::string& backend, const std::string& device, const World& w, int stages = 1) {
+  DistOptions o;
+  o.backend = backend;
+  o.pipeline_stages = stages;
+  try {
+    place_rank(o, device, w);
+  } catch (const UserError& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    return m;
+  }
+  return "";
+}
+
+TEST(DistPlacement, BackendAgainstDevice) {
+  World two;
+  two.size = 2;
+  two.rank = two.local_rank = 1;
+  two.local_size = 2;
+  DistOptions o;  // backend auto
+  const bool gpus = torch::cuda::is_available() && torch::cuda::device_count() >= 2;
+  const Placement cpu = place_rank(o, "cpu", two);
+  EXPECT_EQ(cpu.backend, "gloo");
+  EXPECT_TRUE(cpu.device.is_cpu());
+  const Placement a = place_rank(o, "auto", two);
+  EXPECT_EQ(a.backend, gpus && nccl_available() ? "nccl" : "gloo") << a.reason;
+  EXPECT_EQ(a.device, gpus && nccl_available() ? torch::Device(torch::kCUDA, 1) : torch::Device(torch::kCPU))
+      << a.reason;
+  // nccl on the CPU: refused naming both options.
+  const std::string e = placement_error("nccl", "cpu", two);
+  EXPECT_NE(e.find("dist.backend = nccl"), std::string::npos) << e;
+  EXPECT_NE(e.find("train.device = cpu"), std::string::npos) << e;
+  // gloo keeps auto on the CPU; pipeline stages stay on gloo.
+  o.backend = "gloo";
+  EXPECT_TRUE(place_rank(o, "auto", two).device.is_cpu());
+  o.backend = "auto";
+  o.pipeline_stages = 2;
+  EXPECT_EQ(place_rank(o, "auto", two).backend, "gloo");
+  EXPECT_TRUE(place_rank(o, "auto", two).device.is_cpu());
+  if (!gpus) {
+    // No (or one) CUDA device: nccl with auto says why the device is the CPU.
+    const std::string n = placement_error("nccl", "auto", two);
+    EXPECT_NE(n.find("dist.backend = nccl"), std::string::npos) << n;
+    EXPECT_NE(n.find("train.device = auto"), std::string::npos) << n;
+  } else {
+    EXPECT_NE(placement_error("gloo", "cuda", two).find("dist.backend = nccl (or auto)"), std::string::npos);
+    EXPECT_NE(placement_error("nccl", "cuda", two, 2).find("dist.pipeline_stages = 2"), std::string::npos);
+  }
+  EXPECT_NE(placement_error("mpi", "cpu", two).find("expected auto, gloo or nccl"), std::string::npos);
+  // One process: no backend, the device alone.
+  const Placement one = place_rank(o, "cpu", World{});
+  EXPECT_EQ(one.backend, "");
+  EXPECT_TRUE(one.device.is_cpu());
+}
+
 TEST(DistDataParallel, BucketsRunInReverseOrderUnderTheirCaps) {
   // 4-byte floats: 100, 300, 200, 50 elements = 400, 1200, 800, 200 bytes.
   std::vector<torch::Tensor> p = {torch::zeros({100}), torch::zeros({300}), torch::zeros({200}), torch::zeros({50})};

@@ -87,22 +87,30 @@ TEST(CudaQuantizers, Bf16InputsKeepTheirDtype) {
 
 TEST(CudaQuantizers, ResolveDevice) {
   // Every machine: the words and the refusals.
-  EXPECT_TRUE(resolve_train_device("cpu", 1).device.is_cpu());
-  EXPECT_EQ(resolve_train_device("auto", 1).reason.rfind("train.device = auto: ", 0), 0u);
-  EXPECT_THROW(resolve_train_device("gpu", 1), std::exception);
+  EXPECT_TRUE(resolve_train_device("cpu", 1, 0, 1).device.is_cpu());
+  EXPECT_EQ(resolve_train_device("auto", 1, 0, 1).reason.rfind("train.device = auto: ", 0), 0u);
+  EXPECT_THROW(resolve_train_device("gpu", 1, 0, 1), std::exception);
   const bool has = cuda_unavailable_reason().empty();
-  EXPECT_EQ(resolve_train_device("auto", 1).device.is_cuda(), has);
-  EXPECT_TRUE(resolve_train_device("auto", 2).device.is_cpu());  // several ranks: Gloo on the CPU until NCCL is in
+  EXPECT_EQ(resolve_train_device("auto", 1, 0, 1).device.is_cuda(), has);
+  EXPECT_TRUE(resolve_train_device("cpu", 2, 1, 2).device.is_cpu());
   if (!has) {
+    EXPECT_TRUE(resolve_train_device("auto", 2, 1, 2).device.is_cpu());
     try {
-      resolve_train_device("cuda", 1);
+      resolve_train_device("cuda", 1, 0, 1);
       ADD_FAILURE() << "cuda without a device was taken";
     } catch (const std::exception& e) {
       EXPECT_NE(std::string(e.what()).find("train.device = cuda"), std::string::npos) << e.what();
     }
   } else {
-    EXPECT_TRUE(resolve_train_device("cuda", 1).device.is_cuda());
-    EXPECT_THROW(resolve_train_device("cuda", 2), std::exception);
+    const int n = int(torch::cuda::device_count());
+    EXPECT_TRUE(resolve_train_device("cuda", 1, 0, 1).device.is_cuda());
+    // Several ranks: device LOCAL_RANK, one per local rank; more local ranks than devices are refused (cuda) or
+    // train on the CPU (auto).
+    const DeviceChoice last = resolve_train_device("cuda", 2 * n, n - 1, n);
+    EXPECT_EQ(last.device, torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(n - 1))) << last.reason;
+    EXPECT_EQ(resolve_train_device("auto", 2 * n, n - 1, n).device, last.device);
+    EXPECT_THROW(resolve_train_device("cuda", n + 1, 0, n + 1), std::exception);
+    EXPECT_TRUE(resolve_train_device("auto", n + 1, 0, n + 1).device.is_cpu());
   }
 }
 

@@ -162,7 +162,10 @@ class GradCompressor {
   int64_t wire_bytes(const std::vector<torch::Tensor>& params) const;
 
   /// One rank's send for one gradient (header comment): `g` [rows, cols]
-  /// FP32 contiguous CPU, `e` the residual of the same shape (updated in
+  /// FP32 contiguous, on the CPU or a CUDA device (dist.backend = nccl: the
+  /// CUDA kernels of formats/fake_quant_cuda.h where they cover the spec,
+  /// else the host codec through copies; the same bits either way), `e` the
+  /// residual of the same shape and device (updated in
   /// place when error feedback is on, left alone otherwise), `shared_amax`
   /// the MAX over ranks of max|g + e| (ignored unless shares_amax()), `key`
   /// for stochastic rounding. Returns q [rows, cols] FP32. For fp32, q = g + e
@@ -171,7 +174,9 @@ class GradCompressor {
                          const formats::RoundingKey& key) const;
 
   /// compress() for the allgather path (dist.grad_comm_path = allgather):
-  /// the same update of `e`, returns q, and writes the bytes that carry q to
+  /// the same update of `e` (a CUDA `g` and `e` are copied to the host
+  /// codec and back), returns q on g's device, and writes the bytes (host
+  /// memory) that carry q to
   /// `out` (wire_bytes(rows, cols) bytes, checked): the element codes of q
   /// packed (formats::quantize_packed / pack_codes: two E2M1 codes per byte,
   /// low nibble first; one byte per 8-bit code; two per BF16, little-endian;

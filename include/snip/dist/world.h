@@ -67,8 +67,15 @@ class Pending {
 
 /// Collectives over the ranks of one World. All calls are collective: every
 /// rank makes the same calls in the same order with tensors of the same
-/// shape and dtype (CPU tensors for gloo). A peer that does not answer
-/// within dist.timeout_s makes the call throw UserError.
+/// shape and dtype. gloo: CPU tensors. nccl: tensors on this rank's CUDA
+/// device (cuda:LOCAL_RANK) go to NCCL as they are (the calls are ordered
+/// on PyTorch's current stream: a wait() returns once later work on that
+/// stream is ordered after the collective, and blocked_s() counts the host's
+/// waits only); CPU tensors (the control values: loss sums, checksums,
+/// flags) are copied to the device and back, so every caller works on
+/// both. A peer that does not answer within dist.timeout_s makes the call
+/// throw UserError (gloo); under nccl, PyTorch's NCCL watchdog ends the
+/// process after dist.timeout_s with its own message.
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -99,8 +106,8 @@ class Communicator {
   virtual void barrier() = 0;
   /// Every rank's `t` (small, contiguous, same shape on every rank), in rank order: [R] tensors.
   virtual std::vector<torch::Tensor> allgather(const torch::Tensor& t) = 0;
-  /// Point-to-point (pipeline stages): starts sending `t` (contiguous CPU
-  /// tensor; it must stay untouched until wait()) to rank `dst` of this
+  /// Point-to-point (pipeline stages; gloo only, nccl throws UserError):
+  /// starts sending `t` (contiguous CPU tensor; it must stay untouched until wait()) to rank `dst` of this
   /// communicator with message tag `tag` (messages of one (src, dst, tag)
   /// arrive in the order sent). Never blocks: a send is matched when the
   /// receiver posts its recv, so a schedule that waits for its sends late
@@ -113,7 +120,8 @@ class Communicator {
   /// A communicator over `ranks` (ranks of this one, ascending, this rank
   /// among them): rank i of the new one is ranks[i]. Collective over
   /// `ranks` only; `name` must be unique per group (it keys the
-  /// rendezvous). Throws UserError where the backend has no groups.
+  /// rendezvous). Throws UserError where the backend has no groups (nccl:
+  /// its only user, pipeline stages, runs on gloo).
   virtual std::unique_ptr<Communicator> subgroup(const std::vector<int>& ranks, const std::string& name);
   /// Seconds this rank has spent blocked in collectives since it connected
   /// (wall time of each synchronous call, and of each Pending::wait()): the
@@ -126,11 +134,38 @@ class Communicator {
 
 /// Connects this rank (world.size > 1) to the others: the TCPStore (hosted
 /// by rank 0 unless world.agent_store), a handshake in which every rank
-/// reports its world size, then the process group of `opt.backend`.
+/// reports its world size, then the process group of `opt.backend` ("nccl":
+/// ProcessGroupNCCL on CUDA device world.local_rank, made this process's
+/// current device; anything else: gloo; place_rank resolves "auto" first).
 /// Throws UserError with one line for: a port in use, an unreachable master
 /// (after dist.timeout_s), ranks that disagree on the world size, nccl
-/// without NCCL in this LibTorch build.
+/// without NCCL in this LibTorch build or without a CUDA device
+/// world.local_rank.
 std::unique_ptr<Communicator> connect(const World& world, const DistOptions& opt);
+
+/// Where this rank trains and over which c10d backend: dist.backend
+/// resolved against train.device (model/device.h resolve_train_device).
+struct Placement {
+  std::string backend;           ///< "gloo" or "nccl"; "" for one process (no communicator)
+  torch::Device device = torch::kCPU;  ///< the rank's device: cpu, or cuda:LOCAL_RANK (cuda:0 for one process)
+  std::string reason;            ///< one line: the device and why (the run's log and summary.json)
+};
+
+/// dist.backend (opt.backend: auto, gloo, nccl) and train.device (`device`:
+/// auto, cpu, cuda) for this rank of `world`:
+///   one process   the device of resolve_train_device; no backend.
+///   auto backend  nccl when the device resolves to CUDA (and the build
+///                 has NCCL and there are no pipeline stages), else gloo.
+///   gloo          the CPU: train.device = auto picks it; cuda is refused
+///                 (gloo sums host tensors; snip does not stage a GPU's
+///                 gradients through the host).
+///   nccl          cuda:LOCAL_RANK; refused when the device resolves to the
+///                 CPU (cpu, auto without enough CUDA devices), without
+///                 NCCL in this LibTorch, and with dist.pipeline_stages > 1
+///                 (point-to-point messages are gloo's only).
+/// Throws UserError with one line naming dist.backend and/or train.device
+/// and the reason; called before anything is written to the run folder.
+Placement place_rank(const DistOptions& opt, const std::string& device, const World& world);
 
 /// True when this LibTorch build has the NCCL process group.
 bool nccl_available();

@@ -24,14 +24,21 @@ struct DeviceChoice {
 /// formats::cuda::device_count words it, else LibTorch's count.
 std::string cuda_unavailable_reason();
 
-/// Resolves train.device ("auto", "cpu" or "cuda") for a process of a world
-/// of `world_size` ranks: auto = CUDA device 0 when LibTorch sees one and
-/// the world is one process, else the CPU (the line says which and why);
-/// cpu = the CPU; cuda = CUDA device 0. Throws snip::UserError naming
-/// train.device for cuda without a device (with cuda_unavailable_reason), for
-/// cuda with several ranks (NCCL data parallelism is not built yet: use
-/// train.device = cpu with dist.backend = gloo), and for another word.
-DeviceChoice resolve_train_device(const std::string& option, int world_size);
+/// Resolves train.device ("auto", "cpu" or "cuda") for a process that is
+/// rank `local_rank` of the `local_size` ranks on its machine (LOCAL_RANK,
+/// LOCAL_WORLD_SIZE; dist/world.h World) in a world of `world_size` ranks:
+///   auto  one process: CUDA device 0 when LibTorch sees one, else the CPU;
+///         several ranks: CUDA device `local_rank` when LibTorch sees at
+///         least `local_size` devices (one per local rank), else the CPU;
+///         the reason line says which and why.
+///   cpu   the CPU.
+///   cuda  CUDA device 0 (one process) or `local_rank` (several ranks).
+/// Throws snip::UserError naming train.device for cuda without a device
+/// (with cuda_unavailable_reason), for cuda with fewer devices than
+/// `local_size`, and for another word. Which c10d backend goes with the
+/// device (nccl on CUDA, gloo on the CPU) is dist::place_rank's
+/// (dist/world.h), which calls this.
+DeviceChoice resolve_train_device(const std::string& option, int world_size, int local_rank, int local_size);
 
 /// The device batches are made on (to_ids in train/step.h): set once by the
 /// trainer (set_compute_device), the CPU until then.
