@@ -34,6 +34,12 @@ add_test(NAME bf16_emulated
 set_tests_properties(bf16_emulated PROPERTIES ENVIRONMENT SNIP_BF16_GEMM=emulated LABELS bf16-emulated
                      FIXTURES_REQUIRED "llama_ref;kjv512" TIMEOUT 900)
 
+# GEMM-time calibration against FLOPs and against the trainer's own module
+# (label timing): meaningful on an idle machine only, so not in the default
+# run, where GemmCalibrate.* checks the table's structure and skips these.
+add_test(NAME gemm_timing COMMAND test_torch --gtest_filter=GemmCalibrate.*)
+set_tests_properties(gemm_timing PROPERTIES ENVIRONMENT SNIP_TIMING_TESTS=1 LABELS timing TIMEOUT 300)
+
 # The trainer's GPU path (label cuda, run by scripts/gpu_check.sh on a lent
 # device): the recipe quantizers on CUDA tensors against the CPU. The same
 # cases are discovered above too and skip there without a GPU.

@@ -43,7 +43,14 @@
 #include "snip/model/quantizers.h"
 #include "snip/recipes/recipe.h"
 #include "snip/train/memory.h"
+#include "snip/train/trainer.h"
 #include "snip/core/error.h"
+#include "snip/io/atomic_file.h"
+#include "snip/method/controller.h"
+#include "snip/method/gemm_calibrate.h"
+#include "snip/plan/cost_table.h"
+#include "snip/plan/gemm_times.h"
+#include "snip/recipes/recipe_file.h"
 
 namespace snip::app {
 
@@ -179,7 +186,69 @@ json libtorch_info() {
 
 }  // namespace
 
+void run_calibrate(const DoctorOpts& o) {
+  if (!o.config_given || o.config.empty()) fail("snip doctor --calibrate: expected --config FILE (the run to calibrate for), got none");
+  if (o.run.empty()) fail("snip doctor --calibrate: expected --run RUN (where gemm_times.json goes), got none");
+  if (o.repeats < 1) fail("snip doctor --calibrate: --repeats: expected >= 1, got ", o.repeats);
+  if (!(o.max_seconds > 0)) fail("snip doctor --calibrate: --max-seconds: expected > 0, got ", o.max_seconds);
+  Config c;
+  c.load_toml_file(o.config);
+  const std::string rf = c.get_string("precision.recipe_file");
+  recipes::RecipeSet recipes = recipes::load_recipe_set(rf);
+  (void)resolve_precision_alias(c, recipes);
+  const RunConfig rc = RunConfig::from(c, std::move(recipes));
+  const ModelConfig& m = rc.model;
+  const int64_t tokens = rc.train.batch_size * rc.train.seq_len;
+  std::vector<LayerShape> shapes;
+  int64_t idx = 0;
+  for (const plan::LinearLayerShape& l :
+       plan::llama_linear_layers(int(m.num_hidden_layers), m.hidden_size, m.intermediate_size,
+                                 int(m.num_attention_heads), int(m.num_key_value_heads), tokens))
+    shapes.push_back(LayerShape{l.name, idx++, l.in_features, l.out_features});
+  const at::ScalarType gemm = rc.train.gemm_bf16 ? at::kBFloat16 : at::kFloat;
+  set_threads(rc.train.threads);  // the run's train.threads: GEMM times depend on them
+  const torch::Device device = dist::place_rank(rc.dist, rc.train.device, dist::World::from_env()).device;
+  set_bf16_gemm_backend(rc.train.gemm_backend, device.is_cuda());
+  set_fp8_gemm(parse_fp8_gemm(rc.train.fp8_gemm));
+  PrecisionController ctl(rc, shapes, gemm);  // the options a run of this config can choose
+  CalibrateOptions co;
+  co.options = ctl.known_options();
+  co.gemm_dtype = gemm;
+  co.device = device;
+  co.tokens = tokens;
+  co.repeats = o.repeats;
+  co.max_seconds = o.max_seconds;
+  co.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  std::fprintf(stderr, "calibrate: %s on %s: %zu layers, T=%lld rows, options %s\n", o.config.c_str(),
+               device.str().c_str(), shapes.size(), (long long)tokens, [&] {
+                 std::string s;
+                 for (const auto& x : co.options) s += (s.empty() ? "" : ",") + x;
+                 return s;
+               }().c_str());
+  const plan::GemmTimes t = calibrate_gemm_times(ctl.timed_layers(), rc.recipes, co);
+  io::ensure_writable_dir(o.run);
+  const std::string path = (fs::path(o.run) / "gemm_times.json").string();
+  plan::save_gemm_times(t, path);
+  // Totals per option over the model's layers (one micro-batch).
+  plan::PlanProblem prob;
+  for (const LayerShape& l : shapes) {
+    plan::PlanItem it;
+    it.name = it.layer = l.name;
+    prob.items.push_back(it);
+  }
+  plan::apply_gemm_times(prob, t, ctl.timed_layers(), tokens, 1.0, co.options);
+  std::printf("%s\n", path.c_str());
+  double ref = 0;
+  for (const auto& it : prob.items) ref += it.seconds.at("bf16");
+  for (const std::string& opt : co.options) {
+    double s = 0;
+    for (const auto& it : prob.items) s += it.seconds.at(opt);
+    std::printf("  %-10s %9.3f ms per micro-batch (%.3fx bf16)\n", opt.c_str(), 1e3 * s, ref > 0 ? s / ref : 0.0);
+  }
+}
+
 void run_doctor(const DoctorOpts& o) {
+  if (o.calibrate) return run_calibrate(o);
   // As many intra-op threads as snip train uses (train.threads = 0).
   torch::set_num_threads(int(std::max(1u, std::thread::hardware_concurrency())));
   const bool progress = !o.json_out && isatty(STDERR_FILENO);

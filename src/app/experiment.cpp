@@ -57,10 +57,30 @@ struct Arm {
   std::string name, policy;
   double budget = std::nan("");  // NaN = the config's
   bool per_gemm = false;         // precision.granularity = gemm
+  // "+<modifier>" suffixes (kArmModifiers): option -> value the arm sets
+  std::map<std::string, std::string> sets;
 };
 
-Arm parse_arm(const std::string& s) {
-  Arm a{s, s};
+// An arm name's "+<modifier>" suffixes: what each sets.
+const std::map<std::string, std::pair<std::string, std::string>> kArmModifiers = {
+    {"fprop", {"precision.final_phase_gemms", "fprop"}},  // the late forward-only raise
+    {"time", {"precision.budget_unit", "time"}},          // the budget in measured GEMM seconds
+};
+
+Arm parse_arm(const std::string& full) {
+  Arm a{full, full};
+  // <policy>[-gemm][-<budget>][+fprop][+time]
+  const std::string s = full.substr(0, full.find('+'));
+  a.policy = s;
+  for (size_t at = full.find('+'); at != std::string::npos;) {
+    const size_t next = full.find('+', at + 1);
+    const std::string m = full.substr(at + 1, next == std::string::npos ? std::string::npos : next - at - 1);
+    const auto it = kArmModifiers.find(m);
+    if (it == kArmModifiers.end())
+      fail("--arms: '", full, "': unknown modifier '+", m, "' (expected +fprop or +time)");
+    a.sets[it->second.first] = it->second.second;
+    at = next;
+  }
   const auto dash = s.rfind('-');
   if (dash != std::string::npos && dash + 1 < s.size()) {
     const std::string tail = s.substr(dash + 1);
@@ -89,6 +109,7 @@ std::vector<std::string> arm_sets(const Arm& arm) {
   std::vector<std::string> v{"precision.policy=" + arm.policy};
   if (std::isfinite(arm.budget)) v.push_back(fmt::format("precision.budget={}", arm.budget));
   if (arm.per_gemm) v.push_back("precision.granularity=gemm");
+  for (const auto& [key, value] : arm.sets) v.push_back(key + "=" + value);
   return v;
 }
 
@@ -278,6 +299,14 @@ std::string gemm_note(const Arm& arm, const std::string& gemm_dtype) {
   return arm.policy == "none" && !gemm_dtype.empty() ? " (" + gemm_dtype + " GEMMs)" : "";
 }
 
+/// ", fprop-only final phase" / ", budget in GEMM time" for an arm's +modifiers.
+std::string modifier_note(const Arm& arm) {
+  std::string n;
+  if (arm.sets.count("precision.final_phase_gemms")) n += ", fprop-only final phase";
+  if (arm.sets.count("precision.budget_unit")) n += ", budget in GEMM time";
+  return n;
+}
+
 struct ArmResult {
   Arm arm;
   bool done = false;
@@ -287,7 +316,7 @@ struct ArmResult {
   std::string gemm_dtype;  // summary.json "gemm_dtype": bf16 or fp32 ("" if absent)
   report::RunCurves curves;
   /// The policy as the table shows it: "none (bf16 GEMMs)" (gemm_note), or the policy.
-  std::string policy_label() const { return arm.policy + gemm_note(arm, gemm_dtype); }
+  std::string policy_label() const { return arm.policy + gemm_note(arm, gemm_dtype) + modifier_note(arm); }
 };
 
 ArmResult collect(const Arm& arm, const fs::path& dir) {
@@ -314,15 +343,21 @@ ArmResult collect(const Arm& arm, const fs::path& dir) {
 
 std::string cell(double v, const char* f) { return std::isfinite(v) ? fmt::format(fmt::runtime(f), v) : "-"; }
 
+/// The rivals' rules (planner.h heuristic_bf16_tail, ...): they reach
+/// whatever FP4 share their rule gives and read no budget.
+bool is_rule_policy(const std::string& p) { return p == "autoswitch" || p == "bf16-tail" || p == "first-last-n"; }
+
 /// Throws UserError when the arm's policy is not one snip knows (a
 /// uniform-<recipe> names a recipe of `set`).
 void check_arm_policy(const Arm& arm, const recipes::RecipeSet& set) {
   const std::string& p = arm.policy;
   const bool known = p == "none" || p == "snip" || p == "min-rel-err" || p == "layer-type" ||
-                     p == "first-last-fp8" || p == "random" || (p.rfind("uniform-", 0) == 0 && set.has(p.substr(8)));
+                     p == "first-last-fp8" || p == "random" || is_rule_policy(p) ||
+                     (p.rfind("uniform-", 0) == 0 && set.has(p.substr(8)));
   if (!known)
     fail("--arms: '", arm.name, "': expected none (or bf16, its old name), uniform-<recipe>, snip, min-rel-err, layer-type, "
-         "first-last-fp8 or random, optionally followed by -<budget>");
+         "first-last-fp8 or random, optionally followed by -<budget>, or a rival's rule: autoswitch, bf16-tail, "
+         "first-last-n");
 }
 
 /// The arms of a comma-separated list (blanks around names ignored), each
@@ -340,12 +375,19 @@ std::vector<Arm> parse_arm_list(const std::string& list, const recipes::RecipeSe
     if (!seen.insert(arm.name).second) fail("--arms: '", arm.name, "' given twice");
     check_arm_policy(arm, set);
     // A budget the policy does not read would label a run with a number it never used.
+    if (std::isfinite(arm.budget) && is_rule_policy(arm.policy))
+      fail("--arms: '", arm.name, "': policy ", arm.policy, " takes no budget (its rule sets the FP4 share; the "
+           "table reports it); write '", arm.policy, "'");
     if (std::isfinite(arm.budget) && (arm.policy == "none" || arm.policy.rfind("uniform-", 0) == 0))
       fail("--arms: '", arm.name, "': policy ", arm.policy, " takes no budget (it plans nothing); write '",
            arm.policy, "'");
     if (arm.per_gemm && (arm.policy == "none" || arm.policy.rfind("uniform-", 0) == 0))
       fail("--arms: '", arm.name, "': policy ", arm.policy, " plans nothing, so it has no per-GEMM form");
-    const auto key = std::make_pair(arm.policy + (arm.per_gemm ? "/gemm" : ""),
+    if (!arm.sets.empty() && (arm.policy == "none" || arm.policy.rfind("uniform-", 0) == 0))
+      fail("--arms: '", arm.name, "': policy ", arm.policy, " plans nothing, so +modifiers do not apply to it");
+    std::string mods;
+    for (const auto& [k, v] : arm.sets) mods += "+" + k + "=" + v;
+    const auto key = std::make_pair(arm.policy + (arm.per_gemm ? "/gemm" : "") + mods,
                                     std::isfinite(arm.budget) ? fmt::format("{}", arm.budget) : "");
     if (runs.count(key))
       fail("--arms: '", arm.name, "' and '", runs[key], "' are the same run (policy ", arm.policy,
@@ -413,6 +455,7 @@ std::vector<Arm> arms_in(const fs::path& out, const recipes::RecipeSet& set) {
 bool arm_may_differ(const std::string& key, const Arm& x, const Arm& y) {
   if (key == "train.log_interval" || key == "precision.policy" || key == "precision.budget") return true;
   if (key == "precision.granularity" && (x.per_gemm || y.per_gemm)) return true;
+  if (x.sets.count(key) || y.sets.count(key)) return true;
   return key.rfind("precision.", 0) == 0 && (x.policy == "none" || y.policy == "none");
 }
 
@@ -517,6 +560,10 @@ void check_trained_arms(const std::vector<Arm>& arms, const std::vector<RunSpec>
       fail("--no-train: experiment arm '", arm.name, "' in ", dir.string(),
            " was trained with precision.granularity = ", c.get_string("precision.granularity"),
            ", not gemm; delete it to retrain the arm");
+    for (const auto& [key, value] : arm.sets)
+      if (c.get_string(key) != value)
+        fail("--no-train: experiment arm '", arm.name, "' in ", dir.string(), " was trained with ", key, " = ",
+             c.get_string(key), ", not ", value, "; delete it to retrain the arm");
     if (run.seed >= 0 && c.get_int("train.seed") != run.seed)
       fail("--no-train: experiment arm '", arm.name, "' in ", dir.string(), " was trained with train.seed = ",
            c.get_int("train.seed"), ", not its folder's ", run.seed, "; delete it to retrain that seed");
@@ -589,7 +636,7 @@ void write_results(const std::vector<Arm>& arms, const fs::path& out) {
        << (r.done ? cell(r.val, "{:.4f}") : "not trained") << " | " << cell(r.gap_pct, "{:+.2f}%") << " | "
        << cell(r.fp4_share, "{:.3f}") << " | " << (std::isfinite(r.seconds) ? fmt_minutes(r.seconds) : "-")
        << " | " << cell(r.tokens_per_s, "{:.0f}") << " |\n";
-    jr.push_back({{"arm", r.arm.name}, {"policy", r.arm.policy}, {"gemm_dtype", r.gemm_dtype},
+    jr.push_back({{"arm", r.arm.name}, {"policy", r.arm.policy}, {"sets", r.arm.sets}, {"gemm_dtype", r.gemm_dtype},
                   {"budget", num(r.arm.budget)},
                   {"trained", r.done}, {"final_val_loss", num(r.val)}, {"gap_pct", num(r.gap_pct)},
                   {"fp4_share", num(r.fp4_share)}, {"seconds", num(r.seconds)},
@@ -726,7 +773,8 @@ void write_seeded_results(const std::vector<Arm>& arms, const fs::path& out) {
   for (const auto& a : res) {
     std::string per;
     for (size_t i = 0; i < a.runs.size(); ++i) per += (i ? ", " : "") + cell(a.runs[i].val, "{:.4f}");
-    const std::string policy = a.arm.policy + gemm_note(a.arm, a.gemm_dtype) + (a.arm.per_gemm ? " (per GEMM)" : "");
+    const std::string policy =
+        a.arm.policy + gemm_note(a.arm, a.gemm_dtype) + (a.arm.per_gemm ? " (per GEMM)" : "") + modifier_note(a.arm);
     md << "| " << a.arm.name << " | " << policy << " | " << cell(a.arm.budget, "{:.2f}") << " | " << a.val.n << " | "
        << (a.val.n ? cell(a.val.mean, "{:.4f}") : "not trained") << " | " << cell(a.val.sd, "{:.4f}") << " | "
        << (per.empty() ? "-" : per) << " | " << cell(a.gap_pct, "{:+.2f}%") << " | " << cell(a.fp4_share, "{:.3f}")
@@ -743,6 +791,7 @@ void write_seeded_results(const std::vector<Arm>& arms, const fs::path& out) {
           << r.steps << "\n";
     }
     jarms.push_back({{"arm", a.arm.name}, {"policy", a.arm.policy}, {"granularity", a.arm.per_gemm ? "gemm" : "layer"},
+                     {"sets", a.arm.sets},
                      {"gemm_dtype", a.gemm_dtype}, {"budget", num(a.arm.budget)}, {"seeds", a.seeds},
                      {"n", a.val.n}, {"mean", num(a.val.mean)}, {"sd", num(a.val.sd)}, {"gap_pct", num(a.gap_pct)},
                      {"fp4_share", num(a.fp4_share)}, {"seconds", num(a.seconds)},
@@ -854,6 +903,8 @@ void run_experiment(const ExperimentOptions& a) {
       if (key == "precision.granularity")
         for (const Arm& arm : arms)
           if (arm.per_gemm) fail("--set ", st, ": arm '", arm.name, "' sets precision.granularity itself; remove it");
+      for (const Arm& arm : arms)
+        if (arm.sets.count(key)) fail("--set ", st, ": arm '", arm.name, "' sets ", key, " itself; remove it");
       if (key == "precision.seed" && a.seeds > 0)
         fail("--set ", st, ": with --seeds each run's precision.seed is its seed; remove it");
     }

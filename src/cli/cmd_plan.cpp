@@ -1,6 +1,8 @@
 // cmd_plan.cpp: the command line of `snip plan` (docs/planner.md): its
 // options bound to app::PlanArgs and run by app::run_plan
 // (snip/app/plan_command.h), and `snip plan show RUN`.
+#include <cmath>
+#include <cstdio>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -96,11 +98,26 @@ void add_plan_commands(CLI::App& app) {
   show->callback([sa, step_opt] {
     if (step_opt->count() > 0 && sa->step < 0) fail("--step: expected a step >= 0, got ", sa->step);
     const std::string path = find_plan_file(sa->run, sa->step);
-    const nlohmann::json j = io::read_json_file(path, "plan");
-    if (sa->json)
+    nlohmann::json j = io::read_json_file(path, "plan");
+    // The measured step time under this plan (metrics.jsonl step_s), beside
+    // the plan's predicted GEMM time when it has one.
+    int64_t n_steps = 0;
+    const double measured =
+        j.contains("step") && j["step"].is_number_integer()
+            ? measured_step_seconds(sa->run, j["step"].get<int64_t>(), n_steps)
+            : std::nan("");
+    if (sa->json) {
+      if (std::isfinite(measured)) j["measured_step_seconds"] = measured, j["measured_steps"] = n_steps;
       std::cout << j.dump(2) << "\n";
-    else
+    } else {
       std::cout << path << "\n" << format_plan_table(j);
+      if (std::isfinite(measured)) {
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "measured:  %.4g ms/step (median step_s of %lld steps under this plan: the "
+                      "whole step, not only its linear GEMMs)\n", 1e3 * measured, (long long)n_steps);
+        std::cout << buf;
+      }
+    }
   });
 
   sub->callback([a, budget_opt, cost_budget_opt, low_opt, tokens_opt, stats_batch_opt, show] {

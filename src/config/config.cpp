@@ -147,14 +147,14 @@ void set_policy(const std::string& policy, PrecisionConfig& p) {
     return;
   }
   for (Policy q : {Policy::kNone, Policy::kSnip, Policy::kMinRelErr, Policy::kLayerType, Policy::kFirstLastFp8,
-                   Policy::kRandom})
+                   Policy::kRandom, Policy::kAutoswitch, Policy::kBf16Tail, Policy::kFirstLastN})
     if (policy == to_string(q)) {
       p.policy = q;
       p.uniform_option.clear();
       return;
     }
   fail("config: precision.policy: expected none (or its old name bf16), uniform-<option> (e.g. uniform-fp8), snip, "
-       "min-rel-err, layer-type, first-last-fp8 or random, got '", policy, "'");
+       "min-rel-err, layer-type, first-last-fp8, random, autoswitch, bf16-tail or first-last-n, got '", policy, "'");
 }
 
 // "a or b", "a, b or c".
@@ -464,12 +464,29 @@ std::vector<OptionSpec> make_table() {
       opt("precision.policy", T::kString, std::string("none"), "",
           "who chooses each layer's precision: none (no quantization: every GEMM in train.gemm_dtype; bf16 is an old "
           "name for it), uniform-<recipe> (any recipe, e.g. "
-          "uniform-fp8, uniform-mxfp4), snip (stats + ILP), min-rel-err, layer-type, first-last-fp8, random")
+          "uniform-fp8, uniform-mxfp4), snip (stats + ILP), min-rel-err, layer-type, first-last-fp8, random, "
+          "or a rival's rule (docs/method.md section 6): autoswitch (TE AutoswitchGemm per GEMM), bf16-tail "
+          "(the last 15% of linear layers high), first-last-n (Megatron's first/last N blocks high)")
           .bind([](const OptionValue& v, RunConfig& r) { set_policy(std::get<std::string>(v), r.precision); },
                 [](const RunConfig& r) { return OptionValue(r.precision.policy_name()); }),
       field("precision.budget", &RunConfig::precision, &PrecisionConfig::budget, "fraction",
-            "FP4 FLOPs share every plan must reach (snip and the ordered heuristics)")
+            "budget_unit flops: FP4 FLOPs share every plan must reach (snip and the ordered heuristics); "
+            "budget_unit time: the plan's linear-GEMM seconds per step at most this fraction of the same GEMMs "
+            "all in bf16 (0.8 = at most 0.8x the BF16 GEMM time, measured)")
           .in(fraction),
+      field("precision.budget_unit", &RunConfig::precision, &PrecisionConfig::budget_unit, "",
+            "what precision.budget counts: flops (the FP4 FLOPs share, the paper's) or time (measured seconds "
+            "per GEMM shape and option: precision.gemm_times, or a calibration at start; docs/method.md "
+            "\"Budget in measured time\")")
+          .words({"flops", "time"}),
+      field("precision.gemm_times", &RunConfig::precision, &PrecisionConfig::gemm_times, "path",
+            "measured GEMM-times table (RUN/gemm_times.json of snip doctor --calibrate --config FILE or of an "
+            "earlier run) the plans predict GEMM time from; empty = with budget_unit time, calibrate on this "
+            "machine at start (written to RUN/gemm_times.json)"),
+      field("precision.calibrate_seconds", &RunConfig::precision, &PrecisionConfig::calibrate_seconds, "seconds",
+            "wall-clock cap of the GEMM-time calibration at start (past it, the remaining GEMMs get one timed "
+            "call each)")
+          .in({1e-3, 1e6}),
       field("precision.options", &RunConfig::precision, &PrecisionConfig::options, "list",
             "options a layer may run (comma-separated recipe names or bf16); must contain precision.low_option"),
       field("precision.pins", &RunConfig::precision, &PrecisionConfig::pins, "list",
@@ -501,6 +518,32 @@ std::vector<OptionSpec> make_table() {
           .in(fraction),
       field("precision.final_precision", &RunConfig::precision, &PrecisionConfig::final_precision, "",
             "option every layer runs in the final high-precision phase"),
+      opt("precision.final_phase_gemms", T::kString, std::string("all"), "",
+          "what the final phase raises to final_precision: all (every GEMM) or fprop (the forward GEMMs only; "
+          "dgrad and wgrad keep the last plan's options: the late forward-only switch of arXiv 2509.25149); "
+          "the phase starts at 1 - final_high_precision_fraction of the run")
+          .words({"all", "fprop"})
+          .bind([](const OptionValue& v, RunConfig& r) {
+                  r.precision.final_fprop_only = std::get<std::string>(v) == "fprop";
+                },
+                [](const RunConfig& r) { return OptionValue(std::string(r.precision.final_fprop_only ? "fprop" : "all")); }),
+      field("precision.tail_fraction", &RunConfig::precision, &PrecisionConfig::tail_fraction, "fraction",
+            "bf16-tail: the fraction of linear layers, counted from the last, kept at the high option "
+            "(NVIDIA's NVFP4 recipe and torchtitan's nvfp4_bf16_tail_fqns keep about 15%)")
+          .in(fraction),
+      field("precision.first_last_n", &RunConfig::precision, &PrecisionConfig::first_last_n, "blocks",
+            "first-last-n: decoder blocks at each end kept at the high option (Megatron-Core's "
+            "--num-layers-at-start/end-in-bf16)")
+          .in(non_negative),
+      field("precision.autoswitch_mse", &RunConfig::precision, &PrecisionConfig::autoswitch_mse, "",
+            "autoswitch: a GEMM goes high when the mean squared error of its low-option output (the stats "
+            "step's ||e||²/elements, output units squared) exceeds this (TE AutoswitchGemm's default 1e-4)")
+          .in(non_negative),
+      field("precision.autoswitch_underflow", &RunConfig::precision, &PrecisionConfig::autoswitch_underflow,
+            "fraction",
+            "autoswitch: a GEMM goes high when more than this fraction of its operands' non-zero elements "
+            "quantize to zero at the low option (TE AutoswitchGemm's default 5%)")
+          .in(fraction),
       field("precision.smoothing", &RunConfig::precision, &PrecisionConfig::smoothing, "fraction",
             "s in M <- (1-s)*M_new + s*M_old between stats steps (larger = steadier plans)")
           .in(fraction),
@@ -980,6 +1023,9 @@ const char* to_string(Policy p) {
     case Policy::kLayerType: return "layer-type";
     case Policy::kFirstLastFp8: return "first-last-fp8";
     case Policy::kRandom: return "random";
+    case Policy::kAutoswitch: return "autoswitch";
+    case Policy::kBf16Tail: return "bf16-tail";
+    case Policy::kFirstLastN: return "first-last-n";
   }
   return "?";
 }

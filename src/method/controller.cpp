@@ -197,7 +197,8 @@ PrecisionController::PrecisionController(const RunConfig& rc, std::vector<LayerS
   // run's config.toml never carries a value a later resume or `snip correlate`
   // would reject; what follows needs the layers or the run's recipes.
   policy_ = pc_.policy_name();
-  gran_ = pc_.per_gemm ? plan::Granularity::gemm : plan::Granularity::layer;
+  // TE's AutoswitchGemm decides per GEMM whatever precision.granularity says.
+  gran_ = pc_.per_gemm || pc_.policy == Policy::kAutoswitch ? plan::Granularity::gemm : plan::Granularity::layer;
   stats_seed_ = uint64_t(rc.train.seed);
   low_ = pc_.low_option;
   if (low_.empty() || low_ == kReference)
@@ -278,7 +279,12 @@ PrecisionController::PrecisionController(const RunConfig& rc, std::vector<LayerS
   for (int64_t p : sched_.plan_steps()) plan_steps_.insert(p);
   // Everything the planner can check on the layer list alone (pins that match
   // nothing, conflicting pins, options, budget feasibility): run the very
-  // decision a plan step will make, on placeholder Q values.
+  // decision a plan step will make, on placeholder Q values. A time budget
+  // needs the measured times first: set_gemm_times checks then.
+  if (pc_.budget_unit != "time") check_plannable();
+}
+
+void PrecisionController::check_plannable() {
   plan::PlanProblem prob = shape_only_problem();
   if (pc_.policy == Policy::kSnip) {
     plan::solve(prob, plan_options(true));
@@ -289,9 +295,38 @@ PrecisionController::PrecisionController(const RunConfig& rc, std::vector<LayerS
   }
 }
 
+std::vector<plan::TimedLayer> PrecisionController::timed_layers() const {
+  std::vector<plan::TimedLayer> out;
+  for (const auto& l : shapes_) out.push_back(plan::TimedLayer{l.name, l.in_features, l.out_features});
+  return out;
+}
+
+std::vector<std::string> PrecisionController::known_options() const {
+  std::set<std::string> o;
+  for (const auto& kv : quant_) o.insert(kv.first);
+  for (const auto& kv : extra_quant_) o.insert(kv.first);  // guard.raise_option
+  o.insert(kReference);
+  return {o.begin(), o.end()};
+}
+
+void PrecisionController::set_gemm_times(plan::GemmTimes table, int64_t tokens, double micro_batches) {
+  times_ = std::move(table);
+  times_tokens_ = tokens;
+  times_micro_batches_ = micro_batches;
+  plan::PlanProblem probe = shape_only_problem();  // every entry there (UserError naming the file otherwise)
+  (void)probe;
+  if (active_ && pc_.budget_unit == "time") check_plannable();
+}
+
+void PrecisionController::add_times(plan::PlanProblem& p) const {
+  if (!times_) return;
+  plan::apply_gemm_times(p, *times_, timed_layers(), times_tokens_, times_micro_batches_, known_options());
+}
+
 void PrecisionController::set_output(const std::string& run_dir, bool verbose) {
   run_dir_ = run_dir;
   verbose_ = verbose;
+  if (times_ && !run_dir_.empty()) plan::save_gemm_times(*times_, (fs::path(run_dir_) / "gemm_times.json").string());
 }
 
 std::shared_ptr<const OperandQuantizer> PrecisionController::quantizer(const std::string& option) const {
@@ -304,7 +339,9 @@ std::shared_ptr<const OperandQuantizer> PrecisionController::quantizer(const std
 
 void PrecisionController::raise_precision(double budget_step, double smoothing) {
   if (!active_) return;
-  pc_.budget = std::max(0.0, pc_.budget - budget_step);
+  // A time budget is a ceiling: more precision = more time allowed.
+  pc_.budget = pc_.budget_unit == "time" ? std::min(1.0, pc_.budget + budget_step)
+                                         : std::max(0.0, pc_.budget - budget_step);
   pc_.smoothing = std::max(pc_.smoothing, smoothing);
   replan_requested_ = true;
 }
@@ -367,16 +404,17 @@ std::array<std::string, kNumOperands> PrecisionController::operand_formats(const
 // Items with FLOPs 6·in·out per token (per step up to a common factor, which
 // shares ignore) and placeholder Q (1 at the low option, 0 elsewhere) for
 // every option the controller knows.
-plan::PlanProblem PrecisionController::shape_only_problem() const {
+plan::PlanProblem PrecisionController::shape_only_problem(plan::Granularity gran) const {
   plan::PlanProblem p;
-  p.granularity = gran_;
+  p.granularity = gran;
   for (const auto& l : shapes_) {
     plan::PlanItem it;
     it.name = it.layer = l.name;
     it.flops = 6.0 * double(l.in_features) * double(l.out_features);
     for (const auto& kv : quant_) it.q[kv.first] = kv.first == low_ ? 1.0 : 0.0;
     it.rel_err[low_] = 1.0;
-    if (gran_ == plan::Granularity::layer) {
+    it.mse[low_] = it.underflow[low_] = 0.0;  // autoswitch's placeholders: every item low
+    if (gran == plan::Granularity::layer) {
       p.items.push_back(std::move(it));
       continue;
     }
@@ -389,14 +427,19 @@ plan::PlanProblem PrecisionController::shape_only_problem() const {
     }
   }
   add_stages(p);
+  add_times(p);
   return p;
 }
 
 plan::PlanOptions PrecisionController::plan_options(bool with_pins) const {
   plan::PlanOptions o;
-  o.budget = plan::Budget::share(pc_.budget);
+  o.budget = pc_.budget_unit == "time" ? plan::Budget::time(pc_.budget) : plan::Budget::share(pc_.budget);
   o.low_option = low_;
   o.allowed_options = pc_.options;
+  o.tail_fraction = pc_.tail_fraction;
+  o.first_last_n = int(pc_.first_last_n);
+  o.autoswitch_mse = pc_.autoswitch_mse;
+  o.autoswitch_underflow = pc_.autoswitch_underflow;
   if (with_pins) o.pins = pins_;
   if (with_pins && !stage_of_layer_.empty()) {
     o.per_stage_budget = true;
@@ -543,7 +586,22 @@ void PrecisionController::decide(int64_t s, Phase phase, const StatsMeasure& mea
   bool have_stats = false;
   double stats_s = 0;
   const std::string& every_layer = phase == Phase::kWarmup ? pc_.warmup_precision : pc_.final_precision;
-  if (phase != Phase::kPlan) {
+  // precision.final_phase_gemms = fprop: the final phase raises the forward
+  // GEMMs only; dgrad and wgrad keep the options they ran under before it.
+  const bool fprop_only = phase == Phase::kFinal && pc_.final_fprop_only && !current_.empty();
+  if (fprop_only) {
+    prob = shape_only_problem(plan::Granularity::gemm);
+    plan::PlanOptions o = plan_options(false);
+    o.allowed_options.clear();
+    std::map<std::string, PerGemm<std::string>> was;
+    for (const auto& l : shapes_) {
+      was[l.name] = current_.layer_options(l.name);
+      for (Gemm g : {Gemm::kDgrad, Gemm::kWgrad}) o.pins.push_back(plan::Pin{plan_item_key(l.name, g), was[l.name][g]});
+    }
+    for (plan::PlanItem& it : prob.items)  // a guard's raise option may be outside the configured ones
+      if (it.gemm != "fprop") it.q.emplace(was[it.layer][it.gemm == "dgrad" ? Gemm::kDgrad : Gemm::kWgrad], 0.0);
+    r = plan::heuristic_uniform(prob, o, every_layer);
+  } else if (phase != Phase::kPlan) {
     prob = shape_only_problem();
     plan::PlanOptions o = plan_options(false);  // "every layer": pins do not apply
     o.allowed_options.clear();
@@ -584,6 +642,7 @@ void PrecisionController::decide(int64_t s, Phase phase, const StatsMeasure& mea
     }
     prob = to_plan_problem(smoothed_, gran_);
     add_stages(prob);
+    add_times(prob);
     const plan::PlanOptions o = plan_options(true);
     if (root) {  // several ranks: rank 0 alone solves; agree() hands its plan (or error) to the others
       test_kill_point("plan@" + std::to_string(s));  // tests/cli/kill_resume.py
@@ -632,6 +691,7 @@ void PrecisionController::decide(int64_t s, Phase phase, const StatsMeasure& mea
     pj["step"] = s;
     pj["policy"] = policy_;
     pj["phase"] = to_string(phase);
+    if (phase == Phase::kFinal) pj["final_phase_gemms"] = fprop_only ? "fprop" : "all";
     if (have_stats) {
       json qt = json::object();
       for (const auto& it : prob.items) qt[it.name] = it.q;
@@ -655,8 +715,9 @@ void PrecisionController::decide(int64_t s, Phase phase, const StatsMeasure& mea
         table_shown_ = true;
       }
       else  // every layer at one option: one line instead of the table
-        std::fprintf(stderr, "\nprecision at step %ld: %s phase, every layer %s (FP4 share %.4f)\n", long(s),
+        std::fprintf(stderr, "\nprecision at step %ld: %s phase, %s %s (FP4 share %.4f)\n", long(s),
                      to_string(phase),
+                     fprop_only ? "dgrad/wgrad as planned, the fprop GEMM of every layer" : "every layer",
                      every_layer == kReference ? (gemm_dtype_ == at::kFloat ? "unquantized (fp32 GEMMs)"
                                                                            : "unquantized (bf16 GEMMs)")
                                                : every_layer.c_str(),
@@ -665,9 +726,7 @@ void PrecisionController::decide(int64_t s, Phase phase, const StatsMeasure& mea
   }
 
   ev.decided = true;
-  json prec = json::object();
-  for (const PlanKey& k : item_keys()) prec[k.str()] = current_.options.at(k);
-  ev.metrics["precision"] = std::move(prec);
+  ev.metrics["precision"] = current_.to_json();  // per item; a forward-only final phase per GEMM
   ev.metrics["plan_step"] = s;
   ev.metrics["phase"] = to_string(phase);
   if (have_stats) ev.metrics["rel_err_fprop"] = std::move(rel_chosen);
@@ -736,7 +795,8 @@ void PrecisionController::restore(const json& st, const std::string& what) {
       const double b = st.at("budget").get<double>(), sm = st.at("smoothing").get<double>();
       if (!(b >= 0 && b <= 1) || !(sm >= 0 && sm <= 1))
         fail(what, ": precision.budget / smoothing: expected fractions in [0, 1], got ", b, " / ", sm);
-      pc_.budget = std::min(pc_.budget, b);
+      // The more conservative of the two (a time budget is a ceiling).
+      pc_.budget = pc_.budget_unit == "time" ? std::max(pc_.budget, b) : std::min(pc_.budget, b);
       pc_.smoothing = std::max(pc_.smoothing, sm);
       replan_requested_ = st.at("replan_requested").get<bool>();
     }
@@ -766,8 +826,17 @@ void PrecisionController::restore(const json& st, const std::string& what) {
                      what, it.key());
     restore_quantizers(qs, what);
     if (phase_ != Phase::kNone) {
+      // In a forward-only final phase (final_phase_gemms = fprop) a layer
+      // item is held as its three GEMMs.
+      auto covered = [&](const PlanKey& k) {
+        if (assign.count(k)) return true;
+        if (k.gemm || phase_ != Phase::kFinal || !pc_.final_fprop_only) return false;
+        for (Gemm g : kAllGemms)
+          if (!assign.count(PlanKey{k.layer, g})) return false;
+        return true;
+      };
       for (const PlanKey& k : item_keys())
-        if (!assign.count(k))
+        if (!covered(k))
           fail(what, ": precision.assignments: no option for '", k.str(), "' (precision.granularity changed?)");
       for (const auto& kv : assign)
         if (!quant_.count(kv.second) && !extra_quant_.count(kv.second))

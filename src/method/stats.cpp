@@ -44,11 +44,24 @@ enum OptField : int {
   kEdSq,    // ||e_dgrad||²
   kEwSq,    // ||e_wgrad||²
   kDuSq,    // ||U(dW + e_wgrad) − U(dW)||²
+  kUfF,     // fprop's two operands (X, W): non-zero elements that quantize to zero
+  kNzF,     //   ... and their non-zero elements
+  kUfD,     // dgrad's (dY, W): the same
+  kNzD,
+  kUfW,     // wgrad's (dYᵀ, Xᵀ): the same
+  kNzW,
   kNumPerOption
 };
 
 Tensor sq_sum(const Tensor& t) { return t.pow(2).sum(at::kDouble); }
 Tensor inner_sum(const Tensor& a, const Tensor& b) { return (a * b).sum(at::kDouble); }
+// Non-zero elements of `a` and those of them its quantization `qa` sends to
+// zero (TE's "underflow"), as 0-d float64 counts; an identity quantizer has none.
+std::pair<Tensor, Tensor> underflow_counts(const Tensor& a, const Tensor& qa) {
+  const Tensor nz = a.ne(0);
+  if (qa.is_same(a)) return {torch::zeros({}, a.options().dtype(torch::kDouble)), nz.sum(at::kDouble)};
+  return {nz.logical_and(qa.eq(0)).sum(at::kDouble), nz.sum(at::kDouble)};
+}
 
 // splitmix64's finaliser (Steele, Lea, Flood 2014): a bijective 64-bit mix.
 uint64_t mix64(uint64_t x) {
@@ -284,20 +297,33 @@ LayerSums measure_layer(const torch::Tensor& x, const torch::Tensor& dy, const t
       return e;
     };
     Tensor* f = &f0[kNumCommon + kNumPerOption * p];
+    // Underflow of one GEMM: both operands' counts summed.
+    auto underflow = [&](const Tensor& a, const Tensor& qa, const Tensor& b, const Tensor& qb, int uf, int nz) {
+      auto [ua, na] = underflow_counts(a, qa);
+      auto [ub, nb] = underflow_counts(b, qb);
+      f[uf] = ua + ub;
+      f[nz] = na + nb;
+    };
     {
-      const Tensor ef = gemm_error(X, Q(X, Operand::kFpropX), W, Q(W, Operand::kFpropW), Y);  // [T, OUT]
+      const Tensor qx = Q(X, Operand::kFpropX), qw = Q(W, Operand::kFpropW);
+      const Tensor ef = gemm_error(X, qx, W, qw, Y);  // [T, OUT]
       f[kGe] = inner_sum(G, ef);
       f[kEfSq] = sq_sum(ef);
+      underflow(X, qx, W, qw, kUfF, kNzF);
     }
     {
       const Tensor Wt = W.t();
-      const Tensor ed = gemm_error(G, Q(G, Operand::kDgradDY), Wt, Q(Wt, Operand::kDgradW), dX);  // [T, IN]
+      const Tensor qg = Q(G, Operand::kDgradDY), qwt = Q(Wt, Operand::kDgradW);
+      const Tensor ed = gemm_error(G, qg, Wt, qwt, dX);  // [T, IN]
       f[kEdSq] = sq_sum(ed);
+      underflow(G, qg, Wt, qwt, kUfD, kNzD);
     }
     {
       const Tensor Gt = G.t(), Xt = X.t();
-      const Tensor ew = gemm_error(Gt, Q(Gt, Operand::kWgradDY), Xt, Q(Xt, Operand::kWgradX), dWl);  // [OUT, IN]
+      const Tensor qgt = Q(Gt, Operand::kWgradDY), qxt = Q(Xt, Operand::kWgradX);
+      const Tensor ew = gemm_error(Gt, qgt, Xt, qxt, dWl);  // [OUT, IN]
       f[kEwSq] = sq_sum(ew);
+      underflow(Gt, qgt, Xt, qxt, kUfW, kNzW);
       if (!o.frozen) {
         const Tensor g1 = (dWp + ew.to(weight.scalar_type())) * o.grad_scale;
         f[kDuSq] = sq_sum(adam_update(st, g1) - u0);
@@ -658,6 +684,16 @@ StatsStep derive_stats(const torch::Tensor& reduced, const std::vector<LayerShap
       os.rel_err[Gemm::kWgrad] = ratio_sqrt(field(l, base + kEwSq), field(l, kDwSq));
       os.wd_own = ratio_sqrt(field(l, base + kDuSq), field(l, kWSq));
       os.wd_upstream = os.rel_err[Gemm::kDgrad] * ls.upstream_sensitivity;
+      // Per-element mean squared output error (per rank, as every field):
+      // fprop [N, OUT], dgrad [N, IN], wgrad [OUT, IN].
+      const double n_tok = double(tokens[l]), in = double(ls.in_features), outf = double(ls.out_features);
+      auto per = [](double sq, double n) { return n > 0 ? sq / n : 0.0; };
+      os.mse[Gemm::kFprop] = per(ef_sq, n_tok * outf);
+      os.mse[Gemm::kDgrad] = per(field(l, base + kEdSq), n_tok * in);
+      os.mse[Gemm::kWgrad] = per(field(l, base + kEwSq), outf * in);
+      os.underflow[Gemm::kFprop] = per(field(l, base + kUfF), field(l, base + kNzF));
+      os.underflow[Gemm::kDgrad] = per(field(l, base + kUfD), field(l, base + kNzD));
+      os.underflow[Gemm::kWgrad] = per(field(l, base + kUfW), field(l, base + kNzW));
       ls.options[o.options[p]] = os;
     }
     out.layers.push_back(std::move(ls));
@@ -716,7 +752,11 @@ void smooth(StatsStep& prev, const StatsStep& fresh, double s) {
       os.wd_own = mix(po.wd_own, os.wd_own);
       os.wd_upstream = mix(po.wd_upstream, os.wd_upstream);
       os.q = mix(po.q, os.q);
-      for (Gemm g : kAllGemms) os.rel_err[g] = mix(po.rel_err[g], os.rel_err[g]);
+      for (Gemm g : kAllGemms) {
+        os.rel_err[g] = mix(po.rel_err[g], os.rel_err[g]);
+        os.mse[g] = mix(po.mse[g], os.mse[g]);
+        os.underflow[g] = mix(po.underflow[g], os.underflow[g]);
+      }
     }
   }
   prev = std::move(out);
@@ -771,7 +811,10 @@ nlohmann::json to_json(const StatsStep& s, bool per_gemm) {
                  {"wd_own", os.wd_own},
                  {"wd_up", os.wd_upstream},
                  {"q", os.q},
-                 {"rel_err", {{"fprop", os.rel_err[Gemm::kFprop]}, {"dgrad", os.rel_err[Gemm::kDgrad]}, {"wgrad", os.rel_err[Gemm::kWgrad]}}}};
+                 {"rel_err", {{"fprop", os.rel_err[Gemm::kFprop]}, {"dgrad", os.rel_err[Gemm::kDgrad]}, {"wgrad", os.rel_err[Gemm::kWgrad]}}},
+                 {"mse", {{"fprop", os.mse[Gemm::kFprop]}, {"dgrad", os.mse[Gemm::kDgrad]}, {"wgrad", os.mse[Gemm::kWgrad]}}},
+                 {"underflow", {{"fprop", os.underflow[Gemm::kFprop]}, {"dgrad", os.underflow[Gemm::kDgrad]},
+                                {"wgrad", os.underflow[Gemm::kWgrad]}}}};
     }
     details_layers.push_back({{"name", ls.name},
                               {"layer_index", ls.layer_index},
@@ -829,6 +872,13 @@ StatsStep stats_from_json(const nlohmann::json& j, const std::string& what) {
         os.q = o.at("q").get<double>();
         const nlohmann::json& re = o.at("rel_err");
         os.rel_err.v = {re.at("fprop").get<double>(), re.at("dgrad").get<double>(), re.at("wgrad").get<double>()};
+        // Written since the autoswitch policy; older files read as 0.
+        for (const char* key : {"mse", "underflow"})
+          if (o.contains(key)) {
+            const nlohmann::json& m = o.at(key);
+            (std::string(key) == "mse" ? os.mse : os.underflow).v = {
+                m.at("fprop").get<double>(), m.at("dgrad").get<double>(), m.at("wgrad").get<double>()};
+          }
         ls.options[name] = os;
       }
       for (const auto& p : s.options)
@@ -843,7 +893,23 @@ StatsStep stats_from_json(const nlohmann::json& j, const std::string& what) {
 
 
 plan::PlanProblem to_plan_problem(const StatsStep& s, plan::Granularity g) {
-  return plan::make_problem(to_cost_table(s, g == plan::Granularity::gemm), g);
+  plan::PlanProblem p = plan::make_problem(to_cost_table(s, g == plan::Granularity::gemm), g);
+  // The autoswitch rule's measures (PlanItem::mse / underflow): per GEMM
+  // item its GEMM's, per layer item the largest of its three.
+  std::map<std::string, const LayerStats*> by_name;
+  for (const LayerStats& ls : s.layers) by_name[ls.name] = &ls;
+  for (plan::PlanItem& it : p.items) {
+    const auto f = by_name.find(it.layer.empty() ? it.name : it.layer);
+    if (f == by_name.end()) continue;
+    for (const auto& [opt, os] : f->second->options) {
+      double m = 0, u = 0;
+      for (Gemm k : kAllGemms)
+        if (it.gemm.empty() || it.gemm == gemm_name(k)) m = std::max(m, os.mse[k]), u = std::max(u, os.underflow[k]);
+      it.mse[opt] = m;
+      it.underflow[opt] = u;
+    }
+  }
+  return p;
 }
 
 }  // namespace snip

@@ -238,6 +238,10 @@ json plan_to_json(const PlanResult& r) {
   j["method"] = r.method;
   if (r.budget.kind == Budget::Kind::fp4_share) {
     j["budget"] = r.budget.value;
+  } else if (r.budget.kind == Budget::Kind::time) {
+    j["budget"] = nullptr;
+    j["time_budget"] = r.budget.value;
+    j["time_reference"] = r.budget.time_reference;
   } else {
     j["budget"] = nullptr;
     j["cost_budget"] = r.budget.value;
@@ -256,6 +260,13 @@ json plan_to_json(const PlanResult& r) {
   j["fp4_share"] = r.fp4_share;
   j["cost_per_flop"] = num_or_null(r.cost_per_flop);
   if (!r.stage_fp4_share.empty()) j["stage_fp4_share"] = r.stage_fp4_share;
+  // Predicted GEMM seconds per step (only when the items carry measured times).
+  if (std::isfinite(r.seconds) && std::isfinite(r.reference_seconds)) {
+    j["gemm_seconds"] = r.seconds;
+    j["reference_gemm_seconds"] = r.reference_seconds;
+    j["time_ratio"] = num_or_null(r.time_ratio);
+    if (r.budget.kind != Budget::Kind::time) j["time_reference"] = r.budget.time_reference;
+  }
   if (!r.warnings.empty()) j["warnings"] = r.warnings;
   json a = json::object();
   json items = json::array();
@@ -263,6 +274,7 @@ json plan_to_json(const PlanResult& r) {
     a[c.name] = c.option;
     json it = {{"name", c.name}, {"flops", c.flops}, {"option", c.option}, {"q", c.q}};
     if (c.stage >= 0) it["stage"] = c.stage;
+    if (std::isfinite(c.seconds)) it["seconds"] = c.seconds;
     items.push_back(std::move(it));
   }
   j["assignments"] = std::move(a);

@@ -70,8 +70,11 @@ PlanResult fill(const PlanProblem& problem, const PlanOptions& options,
     if (ok) break;
     if (!p.pins.option[i].empty() || !items[i].q.count(options.low_option)) continue;
     if (choice[i] == options.low_option) continue;
-    if (!share && detail::option_cost(options, options.low_option) >=
-                      detail::option_cost(options, choice[i]))
+    if (detail::timed(options)) {
+      if (items[i].seconds.at(options.low_option) >= items[i].seconds.at(choice[i]))
+        continue;  // going low would not save measured time
+    } else if (!share && detail::option_cost(options, options.low_option) >=
+                             detail::option_cost(options, choice[i]))
       continue;  // going low would not lower the cost
     const int scope = options.per_stage_budget ? items[i].stage : -1;
     if (scope_ok(scope)) continue;
@@ -80,8 +83,9 @@ PlanResult fill(const PlanProblem& problem, const PlanOptions& options,
     ok = all_ok();
   }
   if (!ok)
-    fail("heuristic ", method, " cannot meet the cost budget ", options.budget.value,
-         " per FLOP by sending items to '", options.low_option,
+    fail("heuristic ", method, " cannot meet the ", detail::timed(options) ? "time" : "cost", " budget ",
+         options.budget.value, detail::timed(options) ? " of the reference GEMM time" : " per FLOP",
+         " by sending items to '", options.low_option,
          "' (some items' cheapest option is another one); use the ILP planner");
   PlanResult r = detail::assemble(p, options, choice, method);
   r.status = "heuristic";
@@ -208,15 +212,84 @@ PlanResult heuristic_uniform(const PlanProblem& problem, const PlanOptions& opti
   return r;
 }
 
+namespace {
+// The rivals' rules: `keep[i]` items at their high option, every other free
+// item low where it offers the low option (else high); pins win.
+PlanResult keep_high(const PlanProblem& problem, const PlanOptions& options, const std::vector<char>& keep,
+                     const std::string& method) {
+  const auto t0 = Clock::now();
+  const detail::Prepared p = detail::prepare(problem, options);
+  const auto& items = p.problem.items;
+  std::vector<std::string> choice(items.size());
+  for (size_t i = 0; i < items.size(); ++i)
+    choice[i] = !p.pins.option[i].empty()                      ? p.pins.option[i]
+                : keep[i] || !items[i].q.count(options.low_option) ? high_of(options, items[i])
+                                                                   : options.low_option;
+  PlanResult r = detail::assemble(p, options, choice, method);
+  r.status = "heuristic";
+  r.solve_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return r;
+}
+
+std::string layer_of(const PlanItem& item) { return item.layer.empty() ? item.name : item.layer; }
+}  // namespace
+
+PlanResult heuristic_bf16_tail(const PlanProblem& problem, const PlanOptions& options) {
+  const double f = options.tail_fraction;
+  if (!(f >= 0 && f <= 1)) fail("heuristic bf16-tail: tail_fraction: expected a fraction in [0, 1], got ", f);
+  std::vector<std::string> layers;  // distinct layers, problem order
+  for (const PlanItem& item : problem.items)
+    if (std::find(layers.begin(), layers.end(), layer_of(item)) == layers.end()) layers.push_back(layer_of(item));
+  const size_t tail = size_t(std::llround(f * double(layers.size())));
+  const std::vector<std::string> kept(layers.end() - ptrdiff_t(tail), layers.end());
+  std::vector<char> keep(problem.items.size());
+  for (size_t i = 0; i < keep.size(); ++i)
+    keep[i] = std::find(kept.begin(), kept.end(), layer_of(problem.items[i])) != kept.end();
+  return keep_high(problem, options, keep, "bf16-tail");
+}
+
+PlanResult heuristic_first_last_n(const PlanProblem& problem, const PlanOptions& options) {
+  const int n = options.first_last_n;
+  if (n < 0) fail("heuristic first-last-n: first_last_n: expected a block count >= 0, got ", n);
+  int first = std::numeric_limits<int>::max(), last = -1;
+  std::vector<int> block(problem.items.size());
+  for (size_t i = 0; i < block.size(); ++i) {
+    block[i] = block_index(layer_of(problem.items[i]));
+    if (block[i] >= 0) first = std::min(first, block[i]), last = std::max(last, block[i]);
+  }
+  std::vector<char> keep(block.size());
+  for (size_t i = 0; i < keep.size(); ++i)
+    keep[i] = block[i] < 0 || block[i] < first + n || block[i] > last - n;
+  return keep_high(problem, options, keep, "first-last-n");
+}
+
+PlanResult heuristic_autoswitch(const PlanProblem& problem, const PlanOptions& options) {
+  const std::string& low = options.low_option;
+  std::vector<char> keep(problem.items.size());
+  for (size_t i = 0; i < keep.size(); ++i) {
+    const PlanItem& item = problem.items[i];
+    const auto m = item.mse.find(low), u = item.underflow.find(low);
+    if (m == item.mse.end() || u == item.underflow.end())
+      fail("heuristic autoswitch: item '", item.name, "' has no mse/underflow for '", low,
+           "' (they come from a stats step: precision.policy = \"autoswitch\" in snip train)");
+    keep[i] = m->second > options.autoswitch_mse || u->second > options.autoswitch_underflow;
+  }
+  return keep_high(problem, options, keep, "autoswitch");
+}
+
 PlanResult run_heuristic(const std::string& name, const PlanProblem& problem,
                          const PlanOptions& options, uint64_t seed) {
   if (name == "min-rel-err") return heuristic_min_rel_err(problem, options);
   if (name == "layer-type") return heuristic_layer_type(problem, options);
   if (name == "first-last-fp8") return heuristic_first_last_fp8(problem, options);
   if (name == "random") return heuristic_random(problem, options, seed);
+  if (name == "bf16-tail") return heuristic_bf16_tail(problem, options);
+  if (name == "first-last-n") return heuristic_first_last_n(problem, options);
+  if (name == "autoswitch") return heuristic_autoswitch(problem, options);
   if (name.rfind("uniform-", 0) == 0 && name.size() > 8)
     return heuristic_uniform(problem, options, name.substr(8));
-  fail("heuristic: expected one of min-rel-err, layer-type, first-last-fp8, random, ",
+  fail("heuristic: expected one of min-rel-err, layer-type, first-last-fp8, random, bf16-tail, first-last-n, "
+       "autoswitch, ",
        "uniform-<option>, got '", name, "'");
 }
 

@@ -195,6 +195,7 @@ Mckp build_mckp(const Prepared& p, const PlanOptions& o) {
   const auto& items = p.problem.items;
   const size_t n = items.size();
   m.share = o.budget.kind == Budget::Kind::fp4_share;
+  m.timed = timed(o);
 
   std::map<std::string, int> id;
   for (const PlanItem& it : items)
@@ -208,7 +209,7 @@ Mckp build_mckp(const Prepared& p, const PlanOptions& o) {
   std::vector<double> tie_cost(k);
   for (int j = 0; j < k; ++j) {
     const std::string& name = m.names[j];
-    m.rate[j] = m.share ? (name == o.low_option ? -1.0 : 0.0) : option_cost(o, name);
+    m.rate[j] = m.share ? (name == o.low_option ? -1.0 : 0.0) : m.timed ? 0.0 : option_cost(o, name);
     auto c = o.budget.cost_per_flop.find(name);
     tie_cost[j] = c == o.budget.cost_per_flop.end() ? 1e300 : c->second;
   }
@@ -245,24 +246,28 @@ Mckp build_mckp(const Prepared& p, const PlanOptions& o) {
     if (!p.pins.option[i].empty()) {
       const int j = id.at(p.pins.option[i]);
       m.pinned[i] = j;
-      sc.pinned_use += m.rate[j] * f;
+      sc.pinned_use += m.timed ? time_use(p, i, p.pins.option[i], sc.stage) : m.rate[j] * f;
       continue;
     }
     offered.clear();
     for (const auto& kv : it.q) offered.emplace_back(id.at(kv.first), kv.second);
+    // Use of option a (a name id): rate x f, or the item's measured time.
+    auto use_of = [&](int a) {
+      return m.timed ? time_use(p, i, m.names[a], sc.stage) : m.rate[a] * f;
+    };
     keep.clear();
     for (const auto& [a, qa] : offered) {
       bool dominated = false;
       for (const auto& [r, qr] : offered) {
         if (r == a) continue;
         // goodness = -rate (a larger share or a lower cost is better)
-        const double ga = -m.rate[a], gr = -m.rate[r];
+        const double ga = m.timed ? -use_of(a) : -m.rate[a], gr = m.timed ? -use_of(r) : -m.rate[r];
         if (qr <= qa && gr >= ga && (qr < qa || gr > ga || tie_before(r, a))) {
           dominated = true;
           break;
         }
       }
-      if (!dominated) keep.push_back(McOption{m.rate[a] * f, qa, a});
+      if (!dominated) keep.push_back(McOption{use_of(a), qa, a});
     }
     SNIP_CHECK(!keep.empty(), "every option of ", it.name, " dominated");
     std::sort(keep.begin(), keep.end(), [](const McOption& a, const McOption& b) {
@@ -328,7 +333,9 @@ double lp_gap(const Prepared& p, const Mckp& m, double value,
   for (size_t j = 0; j < m.names.size(); ++j) id[m.names[j]] = static_cast<int>(j);
   const auto gaps = scope_gaps(m, value, lambda, [&](size_t i) {
     const int name = id.at(choice[i]);
-    return std::pair<double, double>{m.rate[name] * m.f[i], p.problem.items[i].q.at(choice[i])};
+    const double u = m.timed ? time_use(p, i, choice[i], m.scopes[m.scope[i]].stage)
+                             : m.rate[name] * m.f[i];
+    return std::pair<double, double>{u, p.problem.items[i].q.at(choice[i])};
   });
   double g = 0.0;
   for (double x : gaps) g += x;
@@ -516,8 +523,10 @@ MckpSolution solve_mckp(const Prepared& p, const PlanOptions& o, const Mckp& m, 
     for (size_t c = 0; c < core.size(); ++c)
       if (vars_of[c].size() == 1) {
         const int i = core[c].item;
-        classes[{p.problem.items[i].flops, m.opts[m.first[i] + core[c].local[0]].name,
-                 m.opts[m.first[i] + core[c].local[1]].name}]
+        // Interchangeable: same FLOPs (time budget: same change of use).
+        const McOption& a0 = m.opts[m.first[i] + core[c].local[0]];
+        const McOption& a1 = m.opts[m.first[i] + core[c].local[1]];
+        classes[{m.timed ? a1.use - a0.use : p.problem.items[i].flops, a0.name, a1.name}]
             .push_back(vars_of[c][0]);
       }
     for (auto& [key, members] : classes) {

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <regex>
 #include <set>
@@ -104,10 +105,20 @@ std::string format_plan_table(const nlohmann::json& pj) {
     if (pj.contains("budget") && pj["budget"].is_number() && pj.value("phase", std::string()) == "plan" &&
         method.rfind("uniform-", 0) != 0)
       os << "budget:    " << up << " FLOPs share >= " << fmtd("%.4g", pj["budget"].get<double>()) << "\n";
+    if (pj.contains("time_budget") && pj["time_budget"].is_number() && pj.value("phase", std::string()) == "plan")
+      os << "budget:    GEMM time <= " << fmtd("%.4g", pj["time_budget"].get<double>()) << " x "
+         << pj.value("time_reference", std::string("bf16")) << " (measured)\n";
     os << "achieved:  " << up << " share " << fmtd("%.4f", pj.at("fp4_share").get<double>());
     if (pj.contains("cost_per_flop") && pj["cost_per_flop"].is_number())
       os << ", cost " << fmtd("%.4f", pj["cost_per_flop"].get<double>()) << " per FLOP";
     os << "\n";
+    if (pj.contains("gemm_seconds") && pj["gemm_seconds"].is_number() && pj.contains("reference_gemm_seconds") &&
+        pj["reference_gemm_seconds"].is_number()) {
+      const double t = pj["gemm_seconds"].get<double>(), tr = pj["reference_gemm_seconds"].get<double>();
+      os << "GEMM time: " << fmtd("%.4g", 1e3 * t) << " ms/step predicted, "
+         << pj.value("time_reference", std::string("bf16")) << " " << fmtd("%.4g", 1e3 * tr) << " ms/step ("
+         << fmtd("%.3f", tr > 0 ? t / tr : 0.0) << "x)\n";
+    }
     if (pj.contains("stage_fp4_share") && pj["stage_fp4_share"].is_array()) {
       os << "stages:   ";
       size_t k = 0;
@@ -181,6 +192,37 @@ std::string find_plan_file(const std::string& run_dir, int64_t step) {
     if (j.is_object() && j.value("phase", std::string()) == "plan") return path(s);
   }
   return path(steps.front());
+}
+
+double measured_step_seconds(const std::string& run_dir, int64_t plan_step, int64_t& n) {
+  namespace fs = std::filesystem;
+  n = 0;
+  int64_t next = std::numeric_limits<int64_t>::max();
+  const std::regex re("step-([0-9]+)\\.json");
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator(fs::path(run_dir) / "plans", ec)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (std::regex_match(name, m, re)) {
+      const int64_t s = std::stoll(m[1]);
+      if (s > plan_step) next = std::min(next, s);
+    }
+  }
+  std::ifstream in((fs::path(run_dir) / "metrics.jsonl").string());
+  std::vector<double> t;
+  std::string line;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_object() || !j.contains("step") || !j.contains("step_s") || !j["step"].is_number_integer() ||
+        !j["step_s"].is_number())
+      continue;
+    const int64_t s = j["step"].get<int64_t>();
+    if (s > plan_step && s <= next) t.push_back(j["step_s"].get<double>());
+  }
+  n = int64_t(t.size());
+  if (t.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::sort(t.begin(), t.end());
+  return t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
 }
 
 }  // namespace snip

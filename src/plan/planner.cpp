@@ -83,9 +83,13 @@ Prepared prepare(const PlanProblem& problem, const PlanOptions& options) {
     if (!(b.value >= 0.0 && b.value <= 1.0))
       fail("budget: expected an ", upper(options.low_option),
            " FLOPs share in [0, 1], got ", b.value);
-  } else {
+  } else if (b.kind == Budget::Kind::cost) {
     if (!(b.value > 0.0) || !std::isfinite(b.value))
       fail("cost budget: expected a positive cost per FLOP, got ", b.value);
+  } else {
+    if (!(b.value > 0.0) || !std::isfinite(b.value))
+      fail("time budget: expected a positive fraction of the ", b.time_reference, " GEMM time, got ", b.value);
+    if (b.time_reference.empty()) fail("time budget: expected a reference option (e.g. bf16), got ''");
   }
   for (const auto& kv : b.cost_per_flop)
     if (!(kv.second >= 0.0) || !std::isfinite(kv.second))
@@ -123,6 +127,19 @@ Prepared prepare(const PlanProblem& problem, const PlanOptions& options) {
     }
     if (b.kind == Budget::Kind::cost)
       for (const auto& kv : item.q) option_cost(options, kv.first);
+    if (b.kind == Budget::Kind::time) {
+      auto need = [&](const std::string& o) {
+        auto it = item.seconds.find(o);
+        if (it == item.seconds.end())
+          fail("time budget: item '", item.name, "': expected measured GEMM seconds for option '", o,
+               "', got none (give a GEMM-times table that covers it: snip doctor --calibrate)");
+        if (!(it->second >= 0.0) || !std::isfinite(it->second))
+          fail("time budget: item '", item.name, "': seconds.", o, ": expected a finite number >= 0, got ",
+               it->second);
+      };
+      need(b.time_reference);
+      for (const auto& kv : item.q) need(kv.first);
+    }
     if ((options.per_stage_budget || !options.stage_boundary_option.empty()) && item.stage < 0)
       fail("per-stage planning needs a pipeline stage on every item; '", item.name,
            "' has none (give --stages or \"stage\" in the cost table)");
@@ -135,6 +152,21 @@ Prepared prepare(const PlanProblem& problem, const PlanOptions& options) {
   p.stage_flops.assign(p.n_stages, 0.0);
   for (const PlanItem& item : items)
     if (item.stage >= 0) p.stage_flops[item.stage] += item.flops;
+  if (b.kind == Budget::Kind::time) {
+    p.stage_ref_seconds.assign(p.n_stages, 0.0);
+    for (const PlanItem& item : items) {
+      const double t = item.seconds.at(b.time_reference);
+      p.total_ref_seconds += t;
+      if (item.stage >= 0) p.stage_ref_seconds[item.stage] += t;
+    }
+    if (!(p.total_ref_seconds > 0.0) || !std::isfinite(p.total_ref_seconds))
+      fail("time budget: expected a positive, finite total ", b.time_reference, " GEMM time, got ",
+           p.total_ref_seconds, " s");
+    if (options.per_stage_budget)
+      for (int s = 0; s < p.n_stages; ++s)
+        if (!(p.stage_ref_seconds[s] > 0.0))
+          fail("time budget: expected a positive ", b.time_reference, " GEMM time in every stage, got 0 in stage ", s);
+  }
   if (options.per_stage_budget)
     for (int s = 0; s < p.n_stages; ++s)
       if (p.stage_flops[s] == 0.0)
@@ -142,6 +174,11 @@ Prepared prepare(const PlanProblem& problem, const PlanOptions& options) {
              ", got none in stage ", s);
   p.pins = resolve_pins(p.problem, options);
   return p;
+}
+
+double time_use(const Prepared& p, size_t i, const std::string& option, int stage) {
+  const double ref = stage < 0 ? p.total_ref_seconds : p.stage_ref_seconds[stage];
+  return p.problem.items[i].seconds.at(option) / ref;
 }
 
 double max_share(const Prepared& p, const PlanOptions& options, int stage) {
@@ -177,6 +214,22 @@ double min_cost(const Prepared& p, const PlanOptions& options, int stage) {
     c += best * (item.flops / total);
   }
   return c;
+}
+
+// Time budgets: the smallest time fraction any plan reaches in the scope
+// (every free item at its fastest offered option, pinned ones at the pin).
+double min_time(const Prepared& p, const PlanOptions& options, int stage) {
+  double t = 0.0;
+  for (size_t i = 0; i < p.problem.items.size(); ++i) {
+    const PlanItem& item = p.problem.items[i];
+    if (stage >= 0 && item.stage != stage) continue;
+    double best = std::numeric_limits<double>::infinity();
+    if (!p.pins.option[i].empty()) best = time_use(p, i, p.pins.option[i], stage);
+    else
+      for (const auto& kv : item.q) best = std::min(best, time_use(p, i, kv.first, stage));
+    t += best;
+  }
+  return t;
 }
 
 // Shortest fixed-point rendering of v (3..10 decimals) that stays on the
@@ -253,7 +306,17 @@ void check_feasible(const Prepared& p, const PlanOptions& options) {
     for (int s = 0; s < p.n_stages; ++s) scopes.push_back(s);
   for (int stage : scopes) {
     const std::string where = stage < 0 ? "" : str_cat(" in stage ", stage);
-    if (b.kind == Budget::Kind::fp4_share) {
+    if (b.kind == Budget::Kind::time) {
+      const double m = min_time(p, options, stage);
+      if (m <= b.value + kBudgetTolerance) continue;
+      size_t n_pinned = 0;
+      for (size_t i = 0; i < p.problem.items.size(); ++i)
+        n_pinned += (stage < 0 || p.problem.items[i].stage == stage) && !p.pins.option[i].empty();
+      fail("time budget ", fmt_g(b.value), " is infeasible", where, ": the fastest plan",
+           n_pinned ? str_cat(" the pins allow (", n_pinned, " pinned items)") : std::string(),
+           " takes ", fmt_side(m, b.value, false), " of the ", b.time_reference,
+           " GEMM time (measured; raise precision.budget or allow faster options)");
+    } else if (b.kind == Budget::Kind::fp4_share) {
       const double m = max_share(p, options, stage);
       if (m >= b.value - kBudgetTolerance) continue;
       auto capped = [&](size_t i) {
@@ -306,6 +369,8 @@ bool budget_holds(const Prepared& p, const PlanOptions& options,
     if (stage >= 0 && item.stage != stage) continue;
     if (options.budget.kind == Budget::Kind::fp4_share)
       v += choice[i] == options.low_option ? item.flops / total : 0.0;
+    else if (options.budget.kind == Budget::Kind::time)
+      v += time_use(p, i, choice[i], stage);
     else
       v += option_cost(options, choice[i]) * (item.flops / total);
   }
@@ -327,13 +392,19 @@ PlanResult assemble(const Prepared& p, const PlanOptions& options,
     for (const auto& kv : item.q) offered.insert(kv.first);
   r.options.assign(offered.begin(), offered.end());
   double low = 0.0, cost_per_flop = 0.0;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  double secs = 0.0, ref_secs = 0.0;
   std::vector<double> stage_low(p.n_stages, 0.0);
   for (size_t i = 0; i < p.problem.items.size(); ++i) {
     const PlanItem& item = p.problem.items[i];
     auto q = item.q.find(choice[i]);
     SNIP_CHECK(q != item.q.end(), "item ", item.name, " got option ", choice[i],
                " it does not offer");
-    r.items.push_back(PlanChoice{item.name, choice[i], item.flops, q->second, item.stage});
+    auto t = item.seconds.find(choice[i]), tr = item.seconds.find(options.budget.time_reference);
+    r.items.push_back(PlanChoice{item.name, choice[i], item.flops, q->second, item.stage,
+                                 t == item.seconds.end() ? nan : t->second});
+    secs += t == item.seconds.end() ? nan : t->second;
+    ref_secs += tr == item.seconds.end() ? nan : tr->second;
     r.objective += q->second;
     if (choice[i] == options.low_option) {
       low += item.flops;
@@ -345,6 +416,9 @@ PlanResult assemble(const Prepared& p, const PlanOptions& options,
   r.fp4_share = low / p.total_flops;
   r.cost_per_flop = cost_per_flop;
   r.cost = cost_per_flop * p.total_flops;
+  r.seconds = secs;
+  r.reference_seconds = ref_secs;
+  r.time_ratio = ref_secs > 0 ? secs / ref_secs : nan;
   for (int s = 0; s < p.n_stages; ++s)
     r.stage_fp4_share.push_back(p.stage_flops[s] > 0 ? stage_low[s] / p.stage_flops[s] : 0.0);
   return r;
@@ -361,9 +435,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Resource "goodness" of an option for the budget rows: larger is better.
-double goodness(const PlanOptions& o, const std::string& option) {
+// Resource "goodness" of an option for the budget rows: larger is better
+// (a time budget: the item's own seconds).
+double goodness(const PlanOptions& o, const PlanItem& item, const std::string& option) {
   if (o.budget.kind == Budget::Kind::fp4_share) return option == o.low_option ? 1.0 : 0.0;
+  if (o.budget.kind == Budget::Kind::time) return -item.seconds.at(option);
   return -detail::option_cost(o, option);
 }
 
@@ -390,7 +466,7 @@ std::vector<std::string> undominated(const PlanOptions& o, const PlanItem& item)
     bool dominated = false;
     for (const auto& [r, qr] : item.q) {
       if (r == p) continue;
-      const double gp = goodness(o, p), gr = goodness(o, r);
+      const double gp = goodness(o, item, p), gr = goodness(o, item, r);
       if (qr <= qp && gr >= gp && (qr < qp || gr > gp || tie_before(o, r, p))) {
         dominated = true;
         break;
@@ -489,6 +565,18 @@ PlanResult plan_milp(const detail::Prepared& p, const PlanOptions& options) {
     double constant = 0.0;
     for (size_t i = 0; i < n; ++i) {
       if (stage >= 0 && items[i].stage != stage) continue;
+      if (detail::timed(options)) {
+        const double ub = detail::time_use(p, i, base[i], stage);
+        constant += ub;
+        for (int v : item_vars[i]) {
+          const double c = detail::time_use(p, i, vars[v].option, stage) - ub;
+          if (c != 0.0) {
+            idx.push_back(v);
+            coef.push_back(c);
+          }
+        }
+        continue;
+      }
       const double f = items[i].flops / scope_flops;
       const double rb = row_value(options, base[i]);
       constant += rb * f;
@@ -512,8 +600,13 @@ PlanResult plan_milp(const detail::Prepared& p, const PlanOptions& options) {
   for (size_t i = 0; i < n; ++i)
     if (item_vars[i].size() == 1) {
       const int stage = options.per_stage_budget ? items[i].stage : -1;
-      classes[{items[i].flops, stage, base[i], vars[item_vars[i][0]].option}].push_back(
-          item_vars[i][0]);
+      // Interchangeable: the same change of every budget row (FLOPs; for a
+      // time budget the same difference in seconds, same stage).
+      const std::string& other = vars[item_vars[i][0]].option;
+      const double key = detail::timed(options)
+                             ? items[i].seconds.at(other) - items[i].seconds.at(base[i])
+                             : items[i].flops;
+      classes[{key, stage, base[i], other}].push_back(item_vars[i][0]);
     }
   for (auto& [key, members] : classes) {
     std::stable_sort(members.begin(), members.end(),

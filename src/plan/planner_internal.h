@@ -18,7 +18,19 @@ struct Prepared {
   double total_flops = 0;          // Σ F_i
   int n_stages = 0;                // 1 + max stage, 0 when items have none
   std::vector<double> stage_flops; // [n_stages] Σ F_i over the stage
+  // Time budgets only (0 / empty otherwise): Σ_i t_i(ref), seconds, over
+  // all items and per stage (the denominators of the time rows).
+  double total_ref_seconds = 0;
+  std::vector<double> stage_ref_seconds;  // [n_stages]
 };
+
+/// Whether options.budget is a time budget (Budget::Kind::time).
+inline bool timed(const PlanOptions& o) { return o.budget.kind == Budget::Kind::time; }
+
+/// Time budgets: item i's use of the time row of scope `stage` (-1: all
+/// items) at `option`: t_i(option) / Σ_scope t(ref), a fraction. prepare()
+/// checked the entry exists.
+double time_use(const Prepared& p, size_t i, const std::string& option, int stage);
 
 /// Validates problem and options (UserError on bad input), applies
 /// options.allowed_options and resolves pins.
@@ -60,6 +72,7 @@ namespace snip::plan::detail {
 // scope, in fractions of the scope's FLOPs f_i = F_i / F_scope:
 //   share budget: u = -f_i for the low option, 0 otherwise; U = -b
 //   cost budget:  u = cost_p f_i;                          U = C
+//   time budget:  u = t_i(p) / Σ_scope t(ref) (not f-based); U = T
 // A scope is one pipeline stage (per-stage budgets; the global row is then
 // implied: it is the FLOPs-weighted mean of the stage rows) or all items.
 
@@ -102,6 +115,7 @@ struct Mckp {
   std::vector<int> hull_first;     // [n+1] offsets into hull (free items)
   std::vector<int> hull;           // local option indices on the lower hull
   std::vector<McScope> scopes;
+  bool timed = false;              // time budget: uses from PlanItem::seconds
   double qscale = 1;               // largest Q spread of a free item (> 0)
 };
 

@@ -14,6 +14,7 @@
 #include "snip/model/blas.h"
 #include "snip/model/device.h"
 #include "snip/model/matmul.h"
+#include "snip/method/gemm_calibrate.h"
 #include "snip/train/memory.h"
 #include "snip/train/optimizer.h"
 #include "snip/train/checkpoint.h"
@@ -171,6 +172,15 @@ void build_model(TrainSession& s) {
   // The adaptive precision controller (inactive for policy none). Validates
   // the [precision] options against the layer list, pins and budget included.
   s.ctl = std::make_unique<PrecisionController>(s.rc, s.model->linear_layers(), s.gemm);
+  // precision.budget_unit = time: the measured GEMM seconds (a given table,
+  // or calibrated here; set_output writes it to RUN/gemm_times.json).
+  if (s.ctl->needs_gemm_times() || !s.rc.precision.gemm_times.empty()) {
+    const bool say = s.world.rank == 0;
+    s.ctl->set_gemm_times(
+        gemm_times_for_run(s.rc.precision, s.rc.recipes, s.ctl->timed_layers(), s.ctl->known_options(), s.gemm,
+                           s.device, s.B * s.T, [say](const std::string& line) { if (say) spdlog::info("{}", line); }),
+        s.B * s.T, double(s.accum));
+  }
   // monitor.quant_error = false: the quantizers record no per-step error.
   if (!s.rc.monitor.quant_error) {
     for (QuantLinear l : s.model->linear_layers()) l->operand_errors = nullptr;

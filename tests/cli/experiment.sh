@@ -96,6 +96,46 @@ rc5=$?
 set -e
 test "$rc" -eq 2 && grep -q "was trained with train.lr = 0.01, the configuration now says 0.02" "$tmp/err4"
 test "$rc5" -eq 2 && grep -q "precision.policy is set by each arm" "$tmp/err5"
+# The rivals' rules as arms: no budget; each reaches its rule's FP4 share.
+# By hand for this model (hidden 64, intermediate 172, KV 32; FLOPs per block
+# 2*64*64 + 2*64*32 + 3*64*172 = 45312): bf16-tail keeps round(0.15 * 14) = 2
+# layers high, block 1's up_proj and down_proj (2*64*172 = 22016 of 90624);
+# first-last-n (n = 1 of 2 blocks) keeps every layer high.
+"$snip" experiment --config "$tmp/micro.toml" --out "$tmp/rivals" --arms bf16-tail,first-last-n,autoswitch,snip-0.75+fprop \
+  >"$tmp/out6" 2>"$tmp/err6" || { cat "$tmp/err6" >&2; exit 1; }
+/usr/bin/python3 - "$tmp/rivals" <<'PY'
+import json, sys
+d = sys.argv[1]
+rows = {r["arm"]: r for r in json.load(open(d + "/results.json"))}
+plan = lambda arm: json.load(open(f"{d}/{arm}/plans/step-2.json"))
+p = plan("bf16-tail")
+assert p["phase"] == "plan" and abs(p["fp4_share"] - (90624 - 22016) / 90624) < 1e-12, p["fp4_share"]
+assert sorted(k for k, v in p["assignments"].items() if v != "fp4") == [
+    "model.layers.1.mlp.down_proj", "model.layers.1.mlp.up_proj"], p["assignments"]
+assert plan("first-last-n")["fp4_share"] == 0.0 and rows["first-last-n"]["fp4_share"] == 0.0
+a = plan("autoswitch")
+assert len(a["assignments"]) == 14 * 3 and all(":" in k for k in a["assignments"]), a["assignments"]
+assert "q_table" in a and 0.0 <= a["fp4_share"] <= 1.0
+# +fprop: the final phase (from step 16 - round(0.1 * 16) = 14) raises fprop only.
+f = json.load(open(f"{d}/snip-0.75+fprop/plans/step-14.json"))
+assert f["phase"] == "final" and f["final_phase_gemms"] == "fprop", f.get("final_phase_gemms")
+assert all(v == "fp8" for k, v in f["assignments"].items() if k.endswith(":fprop")) and len(f["assignments"]) == 42
+assert "final_phase_gemms = 'fprop'" in open(f"{d}/snip-0.75+fprop/config.toml").read()
+assert rows["snip-0.75+fprop"]["sets"] == {"precision.final_phase_gemms": "fprop"}, rows["snip-0.75+fprop"]
+for r in rows.values():
+    assert r["trained"] and r["steps"] == 16, r
+print("rival arms ok:", {k: round(r["fp4_share"], 4) for k, r in rows.items()})
+PY
+set +e
+"$snip" experiment --config "$tmp/micro.toml" --out "$tmp/exp5" --arms bf16-tail-0.5 >/dev/null 2>"$tmp/err7"
+rc=$?
+set -e
+test "$rc" -eq 2 && grep -q "policy bf16-tail takes no budget" "$tmp/err7" && test ! -e "$tmp/exp5"
+set +e
+"$snip" experiment --config "$tmp/micro.toml" --out "$tmp/exp5" --arms snip-0.75+late >/dev/null 2>"$tmp/err8"
+rc=$?
+set -e
+test "$rc" -eq 2 && grep -q "unknown modifier '+late'" "$tmp/err8" && test ! -e "$tmp/exp5"
 # Killing the experiment stops its training child too.
 "$snip" experiment --config "$tmp/micro.toml" --out "$tmp/exp3" --arms bf16 --set train.max_steps=100000 \
   >/dev/null 2>&1 &

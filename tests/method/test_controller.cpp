@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <set>
 #include <fstream>
 
 #include "snip/config/config.h"
@@ -484,4 +485,102 @@ TEST(Controller, PerGemmTrainsEndToEnd) {
   EXPECT_TRUE(m[4]["precision"].contains("model.layers.0.self_attn.q_proj:wgrad"));
   EXPECT_NEAR(m[4]["fp4_share"].get<double>(), pj["fp4_share"].get<double>(), 1e-12);
   fs::remove_all(o.run_dir);
+}
+
+// The rivals as policies on the micro model (2 blocks, 14 layers): which
+// layers each keeps high, by hand; autoswitch plans per GEMM from a stats step.
+TEST(Controller, RivalPolicies) {
+  torch::manual_seed(0);
+  Config base = policy_config("snip", 20, 0, 10);
+  LlamaForCausalLM model(LlamaConfig::from_run_config(base, 512));
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  const torch::Tensor ids = torch::randint(512, {2, 32}, torch::kLong);
+  auto loss_fn = [&] { return LlamaForCausalLMImpl::loss(model(ids), ids); };
+  auto high = [](const PrecisionController& ctl) {
+    std::set<std::string> s;
+    for (const auto& [k, v] : ctl.assignment().options)
+      if (v != "fp4") s.insert(k.str());
+    return s;
+  };
+  {  // round(0.15 x 14) = 2: block 1's up_proj and down_proj
+    PrecisionController ctl(policy_config("bf16-tail", 20, 0, 10), model->linear_layers(), at::kBFloat16);
+    const PrecisionEvent ev = ctl.begin_step(0, loss_fn, opt);
+    EXPECT_FALSE(ev.metrics.contains("rel_err_fprop"));  // a rule on names: no stats step
+    EXPECT_EQ(high(ctl), (std::set<std::string>{"model.layers.1.mlp.up_proj", "model.layers.1.mlp.down_proj"}));
+  }
+  {
+    Config c = policy_config("first-last-n", 20, 0, 10);
+    PrecisionController ctl(c, model->linear_layers(), at::kBFloat16);  // n = 1 of 2 blocks: every layer high
+    ctl.begin_step(0, loss_fn, opt);
+    EXPECT_EQ(ctl.fp4_share(), 0.0);
+    c.set("precision.first_last_n", int64_t{0}, "test");
+    PrecisionController none(c, model->linear_layers(), at::kBFloat16);
+    none.begin_step(0, loss_fn, opt);
+    EXPECT_EQ(none.fp4_share(), 1.0);
+  }
+  for (double mse : {0.0, 1e30}) {  // every FP4 GEMM has some error: all high / none high
+    Config c = policy_config("autoswitch", 20, 0, 10);
+    c.set("precision.autoswitch_mse", mse, "test");
+    c.set("precision.autoswitch_underflow", 1.0, "test");
+    PrecisionController ctl(c, model->linear_layers(), at::kBFloat16);
+    const PrecisionEvent ev = ctl.begin_step(0, loss_fn, opt);
+    EXPECT_TRUE(ev.metrics.contains("rel_err_fprop"));  // it decides on a stats step
+    EXPECT_EQ(ctl.assignment().options.size(), 14u * 3);  // per GEMM
+    EXPECT_EQ(ctl.fp4_share(), mse == 0.0 ? 0.0 : 1.0);
+  }
+}
+
+// precision.final_phase_gemms = fprop: the final phase raises fprop only,
+// dgrad/wgrad keep the last plan's options, and a run resumed inside the
+// final phase continues bit for bit.
+TEST(Controller, ForwardOnlyFinalPhase) {
+  REQUIRE_DATA();
+  Config c = policy_config("bf16-tail", 12, 0, 4);  // plans at 0, 4, 8; final from 9
+  c.set("precision.final_high_precision_fraction", 0.25, "test");
+  c.set("precision.final_phase_gemms", std::string("fprop"), "test");
+  c.set("train.checkpoint_interval", int64_t{10}, "test");
+  c.set("train.keep_checkpoints", int64_t{0}, "test");
+  TrainOptions o;
+  o.quiet = true;
+  o.run_dir = fresh_dir("fwd-final");
+  train(c, o);
+  const json plan = read_json(o.run_dir + "/plans/step-8.json");
+  const json fin = read_json(o.run_dir + "/plans/step-9.json");
+  EXPECT_EQ(fin["phase"], "final");
+  EXPECT_EQ(fin["final_phase_gemms"], "fprop");
+  ASSERT_EQ(fin["assignments"].size(), 14u * 3);
+  for (const auto& [layer, option] : plan["assignments"].items()) {
+    SCOPED_TRACE(layer);
+    EXPECT_EQ(fin["assignments"][layer + ":fprop"], "fp8");
+    EXPECT_EQ(fin["assignments"][layer + ":dgrad"], option);
+    EXPECT_EQ(fin["assignments"][layer + ":wgrad"], option);
+  }
+  EXPECT_NEAR(fin["fp4_share"].get<double>(), plan["fp4_share"].get<double>() * 2.0 / 3.0, 1e-12);
+  const auto straight = read_metrics(o.run_dir);
+  ASSERT_EQ(straight.size(), 12u);
+  EXPECT_NEAR(straight[11]["fp4_share"].get<double>(), fin["fp4_share"].get<double>(), 1e-12);
+
+  TrainOptions r = o;
+  r.run_dir = fresh_dir("fwd-final-resumed");
+  r.stop_after = 11;  // killed after step 11: resume from 10, inside the final phase
+  train(c, r);
+  r.resume = true;
+  r.stop_after = 0;
+  train(c, r);
+  const auto resumed = read_metrics(r.run_dir);
+  ASSERT_EQ(resumed.size(), straight.size());
+  for (size_t i = 0; i < straight.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(resumed[i]["loss"].get<double>(), straight[i]["loss"].get<double>());
+    EXPECT_EQ(resumed[i]["fp4_share"].get<double>(), straight[i]["fp4_share"].get<double>());
+  }
+  // The default raises every GEMM.
+  c.set("precision.final_phase_gemms", std::string("all"), "test");
+  TrainOptions a = o;
+  a.run_dir = fresh_dir("all-final");
+  train(c, a);
+  const json all = read_json(a.run_dir + "/plans/step-9.json");
+  EXPECT_EQ(all["final_phase_gemms"], "all");
+  EXPECT_EQ(all["fp4_share"].get<double>(), 0.0);
+  for (const auto& d : {o.run_dir, r.run_dir, a.run_dir}) fs::remove_all(d);
 }

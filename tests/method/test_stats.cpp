@@ -601,3 +601,54 @@ TEST(StatsOptionsCheck, BadInputIsAUserError) {
   torch::optim::AdamW opt3({stray->weight}, torch::optim::AdamWOptions(1e-3));
   EXPECT_THROW(run_stats_step({m.lin}, loss_fn, opt3, StatsOptions{}, 0), UserError);
 }
+
+// The autoswitch rule's measures (OptionStats::mse / underflow). Underflow by
+// hand: ten planted elements of X at 1e-12 flush to zero in FP8 (E4M3's
+// smallest subnormal is 2^-9 of a scale near amax/448, ~1e-5 here) while no
+// N(0,1) element of X, W or dY comes near it, so fprop reads X and W: 10 of
+// T·IN + OUT·IN non-zeros; wgrad reads dYᵀ and Xᵀ: 10 of T·OUT + T·IN;
+// dgrad reads dY and W: none. MSE: ||Q(X)·Q(W)ᵀ − X·Wᵀ||² over T·OUT
+// elements, computed here from the recipe's quantizer; an option that
+// leaves an operand pair alone has exactly 0 of both.
+TEST(StatsAutoswitchMeasures, UnderflowCountsByHandAndMseIsTheOutputsMeanSquare) {
+  torch::manual_seed(21);
+  Quadratic m;
+  const int64_t T = Quadratic::T, IN = Quadratic::IN, OUT = Quadratic::OUT;
+  for (int k = 0; k < 10; ++k) m.X.index_put_({3 * k, 4 * k}, 1e-12);
+  torch::optim::AdamW opt({m.lin->weight}, torch::optim::AdamWOptions(1e-3));
+  StatsOptions o;
+  o.options = {"fp4", "fp8", "fp8-fprop"};
+  o.quantizers["fp8-fprop"] = std::make_shared<OperandSubset>(
+      make_recipe_quantizer(recipes::RecipeSet(), "fp8"), std::set<Operand>{Operand::kFpropX, Operand::kFpropW});
+  const StatsStep s = run_stats_step({m.lin}, [&] { return m.loss(); }, opt, o, kStep);
+  const OptionStats& f8 = s.layers[0].options.at("fp8");
+  EXPECT_DOUBLE_EQ(f8.underflow[Gemm::kFprop], 10.0 / double(T * IN + OUT * IN));
+  EXPECT_DOUBLE_EQ(f8.underflow[Gemm::kDgrad], 0.0);
+  EXPECT_DOUBLE_EQ(f8.underflow[Gemm::kWgrad], 10.0 / double(T * OUT + T * IN));
+  const OptionStats& sub = s.layers[0].options.at("fp8-fprop");
+  EXPECT_DOUBLE_EQ(sub.underflow[Gemm::kFprop], f8.underflow[Gemm::kFprop]);
+  EXPECT_EQ(sub.underflow[Gemm::kDgrad], 0.0);
+  EXPECT_EQ(sub.underflow[Gemm::kWgrad], 0.0);
+  EXPECT_EQ(sub.mse[Gemm::kDgrad], 0.0);
+  EXPECT_EQ(sub.mse[Gemm::kWgrad], 0.0);
+  torch::NoGradGuard ng;
+  const auto q = make_recipe_quantizer(recipes::RecipeSet(), "fp4");
+  const Tensor W = m.lin->weight.detach();
+  const Tensor e = torch::mm(q->quantize(m.X.contiguous(), key(0, Operand::kFpropX)),
+                             q->quantize(W.contiguous(), key(0, Operand::kFpropW)).t()) -
+                   torch::mm(m.X, W.t());
+  const double mse = e.pow(2).sum().item<double>() / double(T * OUT);
+  EXPECT_NEAR(s.layers[0].options.at("fp4").mse[Gemm::kFprop], mse, 1e-12 * mse);
+  EXPECT_GT(mse, 0.0);
+  EXPECT_GT(s.layers[0].options.at("fp4").underflow[Gemm::kFprop], f8.underflow[Gemm::kFprop]);  // E2M1 flushes more
+  // They travel through the stats JSON and into the plan problem (per layer: the largest GEMM's).
+  const StatsStep back = stats_from_json(to_json(s, false), "test");
+  EXPECT_EQ(back.layers[0].options.at("fp8").underflow.v, f8.underflow.v);
+  EXPECT_EQ(back.layers[0].options.at("fp4").mse.v, s.layers[0].options.at("fp4").mse.v);
+  const plan::PlanProblem p = to_plan_problem(s, plan::Granularity::layer);
+  ASSERT_EQ(p.items.size(), 1u);
+  EXPECT_DOUBLE_EQ(p.items[0].underflow.at("fp8"), 10.0 / double(T * OUT + T * IN));  // wgrad's is the larger
+  const plan::PlanProblem pg = to_plan_problem(s, plan::Granularity::gemm);
+  ASSERT_EQ(pg.items.size(), 3u);
+  EXPECT_DOUBLE_EQ(pg.items[0].mse.at("fp4"), s.layers[0].options.at("fp4").mse[Gemm::kFprop]);
+}

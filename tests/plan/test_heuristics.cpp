@@ -268,3 +268,117 @@ TEST(Heuristics, NeverBeatTheOptimalPlan) {
       EXPECT_LE(best, run_heuristic(h, p, o, rep).objective + 1e-12) << h << " #" << rep;
   }
 }
+
+// ------------------------------------------------------------- the rivals --
+namespace {
+
+const char* const kTypes[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                               "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
+
+// `blocks` Llama blocks of 7 linear layers, model order, every layer FLOPs 1;
+// per GEMM: three items of FLOPs 1/3 each.
+PlanProblem llama_layers(int blocks, bool per_gemm = false) {
+  PlanProblem p;
+  p.granularity = per_gemm ? Granularity::gemm : Granularity::layer;
+  for (int b = 0; b < blocks; ++b)
+    for (const char* t : kTypes) {
+      PlanItem it = item("model.layers." + std::to_string(b) + "." + t, 1.0, 1.0, 0.0);
+      if (!per_gemm) {
+        p.items.push_back(it);
+        continue;
+      }
+      for (const char* g : {"fprop", "dgrad", "wgrad"}) {
+        PlanItem gi = it;
+        gi.name = it.name + ":" + g;
+        gi.gemm = g;
+        gi.flops = 1.0 / 3.0;
+        p.items.push_back(gi);
+      }
+    }
+  return p;
+}
+
+// The names of the items the plan keeps off the low option.
+std::set<std::string> high_items(const PlanResult& r) {
+  std::set<std::string> s;
+  for (const PlanChoice& c : r.items)
+    if (c.option != "fp4") s.insert(c.name);
+  return s;
+}
+
+}  // namespace
+
+TEST(Rivals, Bf16TailKeepsTheLastFifteenPercentOfLinearLayers) {
+  // 4 blocks x 7 = 28 layers; round(0.15 x 28) = round(4.2) = 4: block 3's
+  // o_proj, gate_proj, up_proj, down_proj; FP4 share 24/28 (equal FLOPs).
+  PlanOptions o = share(0.75);
+  const PlanResult r = heuristic_bf16_tail(llama_layers(4), o);
+  EXPECT_EQ(high_items(r), (std::set<std::string>{"model.layers.3.self_attn.o_proj", "model.layers.3.mlp.gate_proj",
+                                                  "model.layers.3.mlp.up_proj", "model.layers.3.mlp.down_proj"}));
+  for (const PlanChoice& c : r.items)
+    if (c.option != "fp4") EXPECT_EQ(c.option, "fp8");  // the high option
+  EXPECT_DOUBLE_EQ(r.fp4_share, 24.0 / 28.0);
+  EXPECT_EQ(r.method, "bf16-tail");
+  EXPECT_EQ(r.status, "heuristic");
+  // Per GEMM the same layers, all three GEMMs each: 12 items.
+  const PlanResult g = heuristic_bf16_tail(llama_layers(4, true), o);
+  EXPECT_EQ(high_items(g).size(), 12u);
+  EXPECT_TRUE(high_items(g).count("model.layers.3.self_attn.o_proj:dgrad"));
+  EXPECT_FALSE(high_items(g).count("model.layers.3.self_attn.v_proj:fprop"));
+  EXPECT_NEAR(g.fp4_share, 24.0 / 28.0, 1e-12);
+  o.tail_fraction = 0.0;
+  EXPECT_TRUE(high_items(heuristic_bf16_tail(llama_layers(4), o)).empty());
+  o.tail_fraction = 0.5;  // 14 layers: blocks 2 and 3
+  EXPECT_DOUBLE_EQ(heuristic_bf16_tail(llama_layers(4), o).fp4_share, 0.5);
+  o.tail_fraction = 1.5;
+  EXPECT_NE(error_of([&] { heuristic_bf16_tail(llama_layers(4), o); }).find("tail_fraction"), std::string::npos);
+  // By name through run_heuristic, pins winning over the rule.
+  o = share(0.75);
+  o.pins = {parse_pin("*.layers.0.mlp.down_proj=fp8"), parse_pin("*.layers.3.mlp.down_proj=fp4")};
+  const PlanResult pr = run_heuristic("bf16-tail", llama_layers(4), o, 0);
+  EXPECT_TRUE(high_items(pr).count("model.layers.0.mlp.down_proj"));
+  EXPECT_FALSE(high_items(pr).count("model.layers.3.mlp.down_proj"));
+  EXPECT_EQ(high_items(pr).size(), 4u);
+}
+
+TEST(Rivals, FirstLastNKeepsTheEndBlocks) {
+  PlanOptions o = share(0.75);
+  o.first_last_n = 1;  // blocks 0 and 3 of 4: 14 of 28 layers high
+  PlanResult r = heuristic_first_last_n(llama_layers(4), o);
+  EXPECT_EQ(high_items(r).size(), 14u);
+  for (const std::string& n : high_items(r))
+    EXPECT_TRUE(n.rfind("model.layers.0.", 0) == 0 || n.rfind("model.layers.3.", 0) == 0) << n;
+  EXPECT_DOUBLE_EQ(r.fp4_share, 0.5);
+  EXPECT_EQ(r.method, "first-last-n");
+  o.first_last_n = 2;  // every block is within 2 of an end
+  EXPECT_DOUBLE_EQ(heuristic_first_last_n(llama_layers(4), o).fp4_share, 0.0);
+  o.first_last_n = 0;
+  EXPECT_DOUBLE_EQ(heuristic_first_last_n(llama_layers(4), o).fp4_share, 1.0);
+  o.first_last_n = 1;  // 6 blocks: 0 and 5 high, 4/6 of the FLOPs FP4
+  EXPECT_DOUBLE_EQ(heuristic_first_last_n(llama_layers(6), o).fp4_share, 4.0 / 6.0);
+  o.first_last_n = -1;
+  EXPECT_NE(error_of([&] { heuristic_first_last_n(llama_layers(4), o); }).find("first_last_n"), std::string::npos);
+}
+
+TEST(Rivals, AutoswitchRaisesAGemmAboveTheMseOrUnderflowThreshold) {
+  // TE's defaults: MSE > 1e-4 or underflow > 5% runs the GEMM high.
+  PlanProblem p = llama_layers(1, true);  // 21 GEMM items
+  for (PlanItem& it : p.items) it.mse["fp4"] = 5e-5, it.underflow["fp4"] = 0.01;
+  p.items[0].mse["fp4"] = 2e-4;        // q_proj:fprop: MSE above
+  p.items[1].mse["fp4"] = 1e-4;        // q_proj:dgrad: exactly at the threshold stays low
+  p.items[5].underflow["fp4"] = 0.06;  // k_proj:wgrad: underflow above
+  p.items[7].underflow["fp4"] = 0.05;  // v_proj:dgrad: at it stays low
+  PlanOptions o = share(0.75);
+  const PlanResult r = heuristic_autoswitch(p, o);
+  EXPECT_EQ(high_items(r), (std::set<std::string>{"model.layers.0.self_attn.q_proj:fprop",
+                                                  "model.layers.0.self_attn.k_proj:wgrad"}));
+  EXPECT_NEAR(r.fp4_share, 19.0 / 21.0, 1e-12);
+  EXPECT_EQ(r.method, "autoswitch");
+  o.autoswitch_mse = 1e-5;  // every MSE above: all high
+  EXPECT_EQ(heuristic_autoswitch(p, o).fp4_share, 0.0);
+  o = share(0.75);
+  o.autoswitch_underflow = 0.005;
+  EXPECT_EQ(heuristic_autoswitch(p, o).fp4_share, 0.0);
+  p.items[3].mse.clear();
+  EXPECT_NE(error_of([&] { heuristic_autoswitch(p, share(0.75)); }).find("has no mse/underflow"), std::string::npos);
+}

@@ -19,7 +19,21 @@ struct DoctorOpts {
   double min_time = 0.5;      ///< --min-time: seconds each GEMM throughput is measured for
   std::string config;         ///< --config FILE: also check this training config
   bool config_given = false;  ///< --config was given (an empty FILE is then an error)
+  bool calibrate = false;     ///< --calibrate: time the config's GEMMs per option (needs --config, --run)
+  std::string run;            ///< --run RUN: where --calibrate writes RUN/gemm_times.json
+  int repeats = 5;            ///< --repeats: timed calls per GEMM (median kept)
+  double max_seconds = 120;   ///< --max-seconds: wall-clock cap of --calibrate
 };
+
+/// `snip doctor --calibrate --config FILE --run RUN`: the config's model
+/// shapes (model.*, B·T = train.batch_size x train.seq_len rows) timed under
+/// every option the run can choose (precision.options, warmup, final,
+/// uniform and guard options, bf16) on train.device, GEMM by GEMM
+/// (method/gemm_calibrate.h); progress lines on stderr; writes
+/// RUN/gemm_times.json atomically (plan/gemm_times.h) and prints its path
+/// and the BF16 vs low-option totals. Throws UserError for a bad config or
+/// missing --config / --run; nothing is written then.
+void run_calibrate(const DoctorOpts& o);
 
 /// Measures and prints the report (text or JSON on stdout; progress on
 /// stderr when it is a terminal). Throws UserError "<the main job> cannot run

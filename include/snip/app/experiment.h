@@ -24,7 +24,7 @@ extern const char* const kDefaultArms;
 struct ExperimentOptions {
   std::string config;                  ///< --config: TOML shared by every arm ("" with no_train)
   std::string out = "runs/experiment"; ///< --out: the experiment folder
-  std::string arms = kDefaultArms;     ///< --arms: comma-separated <policy>[-gemm][-<budget>]
+  std::string arms = kDefaultArms;     ///< --arms: comma-separated <policy>[-gemm][-<budget>][+fprop][+time]
   bool arms_given = false;             ///< --arms was given (with no_train: else the arms found in OUT)
   std::vector<std::string> sets;       ///< --set section.key=value for every arm
   bool no_train = false;               ///< --no-train: tabulate what OUT holds

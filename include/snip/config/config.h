@@ -227,7 +227,12 @@ struct TrainConfig {
 };
 
 /// Who chooses each layer's precision (precision.policy).
-enum class Policy { kNone, kUniform, kSnip, kMinRelErr, kLayerType, kFirstLastFp8, kRandom };
+enum class Policy {
+  kNone, kUniform, kSnip, kMinRelErr, kLayerType, kFirstLastFp8, kRandom,
+  kAutoswitch,  ///< "autoswitch": TE AutoswitchGemm's per-GEMM rule on the stats step's errors (needs stats)
+  kBf16Tail,    ///< "bf16-tail": the last precision.tail_fraction of linear layers high, the rest low
+  kFirstLastN   ///< "first-last-n": the first and last precision.first_last_n blocks high, the rest low
+};
 /// The first-order term of the loss divergence (precision.first_order; docs/method.md section 3).
 enum class FirstOrder { kDrop, kAbs, kSigned };
 /// "none" (no quantization: every GEMM in train.gemm_dtype; "bf16" is read as
@@ -245,6 +250,9 @@ struct PrecisionConfig {
   std::string recipe = "none";  ///< precision.recipe ("none" once resolve_precision_alias ran)
   std::string recipe_file = "";  ///< precision.recipe_file
   double budget = 0.75;  ///< precision.budget
+  std::string budget_unit = "flops";  ///< precision.budget_unit: "flops" (FP4 FLOPs share) | "time" (GEMM seconds / BF16's)
+  std::string gemm_times = "";  ///< precision.gemm_times: measured GEMM-times file (plan/gemm_times.h); "" = calibrate at start
+  double calibrate_seconds = 60.0;  ///< precision.calibrate_seconds: wall-clock cap of the calibration at start, s
   std::vector<std::string> options = {"fp4", "fp8"};  ///< precision.options
   std::vector<std::string> pins = {};  ///< precision.pins
   int64_t warmup_steps = -1;  ///< precision.warmup_steps
@@ -263,10 +271,17 @@ struct PrecisionConfig {
   int64_t curvature_probes = 1;  ///< precision.curvature_probes
   bool per_gemm = false;  ///< precision.granularity = "gemm" (else "layer")
   FirstOrder first_order = FirstOrder::kDrop;  ///< precision.first_order
+  double tail_fraction = 0.15;  ///< precision.tail_fraction (bf16-tail)
+  int64_t first_last_n = 1;  ///< precision.first_last_n (first-last-n), blocks at each end
+  double autoswitch_mse = 1e-4;  ///< precision.autoswitch_mse (autoswitch), output units²
+  double autoswitch_underflow = 0.05;  ///< precision.autoswitch_underflow (autoswitch), fraction
+  bool final_fprop_only = false;  ///< precision.final_phase_gemms = "fprop" (else "all")
   /// The policy as written in the configuration ("uniform-fp8", "snip", ...).
   std::string policy_name() const;
   /// policy is snip or min-rel-err (they run stats steps).
-  bool needs_stats() const { return policy == Policy::kSnip || policy == Policy::kMinRelErr; }
+  bool needs_stats() const {
+    return policy == Policy::kSnip || policy == Policy::kMinRelErr || policy == Policy::kAutoswitch;
+  }
 };
 
 /// What the guard can do (train/guard.h), weakest first (the order decides

@@ -64,6 +64,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -75,6 +76,7 @@
 #include "snip/method/assignment.h"
 #include "snip/model/linear.h"
 #include "snip/method/stats.h"
+#include "snip/plan/gemm_times.h"
 #include "snip/plan/planner.h"
 
 namespace snip {
@@ -148,6 +150,24 @@ class PrecisionController {
   /// Where plans/ and stats/ go ("" = nowhere, e.g. tests), and whether the
   /// plan table is printed (stderr) at every decision.
   void set_output(const std::string& run_dir, bool verbose);
+  /// precision.budget_unit = time (docs/method.md "Budget in measured
+  /// time"): true until set_gemm_times gave the measured table; the
+  /// constructor then leaves the budget's feasibility to set_gemm_times.
+  bool needs_gemm_times() const { return pc_.budget_unit == "time" && !times_; }
+  /// The measured GEMM seconds (plan/gemm_times.h) for the run's micro-batch
+  /// of `tokens` rows (B·T) and `micro_batches` micro-batches per step per
+  /// rank (train.grad_accum): every plan item gets PlanItem::seconds for
+  /// every option the controller knows, so plans report their predicted GEMM
+  /// time (any budget unit) and a time budget plans in seconds. Re-runs the
+  /// constructor's feasibility check. set_output then writes the table to
+  /// RUN/gemm_times.json. Throws UserError naming the table's file and the
+  /// missing entry, or the planner's message for an infeasible budget.
+  void set_gemm_times(plan::GemmTimes table, int64_t tokens, double micro_batches);
+  /// The layers as the time model sees them (name, in, out features).
+  std::vector<plan::TimedLayer> timed_layers() const;
+  /// Every option a plan or phase can choose (precision.options, warmup,
+  /// final and uniform options, bf16), name order: what to calibrate.
+  std::vector<std::string> known_options() const;
   /// Data-parallel ranks (docs/distributed.md "Precision plans on every
   /// rank"); nullptr (the default) = one process. With `comm`:
   ///  - the stats step first checks that every rank measured every layer
@@ -296,7 +316,8 @@ class PrecisionController {
   PrecisionAssignment make_assignment(std::map<PlanKey, std::string> options);
   /// Plan items: the layers, or their three GEMMs each.
   std::vector<PlanKey> item_keys() const;
-  plan::PlanProblem shape_only_problem() const;
+  plan::PlanProblem shape_only_problem() const { return shape_only_problem(gran_); }
+  plan::PlanProblem shape_only_problem(plan::Granularity g) const;
   plan::PlanOptions plan_options(bool with_pins) const;
   void decide(int64_t s, Phase phase, const StatsMeasure& measure, PrecisionEvent& ev);
   std::shared_ptr<const OperandQuantizer> quantizer(const std::string& option) const;
@@ -313,6 +334,13 @@ class PrecisionController {
   std::function<void()> before_stats_;       // set_frozen_base
   /// Items get their layer's stage (no-op without stages).
   void add_stages(plan::PlanProblem& p) const;
+  /// Items get PlanItem::seconds from times_ (no-op without a table).
+  void add_times(plan::PlanProblem& p) const;
+  /// The constructor's planner check on placeholder Q (feasibility, pins).
+  void check_plannable();
+  std::optional<plan::GemmTimes> times_;  // set_gemm_times
+  int64_t times_tokens_ = 0;
+  double times_micro_batches_ = 1;
 
   bool active_ = false;
   PrecisionConfig pc_;

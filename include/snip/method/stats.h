@@ -234,6 +234,13 @@ struct OptionStats {
   double wd_upstream = 0;      ///< rel_dgrad · S_l (fraction)
   double q = 0;          ///< α·LDn + (1−α)·WDn (dimensionless)
   PerGemm<double> rel_err;  ///< per GEMM: ||e_gemm||_F / ||exact output||_F (fractions)
+  /// per GEMM: ||e_gemm||_F² / elements of its output (fprop N·OUT, dgrad
+  /// N·IN, wgrad OUT·IN; per rank): the output's mean squared error, in its
+  /// units squared (loss-gradient units for dgrad/wgrad). The autoswitch rule's MSE.
+  PerGemm<double> mse;
+  /// per GEMM: the fraction of its two operands' non-zero elements that
+  /// quantize to zero (TE's "underflow"), 0 for an identity quantizer.
+  PerGemm<double> underflow;
 };
 
 /// One quantizable layer.

@@ -25,4 +25,11 @@ std::string format_plan_table(const nlohmann::json& plan);
 /// have one).
 std::string find_plan_file(const std::string& run_dir, int64_t step = -1);
 
+/// The measured step time of the plan RUN/plans/step-S.json was in force
+/// for: the median "step_s" (seconds, whole training step, GEMMs and all
+/// else) of RUN/metrics.jsonl records with S < step <= the next plan's S (or
+/// the end). Sets `n` to the number of records used; NaN when none (a run
+/// without metrics, or still at that step). Unreadable lines are skipped.
+double measured_step_seconds(const std::string& run_dir, int64_t plan_step, int64_t& n);
+
 }  // namespace snip

@@ -15,6 +15,9 @@
 //   subject to  Σ_p x_{i,p} = 1                             every item i
 //               share budget:  Σ_i F_i x_{i,low} >= b Σ_i F_i
 //            or cost budget:   Σ_i Σ_p cost_p F_i x_{i,p} <= C Σ_i F_i
+//            or time budget:   Σ_i Σ_p t_i(p) x_{i,p} <= T Σ_i t_i(ref)
+//                 (t_i(p): measured GEMM seconds per step of item i at
+//                 option p, PlanItem::seconds; ref = Budget::time_reference)
 //               x_{i,p} = 1 for pinned (i, p)
 //               per stage s (optional): the same budget row over the items
 //               of stage s alone.
@@ -99,6 +102,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -146,6 +150,17 @@ struct PlanItem {
   std::map<std::string, double> rel_err;  // option -> relative quantisation
                                           // error (fraction); optional, used by
                                           // the min-rel-err heuristic only
+  // option -> the autoswitch rule's measures of the item at that option
+  // (stats.h OptionStats::mse / underflow; a layer item: the largest of its
+  // three GEMMs'); optional, used by heuristic_autoswitch only.
+  std::map<std::string, double> mse;        // output units squared
+  std::map<std::string, double> underflow;  // fraction of non-zero operand elements
+  // option -> predicted seconds per training step of the item's GEMMs at
+  // that option (measured, plan/gemm_times.h; >= 0, finite). Required by a
+  // time budget for every offered option and for Budget::time_reference;
+  // otherwise optional (then the plan reports its predicted time when every
+  // item has an entry for its chosen option and the reference).
+  std::map<std::string, double> seconds;
 };
 
 /// A planning problem: the items in model order (block order; the order
@@ -155,15 +170,22 @@ struct PlanProblem {
   std::vector<PlanItem> items;
 };
 
-/// The budget: an FP4 (low-option) FLOPs share or a cost budget.
+/// The budget: an FP4 (low-option) FLOPs share, a cost budget, or a time
+/// budget in measured seconds.
 struct Budget {
-  enum class Kind { fp4_share, cost };
+  enum class Kind { fp4_share, cost, time };
   Kind kind = Kind::fp4_share;
   // fp4_share: b in [0,1], the fraction of FLOPs that must run the low
   //            option.  cost: C, the mean cost per FLOP allowed, i.e.
   //            Σ cost_p·F_i·x_{i,p} <= C·Σ F_i (C = 2 means "as fast as
   //            uniform FP8" with the default costs).
+  //            time: T > 0, the plan's GEMM seconds per step as a fraction
+  //            of every item at time_reference: Σ_i t_i(p_i) <= T·Σ_i t_i(ref)
+  //            (T = 0.8: "at most 0.8x the BF16 GEMM time").
   double value = 0.75;
+  // time budgets: the option whose seconds are the 100% (need not be among
+  // the options offered; every item must carry its seconds).
+  std::string time_reference = "bf16";
   // Relative cost of one FLOP at each option (dimensionless). Used by cost
   // budgets and to report plan cost; defaults after docs/method.md section 4.
   std::map<std::string, double> cost_per_flop = {
@@ -171,6 +193,7 @@ struct Budget {
 
   static Budget share(double b) { Budget r; r.kind = Kind::fp4_share; r.value = b; return r; }
   static Budget cost(double c) { Budget r; r.kind = Kind::cost; r.value = c; return r; }
+  static Budget time(double t) { Budget r; r.kind = Kind::time; r.value = t; return r; }
 };
 
 /// A pin: every item matched by `pattern` runs `option`.
@@ -218,6 +241,12 @@ struct PlanOptions {
   // Non-empty: pin the first and last layer of every stage to this option
   // (docs/method.md section 4 uses "fp8"). Needs item.stage >= 0 on every item.
   std::string stage_boundary_option;
+  // The rivals' rules (heuristic_bf16_tail, heuristic_first_last_n,
+  // heuristic_autoswitch); the other planners ignore them.
+  double tail_fraction = 0.15;        // bf16-tail: fraction of layers kept high, counted from the last
+  int first_last_n = 1;               // first-last-n: blocks kept high at each end
+  double autoswitch_mse = 1e-4;       // autoswitch: an item goes high when mse[low] > this ...
+  double autoswitch_underflow = 0.05; // ... or underflow[low] > this (fraction)
   std::string solver = "cbc";   // make_milp_solver name
   PlanMethod method = PlanMethod::automatic;  // see PlanMethod
   // mckp: the largest core (option variables left after reduced-cost
@@ -243,6 +272,7 @@ struct PlanChoice {
   double flops = 0;    // item FLOPs per step
   double q = 0;        // Q of the chosen option
   int stage = -1;
+  double seconds = std::numeric_limits<double>::quiet_NaN();  // item.seconds of the chosen option, s/step; NaN if absent
 };
 
 /// Result of solve(), a heuristic, or one sweep point.
@@ -262,6 +292,12 @@ struct PlanResult {
                             // DBL_MAX (reporting only)
   double cost_per_flop = 0; // cost / Σ F_i, summed as Σ_i cost·(F_i/Σ F) so
                             // it stays finite; NaN likewise
+  // Predicted GEMM seconds per step (Σ_i t_i(chosen)) and the same items all
+  // at budget.time_reference (Σ_i t_i(ref)); NaN unless every item carries
+  // both (PlanItem::seconds). time_ratio = seconds / reference_seconds.
+  double seconds = std::numeric_limits<double>::quiet_NaN();
+  double reference_seconds = std::numeric_limits<double>::quiet_NaN();
+  double time_ratio = std::numeric_limits<double>::quiet_NaN();
   std::vector<double> stage_fp4_share;  // [n_stages] when items have stages
   std::string status;       // MilpStatus name ("optimal", ...), "feasible"
                             // (mckp: core too large for CBC, gap stated) or
@@ -324,6 +360,12 @@ int block_index(const std::string& layer_name);
 void assign_stages(PlanProblem& problem, int n_stages);
 
 /// Solves the ILP (see "Methods": whole model on CBC, or the MCKP method).
+/// A time budget (Budget::Kind::time) is a cost budget whose per-item,
+/// per-option use is t_i(p) / Σ_scope t_i(ref) (seconds over seconds): the
+/// same methods, rows, dominance and ordering rows (items interchangeable
+/// when their two options' seconds differ by the same amount). UserError
+/// when an item lacks seconds for an offered option or the reference, a
+/// time is negative or non-finite, or Σ t_i(ref) is not positive.
 /// Returns a proven-optimal plan (status "optimal", gap 0), or a plan that
 /// meets the budget with its stated gap: status "time_limit_feasible" when
 /// a time limit stopped CBC, "feasible" when the mckp core was too large for
@@ -410,8 +452,34 @@ PlanResult heuristic_random(const PlanProblem& problem, const PlanOptions& optio
 PlanResult heuristic_uniform(const PlanProblem& problem, const PlanOptions& options,
                              const std::string& option);
 
+// The rivals' rules (docs/method.md section 6, "Rivals"): no budget. Each
+// keeps a set of items at their high option (as the ordered heuristics'
+// fill starts) and sends every other free item that offers the low option
+// low; pins apply. The FP4 share is whatever the rule reaches (the result
+// reports it; PlanOptions::budget is not enforced). Status "heuristic".
+
+/// NVIDIA's NVFP4 pretraining recipe / torchtitan's nvfp4_bf16_tail_fqns:
+/// the last round(tail_fraction · L) of the L linear layers (problem order,
+/// counted by layer: a layer's three GEMM items go together) stay high.
+/// Throws UserError for tail_fraction outside [0, 1].
+PlanResult heuristic_bf16_tail(const PlanProblem& problem, const PlanOptions& options);
+
+/// Megatron-Core's --first-last-layers-bf16: items of the first and last
+/// `first_last_n` decoder blocks (block index from "layers.<i>." in the
+/// layer name) and items without a block index stay high. Throws UserError
+/// for first_last_n < 0.
+PlanResult heuristic_first_last_n(const PlanProblem& problem, const PlanOptions& options);
+
+/// TransformerEngine's AutoswitchGemm rule: an item stays high when its
+/// mse[low] > autoswitch_mse or underflow[low] > autoswitch_underflow
+/// (TE's defaults 1e-4 and 5%), else goes low. Throws UserError naming the
+/// first item without mse/underflow entries for the low option (they come
+/// from a stats step: precision.policy = autoswitch in `snip train`).
+PlanResult heuristic_autoswitch(const PlanProblem& problem, const PlanOptions& options);
+
 /// Names accepted by run_heuristic: "min-rel-err", "layer-type",
-/// "first-last-fp8", "random", "uniform-<option>" (e.g. "uniform-fp8").
+/// "first-last-fp8", "random", "bf16-tail", "first-last-n", "autoswitch",
+/// "uniform-<option>" (e.g. "uniform-fp8").
 /// Throws UserError for any other name.
 PlanResult run_heuristic(const std::string& name, const PlanProblem& problem,
                          const PlanOptions& options, uint64_t seed = 0);

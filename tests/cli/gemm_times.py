@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""precision.budget_unit = time through the real binary (docs/method.md
+"Budget in measured time"):
+
+  calibrate    `snip doctor --calibrate --config FILE --run RUN` writes a
+               valid RUN/gemm_times.json: every distinct GEMM shape of the
+               micro model x each option x {fprop, dgrad, wgrad}, seconds > 0
+  train        a time-budget run with that table: its plans carry the
+               predicted GEMM seconds beside the BF16 ones and honour the
+               budget; `snip plan show` prints them and the measured step
+               time; the table is copied to RUN/gemm_times.json; a run with
+               no table calibrates at start and writes one
+  bad tables   missing file, bad JSON, a bad field, a table of another
+               model (missing shape), another device or GEMM dtype: one
+               line naming the file and the field, exit 2, and no run
+               folder files (nothing partial); doctor --calibrate without
+               --run likewise
+
+usage: gemm_times.py SNIP_BINARY PREPARED_DATA_DIR
+"""
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from clitest import Checks, micro_toml  # noqa: E402
+
+snip, data = sys.argv[1], os.path.abspath(sys.argv[2])
+c = Checks(snip)
+
+PRECISION = """max_steps = 8
+[precision]
+policy = "snip"
+options = "fp4,fp8,bf16"
+warmup_steps = 2
+initial_interval = 3
+final_interval = 3
+budget_unit = "time"
+budget = {budget}
+{extra}
+"""
+
+with tempfile.TemporaryDirectory() as tmp:
+    cfg = os.path.join(tmp, "micro.toml")
+    micro_toml(cfg, data, PRECISION.format(budget=1.0, extra=""))
+
+    # calibrate
+    cal = os.path.join(tmp, "cal")
+    rc, out, err = c.run(["doctor", "--calibrate", "--config", cfg, "--run", cal, "--repeats", "3"], timeout=120)
+    path = os.path.join(cal, "gemm_times.json")
+    c.check(rc == 0 and os.path.isfile(path), "calibrate writes RUN/gemm_times.json", f"rc={rc} {err}")
+    t = json.load(open(path))
+    c.check(t["units"] == "seconds" and t["device"] == "cpu" and t["format"] == "snip-gemm-times",
+            "calibrate header", str({k: v for k, v in t.items() if k != "entries"}))
+    # Micro model: C = 32, I = 64, NH = 2, NKV = 1 -> (in, out) of q/o 32x32,
+    # k/v 32x16, gate/up 32x64, down 64x32: 4 distinct shapes; options bf16,
+    # fp4, fp8 (warmup bf16, final fp8): 4 x 3 x 3 = 36 entries at T = 2x16 rows.
+    want = set()
+    for i, o in [(32, 32), (32, 16), (32, 64), (64, 32)]:
+        for opt in ("bf16", "fp4", "fp8"):
+            want |= {("fprop", 32, i, o, opt), ("dgrad", 32, o, i, opt), ("wgrad", o, 32, i, opt)}
+    got = {(e["gemm"], e["m"], e["k"], e["n"], e["option"]) for e in t["entries"]}
+    c.check(got == want, "calibrate covers every distinct GEMM x option", f"{sorted(got ^ want)}")
+    c.check(all(e["seconds"] > 0 and e["repeats"] == 3 for e in t["entries"]), "calibrate entries positive")
+
+    # train with the table: a hand-made copy where FP4 is the fastest
+    # everywhere, so the budget binds (on this CPU emulation makes fp4/fp8
+    # slower than bf16, which would make any budget < 1 infeasible).
+    hand = json.loads(json.dumps(t))
+    for e in hand["entries"]:
+        e["seconds"] = {"bf16": 4e-3, "fp8": 2e-3, "fp4": 1e-3}[e["option"]]
+    hand_path = os.path.join(tmp, "hand.json")
+    json.dump(hand, open(hand_path, "w"))
+    cfg2 = os.path.join(tmp, "timed.toml")
+    micro_toml(cfg2, data, PRECISION.format(budget=0.5, extra=f'gemm_times = "{hand_path}"'))
+    run = os.path.join(tmp, "run")
+    rc, out, err = c.run(["train", "-c", cfg2, "--run-dir", run], timeout=120)
+    c.check(rc == 0, "train with a time budget", err[-2000:])
+    plans = sorted(os.listdir(os.path.join(run, "plans")), key=lambda n: int(n[5:-5]))
+    plan = [json.load(open(os.path.join(run, "plans", p))) for p in plans]
+    planned = [p for p in plan if p["phase"] == "plan"]
+    c.check(planned and all(p["time_budget"] == 0.5 and p["gemm_seconds"] <= 0.5 * p["reference_gemm_seconds"] + 1e-12
+                            for p in planned), "plans honour the time budget",
+            str([(p.get("gemm_seconds"), p.get("reference_gemm_seconds")) for p in planned]))
+    # 14 GEMM-seconds per micro-batch would be 7 layers x 3 GEMMs x 4 ms at bf16.
+    c.check(planned and abs(planned[0]["reference_gemm_seconds"] - 7 * 3 * 4e-3) < 1e-12,
+            "reference time = sum of the table's bf16 entries", str(planned[0].get("reference_gemm_seconds")))
+    c.check(os.path.isfile(os.path.join(run, "gemm_times.json")), "the table is copied to RUN/gemm_times.json")
+    rc, out, err = c.run(["plan", "show", run])
+    c.check(rc == 0 and "GEMM time:" in out and "ms/step predicted" in out and "measured:" in out,
+            "plan show prints predicted and measured times", out[-800:])
+
+    # no table: calibrate at start (budget 1.0 with bf16 allowed is always feasible)
+    run2 = os.path.join(tmp, "run2")
+    rc, out, err = c.run(["train", "-c", cfg, "--run-dir", run2], timeout=120)
+    c.check(rc == 0 and os.path.isfile(os.path.join(run2, "gemm_times.json")), "calibration at start", err[-1500:])
+
+    # bad tables: one line naming file and field, exit 2, no run folder left
+    def bad(name, table_text, needle):
+        p = os.path.join(tmp, name + ".json")
+        if table_text is not None:
+            open(p, "w").write(table_text)
+        cf = os.path.join(tmp, name + ".toml")
+        micro_toml(cf, data, PRECISION.format(budget=0.5, extra=f'gemm_times = "{p}"'))
+        rd = os.path.join(tmp, "run-" + name)
+        c.expect_error("bad table: " + name, ["train", "-c", cf, "--run-dir", rd], needle, absent=rd)
+
+    bad("missing", None, "missing.json")
+    bad("syntax", "{not json", "syntax.json")
+    neg = json.loads(json.dumps(hand))
+    neg["entries"][5]["seconds"] = -1
+    bad("negative", json.dumps(neg), "negative.json: entries[5].seconds: expected a finite number > 0, got -1")
+    other = json.loads(json.dumps(hand))
+    other["entries"] = [e for e in other["entries"] if not (e["gemm"] == "wgrad" and e["option"] == "fp4")]
+    bad("other-model", json.dumps(other), "other-model.json: no entry for wgrad")
+    dev = json.loads(json.dumps(hand))
+    dev["device"] = "cuda:0"
+    bad("device", json.dumps(dev), "device.json: device: expected a table measured on cpu")
+    dt = json.loads(json.dumps(hand))
+    dt["gemm_dtype"] = "fp32"
+    bad("dtype", json.dumps(dt), "dtype.json: gemm_dtype: expected \"bf16\"")
+    c.expect_error("calibrate without --run", ["doctor", "--calibrate", "--config", cfg], "expected --run RUN")
+c.finish()
