@@ -261,7 +261,7 @@ std::vector<OptionSpec> make_table() {
       field("train.attention", &RunConfig::train, &TrainConfig::attention, "",
             "causal self-attention: sdpa (LibTorch's fused scaled_dot_product_attention: flash / "
             "memory-efficient kernels on CUDA), math (explicit QKᵀ, mask, softmax, AV: the CPU reference), "
-            "or auto (sdpa on CUDA, math on the CPU); docs/gpu.md")
+            "or auto (sdpa on CUDA with native BF16 products, else math); docs/gpu.md")
           .words({"auto", "sdpa", "math"}),
       field("train.fp8_gemm", &RunConfig::train, &TrainConfig::fp8_gemm, "",
             "GEMMs whose two operands are per-tensor-scaled FP8 (e.g. recipe fp8_tensor): native (at::_scaled_mm "

@@ -210,10 +210,10 @@ bool LlamaForCausalLMImpl::attention_sdpa() const {
   return cfg.num_hidden_layers > 0 && model->layers->ptr(0)->as<DecoderLayer>()->self_attn->sdpa;
 }
 
-bool resolve_attention_sdpa(const std::string& option, const torch::Device& device) {
+bool resolve_attention_sdpa(const std::string& option, const torch::Device& device, bool native_bf16) {
   if (option == "math") return false;
   if (option == "sdpa") return true;
-  if (option == "auto") return device.is_cuda();
+  if (option == "auto") return device.is_cuda() && native_bf16;
   fail("train.attention: expected auto, sdpa or math, got '", option, "'");
 }
 

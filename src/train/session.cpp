@@ -209,7 +209,7 @@ void check_resume_config(TrainSession& s) {
       fail("--resume: ", key, " is ", cfg.get_int(key), " but ", run_dir, " was trained with ",
            saved.get_int(key), " (it fixes the data order and the tokens per step); resume with that value, or "
            "start a new --run-dir");
-  for (const char* key : {"train.gemm_dtype", "train.gemm_backend"})
+  for (const char* key : {"train.gemm_dtype", "train.gemm_backend", "train.attention"})
     if (saved.get_string(key) != cfg.get_string(key))
       spdlog::warn("--resume: {} is {} but {} was trained with {}: the resumed steps will not be bit-identical "
                    "to an uninterrupted run", key, cfg.get_string(key), run_dir, saved.get_string(key));

@@ -33,7 +33,8 @@ at::ScalarType prepare_model(LlamaForCausalLM& model, const TrainConfig& t, cons
   set_fp8_gemm(parse_fp8_gemm(t.fp8_gemm));
   model->set_precision(LinearPrecision{nullptr, gemm});
   model->set_non_linear_gemm_dtype(gemm);
-  model->set_attention_sdpa(resolve_attention_sdpa(t.attention, device));
+  model->set_attention_sdpa(
+      resolve_attention_sdpa(t.attention, device, t.gemm_bf16 && t.gemm_backend != GemmBackend::kEmulated));
   return gemm;
 }
 

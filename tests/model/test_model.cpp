@@ -246,6 +246,10 @@ TEST(Sdpa, TrainAttentionResolvesPerDevice) {
   EXPECT_TRUE(resolve_attention_sdpa("auto", torch::Device(torch::kCUDA, 0)));
   EXPECT_TRUE(resolve_attention_sdpa("sdpa", torch::Device(torch::kCPU)));
   EXPECT_FALSE(resolve_attention_sdpa("math", torch::Device(torch::kCUDA, 0)));
+  // FP32 or emulated-BF16 products: auto keeps the explicit path (the fused
+  // kernels take half types; the emulation is the explicit path's).
+  EXPECT_FALSE(resolve_attention_sdpa("auto", torch::Device(torch::kCUDA, 0), /*native_bf16=*/false));
+  EXPECT_TRUE(resolve_attention_sdpa("sdpa", torch::Device(torch::kCUDA, 0), /*native_bf16=*/false));
   try {
     resolve_attention_sdpa("flash", torch::Device(torch::kCPU));
     FAIL() << "expected a UserError";

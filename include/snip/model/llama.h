@@ -65,10 +65,13 @@ class AttentionImpl : public torch::nn::Module {
 TORCH_MODULE(Attention);
 
 /// Resolves train.attention for a run on `device`: "math" -> false,
-/// "sdpa" -> true, "auto" -> true on CUDA, false on the CPU (where the
-/// explicit products keep the CPU reference numbers). Throws UserError
-/// naming train.attention for another word.
-bool resolve_attention_sdpa(const std::string& option, const torch::Device& device);
+/// "sdpa" -> true, "auto" -> true on CUDA when the attention products run
+/// in native BF16 (`native_bf16`: train.gemm_dtype = bf16 and
+/// train.gemm_backend not emulated: the fused kernels take half types only,
+/// FP32 would fall back to LibTorch's math kernel, which copies K and V per
+/// query head), else false (the CPU keeps the explicit products: the
+/// reference numbers). Throws UserError naming train.attention for another word.
+bool resolve_attention_sdpa(const std::string& option, const torch::Device& device, bool native_bf16 = true);
 
 /// SwiGLU MLP: x [B, T, C] -> down(silu(gate(x)) * up(x)) [B, T, C].
 class MLPImpl : public torch::nn::Module {
