@@ -46,6 +46,21 @@ Config policy_config(const std::string& policy, int64_t max_steps, int64_t warmu
   return c;
 }
 
+// The micro model (seed 0), an AdamW over it and a loss on one random
+// batch: what a controller's plan step needs.
+struct MicroPlanning {
+  LlamaForCausalLM model{nullptr};
+  std::unique_ptr<torch::optim::AdamW> opt;
+  torch::Tensor ids;
+  torch::Tensor loss() { return LlamaForCausalLMImpl::loss(model(ids), ids); }
+  MicroPlanning() {
+    torch::manual_seed(0);
+    model = LlamaForCausalLM(LlamaConfig::from_run_config(policy_config("snip", 20, 0, 10), 512));
+    opt = std::make_unique<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-3));
+    ids = torch::randint(512, {2, 32}, torch::kLong);
+  }
+};
+
 }  // namespace
 
 TEST(ControllerSchedule, StepsByHand) {
@@ -152,12 +167,10 @@ TEST(Controller, LayersRunThePlannedQuantizer) {
 
 // Every heuristic policy plans at the budget; min-rel-err takes its order from a stats step.
 TEST(Controller, HeuristicPolicies) {
-  torch::manual_seed(0);
-  Config base = policy_config("snip", 20, 0, 10);
-  LlamaForCausalLM model(LlamaConfig::from_run_config(base, 512));
-  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
-  const torch::Tensor ids = torch::randint(512, {2, 32}, torch::kLong);
-  auto loss_fn = [&] { return LlamaForCausalLMImpl::loss(model(ids), ids); };
+  MicroPlanning m;
+  LlamaForCausalLM& model = m.model;
+  torch::optim::AdamW& opt = *m.opt;
+  auto loss_fn = [&] { return m.loss(); };
   for (const std::string p : {"min-rel-err", "layer-type", "first-last-fp8", "random", "uniform-fp8"}) {
     SCOPED_TRACE(p);
     Config c = policy_config(p, 20, 0, 10);
@@ -490,12 +503,10 @@ TEST(Controller, PerGemmTrainsEndToEnd) {
 // The rivals as policies on the micro model (2 blocks, 14 layers): which
 // layers each keeps high, by hand; autoswitch plans per GEMM from a stats step.
 TEST(Controller, RivalPolicies) {
-  torch::manual_seed(0);
-  Config base = policy_config("snip", 20, 0, 10);
-  LlamaForCausalLM model(LlamaConfig::from_run_config(base, 512));
-  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
-  const torch::Tensor ids = torch::randint(512, {2, 32}, torch::kLong);
-  auto loss_fn = [&] { return LlamaForCausalLMImpl::loss(model(ids), ids); };
+  MicroPlanning m;
+  LlamaForCausalLM& model = m.model;
+  torch::optim::AdamW& opt = *m.opt;
+  auto loss_fn = [&] { return m.loss(); };
   auto high = [](const PrecisionController& ctl) {
     std::set<std::string> s;
     for (const auto& [k, v] : ctl.assignment().options)
