@@ -55,3 +55,17 @@ snip_torch_library(snip_train train snip_method)
 snip_torch_library(snip_app app snip_train)
 add_library(snip_torch INTERFACE)
 target_link_libraries(snip_torch INTERFACE snip_app)
+# ProcessGroupNCCL.hpp (src/dist/process_group.cpp) lays out its classes by
+# <nccl.h>'s version (Options holds a versioned ncclConfig_t, NCCL_HAS_*
+# adds members): the header must be the NCCL libtorch_cuda was built with,
+# which is the nvidia-nccl wheel torch depends on (site-packages/nvidia/nccl,
+# beside torch), not whichever nccl.h the system include paths hold first
+# (the CUDA toolkit's). -I goes before every -isystem (Torch's and CUDA's
+# include folders); only that file needs it. connect() checks the versions
+# at run time as well (nccl_version_mismatch in dist/world.h).
+get_filename_component(SNIP_NCCL_INCLUDE "${TORCH_INSTALL_PREFIX}/../nvidia/nccl/include" REALPATH)
+if(EXISTS "${SNIP_NCCL_INCLUDE}/nccl.h")
+  set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/dist/process_group.cpp PROPERTIES
+                              COMPILE_OPTIONS "-I${SNIP_NCCL_INCLUDE}")
+  message(STATUS "snip: nccl.h for ProcessGroupNCCL from ${SNIP_NCCL_INCLUDE}")
+endif()

@@ -255,8 +255,9 @@ std::vector<OptionSpec> make_table() {
              "how BF16 GEMMs run: native (LibTorch's BF16 kernel), emulated (FP32 GEMM on BF16-rounded "
              "operands, same numerics), auto (native where it accumulates in FP32; `snip doctor` shows it)"),
       field("train.device", &RunConfig::train, &TrainConfig::device, "",
-            "where training runs: auto (CUDA device 0 when LibTorch sees one and the run is one process, else "
-            "the CPU), cpu, or cuda; docs/gpu.md")
+            "where training runs: auto (a CUDA device when LibTorch sees one: device 0 for one process, "
+            "LOCAL_RANK with one device per local rank, 0 where each rank sees one; else the CPU), cpu, or cuda "
+            "(auto's device, or an error); docs/gpu.md")
           .words({"auto", "cpu", "cuda"}),
       field("train.attention", &RunConfig::train, &TrainConfig::attention, "",
             "causal self-attention: sdpa (LibTorch's fused scaled_dot_product_attention: flash / "

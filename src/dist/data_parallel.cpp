@@ -426,7 +426,7 @@ int64_t allreduce_gradients_quantized(Communicator& comm, const std::vector<torc
              params.size(), " parameters");
   const int64_t P = int64_t(params.size());
   std::vector<torch::Tensor> g2(static_cast<size_t>(P)), e2(static_cast<size_t>(P));
-  torch::Tensor amax = torch::zeros({P}, torch::kFloat);  // [P] max |g + e| per parameter
+  std::vector<torch::Tensor> maxima;  // [P] x 0-d max |g + e|, on the gradients' device (no copy per parameter)
   for (int64_t k = 0; k < P; ++k) {
     torch::Tensor p = params[size_t(k)];
     if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
@@ -437,12 +437,16 @@ int64_t allreduce_gradients_quantized(Communicator& comm, const std::vector<torc
     e2[size_t(k)] = grad_matrix(gc.residuals[size_t(k)]);  // a view: compress updates the residual
     if (c.shares_amax()) {
       const torch::Tensor v = c.error_feedback() ? g2[size_t(k)] + e2[size_t(k)] : g2[size_t(k)];
-      amax[k] = v.abs().max();
+      maxima.push_back(v.abs().max());
     }
   }
-  if (c.shares_amax()) {
-    std::vector<torch::Tensor> a{amax};
+  torch::Tensor amax = torch::zeros({P}, torch::kFloat);  // [P] max |g + e| per parameter, on the host
+  if (c.shares_amax() && P > 0) {
+    // One [P] tensor on the gradients' device, one all-reduce (device tensors go to NCCL as they are), one copy
+    // to the host; on the CPU the same values as writing each maximum into `amax` (a maximum is exact).
+    std::vector<torch::Tensor> a{torch::stack(maxima).to(torch::kFloat).contiguous()};
     comm.allreduce_max(a);
+    amax = a[0].to(torch::kCPU);
   }
   const float* am = amax.data_ptr<float>();
   const int64_t amax_bytes = c.shares_amax() ? 4 * P : 0;

@@ -8,15 +8,27 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 // NCCL where this LibTorch has it (a CUDA build defines USE_C10D_NCCL on
-// torch_cuda's targets) and nccl.h is on the include path (the CUDA toolkit,
-// or the nvidia-nccl wheel); a CPU LibTorch builds without it.
+// torch_cuda's targets) and nccl.h is on the include path; a CPU LibTorch
+// builds without it. ProcessGroupNCCL.hpp's layouts (Options holds an
+// ncclConfig_t whose fields follow NCCL's version; the NCCL_HAS_* ifdefs
+// add members) must be those of the NCCL that libtorch_cuda was built with,
+// or its constructors write past what this file allocated: src/torch.cmake
+// puts the venv's nvidia-nccl wheel headers (torch's own NCCL) ahead of the
+// CUDA toolkit's for this file, and connect() refuses a version that differs
+// from torch::cuda::nccl::version() (nccl_version_mismatch).
 #if defined(USE_C10D_NCCL) && __has_include(<torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>) && \
     __has_include(<nccl.h>)
 #define SNIP_HAVE_NCCL 1
 #include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/cuda/nccl.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #else
 #define SNIP_HAVE_NCCL 0
+#endif
+#if defined(USE_C10D_NCCL)
+#define SNIP_TORCH_HAS_NCCL 1
+#else
+#define SNIP_TORCH_HAS_NCCL 0
 #endif
 
 #include <netdb.h>
@@ -30,7 +42,9 @@
 #include <condition_variable>
 #include <cstring>
 #include <cstdlib>
+#include <exception>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -38,6 +52,7 @@
 
 #include "snip/dist/world.h"
 #include "snip/core/error.h"
+#include "snip/model/device.h"
 
 namespace snip::dist {
 
@@ -365,18 +380,47 @@ class GlooCommunicator final : public Communicator {
 
 #if SNIP_HAVE_NCCL
 // dist.backend = nccl: ProcessGroupNCCL on this rank's CUDA device (one
-// device per rank, cuda:LOCAL_RANK). Tensors on that device go to NCCL as
-// they are; CPU tensors (the trainer's control values) are copied there and
-// back (Staged). NCCL orders its work on its own streams after PyTorch's
-// current stream and Work::wait() orders the current stream after it, so a
-// device tensor may be used right after wait() by work on that stream; a
-// staged tensor's copy back to the host blocks until it is there.
+// device per rank). Tensors on that device go to NCCL as they are; CPU
+// tensors (the trainer's control values) are copied there and back
+// (Staged). NCCL orders its work on its own streams after PyTorch's current
+// stream and Work::wait() orders the current stream after it, so a device
+// tensor may be used right after wait() by work on that stream. A staged
+// collective (and the barrier) is waited for on the host instead
+// (wait_host): polled until done or dist.timeout_s, so a peer that stopped
+// is named in one line (guarded, the heartbeat) before NCCL's watchdog,
+// which waits kWatchdogGrace longer, ends the process with its own dump.
 class NcclCommunicator final : public Communicator {
  public:
+  // How much longer than dist.timeout_s NCCL's watchdog waits: the host's
+  // deadline, the heartbeat's look (Heartbeat::kSilent) and the one-line
+  // error come first.
+  static constexpr std::chrono::seconds kWatchdogGrace{30};
+
   NcclCommunicator(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::ProcessGroupNCCL> pg, int rank,
                    int size, torch::Device device, double timeout_s, std::shared_ptr<Heartbeat> hb)
       : store_(std::move(store)), pg_(std::move(pg)), rank_(rank), size_(size), device_(device),
         timeout_s_(timeout_s), hb_(std::move(hb)) {}
+
+  // ~ProcessGroupNCCL without shutdown() warns (several lines) and aborts
+  // the communicators. After a clean run: a last barrier, so rank 0 (which
+  // hosts the TCPStore that ProcessGroupNCCL's threads still read) goes
+  // last, then shutdown(). After a failed collective, or while an exception
+  // unwinds (the other ranks may sit in another collective): abort().
+  ~NcclCommunicator() override {
+    const bool clean = !failed_ && std::uncaught_exceptions() == 0;
+    try {
+      if (clean) barrier();
+    } catch (const std::exception& e) {
+      spdlog::warn("dist: rank {}: the closing barrier failed: {}", rank_, first_line(e));
+      failed_ = true;
+    }
+    try {
+      if (failed_ || !clean) pg_->abort();
+      else pg_->shutdown();
+    } catch (const std::exception& e) {
+      spdlog::warn("dist: rank {}: closing the nccl process group: {}", rank_, first_line(e));
+    }
+  }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -391,7 +435,7 @@ class NcclCommunicator final : public Communicator {
         std::vector<at::Tensor> one{st.back().dev};
         works.push_back(pg_->allreduce(one, c10d::AllreduceOptions{}));  // ReduceOp::SUM
       }
-      for (auto& w : works) w->wait();
+      for (size_t i = 0; i < works.size(); ++i) wait(works[i], st[i].copy);
       for (auto& s : st) s.back();
     });
   }
@@ -419,7 +463,7 @@ class NcclCommunicator final : public Communicator {
         std::vector<at::Tensor> one{st.back().dev};
         works.push_back(pg_->allreduce(one, o));
       }
-      for (auto& w : works) w->wait();
+      for (size_t i = 0; i < works.size(); ++i) wait(works[i], st[i].copy);
       for (auto& s : st) s.back();
     });
   }
@@ -430,7 +474,7 @@ class NcclCommunicator final : public Communicator {
       std::vector<at::Tensor> one{s.dev};
       c10d::BroadcastOptions o;
       o.rootRank = root;
-      pg_->broadcast(one, o)->wait();
+      wait(pg_->broadcast(one, o), s.copy);
       s.back();
     });
   }
@@ -441,7 +485,7 @@ class NcclCommunicator final : public Communicator {
       std::vector<at::Tensor> one{s.dev};
       c10d::ReduceOptions o;  // ReduceOp::SUM
       o.rootRank = root;
-      pg_->reduce(one, o)->wait();
+      wait(pg_->reduce(one, o), s.copy);
       s.back();
     });
   }
@@ -450,7 +494,7 @@ class NcclCommunicator final : public Communicator {
     guard("barrier", [&] {
       c10d::BarrierOptions o;
       o.device_ids = {int64_t(device_.index())};
-      pg_->barrier(o)->wait();
+      wait(pg_->barrier(o), true);  // the host waits for it
     });
   }
 
@@ -460,7 +504,7 @@ class NcclCommunicator final : public Communicator {
       Staged s = stage(t.contiguous());
       for (int r = 0; r < size_; ++r) out[0].push_back(torch::empty_like(s.dev));
       std::vector<at::Tensor> in{s.dev};
-      pg_->allgather(out, in)->wait();
+      wait(pg_->allgather(out, in), s.copy);
       if (s.copy)
         for (auto& o : out[0]) o = o.to(torch::kCPU);  // the caller's device
     });
@@ -484,11 +528,28 @@ class NcclCommunicator final : public Communicator {
     return {t, t.to(device_), true};
   }
 
+  // A collective's end: `host` (a staged tensor, the barrier): the host
+  // polls it until done or dist.timeout_s (then throws, and guarded names
+  // the silent rank); else Work::wait(), which only orders the current
+  // stream after it (a hang there is the watchdog's, after dist.timeout_s +
+  // kWatchdogGrace).
+  void wait(const c10::intrusive_ptr<c10d::Work>& w, bool host) {
+    if (host) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+      while (!w->isCompleted()) {
+        if (std::chrono::steady_clock::now() > deadline)
+          throw std::runtime_error(str_cat("no answer within dist.timeout_s = ", timeout_s_, " s"));
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    }
+    w->wait();  // rethrows the collective's error, if any
+  }
+
   struct NcclPending final : Pending {
     explicit NcclPending(NcclCommunicator* c) : comm(c) {}
     void wait() override {
       comm->guard("all-reduce", [&] {
-        for (auto& w : works) w->wait();
+        for (size_t i = 0; i < works.size(); ++i) comm->wait(works[i], staged[i].copy);
         for (auto& s : staged) s.back();
       });
       works.clear();
@@ -501,7 +562,12 @@ class NcclCommunicator final : public Communicator {
 
   template <typename F>
   void guard(const char* what, F&& f) {
-    guarded(what, hb_.get(), rank_, timeout_s_, blocked_s_, std::forward<F>(f));
+    try {
+      guarded(what, hb_.get(), rank_, timeout_s_, blocked_s_, std::forward<F>(f));
+    } catch (...) {
+      failed_ = true;  // the destructor aborts instead of a last barrier
+      throw;
+    }
   }
 
   c10::intrusive_ptr<c10d::Store> store_;
@@ -510,6 +576,7 @@ class NcclCommunicator final : public Communicator {
   torch::Device device_;
   double timeout_s_;
   std::shared_ptr<Heartbeat> hb_;
+  bool failed_ = false;  // a collective threw
 };
 #endif  // SNIP_HAVE_NCCL
 
@@ -535,17 +602,64 @@ std::unique_ptr<Pending> Communicator::allreduce_sum_async(std::vector<torch::Te
 
 bool nccl_available() { return SNIP_HAVE_NCCL != 0; }
 
-std::unique_ptr<Communicator> connect(const World& w, const DistOptions& opt) {
+std::string nccl_unavailable_reason() {
+  if (SNIP_HAVE_NCCL) return "";
+  if (SNIP_TORCH_HAS_NCCL)
+    return "this LibTorch has the NCCL process group, but no nccl.h was found when snip was built (src/torch.cmake "
+           "looks for the nvidia-nccl wheel's headers next to torch; reinstall the venv's torch with its "
+           "nvidia-nccl-cu* dependency and rebuild snip)";
+  return "this LibTorch build has no NCCL process group (a CPU LibTorch: USE_C10D_NCCL is not defined); build snip "
+         "against a CUDA LibTorch";
+}
+
+std::string nccl_version_mismatch(int major, int minor, int patch, uint64_t torch_version) {
+  const uint64_t mine = (uint64_t(major) << 32) | (uint64_t(minor) << 16) | uint64_t(patch);
+  if (mine == torch_version) return "";
+  return str_cat("dist.backend = nccl: snip was compiled against nccl.h ", major, ".", minor, ".", patch,
+                 " but LibTorch's ProcessGroupNCCL was built with NCCL ", torch_version >> 32, ".",
+                 (torch_version >> 16) & 0xffff, ".", torch_version & 0xffff, " (their class layouts differ); "
+                 "rebuild snip with that NCCL's headers first on the include path (the nvidia-nccl wheel that "
+                 "comes with this torch: src/torch.cmake), or use dist.backend = gloo");
+}
+
+std::string handshake_value(int world_size, const std::string& backend) {
+  return str_cat(world_size, " ", backend);
+}
+
+std::string handshake_mismatch(int my_rank, int my_size, const std::string& my_backend, int r,
+                               const std::string& theirs) {
+  const size_t sp = theirs.find(' ');
+  const std::string size = theirs.substr(0, sp);
+  const std::string backend = sp == std::string::npos ? "?" : theirs.substr(sp + 1);
+  if (size != std::to_string(my_size))
+    return str_cat("dist: world-size mismatch: rank ", r, " was started with a world of ", size, " ranks, rank ",
+                   my_rank, " with ", my_size, " (WORLD_SIZE/SLURM_NTASKS must be the same on every rank)");
+  if (backend != my_backend)
+    return str_cat("dist: backend mismatch: rank ", r, " resolved dist.backend to ", backend, ", rank ", my_rank,
+                   " to ", my_backend, " (with dist.backend = auto each rank picks nccl when it sees a CUDA device "
+                   "per local rank: give every rank the same GPUs, or set dist.backend and train.device explicitly)");
+  return "";
+}
+
+std::unique_ptr<Communicator> connect(const World& w, const DistOptions& opt, const torch::Device& device) {
   SNIP_CHECK(w.size > 1, "connect() needs a world of more than one rank");
   const bool nccl = opt.backend == "nccl";
+  const std::string backend = nccl ? "nccl" : "gloo";
+  // This rank's CUDA device under nccl: place_rank's, else resolve_train_device's for train.device = cuda.
+  torch::Device dev = device;
   if (nccl) {
-    if (!nccl_available())
-      fail("dist.backend = nccl: this LibTorch build has no NCCL process group (USE_C10D_NCCL is not defined); "
-           "use dist.backend = gloo, or build snip against a CUDA LibTorch");
+    if (!nccl_available()) fail("dist.backend = nccl: ", nccl_unavailable_reason(), "; or use dist.backend = gloo");
+    if (!dev.is_cuda()) dev = resolve_train_device("cuda", w.size, w.local_rank, w.local_size).device;
     const int n = torch::cuda::is_available() ? int(torch::cuda::device_count()) : 0;
-    if (w.local_rank >= n)
-      fail("dist.backend = nccl: rank ", w.rank, " is LOCAL_RANK ", w.local_rank, " but LibTorch sees ", n,
-           " CUDA device", n == 1 ? "" : "s", " on its machine (one device per rank); use dist.backend = gloo");
+    if (dev.index() >= n)
+      fail("dist.backend = nccl: rank ", w.rank, " (LOCAL_RANK ", w.local_rank, ") would use ", dev.str(),
+           " but LibTorch sees ", n, " CUDA device", n == 1 ? "" : "s", " on its machine; use dist.backend = gloo");
+#if SNIP_HAVE_NCCL
+    // Before any ProcessGroupNCCL is made: its layouts follow nccl.h (the comment at the NCCL includes).
+    if (const std::string m = nccl_version_mismatch(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, torch::cuda::nccl::version());
+        !m.empty())
+      fail(m);
+#endif
   }
   const milliseconds timeout(int64_t(opt.timeout_s * 1000.0));
   const std::string where = str_cat(w.master_addr, ":", w.master_port);
@@ -573,9 +687,10 @@ std::unique_ptr<Communicator> connect(const World& w, const DistOptions& opt) {
   // Keys of this launch only: torchrun's agent store lives across restarts.
   const std::string prefix = "snip/" + env_or("TORCHELASTIC_RESTART_COUNT", "0");
   auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, tcp);
-  // Handshake: every rank states its world size; all must agree.
+  // Handshake: every rank states its world size and its backend (dist.backend = auto resolves per rank, from
+  // its own devices); all must agree.
   try {
-    const std::string mine = std::to_string(w.size);
+    const std::string mine = handshake_value(w.size, backend);
     store->set("world/" + std::to_string(w.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
   } catch (const std::exception& e) {
     fail("dist: rank ", w.rank, " cannot write to the rendezvous store at ", where, ": ", first_line(e));
@@ -597,18 +712,17 @@ std::unique_ptr<Communicator> connect(const World& w, const DistOptions& opt) {
       fail("dist: rank ", w.rank, " lost the rendezvous store at ", where, " while reading rank ", r,
            "'s world size (rank 0 stopped: see its error): ", first_line(e));
     }
-    const std::string theirs(v.begin(), v.end());
-    if (theirs != std::to_string(w.size))
-      fail("dist: world-size mismatch: rank ", r, " was started with a world of ", theirs, " ranks, rank ", w.rank,
-           " with ", w.size, " (WORLD_SIZE/SLURM_NTASKS must be the same on every rank)");
+    if (const std::string m = handshake_mismatch(w.rank, w.size, backend, r, std::string(v.begin(), v.end()));
+        !m.empty())
+      fail(m);
   }
 #if SNIP_HAVE_NCCL
   if (nccl) {
-    const torch::Device dev(torch::kCUDA, static_cast<c10::DeviceIndex>(w.local_rank));
     try {
       c10::cuda::set_device(dev.index());  // this process's current device: NCCL, cuBLAS, the quantizer kernels
       auto po = c10d::ProcessGroupNCCL::Options::create();
-      po->timeout = timeout;  // the watchdog's: a collective that long ends the process
+      // The watchdog's: a device collective that long ends the process; host waits give up first (wait_host).
+      po->timeout = timeout + std::chrono::duration_cast<milliseconds>(NcclCommunicator::kWatchdogGrace);
       auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("nccl", store),
                                                             w.rank, w.size, po);
       pg->setBoundDeviceId(dev);  // barrier() and eager checks use this rank's device

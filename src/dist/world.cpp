@@ -140,9 +140,7 @@ Placement place_rank(const DistOptions& opt, const std::string& device, const Wo
   const int S = int(opt.pipeline_stages);
   const bool cuda = d.device.is_cuda();
   if (b == "nccl" || (b == "auto" && cuda && S <= 1 && nccl_available())) {
-    if (!nccl_available())
-      fail("dist.backend = nccl: this LibTorch build has no NCCL process group (USE_C10D_NCCL is not defined); "
-           "use dist.backend = gloo, or build snip against a CUDA LibTorch");
+    if (!nccl_available()) fail("dist.backend = nccl: ", nccl_unavailable_reason(), "; or use dist.backend = gloo");
     if (!cuda)
       fail("dist.backend = nccl needs one CUDA device per rank, but ", d.reason, "; use dist.backend = gloo (or "
            "auto) to train on the CPU");
@@ -157,7 +155,8 @@ Placement place_rank(const DistOptions& opt, const std::string& device, const Wo
     if (device == "cuda")
       fail("train.device = cuda with dist.backend = ", b, S > 1 ? str_cat(" and dist.pipeline_stages = ", S) : "",
            " is not supported (gloo sums CPU tensors; snip does not stage a GPU's gradients through the host); use ",
-           S > 1 ? "train.device = cpu" : "dist.backend = nccl (or auto), or train.device = cpu");
+           S > 1 || !nccl_available() ? "train.device = cpu" : "dist.backend = nccl (or auto), or train.device = cpu",
+           S <= 1 && !nccl_available() ? str_cat(" (no nccl here: ", nccl_unavailable_reason(), ")") : "");
     return {"gloo", torch::kCPU,
             str_cat("train.device = auto: ", w.size, " ranks over gloo (dist.backend = ", b,
                     S > 1 ? str_cat(", dist.pipeline_stages = ", S) : "", "): the CPU")};

@@ -21,25 +21,38 @@ std::string cuda_unavailable_reason() {
 }
 
 DeviceChoice resolve_train_device(const std::string& option, int world_size, int local_rank, int local_size) {
+  if (option != "cuda" && option != "auto") return resolve_train_device_for(option, world_size, local_rank, local_size, 0, "");
+  const std::string missing = cuda_unavailable_reason();
+  return resolve_train_device_for(option, world_size, local_rank, local_size,
+                                  missing.empty() ? int(torch::cuda::device_count()) : 0, missing);
+}
+
+DeviceChoice resolve_train_device_for(const std::string& option, int world_size, int local_rank, int local_size,
+                                      int n, const std::string& missing) {
   if (option == "cpu") return {torch::kCPU, "train.device = cpu"};
   const std::string head = "train.device = " + option;
   if (option == "cuda" || option == "auto") {
-    const std::string missing = cuda_unavailable_reason();
-    if (!missing.empty()) {
-      if (option == "auto") return {torch::kCPU, head + ": " + missing};
-      fail("train.device = cuda: ", missing, "; use train.device = cpu (or auto)");
+    if (n <= 0) {
+      const std::string why = missing.empty() ? "no CUDA device" : missing;
+      if (option == "auto") return {torch::kCPU, head + ": " + why};
+      fail("train.device = cuda: ", why, "; use train.device = cpu (or auto)");
     }
-    const int n = int(torch::cuda::device_count());
     if (world_size <= 1) return {torch::Device(torch::kCUDA, 0), str_cat(head, ": CUDA device 0 of ", n)};
     // Several ranks: one device per rank of this machine (LOCAL_RANK).
     SNIP_CHECK(local_size >= 1 && local_rank >= 0 && local_rank < local_size, "resolve_train_device: local rank ",
                local_rank, " of ", local_size);
+    // Each rank sees one device (Slurm's --gpus-per-task=1, or CUDA_VISIBLE_DEVICES set per rank): its own, as
+    // cuda:0. Ranks that truly share one GPU are refused by NCCL itself ("Duplicate GPU detected").
+    if (n == 1 && local_size > 1)
+      return {torch::Device(torch::kCUDA, 0),
+              str_cat(head, ": CUDA device 0, the one device this rank sees (LOCAL_RANK ", local_rank, " of ",
+                      local_size, ": one GPU bound per rank, e.g. srun --gpus-per-task=1)")};
     if (n < local_size) {
       const std::string why = str_cat(local_size, " ranks on this machine (LOCAL_WORLD_SIZE) but LibTorch sees ", n,
-                                      " CUDA device", n == 1 ? "" : "s", " (one device per rank)");
+                                      " CUDA devices (one device per rank)");
       if (option == "auto") return {torch::kCPU, str_cat(head, ": ", why, ": the CPU")};
-      fail("train.device = cuda: ", why, "; start at most ", n, " rank", n == 1 ? "" : "s",
-           " per machine, or use train.device = cpu");
+      fail("train.device = cuda: ", why, "; start at most ", n, " ranks per machine (or bind one GPU per rank), "
+           "or use train.device = cpu");
     }
     return {torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank)),
             str_cat(head, ": CUDA device ", local_rank, " of ", n, " (LOCAL_RANK ", local_rank, " of ", local_size,

@@ -233,7 +233,7 @@ void connect_ranks(TrainSession& s) {
   if (s.world.size > 1) {
     dist::DistOptions opt = s.dopt();
     opt.backend = place.backend;  // "auto" resolved
-    s.comm = dist::connect(s.world, opt);
+    s.comm = dist::connect(s.world, opt, place.device);
     if (!s.quiet)
       spdlog::info("dist: {} ranks ({}, {} per machine) over {}, rendezvous {}:{}", s.world.size, s.world.source,
                    s.world.local_size, s.comm->backend(), s.world.master_addr, s.world.master_port);

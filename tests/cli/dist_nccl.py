@@ -9,6 +9,10 @@ Every machine (`dist_nccl.py SNIP DATA`, CTest dist_nccl, label dist):
            exactly one line naming dist.backend and train.device, before any
            rendezvous (it does not wait for rank 1) and before the run folder
            exists
+  mismatch rank 0 of 2 on the CPU (gloo) and a stand-in rank 1 (Python's
+           TCPStore client) that reports nccl in the rendezvous handshake:
+           exit 2, one line naming both ranks' backends, without waiting
+           for dist.timeout_s
   launch   the same through `snip train --nproc-per-node 2`: exit 2, each
            rank's line names dist.backend = nccl, no run folder, no rank left
   auto     (without 2 CUDA devices) dist.backend = auto, train.device = auto
@@ -114,6 +118,36 @@ try:
                   f"rc={rc} stderr={err!r}")
             check(secs < 30, f"refused ({device}): before the rendezvous", f"{secs:.1f} s")
             check(not os.path.exists(r), f"refused ({device}): no run folder", r)
+
+        # mismatch: rank 0 (gloo on the CPU) and a stand-in rank 1 that reports nccl in the rendezvous handshake
+        # (what a GPU rank under dist.backend = auto writes): rank 0 stops in one line naming both.
+        port = free_port()
+        r = os.path.join(tmp, "mismatch")
+        rank0 = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        t0 = time.time()
+        p0 = subprocess.Popen([snip, "train", "--config", cfg, "--run-dir", r, "--set", "dist.backend=auto",
+                               "--set", "train.device=cpu", "--set", "dist.timeout_s=60"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env(rank0), start_new_session=True)
+        procs.append(p0)
+        import datetime
+        import torch.distributed as tdist
+        store = tdist.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=60))
+        store.set("snip/0/world/1", "2 nccl")
+        try:
+            out, err = p0.communicate(timeout=60)
+            rc = p0.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(p0.pid, signal.SIGKILL)
+            out, err = p0.communicate()
+            rc = "timeout"
+        del store
+        lines = [l for l in err.splitlines() if l.startswith("snip: error:")]
+        check(rc == 2 and len(lines) == 1 and "backend mismatch: rank 1 resolved dist.backend to nccl, rank 0 to "
+              "gloo" in lines[0], "mismatch: exit 2, one line naming both ranks' backends",
+              f"rc={rc} stderr={err[-800:]!r}")
+        check(time.time() - t0 < 45, "mismatch: at the handshake, not after dist.timeout_s",
+              f"{time.time() - t0:.1f} s")
 
         # launch: the same from `snip train --nproc-per-node 2`.
         r = os.path.join(tmp, "launch")

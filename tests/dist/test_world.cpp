@@ -164,6 +164,36 @@ TEST(DistPlacement, BackendAgainstDevice) {
   EXPECT_TRUE(one.device.is_cpu());
 }
 
+// The rendezvous handshake (connect): every rank's "<world size> <backend>"
+// against this rank's; dist.backend = auto resolves per rank, so a rank
+// without GPUs (gloo) among nccl ranks must stop in one line, not hang.
+TEST(DistPlacement, HandshakeComparesWorldSizeAndBackend) {
+  EXPECT_EQ(handshake_value(4, "nccl"), "4 nccl");
+  EXPECT_EQ(handshake_mismatch(0, 4, "nccl", 3, handshake_value(4, "nccl")), "");
+  const std::string b = handshake_mismatch(0, 4, "nccl", 3, handshake_value(4, "gloo"));
+  EXPECT_NE(b.find("backend mismatch: rank 3 resolved dist.backend to gloo, rank 0 to nccl"), std::string::npos) << b;
+  EXPECT_EQ(b.find('\n'), std::string::npos) << b;
+  // The world size is named first (a rank of another launch disagrees on both).
+  const std::string w = handshake_mismatch(1, 4, "gloo", 0, handshake_value(2, "nccl"));
+  EXPECT_NE(w.find("world-size mismatch: rank 0 was started with a world of 2 ranks, rank 1 with 4"), std::string::npos)
+      << w;
+  EXPECT_NE(handshake_mismatch(0, 2, "gloo", 1, "2").find("backend mismatch"), std::string::npos);
+}
+
+// nccl.h's version against the NCCL LibTorch was built with (major << 32 | minor << 16 | patch).
+TEST(DistPlacement, NcclHeaderVersionMustBeLibTorchs) {
+  const uint64_t torch_2_28_9 = (uint64_t(2) << 32) | (uint64_t(28) << 16) | 9u;
+  EXPECT_EQ(nccl_version_mismatch(2, 28, 9, torch_2_28_9), "");
+  const std::string m = nccl_version_mismatch(2, 27, 3, torch_2_28_9);
+  EXPECT_EQ(m.rfind("dist.backend = nccl: ", 0), 0u) << m;
+  EXPECT_NE(m.find("nccl.h 2.27.3"), std::string::npos) << m;
+  EXPECT_NE(m.find("NCCL 2.28.9"), std::string::npos) << m;
+  EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  EXPECT_NE(nccl_version_mismatch(2, 28, 8, torch_2_28_9), "");
+  // Available or not, with its own words.
+  EXPECT_EQ(nccl_unavailable_reason().empty(), nccl_available()) << nccl_unavailable_reason();
+}
+
 TEST(DistDataParallel, BucketsRunInReverseOrderUnderTheirCaps) {
   // 4-byte floats: 100, 300, 200, 50 elements = 400, 1200, 800, 200 bytes.
   std::vector<torch::Tensor> p = {torch::zeros({100}), torch::zeros({300}), torch::zeros({200}), torch::zeros({50})};

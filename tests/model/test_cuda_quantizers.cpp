@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "snip/core/error.h"
 #include "snip/model/device.h"
 #include "snip/model/linear.h"
 #include "snip/model/quantizers.h"
@@ -112,6 +113,39 @@ TEST(CudaQuantizers, ResolveDevice) {
     EXPECT_THROW(resolve_train_device("cuda", n + 1, 0, n + 1), std::exception);
     EXPECT_TRUE(resolve_train_device("auto", n + 1, 0, n + 1).device.is_cpu());
   }
+}
+
+// The decision alone, for any device count (resolve_train_device_for): what
+// each rank trains on under torchrun and Slurm layouts, on a machine without GPUs.
+TEST(CudaQuantizers, ResolveDeviceForDeviceCounts) {
+  const auto dev = [](int i) { return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)); };
+  // No device: auto is the CPU with the reason; cuda is refused with it.
+  EXPECT_TRUE(resolve_train_device_for("auto", 2, 1, 2, 0, "no CUDA device: x").device.is_cpu());
+  EXPECT_NE(resolve_train_device_for("auto", 2, 1, 2, 0, "no CUDA device: x").reason.find("no CUDA device: x"),
+            std::string::npos);
+  EXPECT_THROW(resolve_train_device_for("cuda", 1, 0, 1, 0, "no CUDA device: x"), UserError);
+  // One process: device 0.
+  EXPECT_EQ(resolve_train_device_for("auto", 1, 0, 1, 3, "").device, dev(0));
+  // One device per local rank: LOCAL_RANK.
+  EXPECT_EQ(resolve_train_device_for("auto", 8, 3, 4, 4, "").device, dev(3));
+  EXPECT_EQ(resolve_train_device_for("cuda", 8, 1, 4, 8, "").device, dev(1));
+  // Slurm --gpus-per-task=1: each of 4 local tasks sees one device, SLURM_LOCALID 0..3: cuda:0 for every rank.
+  for (int lr = 0; lr < 4; ++lr) {
+    const DeviceChoice a = resolve_train_device_for("auto", 8, lr, 4, 1, "");
+    EXPECT_EQ(a.device, dev(0)) << a.reason;
+    EXPECT_NE(a.reason.find("one GPU bound per rank"), std::string::npos) << a.reason;
+    EXPECT_EQ(resolve_train_device_for("cuda", 8, lr, 4, 1, "").device, dev(0));
+  }
+  // Between one and local_size devices: auto falls back to the CPU, cuda is refused in one line.
+  EXPECT_TRUE(resolve_train_device_for("auto", 4, 3, 4, 2, "").device.is_cpu());
+  try {
+    resolve_train_device_for("cuda", 4, 3, 4, 2, "");
+    ADD_FAILURE() << "4 local ranks on 2 devices were taken";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("4 ranks on this machine"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(resolve_train_device_for("cpu", 4, 3, 4, 4, "").device.is_cpu());
+  EXPECT_THROW(resolve_train_device_for("gpu", 4, 3, 4, 4, ""), UserError);
 }
 
 }  // namespace

@@ -68,14 +68,17 @@ class Pending {
 /// Collectives over the ranks of one World. All calls are collective: every
 /// rank makes the same calls in the same order with tensors of the same
 /// shape and dtype. gloo: CPU tensors. nccl: tensors on this rank's CUDA
-/// device (cuda:LOCAL_RANK) go to NCCL as they are (the calls are ordered
+/// device (cuda:LOCAL_RANK, or cuda:0 where each rank sees one) go to NCCL as they are (the calls are ordered
 /// on PyTorch's current stream: a wait() returns once later work on that
 /// stream is ordered after the collective, and blocked_s() counts the host's
 /// waits only); CPU tensors (the control values: loss sums, checksums,
 /// flags) are copied to the device and back, so every caller works on
 /// both. A peer that does not answer within dist.timeout_s makes the call
-/// throw UserError (gloo); under nccl, PyTorch's NCCL watchdog ends the
-/// process after dist.timeout_s with its own message.
+/// throw UserError naming the silent rank (gloo; nccl when the host waits:
+/// CPU tensors and barrier()). Under nccl a collective on device tensors
+/// does not block the host: if a peer stopped, PyTorch's NCCL watchdog ends
+/// the process after dist.timeout_s + 30 s with its own (multi-line) message,
+/// unless a later host wait names the silent rank first.
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -134,20 +137,40 @@ class Communicator {
 
 /// Connects this rank (world.size > 1) to the others: the TCPStore (hosted
 /// by rank 0 unless world.agent_store), a handshake in which every rank
-/// reports its world size, then the process group of `opt.backend` ("nccl":
-/// ProcessGroupNCCL on CUDA device world.local_rank, made this process's
-/// current device; anything else: gloo; place_rank resolves "auto" first).
-/// Throws UserError with one line for: a port in use, an unreachable master
-/// (after dist.timeout_s), ranks that disagree on the world size, nccl
-/// without NCCL in this LibTorch build or without a CUDA device
-/// world.local_rank.
-std::unique_ptr<Communicator> connect(const World& world, const DistOptions& opt);
+/// reports its world size and backend (handshake_value), then the process
+/// group of `opt.backend` ("nccl": ProcessGroupNCCL on `device`, place_rank's
+/// CUDA device, made this process's current device; a CPU `device` means
+/// resolve_train_device's for train.device = cuda; anything else: gloo;
+/// place_rank resolves "auto" first). Throws UserError with one line for: a
+/// port in use, an unreachable master (after dist.timeout_s), ranks that
+/// disagree on the world size or the backend, nccl without NCCL in this
+/// build (nccl_unavailable_reason), with an nccl.h of another version than
+/// LibTorch's (nccl_version_mismatch) or without the CUDA device. The nccl
+/// communicator ends with a barrier and ProcessGroupNCCL::shutdown() (abort()
+/// after a failed collective or during an exception).
+std::unique_ptr<Communicator> connect(const World& world, const DistOptions& opt,
+                                      const torch::Device& device = torch::kCPU);
+
+/// What each rank writes in the rendezvous handshake: "<world size> <backend>".
+std::string handshake_value(int world_size, const std::string& backend);
+
+/// "" when rank `r`'s handshake value `theirs` agrees with this rank's world
+/// size and backend; else one line naming both ranks and their values (the
+/// world size first: a rank of another launch disagrees on everything).
+std::string handshake_mismatch(int my_rank, int my_size, const std::string& my_backend, int r,
+                               const std::string& theirs);
+
+/// "" when the nccl.h snip was compiled with (major.minor.patch) is the NCCL
+/// LibTorch was built with (`torch_version` as torch::cuda::nccl::version()
+/// packs it: major << 32 | minor << 16 | patch); else the one-line refusal
+/// naming both versions.
+std::string nccl_version_mismatch(int major, int minor, int patch, uint64_t torch_version);
 
 /// Where this rank trains and over which c10d backend: dist.backend
 /// resolved against train.device (model/device.h resolve_train_device).
 struct Placement {
   std::string backend;           ///< "gloo" or "nccl"; "" for one process (no communicator)
-  torch::Device device = torch::kCPU;  ///< the rank's device: cpu, or cuda:LOCAL_RANK (cuda:0 for one process)
+  torch::Device device = torch::kCPU;  ///< the rank's device: cpu, or cuda:LOCAL_RANK (cuda:0 for one process, or where each rank sees one device)
   std::string reason;            ///< one line: the device and why (the run's log and summary.json)
 };
 
@@ -159,7 +182,9 @@ struct Placement {
 ///   gloo          the CPU: train.device = auto picks it; cuda is refused
 ///                 (gloo sums host tensors; snip does not stage a GPU's
 ///                 gradients through the host).
-///   nccl          cuda:LOCAL_RANK; refused when the device resolves to the
+///   nccl          the CUDA device of resolve_train_device
+///                 (cuda:LOCAL_RANK, or cuda:0 where each rank sees one
+///                 device); refused when the device resolves to the
 ///                 CPU (cpu, auto without enough CUDA devices), without
 ///                 NCCL in this LibTorch, and with dist.pipeline_stages > 1
 ///                 (point-to-point messages are gloo's only).
@@ -167,7 +192,12 @@ struct Placement {
 /// and the reason; called before anything is written to the run folder.
 Placement place_rank(const DistOptions& opt, const std::string& device, const World& world);
 
-/// True when this LibTorch build has the NCCL process group.
+/// True when this build has the NCCL process group (a CUDA LibTorch, and
+/// nccl.h found when snip was built).
 bool nccl_available();
+
+/// Why nccl_available() is false, in words for "dist.backend = nccl: ..."
+/// ("" when it is true): a CPU LibTorch, or a CUDA one built without nccl.h.
+std::string nccl_unavailable_reason();
 
 }  // namespace snip::dist
