@@ -78,7 +78,8 @@ Arm parse_arm(const std::string& full) {
     const auto it = kArmModifiers.find(m);
     if (it == kArmModifiers.end())
       fail("--arms: '", full, "': unknown modifier '+", m, "' (expected +fprop or +time)");
-    a.sets[it->second.first] = it->second.second;
+    if (!a.sets.emplace(it->second.first, it->second.second).second)
+      fail("--arms: '", full, "': modifier '+", m, "' given twice");
     at = next;
   }
   const auto dash = s.rfind('-');
@@ -383,8 +384,12 @@ std::vector<Arm> parse_arm_list(const std::string& list, const recipes::RecipeSe
            arm.policy, "'");
     if (arm.per_gemm && (arm.policy == "none" || arm.policy.rfind("uniform-", 0) == 0))
       fail("--arms: '", arm.name, "': policy ", arm.policy, " plans nothing, so it has no per-GEMM form");
-    if (!arm.sets.empty() && (arm.policy == "none" || arm.policy.rfind("uniform-", 0) == 0))
-      fail("--arms: '", arm.name, "': policy ", arm.policy, " plans nothing, so +modifiers do not apply to it");
+    if (!arm.sets.empty() && arm.policy == "none")
+      fail("--arms: '", arm.name, "': policy none quantizes nothing, so +modifiers do not apply to it");
+    if (arm.sets.count("precision.budget_unit") && (arm.policy.rfind("uniform-", 0) == 0 || is_rule_policy(arm.policy)))
+      fail("--arms: '", arm.name, "': policy ", arm.policy, " reads no budget, so +time does not apply to it");
+    if (arm.per_gemm && arm.policy == "autoswitch")
+      fail("--arms: '", arm.name, "': autoswitch always plans per GEMM; write 'autoswitch'");
     std::string mods;
     for (const auto& [k, v] : arm.sets) mods += "+" + k + "=" + v;
     const auto key = std::make_pair(arm.policy + (arm.per_gemm ? "/gemm" : "") + mods,

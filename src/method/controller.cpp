@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <limits>
 #include <cctype>
 #include <chrono>
 #include <cmath>
@@ -268,6 +269,14 @@ PrecisionController::PrecisionController(const RunConfig& rc, std::vector<LayerS
       fail("config: precision.pins: ", e.what());
     }
   }
+  if (pc_.policy == Policy::kAutoswitch || pc_.policy == Policy::kBf16Tail || pc_.policy == Policy::kFirstLastN) {
+    if (std::none_of(options.begin(), options.end(), [&](const std::string& o) { return o != low_; }))
+      fail("config: precision.options: policy ", policy_, " keeps layers off ", low_,
+           " and needs another option to keep them at (e.g. fp8), got '", join(options), "'");
+    if (pc_.budget_unit == "time" || !pc_.gemm_times.empty())
+      spdlog::warn("precision.policy = {} follows its rule and reads no budget: precision.budget, "
+                   "precision.budget_unit and precision.gemm_times have no effect on its plans", policy_);
+  }
   if (pc_.policy == Policy::kNone) return;  // inactive: nothing is quantized
   if (rc.guard.enabled) add(rc.guard.raise_option, "guard.raise_option", extra_quant_);
   if (rc.guard.enabled && rc.guard.raise_option != kReference)
@@ -359,8 +368,10 @@ std::vector<std::string> PrecisionController::force_option(const std::vector<std
     if (!found) fail("guard: no linear layer named '", layer, "'");
     for (const PlanKey& item : item_keys())
       if (item.layer == layer) {
-        moved = moved || a[item] != option;
+        moved = moved || current_.layer_options(layer).v != std::array<std::string, 3>{option, option, option};
         a[item] = option;
+        if (!item.gemm)  // the layer's GEMM keys (a forward-only final phase) give way to the layer key
+          for (Gemm g : kAllGemms) a.erase(PlanKey{layer, g});
       }
     if (moved) changed.push_back(layer);
   }
@@ -437,7 +448,7 @@ plan::PlanOptions PrecisionController::plan_options(bool with_pins) const {
   o.low_option = low_;
   o.allowed_options = pc_.options;
   o.tail_fraction = pc_.tail_fraction;
-  o.first_last_n = int(pc_.first_last_n);
+  o.first_last_n = int(std::min<int64_t>(pc_.first_last_n, std::numeric_limits<int>::max()));
   o.autoswitch_mse = pc_.autoswitch_mse;
   o.autoswitch_underflow = pc_.autoswitch_underflow;
   if (with_pins) o.pins = pins_;
@@ -826,11 +837,11 @@ void PrecisionController::restore(const json& st, const std::string& what) {
                      what, it.key());
     restore_quantizers(qs, what);
     if (phase_ != Phase::kNone) {
-      // In a forward-only final phase (final_phase_gemms = fprop) a layer
-      // item is held as its three GEMMs.
+      // A final phase decided with final_phase_gemms = fprop holds a layer
+      // item as its three GEMMs (kept to the end if the option changed since).
       auto covered = [&](const PlanKey& k) {
         if (assign.count(k)) return true;
-        if (k.gemm || phase_ != Phase::kFinal || !pc_.final_fprop_only) return false;
+        if (k.gemm || phase_ != Phase::kFinal) return false;
         for (Gemm g : kAllGemms)
           if (!assign.count(PlanKey{k.layer, g})) return false;
         return true;

@@ -96,9 +96,12 @@ plan::GemmTimes calibrate_gemm_times(const std::vector<plan::TimedLayer>& layers
           over = true;
           if (o.progress)
             o.progress(str_cat("calibrate: time cap of ", o.max_seconds,
-                               " s reached; the remaining GEMMs get one timed call each"));
+                               " s reached; the remaining GEMMs get one warm-up and one timed call each "
+                               "(less reliable: raise precision.calibrate_seconds or --max-seconds)"));
         }
-        const int warm = over ? 0 : o.warmup, reps = over ? 1 : o.repeats;
+        // A first call pays one-time costs (allocations, kernel selection):
+        // never time it, past the cap too.
+        const int warm = over ? std::min(1, o.warmup) : o.warmup, reps = over ? 1 : o.repeats;
         for (int k = 0; k < warm; ++k) call();
         sync();
         std::vector<double> ts;

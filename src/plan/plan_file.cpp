@@ -102,10 +102,15 @@ std::string format_plan_table(const nlohmann::json& pj) {
     }
     os << "\n";
     const std::string method = pj.value("method", std::string("?"));
-    if (pj.contains("budget") && pj["budget"].is_number() && pj.value("phase", std::string()) == "plan" &&
+    // The rivals' rules (planner.h) reach their own share: no budget applies.
+    const bool rule = method == "bf16-tail" || method == "first-last-n" || method == "autoswitch";
+    if (rule && pj.value("phase", std::string()) == "plan")
+      os << "budget:    none (" << method << " follows its rule; the share below is what it reached)\n";
+    if (!rule && pj.contains("budget") && pj["budget"].is_number() && pj.value("phase", std::string()) == "plan" &&
         method.rfind("uniform-", 0) != 0)
       os << "budget:    " << up << " FLOPs share >= " << fmtd("%.4g", pj["budget"].get<double>()) << "\n";
-    if (pj.contains("time_budget") && pj["time_budget"].is_number() && pj.value("phase", std::string()) == "plan")
+    if (!rule && pj.contains("time_budget") && pj["time_budget"].is_number() &&
+        pj.value("phase", std::string()) == "plan")
       os << "budget:    GEMM time <= " << fmtd("%.4g", pj["time_budget"].get<double>()) << " x "
          << pj.value("time_reference", std::string("bf16")) << " (measured)\n";
     os << "achieved:  " << up << " share " << fmtd("%.4f", pj.at("fp4_share").get<double>());

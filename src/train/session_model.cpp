@@ -176,8 +176,13 @@ void build_model(TrainSession& s) {
   // or calibrated here; set_output writes it to RUN/gemm_times.json).
   if (s.ctl->needs_gemm_times() || !s.rc.precision.gemm_times.empty()) {
     const bool say = s.world.rank == 0;
+    // A resumed run plans with the table its plans so far used (RUN/gemm_times.json,
+    // saved at its start), not a new calibration or a file that may be gone.
+    PrecisionConfig pc = s.rc.precision;
+    const fs::path saved = fs::path(s.opts.run_dir) / "gemm_times.json";
+    if (!s.resume_ckpt.empty() && fs::is_regular_file(saved)) pc.gemm_times = saved.string();
     s.ctl->set_gemm_times(
-        gemm_times_for_run(s.rc.precision, s.rc.recipes, s.ctl->timed_layers(), s.ctl->known_options(), s.gemm,
+        gemm_times_for_run(pc, s.rc.recipes, s.ctl->timed_layers(), s.ctl->known_options(), s.gemm,
                            s.device, s.B * s.T, [say](const std::string& line) { if (say) spdlog::info("{}", line); }),
         s.B * s.T, double(s.accum));
   }

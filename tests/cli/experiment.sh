@@ -136,6 +136,14 @@ set +e
 rc=$?
 set -e
 test "$rc" -eq 2 && grep -q "unknown modifier '+late'" "$tmp/err8" && test ! -e "$tmp/exp5"
+for bad in "bf16-tail+time:+time does not apply" "snip-0.75+fprop+fprop:given twice" \
+           "autoswitch-gemm:always plans per GEMM"; do
+  set +e
+  "$snip" experiment --config "$tmp/micro.toml" --out "$tmp/exp5" --arms "${bad%%:*}" >/dev/null 2>"$tmp/err9"
+  rc=$?
+  set -e
+  test "$rc" -eq 2 && grep -q "${bad#*:}" "$tmp/err9" && test ! -e "$tmp/exp5"
+done
 # Killing the experiment stops its training child too.
 "$snip" experiment --config "$tmp/micro.toml" --out "$tmp/exp3" --arms bf16 --set train.max_steps=100000 \
   >/dev/null 2>&1 &

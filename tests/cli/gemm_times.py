@@ -96,6 +96,24 @@ with tempfile.TemporaryDirectory() as tmp:
     rc, out, err = c.run(["train", "-c", cfg, "--run-dir", run2], timeout=120)
     c.check(rc == 0 and os.path.isfile(os.path.join(run2, "gemm_times.json")), "calibration at start", err[-1500:])
 
+    # --resume plans with the run's own RUN/gemm_times.json: no new calibration
+    # (run2), and a table file given at the start may be gone since (run).
+    saved2 = open(os.path.join(run2, "gemm_times.json")).read()
+    rc, out, err = c.run(["train", "-c", cfg, "--run-dir", run2, "--resume", "--set", "train.max_steps=10"],
+                         timeout=120)
+    c.check(rc == 0 and "calibrate:" not in err and open(os.path.join(run2, "gemm_times.json")).read() == saved2,
+            "a resumed run keeps its calibrated table", err[-1500:])
+    gone = os.path.join(tmp, "gone.json")
+    json.dump(hand, open(gone, "w"))
+    run3 = os.path.join(tmp, "run3")
+    cfg3 = os.path.join(tmp, "gone.toml")
+    micro_toml(cfg3, data, PRECISION.format(budget=0.5, extra=f'gemm_times = "{gone}"'))
+    rc, out, err = c.run(["train", "-c", cfg3, "--run-dir", run3], timeout=120)
+    os.remove(gone)
+    rc, out, err = c.run(["train", "-c", cfg3, "--run-dir", run3, "--resume", "--set", "train.max_steps=10"],
+                         timeout=120)
+    c.check(rc == 0, "a resumed run reads RUN/gemm_times.json, not the file it started from", err[-1500:])
+
     # bad tables: one line naming file and field, exit 2, no run folder left
     def bad(name, table_text, needle):
         p = os.path.join(tmp, name + ".json")

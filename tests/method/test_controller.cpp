@@ -529,6 +529,13 @@ TEST(Controller, RivalPolicies) {
     none.begin_step(0, loss_fn, opt);
     EXPECT_EQ(none.fp4_share(), 1.0);
   }
+  {  // a rule needs an option to keep layers at
+    Config c = policy_config("bf16-tail", 20, 0, 10);
+    c.set("precision.options", std::string("fp4"), "test");
+    EXPECT_NE(test::error_of([&] { PrecisionController(c, model->linear_layers(), at::kBFloat16); })
+                  .find("needs another option to keep them at"),
+              std::string::npos);
+  }
   for (double mse : {0.0, 1e30}) {  // every FP4 GEMM has some error: all high / none high
     Config c = policy_config("autoswitch", 20, 0, 10);
     c.set("precision.autoswitch_mse", mse, "test");
@@ -539,6 +546,28 @@ TEST(Controller, RivalPolicies) {
     EXPECT_EQ(ctl.assignment().options.size(), 14u * 3);  // per GEMM
     EXPECT_EQ(ctl.fp4_share(), mse == 0.0 ? 0.0 : 1.0);
   }
+}
+
+// The guard's fp8-layer raise inside a forward-only final phase replaces the
+// layer's three GEMM entries with one (no layer key beside GEMM keys).
+TEST(Controller, GuardRaiseInAForwardOnlyFinalPhase) {
+  MicroPlanning m;
+  Config c = policy_config("bf16-tail", 20, 0, 10);
+  c.set("precision.final_high_precision_fraction", 0.5, "test");  // final from step 10
+  c.set("precision.final_phase_gemms", std::string("fprop"), "test");
+  PrecisionController ctl(c, m.model->linear_layers(), at::kBFloat16);
+  auto loss_fn = [&] { return m.loss(); };
+  ctl.begin_step(0, loss_fn, *m.opt);
+  ctl.begin_step(10, loss_fn, *m.opt);
+  const std::string layer = "model.layers.0.mlp.up_proj";
+  EXPECT_EQ(ctl.assignment().options.at(PlanKey{layer, Gemm::kFprop}), "fp8");
+  EXPECT_EQ(ctl.assignment().options.at(PlanKey{layer, Gemm::kDgrad}), "fp4");
+  EXPECT_EQ(ctl.force_option({layer}, "fp8"), std::vector<std::string>{layer});
+  const auto& a = ctl.assignment().options;
+  EXPECT_EQ(a.at(PlanKey{layer, std::nullopt}), "fp8");
+  for (Gemm g : kAllGemms) EXPECT_FALSE(a.count(PlanKey{layer, g})) << gemm_name(g);
+  EXPECT_EQ(a.size(), 13u * 3 + 1);
+  EXPECT_EQ(ctl.assignment().layer_options(layer).v, (std::array<std::string, 3>{"fp8", "fp8", "fp8"}));
 }
 
 // precision.final_phase_gemms = fprop: the final phase raises fprop only,

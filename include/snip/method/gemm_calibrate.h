@@ -34,7 +34,7 @@ struct CalibrateOptions {
   int repeats = 5;                   // timed calls per GEMM, >= 1 (median kept)
   // Target wall-clock cap of the whole calibration, seconds (> 0). Once the
   // time is spent, the remaining GEMMs are still measured (a table with
-  // holes is useless) but with no warm-up and one timed call each, and a
+  // holes is useless) but with one warm-up and one timed call each, and a
   // progress line says so.
   double max_seconds = 60.0;
   // Called with one line per layer shape ("calibrate: shape 2/5 ..."); may be empty.
