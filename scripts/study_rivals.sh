@@ -26,15 +26,6 @@ export -f exp; export snip out
 run_jobs() {
   printf '%s\0' "$@" | xargs -0 -P 2 -I{} bash -c '{} > /dev/null 2>>"$out/study.err" || { echo "failed: {}" >&2; exit 255; }'
 }
-# Round 1: half the seeds of every arm, so a stop half-way leaves every
-# comparison paired on the same seeds; round 2 adds the rest (reused runs
-# are not trained again).
-fixed=(none uniform-fp4tensor snip-0.75 bf16-tail first-last-n autoswitch snip-0.75+fprop)
-for n in $(( (seeds + 1) / 2 )) "$seeds"; do
-  jobs=()
-  for arm in "${fixed[@]}"; do jobs+=("exp --arms $arm --seeds $n"); done
-  run_jobs "${jobs[@]}"
-done
 # Each rival's own FP4 share: the mean plan-phase share of its plans over its
 # seeds (a rule on names gives one share; autoswitch's varies by step and seed).
 share() {
@@ -45,17 +36,29 @@ v = [p["fp4_share"] for p in s if p.get("phase") == "plan"]
 print(f"{round(sum(v) / len(v), 4):g}")
 PY
 }
-matched=()
-for rival in bf16-tail first-last-n autoswitch; do
-  b=$(share "$rival")
-  echo "study_rivals: $rival reaches an FP4 share of $b in its plans: snip-$b" >&2
-  matched+=("snip-$b")
+fixed=(none uniform-fp4tensor snip-0.75 bf16-tail first-last-n autoswitch snip-0.75+fprop)
+extra=""
+# Half the seeds of every arm first (the rivals' shares, then SNIP at them),
+# then the rest, so a stop half-way leaves every comparison paired on the
+# same seeds. Reused runs are not trained again.
+for n in $(( (seeds + 1) / 2 )) "$seeds"; do
+  jobs=()
+  for arm in "${fixed[@]}"; do jobs+=("exp --arms $arm --seeds $n"); done
+  run_jobs "${jobs[@]}"
+  matched=()
+  for rival in bf16-tail first-last-n autoswitch; do
+    b=$(share "$rival")
+    echo "study_rivals: $rival reaches an FP4 share of $b in its plans: snip-$b" >&2
+    # A share of 0 (autoswitch raising every GEMM) is the all-high plan SNIP
+    # makes at budget 0 too: the same run, so no arm.
+    [ "$b" = 0 ] || matched+=("snip-$b")
+  done
+  # One arm per distinct share, none already among the fixed arms.
+  extra=$(printf '%s\n' "${matched[@]}" | sort -u | grep -vxF -f <(printf '%s\n' "${fixed[@]}") || true)
+  jobs=()
+  for arm in $extra; do jobs+=("exp --arms $arm --seeds $n"); done
+  [ ${#jobs[@]} -eq 0 ] || run_jobs "${jobs[@]}"
 done
-# One arm per distinct share, none already among the fixed arms.
-extra=$(printf '%s\n' "${matched[@]}" | sort -u | grep -vxF -f <(printf '%s\n' "${fixed[@]}") || true)
-jobs=()
-for arm in $extra; do jobs+=("exp --arms $arm --seeds $seeds"); done
-[ ${#jobs[@]} -eq 0 ] || run_jobs "${jobs[@]}"
 arms=$(IFS=,; echo "${fixed[*]}")
 for arm in $extra; do arms="$arms,$arm"; done
 "$snip" experiment --out "$out/experiment" --no-train --arms "$arms"
