@@ -473,8 +473,9 @@ std::vector<OptionSpec> make_table() {
       field("precision.budget", &RunConfig::precision, &PrecisionConfig::budget, "fraction",
             "budget_unit flops: FP4 FLOPs share every plan must reach (snip and the ordered heuristics); "
             "budget_unit time: the plan's linear-GEMM seconds per step at most this fraction of the same GEMMs "
-            "all in bf16 (0.8 = at most 0.8x the BF16 GEMM time, measured)")
-          .in(fraction),
+            "all in bf16 (0.8 = at most 0.8x the BF16 GEMM time, measured; above 1 where the low-precision "
+            "GEMMs are slower than BF16, as the emulated ones on CPUs)")
+          .in({0, 1e6}),
       field("precision.budget_unit", &RunConfig::precision, &PrecisionConfig::budget_unit, "",
             "what precision.budget counts: flops (the FP4 FLOPs share, the paper's) or time (measured seconds "
             "per GEMM shape and option: precision.gemm_times, or a calibration at start; docs/method.md "
@@ -943,6 +944,18 @@ void Config::validate() const {
     }
   }
   // Options together.
+  // precision.budget: a share in [0, 1] under budget_unit flops, a positive
+  // ratio to the BF16 GEMM time under time (docs/method.md).
+  const double budget = get_float("precision.budget");
+  if (get_string("precision.budget_unit") == "time") {
+    if (!(budget > 0))
+      fail(origin("precision.budget"), ": precision.budget: expected a positive ratio to the BF16 GEMM time "
+           "(precision.budget_unit = time), got ", number(budget, false));
+  } else if (budget > 1) {
+    fail(origin("precision.budget"), ": precision.budget: expected a finite number in [0, 1], got ",
+         number(budget, false), " (an FP4 FLOPs share; a ratio to the BF16 GEMM time needs precision.budget_unit = "
+         "time)");
+  }
   const int64_t C = get_int("model.hidden_size"), NH = get_int("model.num_attention_heads"),
                 NKV = get_int("model.num_key_value_heads");
   if (C % NH != 0)

@@ -349,7 +349,7 @@ std::shared_ptr<const OperandQuantizer> PrecisionController::quantizer(const std
 void PrecisionController::raise_precision(double budget_step, double smoothing) {
   if (!active_) return;
   // A time budget is a ceiling: more precision = more time allowed.
-  pc_.budget = pc_.budget_unit == "time" ? std::min(1.0, pc_.budget + budget_step)
+  pc_.budget = pc_.budget_unit == "time" ? pc_.budget + budget_step
                                          : std::max(0.0, pc_.budget - budget_step);
   pc_.smoothing = std::max(pc_.smoothing, smoothing);
   replan_requested_ = true;
@@ -804,8 +804,10 @@ void PrecisionController::restore(const json& st, const std::string& what) {
     // lower of the saved and configured budget, the higher smoothing.
     if (st.contains("budget")) {
       const double b = st.at("budget").get<double>(), sm = st.at("smoothing").get<double>();
-      if (!(b >= 0 && b <= 1) || !(sm >= 0 && sm <= 1))
-        fail(what, ": precision.budget / smoothing: expected fractions in [0, 1], got ", b, " / ", sm);
+      const bool time = pc_.budget_unit == "time";
+      if (!(time ? b > 0 && std::isfinite(b) : b >= 0 && b <= 1) || !(sm >= 0 && sm <= 1))
+        fail(what, ": precision.budget / smoothing: expected ", time ? "a positive time ratio" : "a fraction in [0, 1]",
+             " / a fraction in [0, 1], got ", b, " / ", sm);
       // The more conservative of the two (a time budget is a ceiling).
       pc_.budget = pc_.budget_unit == "time" ? std::max(pc_.budget, b) : std::min(pc_.budget, b);
       pc_.smoothing = std::max(pc_.smoothing, sm);

@@ -276,7 +276,17 @@ TEST(ConfigRobustness, NumbersBeyondAnOptionsRangeAreRefusedByName) {
   Config o;
   o.set_override("precision.budget=1.5");
   EXPECT_EQ(test::error_of([&] { o.validate(); }),
-            "--set precision.budget=1.5: precision.budget: expected a finite number in [0, 1], got 1.5");
+            "--set precision.budget=1.5: precision.budget: expected a finite number in [0, 1], got 1.5 (an FP4 "
+            "FLOPs share; a ratio to the BF16 GEMM time needs precision.budget_unit = time)");
+  // Under budget_unit time the budget is a ratio to the BF16 GEMM time: above
+  // 1 is allowed (emulated FP4/FP8 GEMMs are slower than BF16), 0 is not.
+  o.set_override("precision.budget_unit=time");
+  EXPECT_NO_THROW(o.validate());
+  EXPECT_DOUBLE_EQ(RunConfig::from(o).precision.budget, 1.5);
+  o.set_override("precision.budget=0");
+  EXPECT_EQ(test::error_of([&] { o.validate(); }),
+            "--set precision.budget=0: precision.budget: expected a positive ratio to the BF16 GEMM time "
+            "(precision.budget_unit = time), got 0");
   EXPECT_EQ(toml_error("[train]\n\nlr = 1e309\n"),
             "f.toml:3: train.lr: expected a finite number in (0, 1000], got 1e309 (beyond a double's range)");
   EXPECT_EQ(toml_error("[train]\nmax_steps = 99999999999999999999 # many\n"),
