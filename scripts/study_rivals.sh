@@ -37,27 +37,36 @@ print(f"{round(sum(v) / len(v), 4):g}")
 PY
 }
 fixed=(none uniform-fp4tensor snip-0.75 bf16-tail first-last-n autoswitch snip-0.75+fprop)
+rivals=(bf16-tail first-last-n autoswitch)
 extra=""
-# Half the seeds of every arm first (the rivals' shares, then SNIP at them),
-# then the rest, so a stop half-way leaves every comparison paired on the
-# same seeds. Reused runs are not trained again.
+# Half the seeds of every arm first, then the rest, so a stop half-way leaves
+# every comparison paired on the same seeds. In each round the rivals go
+# first where they have no run yet (their FP4 share decides SNIP's arm),
+# then every arm, each rival beside SNIP at its share, so the pairs that
+# settle the question fill up first. Reused runs are not trained again.
 for n in $(( (seeds + 1) / 2 )) "$seeds"; do
   jobs=()
-  for arm in "${fixed[@]}"; do jobs+=("exp --arms $arm --seeds $n"); done
-  run_jobs "${jobs[@]}"
+  for rival in "${rivals[@]}"; do
+    [ -d "$out/experiment/$rival" ] || jobs+=("exp --arms $rival --seeds $n")
+  done
+  [ ${#jobs[@]} -eq 0 ] || run_jobs "${jobs[@]}"
+  jobs=()
   matched=()
-  for rival in bf16-tail first-last-n autoswitch; do
+  for rival in "${rivals[@]}"; do
     b=$(share "$rival")
     echo "study_rivals: $rival reaches an FP4 share of $b in its plans: snip-$b" >&2
+    jobs+=("exp --arms $rival --seeds $n")
     # A share of 0 (autoswitch raising every GEMM) is the all-high plan SNIP
     # makes at budget 0 too: the same run, so no arm.
-    [ "$b" = 0 ] || matched+=("snip-$b")
+    if [ "$b" != 0 ] && ! printf '%s\n' "${fixed[@]}" "${matched[@]}" | grep -qxF "snip-$b"; then
+      matched+=("snip-$b")
+      jobs+=("exp --arms snip-$b --seeds $n")
+    fi
   done
-  # One arm per distinct share, none already among the fixed arms.
-  extra=$(printf '%s\n' "${matched[@]}" | sort -u | grep -vxF -f <(printf '%s\n' "${fixed[@]}") || true)
-  jobs=()
-  for arm in $extra; do jobs+=("exp --arms $arm --seeds $n"); done
-  [ ${#jobs[@]} -eq 0 ] || run_jobs "${jobs[@]}"
+  # Then SNIP at 0.75 (beside autoswitch), the late raise, the references.
+  for arm in snip-0.75 snip-0.75+fprop none uniform-fp4tensor; do jobs+=("exp --arms $arm --seeds $n"); done
+  run_jobs "${jobs[@]}"
+  extra="${matched[*]}"
 done
 arms=$(IFS=,; echo "${fixed[*]}")
 for arm in $extra; do arms="$arms,$arm"; done
