@@ -24,15 +24,19 @@ void add_doctor_commands(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--config", o->config, "also check this training config (valid, data prepared, fits in memory)")
       ->type_name("FILE");
-  cmd->add_flag("--calibrate", o->calibrate,
+  CLI::Option* calibrate = cmd->add_flag("--calibrate", o->calibrate,
                 "time every distinct GEMM of --config's model under each option it can choose (fprop, dgrad, "
                 "wgrad; median of --repeats) and write RUN/gemm_times.json for precision.budget_unit = time");
   cmd->add_option("--run", o->run, "with --calibrate: the run directory gemm_times.json is written to")
-      ->type_name("RUN");
-  cmd->add_option("--repeats", o->repeats, "with --calibrate: timed calls per GEMM (median kept)")->capture_default_str();
+      ->type_name("RUN")
+      ->needs(calibrate);
+  cmd->add_option("--repeats", o->repeats, "with --calibrate: timed calls per GEMM (median kept)")
+      ->capture_default_str()
+      ->needs(calibrate);
   cmd->add_option("--max-seconds", o->max_seconds,
                   "with --calibrate: wall-clock cap; past it the remaining GEMMs get one timed call each")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->needs(calibrate);
   cmd->callback([o, cmd] {
     o->config_given = cmd->count("--config") > 0;
     if (!(o->min_time >= 0)) fail("snip doctor: --min-time: expected seconds in [0, 60], got ", o->min_time);

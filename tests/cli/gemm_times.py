@@ -139,4 +139,10 @@ with tempfile.TemporaryDirectory() as tmp:
     dt["gemm_dtype"] = "fp32"
     bad("dtype", json.dumps(dt), "dtype.json: gemm_dtype: expected \"bf16\"")
     c.expect_error("calibrate without --run", ["doctor", "--calibrate", "--config", cfg], "expected --run RUN")
+    # --run, --repeats and --max-seconds mean nothing without --calibrate:
+    # refused rather than ignored (the user meant to calibrate).
+    for flag in (["--run", os.path.join(tmp, "nocal")], ["--repeats", "3"], ["--max-seconds", "5"]):
+        c.expect_error(f"doctor {flag[0]} without --calibrate", ["doctor", "--config", cfg] + flag,
+                       f"{flag[0]} requires --calibrate")
+    c.check(not os.path.exists(os.path.join(tmp, "nocal")), "doctor --run without --calibrate writes no folder")
 c.finish()
