@@ -48,7 +48,8 @@ _HF_ROLES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_p
 _PRECISION_KEYS = ("warmup_steps", "warmup_fraction", "warmup_precision", "initial_interval",
                    "initial_interval_fraction", "final_interval", "final_interval_fraction",
                    "final_high_precision_fraction", "final_precision", "smoothing", "alpha", "low_option",
-                   "curvature_probes", "granularity", "first_order")
+                   "curvature_probes", "granularity", "first_order", "budget_unit", "gemm_times",
+                   "calibrate_seconds")
 
 
 def hf_role(fqn):
@@ -178,6 +179,10 @@ class Controller:
         the roles label ``metrics()``'s per-role shares.
       module_filter_fn: ``fn(module, fqn) -> bool`` (torchao's signature),
         the layers to control.
+      tokens: with ``budget_unit="time"`` (or ``gemm_times``), the rows per
+        micro-batch of the layers' inputs (batch_size x seq_len), int: the
+        GEMM shapes {T, IN, OUT} the table times. micro_batches: micro-batches
+        per optimizer step (gradient accumulation), int >= 1.
       grad_scale: the factor of dL/dW the optimizer sees relative to
         loss_fn's loss (e.g. 1/accumulation steps when the loss is not
         pre-scaled, or the clip coefficient), > 0.
@@ -185,8 +190,17 @@ class Controller:
         (warmup_steps, warmup_fraction, warmup_precision, initial_interval,
         initial_interval_fraction, final_interval, final_interval_fraction,
         final_high_precision_fraction, final_precision, smoothing, alpha,
-        low_option, curvature_probes, granularity, first_order), with the
-        same meaning, units and defaults (docs/operations.md).
+        low_option, curvature_probes, granularity, first_order,
+        budget_unit, gemm_times, calibrate_seconds), with the same meaning,
+        units and defaults (docs/operations.md). ``budget_unit="time"``:
+        ``budget`` is the plans' linear-GEMM seconds per step as a ratio to
+        the same GEMMs in BF16 (docs/method.md "Budget in measured time"),
+        from the table ``gemm_times`` names (``snip doctor --calibrate``'s
+        RUN/gemm_times.json) or, without one, a calibration on the layers'
+        device when the controller is made (at most ``calibrate_seconds``;
+        progress on stderr with ``verbose``); written to
+        ``run_dir/gemm_times.json``; plans then carry ``gemm_seconds`` and
+        ``time_ratio``.
 
     Everything is checked before the model changes: after an error it is
     as it was. Raises snip.ConvertError when no linear layer is matched,
@@ -199,7 +213,7 @@ class Controller:
 
     def __init__(self, model, optimizer, *, budget=0.75, options=("fp4", "fp8"), pins=None, max_steps,
                  policy="snip", recipe_file=None, gemm="bf16", seed=0, run_dir=None, verbose=False, roles=None,
-                 module_filter_fn=None, grad_scale=1.0, **precision):
+                 module_filter_fn=None, grad_scale=1.0, tokens=None, micro_batches=1, **precision):
         # Everything is checked before the model changes: an error leaves it as it was.
         if not isinstance(model, torch.nn.Module):
             raise ConvertError(f"snip.Controller: model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -217,6 +231,15 @@ class Controller:
         max_steps = _integer("max_steps", max_steps, 1)
         seed = _integer("seed", seed, 0)
         grad_scale = _number("grad_scale", grad_scale)
+        timed = precision.get("budget_unit") == "time" or precision.get("gemm_times") is not None
+        if timed:
+            if tokens is None:
+                raise PlanError("snip.Controller: tokens: expected the rows per micro-batch (batch x seq_len) with "
+                                "budget_unit='time' or gemm_times (the GEMM shapes the table times), got None")
+            tokens = _integer("tokens", tokens, 1)
+            micro_batches = _integer("micro_batches", micro_batches, 1)
+        if "gemm_times" in precision and isinstance(precision["gemm_times"], os.PathLike):
+            precision["gemm_times"] = os.fspath(precision["gemm_times"])
         if not (math.isfinite(grad_scale) and grad_scale > 0):
             raise PlanError(f"snip.Controller: grad_scale: expected a finite number > 0, got {grad_scale!r}")
         if isinstance(options, str):
@@ -313,6 +336,16 @@ class Controller:
             text = str(e).strip().splitlines()
             line = (text[0] if text else type(e).__name__).replace("snip.Controller: precision.", "precision.")
             raise PlanError(f"snip.Controller: {line}") from None
+        if timed:
+            # The GEMM-times table (the file, or a calibration on the layers'
+            # device); the budget's feasibility is checked here, before the
+            # model changes.
+            dev = next((m.weight.device for _, m in found if m.weight is not None), torch.device("cpu"))
+            try:
+                self._core.set_gemm_times(tokens, float(micro_batches), str(dev), bool(verbose))
+            except (ValueError, RuntimeError) as e:
+                text = str(e).strip().splitlines()
+                raise PlanError(f"snip.Controller: {text[0] if text else type(e).__name__}") from None
         self._so = json.loads(self._core.stats_options())
         self._dist = _world() > 1
         self._rank = torch.distributed.get_rank() if self._dist else 0

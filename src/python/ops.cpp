@@ -35,7 +35,9 @@
 //       hold, and the per-layer pieces of the stats step (method/stats.h
 //       measure_layer, curvature_noise, calibration_noise, calibration_du_sq,
 //       derive_stats): python/snip/controller.py runs the passes on the
-//       user's model and hands the summed buffer back (begin_step).
+//       user's model and hands the summed buffer back (begin_step);
+//       needs_gemm_times() / set_gemm_times(int tokens, float micro_batches,
+//       str device, bool verbose) for precision.budget_unit = time.
 //
 // `recipe` is "none" (no quantization), a built-in recipe's name, or a
 // recipe as JSON (recipes/recipe.h to_json: a recipe file's, from Python).
@@ -59,6 +61,7 @@
 #include "snip/app/formats_command.h"
 #include "snip/config/config.h"
 #include "snip/method/controller.h"
+#include "snip/method/gemm_calibrate.h"
 #include "snip/method/stats.h"
 #include "snip/plan/plan_file.h"
 #include "snip/core/error.h"
@@ -316,6 +319,9 @@ class ControllerCore : public torch::CustomClassHolder {
                                     l.at("in").get<int64_t>(), l.at("out").get<int64_t>()});
       if (shapes.empty()) fail("snip.Controller: expected at least one linear layer, got none");
       ctl_ = std::make_unique<PrecisionController>(rc, shapes, gemm_dtype(gemm));
+      precision_ = rc.precision;
+      recipes_ = rc.recipes;
+      gemm_ = gemm_dtype(gemm);
       so_ = ctl_->stats_options();
       if (!(grad_scale > 0) || !std::isfinite(grad_scale))
         fail("snip.Controller: grad_scale: expected a finite number > 0, got ", grad_scale);
@@ -398,6 +404,27 @@ class ControllerCore : public torch::CustomClassHolder {
     });
   }
   void set_output(std::string run_dir, bool verbose) { ctl_->set_output(run_dir, verbose); }
+  // precision.budget_unit = time (or a precision.gemm_times table): whether
+  // the controller needs the GEMM-times table, and giving it one: the file
+  // precision.gemm_times names, else a calibration of every layer shape on
+  // `device` at `tokens` rows per micro-batch (method/gemm_calibrate.h);
+  // progress lines on stderr when `verbose`. The budget's feasibility is
+  // checked here (UserError -> ValueError).
+  bool needs_gemm_times() { return ctl_->needs_gemm_times() || !precision_.gemm_times.empty(); }
+  void set_gemm_times(int64_t tokens, double micro_batches, std::string device, bool verbose) {
+    user_errors([&] {
+      if (tokens < 1) fail("snip.Controller: tokens: expected rows per micro-batch >= 1, got ", tokens);
+      if (!(micro_batches >= 1) || !std::isfinite(micro_batches))
+        fail("snip.Controller: micro_batches: expected a number >= 1, got ", micro_batches);
+      auto say = [verbose](const std::string& line) {
+        if (verbose) std::fprintf(stderr, "snip.Controller: %s\n", line.c_str());
+      };
+      ctl_->set_gemm_times(gemm_times_for_run(precision_, recipes_, ctl_->timed_layers(), ctl_->known_options(),
+                                              gemm_, torch::Device(device), tokens, say),
+                           tokens, micro_batches);
+      return 0;
+    });
+  }
   std::string schedule() {
     const PrecisionSchedule& sc = ctl_->schedule();
     return nlohmann::json{{"max_steps", sc.max_steps},
@@ -431,6 +458,9 @@ class ControllerCore : public torch::CustomClassHolder {
     return st;
   }
   std::unique_ptr<PrecisionController> ctl_;
+  PrecisionConfig precision_;  // the [precision] options, for the GEMM-times table
+  recipes::RecipeSet recipes_;
+  at::ScalarType gemm_ = at::kBFloat16;
   StatsOptions so_;
   std::vector<std::shared_ptr<const OperandQuantizer>> quant_;
 };
@@ -456,6 +486,8 @@ TORCH_LIBRARY(snip, m) {
       .def("state", &snip::ControllerCore::state)
       .def("restore", &snip::ControllerCore::restore)
       .def("set_output", &snip::ControllerCore::set_output)
+      .def("needs_gemm_times", &snip::ControllerCore::needs_gemm_times)
+      .def("set_gemm_times", &snip::ControllerCore::set_gemm_times)
       .def("schedule", &snip::ControllerCore::schedule)
       .def("phase_at", &snip::ControllerCore::phase_at);
   m.def("fake_quant(Tensor x, str recipe, str operand, int seed, int step, int layer) -> Tensor");

@@ -438,3 +438,112 @@ def test_a_rank_that_fails_in_the_stats_step_stops_both(tmp_path):
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text())["error"] for r in (0, 1))
     assert r1 == "ValueError: rank 1's loss_fn failed"
     assert r0.startswith("Error: snip.Controller: stats step at step 1 (pass A): another rank failed"), r0
+
+
+# ---- precision.budget_unit = time ------------------------------------------
+
+def gemm_table(path, T, seconds):
+    """A GEMM-times file (docs/method.md "Budget in measured time") for a
+    model of layers {(IN, OUT): {option: seconds of each of its 3 GEMMs}}
+    at T rows: fprop {T, IN, OUT}, dgrad {T, OUT, IN}, wgrad {OUT, T, IN}."""
+    entries = []
+    for (i, o), per in seconds.items():
+        for opt, s in per.items():
+            for g, (m, k, n) in (("fprop", (T, i, o)), ("dgrad", (T, o, i)), ("wgrad", (o, T, i))):
+                entries.append({"gemm": g, "m": m, "k": k, "n": n, "option": opt, "seconds": s, "repeats": 1})
+    path.write_text(json.dumps({"format": "snip-gemm-times", "version": 1, "units": "seconds", "device": "cpu",
+                                "gemm_dtype": "fp32", "machine": "hand-made", "entries": entries}))
+    return path
+
+
+def two_layers():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 48, bias=False), torch.nn.GELU(), torch.nn.Linear(48, 16, bias=False))
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def first_plan(model, opt, ctl, x):
+    for _ in range(2):
+        ctl.begin_step(lambda: model(x).square().mean())
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        ctl.end_step()
+    ctl.begin_step(lambda: model(x).square().mean())
+    assert ctl.plan.phase == "plan"
+    return ctl.plan
+
+
+def test_time_budget_plans_from_a_hand_made_table(tmp_path):
+    # Per GEMM, seconds: layer 0 (32 -> 48) bf16 1.0, fp8 0.6, fp4 0.4;
+    # layer 1 (48 -> 16) bf16 1.0, fp8 0.5, fp4 0.9 (FP4 slower than FP8).
+    # BF16 step: 6 GEMMs = 6.0 s. The four plans, as (layer 0, layer 1):
+    # (fp8, fp8) 3.3 s = 0.55x, (fp4, fp8) 2.7 s = 0.45x, (fp8, fp4) 0.75x,
+    # (fp4, fp4) 0.65x. At 0.5x only (fp4, fp8) fits, whatever Q says.
+    T = 24
+    table = gemm_table(tmp_path / "times.json", T, {(32, 48): {"bf16": 1.0, "fp8": 0.6, "fp4": 0.4},
+                                                     (48, 16): {"bf16": 1.0, "fp8": 0.5, "fp4": 0.9}})
+    x = torch.randn(T, 32, generator=torch.Generator().manual_seed(1))
+    model, opt = two_layers()
+    ctl = snip.Controller(model, opt, budget=0.5, budget_unit="time", gemm_times=table, tokens=T, max_steps=10,
+                          warmup_steps=2, gemm="fp32", curvature_probes=0, run_dir=tmp_path / "run")
+    plan = first_plan(model, opt, ctl, x)
+    assert plan.assignments == {"0": "fp4", "2": "fp8"}
+    assert plan.json["time_budget"] == 0.5
+    assert plan.json["gemm_seconds"] == pytest.approx(2.7) and plan.json["reference_gemm_seconds"] == pytest.approx(6.0)
+    assert plan.json["time_ratio"] == pytest.approx(0.45)
+    # The table the plans used, beside them (as snip train writes it).
+    assert json.loads((tmp_path / "run" / "gemm_times.json").read_text())["entries"] == \
+        json.loads(table.read_text())["entries"]
+    # Two micro-batches per step double every item's seconds, and the ratio stays.
+    model, opt = two_layers()
+    ctl = snip.Controller(model, opt, budget=0.5, budget_unit="time", gemm_times=table, tokens=T, micro_batches=2,
+                          max_steps=10, warmup_steps=2, gemm="fp32", curvature_probes=0)
+    plan = first_plan(model, opt, ctl, x)
+    assert plan.json["gemm_seconds"] == pytest.approx(5.4) and plan.json["time_ratio"] == pytest.approx(0.45)
+
+
+def test_time_budget_errors_leave_the_model_as_it_was(tmp_path):
+    T = 24
+    table = gemm_table(tmp_path / "times.json", T, {(32, 48): {"bf16": 1.0, "fp8": 0.6, "fp4": 0.4},
+                                                     (48, 16): {"bf16": 1.0, "fp8": 0.5, "fp4": 0.9}})
+    model, opt = two_layers()
+    kw = dict(budget_unit="time", max_steps=10, gemm="fp32")
+    with pytest.raises(snip.PlanError, match="tokens: expected the rows per micro-batch"):
+        snip.Controller(model, opt, budget=0.5, gemm_times=table, **kw)
+    # Below the fastest plan (0.45x): infeasible, in one line.
+    with pytest.raises(snip.PlanError, match="time budget 0.4 is infeasible") as e:
+        snip.Controller(model, opt, budget=0.4, gemm_times=table, tokens=T, **kw)
+    assert "\n" not in str(e.value)
+    # A table of other shapes (T = 32 rows): the missing entry is named.
+    with pytest.raises(snip.PlanError, match="times.json"):
+        snip.Controller(model, opt, budget=0.5, gemm_times=table, tokens=32, **kw)
+    with pytest.raises(snip.PlanError, match="precision.budget"):
+        snip.Controller(model, opt, budget=0.0, gemm_times=table, tokens=T, **kw)
+    assert all(type(m) is torch.nn.Linear for m in (model[0], model[2]))
+
+
+def test_time_budget_calibrates_when_no_table_is_given(tmp_path):
+    # No table: the controller times every layer shape on the layers' device
+    # (2 shapes x bf16, fp4, fp8 x 3 GEMMs) and plans under the emulated
+    # GEMMs' ratio (above 1 on CPUs: a generous 10x fits any plan).
+    T = 24
+    model, opt = two_layers()
+    x = torch.randn(T, 32, generator=torch.Generator().manual_seed(1))
+    ctl = snip.Controller(model, opt, budget=10.0, budget_unit="time", tokens=T, max_steps=10, warmup_steps=2,
+                          gemm="fp32", curvature_probes=0, run_dir=tmp_path / "run")
+    t = json.loads((tmp_path / "run" / "gemm_times.json").read_text())
+    assert t["device"] == "cpu" and t["gemm_dtype"] == "fp32"
+    got = {(e["gemm"], e["m"], e["k"], e["n"], e["option"]) for e in t["entries"]}
+    want = {(g, *s, o) for i, oo in ((32, 48), (48, 16)) for o in ("bf16", "fp4", "fp8")
+            for g, s in (("fprop", (T, i, oo)), ("dgrad", (T, oo, i)), ("wgrad", (oo, T, i)))}
+    assert got == want and all(e["seconds"] > 0 for e in t["entries"])
+    plan = first_plan(model, opt, ctl, x)
+    secs = {(e["gemm"], e["m"], e["k"], e["n"], e["option"]): e["seconds"] for e in t["entries"]}
+    def layer_s(i, o, opt_):
+        return sum(secs[(g, *s, opt_)] for g, s in (("fprop", (T, i, o)), ("dgrad", (T, o, i)), ("wgrad", (o, T, i))))
+    shapes = {"0": (32, 48), "2": (48, 16)}
+    want_s = sum(layer_s(*shapes[n], o) for n, o in plan.assignments.items())
+    ref = sum(layer_s(*s, "bf16") for s in shapes.values())
+    assert plan.json["gemm_seconds"] == pytest.approx(want_s, rel=1e-9)
+    assert plan.json["time_ratio"] == pytest.approx(want_s / ref, rel=1e-9) and plan.json["time_ratio"] <= 10.0
