@@ -39,6 +39,7 @@
 #include "snip/plan/plan_file.h"
 #include "snip/plan/cost_table.h"
 #include "snip/plan/planner.h"
+#include "snip/plan/gemm_times.h"
 #include "snip/io/json.h"
 #include "snip/core/error.h"
 
@@ -118,11 +119,17 @@ void print_plan(std::ostream& os, const PlanProblem& p, const PlanOptions& o,
   if (r.budget.kind == Budget::Kind::fp4_share)
     os << "budget:    " << up << " FLOPs share >= " << fmt("%.4g", r.budget.value)
        << (o.per_stage_budget ? " in every stage" : "") << "\n";
+  else if (r.budget.kind == Budget::Kind::time)
+    os << "budget:    linear-GEMM time <= " << fmt("%.4g", r.budget.value) << "x the same GEMMs in "
+       << r.budget.time_reference << (o.per_stage_budget ? " in every stage" : "") << " (measured table)\n";
   else
     os << "budget:    cost <= " << fmt("%.4g", r.budget.value) << " per FLOP"
        << (o.per_stage_budget ? " in every stage" : "") << "\n";
   os << "achieved:  " << up << " share " << fmt("%.4f", r.fp4_share);
   if (std::isfinite(r.cost_per_flop)) os << ", cost " << fmt("%.4f", r.cost_per_flop) << " per FLOP";
+  if (std::isfinite(r.seconds) && std::isfinite(r.reference_seconds))
+    os << ", linear GEMMs " << fmt("%.4g", 1e3 * r.seconds) << " ms/step predicted = " << fmt("%.4f", r.time_ratio)
+       << "x " << r.budget.time_reference << " (" << fmt("%.4g", 1e3 * r.reference_seconds) << " ms)";
   os << "\n";
   if (stages) {
     os << "stages:   ";
@@ -172,6 +179,14 @@ std::vector<std::string> stats_options(const std::string& path) {
   return out;
 }
 
+// At most one of --budget, --cost-budget and --time-budget.
+void check_one_budget(const PlanArgs& a) {
+  if (int(a.has_budget) + int(a.has_cost_budget) + int(a.has_time_budget) > 1)
+    fail("snip plan: expected one of --budget, --cost-budget or --time-budget, got ",
+         a.has_budget && a.has_cost_budget ? "--budget and --cost-budget"
+                                           : a.has_budget ? "--budget and --time-budget" : "--cost-budget and --time-budget");
+}
+
 // Plans `table` (read from `source`) with the options of `a`; `default_options`
 // are the candidates when --options is not given (empty: every option).
 // Returns what it printed as JSON (the plan file, or the sweep).
@@ -204,9 +219,11 @@ nlohmann::json plan_table(const PlanArgs& a, const CostTable& table, const std::
   o.method = parse_plan_method(a.method);
   o.verbosity = a.verbose;
   const bool is_uniform = a.heuristic.rfind("uniform-", 0) == 0;
-  if (a.has_budget && a.has_cost_budget)
-    fail("snip plan: expected one of --budget or --cost-budget, got both");
-  if (a.has_cost_budget) {
+  check_one_budget(a);
+  if (a.has_time_budget) {
+    if (a.do_sweep) fail("--sweep: sweeps FP4 FLOPs shares; drop --time-budget (the points carry GEMM seconds with --gemm-times)");
+    o.budget = Budget::time(a.time_budget);
+  } else if (a.has_cost_budget) {
     o.budget = Budget::cost(a.cost_budget);
   } else if (a.has_budget) {
     o.budget = Budget::share(a.budget);
@@ -231,6 +248,18 @@ nlohmann::json plan_table(const PlanArgs& a, const CostTable& table, const std::
     }
     if (!ok) fail("--cost: expected OPTION=COST with COST >= 0 (e.g. fp8=2), got '", c, "'");
     o.budget.cost_per_flop[c.substr(0, eq)] = v;
+  }
+  // --gemm-times (run_model_plan filled the shapes): each item's seconds per
+  // option, the allowed ones and the bf16 reference.
+  if (!a.timed_layers.empty()) {
+    std::set<std::string> opts{"bf16"};
+    for (const PlanItem& it : problem.items)
+      for (const auto& kv : it.q)
+        if (o.allowed_options.empty() ||
+            std::find(o.allowed_options.begin(), o.allowed_options.end(), kv.first) != o.allowed_options.end())
+          opts.insert(kv.first);
+    apply_gemm_times(problem, load_gemm_times(a.gemm_times), a.timed_layers, a.timed_rows, a.timed_micro_batches,
+                     std::vector<std::string>(opts.begin(), opts.end()));
   }
   for (const std::string& s : a.pins) o.pins.push_back(parse_pin(s));
   if (a.conservative) {
@@ -301,6 +330,7 @@ nlohmann::json plan_table(const PlanArgs& a, const CostTable& table, const std::
 // DIR measured) a plan, without it the budget's feasibility under the pins.
 void run_model_plan(const PlanArgs& given) {
   PlanArgs a = given;
+  check_one_budget(a);
   if (!a.costs.empty())
     fail("snip plan: expected one of --costs FILE or --config MODEL.toml, got both (a cost table has its own "
          "FLOPs; plan a model with --config and --stats FILE or --init-from HF_DIR --data DIR)");
@@ -341,11 +371,17 @@ void run_model_plan(const PlanArgs& given) {
   pins.insert(pins.end(), a.pins.begin(), a.pins.end());
   a.pins = pins;
   std::string budget_from = "--budget";
-  if (!a.has_budget && !a.has_cost_budget && !a.do_sweep) {
-    a.has_budget = true;
-    a.budget = cfg.get_float("precision.budget");
+  if (!a.has_budget && !a.has_cost_budget && !a.has_time_budget && !a.do_sweep) {
+    // The config's budget, in its unit.
+    (cfg.get_string("precision.budget_unit") == "time" ? a.has_time_budget : a.has_budget) = true;
+    (a.has_time_budget ? a.time_budget : a.budget) = cfg.get_float("precision.budget");
     budget_from = "precision.budget of " + a.config;
   }
+  if (a.gemm_times.empty()) a.gemm_times = cfg.get_string("precision.gemm_times");
+  if (a.has_time_budget && a.gemm_times.empty())
+    fail(budget_from == "--budget" ? "--time-budget" : "precision.budget_unit = time (" + a.config + ")",
+         ": needs the measured GEMM times: --gemm-times FILE (snip doctor --calibrate --config ", a.config,
+         " --run DIR writes DIR/gemm_times.json)");
 
   // --- Q: measured on the checkpoint, or a stats file ----------------------
   CostTable source;
@@ -392,6 +428,13 @@ void run_model_plan(const PlanArgs& given) {
   }
   const std::vector<LinearLayerShape> shapes =
       llama_linear_layers(int(L), C, F, int(NH), int(NKV), tokens);
+  if (!a.gemm_times.empty()) {
+    // The table times one micro-batch of batch_size x seq_len rows; a step
+    // runs tokens / (batch_size x seq_len) of them.
+    for (const LinearLayerShape& l : shapes) a.timed_layers.push_back({l.name, l.in_features, l.out_features});
+    a.timed_rows = B * T;
+    a.timed_micro_batches = double(tokens) / double(B * T);
+  }
   const std::vector<RoleFlops> roles = role_flops(shapes);
   double linear = 0;
   for (const RoleFlops& r : roles) linear += r.flops;
@@ -453,6 +496,9 @@ void run_model_plan(const PlanArgs& given) {
     std::cout << "\n";
   }
 
+  if (source.layers.empty() && a.has_time_budget)
+    fail(budget_from == "--budget" ? "--time-budget" : "precision.budget_unit = time (" + a.config + ")",
+         ": needs Q, per layer and option: add --stats RUN/stats/step-N.json or --init-from HF_DIR --data DIR");
   if (source.layers.empty()) {
     // No Q: what the shapes and pins allow.
     std::vector<std::string> opts = default_options;
@@ -558,7 +604,9 @@ void run_plan(const PlanArgs& a) {
                                     {"--stats-batch", a.stats_batch_given},
                                     {"--stats-out", !a.stats_out.empty()},
                                     {"--allow-other-tokenizer", a.allow_other_tokenizer},
-                                    {"--set", !a.sets.empty()}})
+                                    {"--set", !a.sets.empty()},
+                                    {"--time-budget", a.has_time_budget},
+                                    {"--gemm-times", !a.gemm_times.empty()}})
     if (given) fail("snip plan: ", flag, " needs --config MODEL.toml (the model to plan)");
   // --- input: a cost table, or a saved stats step --------------------------
   // A stats file (runs/NAME/stats/step-N.json, core/stats.h to_json) is a cost

@@ -28,6 +28,13 @@ void add_plan_commands(CLI::App& app) {
   sub->add_option("--budget", a->budget, "FP4 FLOPs share to reach, a fraction in [0, 1]");
   sub->add_option("--cost-budget", a->cost_budget,
                   "Instead of --budget: mean cost per FLOP allowed (fp4=1, fp8=2, bf16=4)");
+  sub->add_option("--time-budget", a->time_budget,
+                  "Instead of --budget: the plan's linear-GEMM seconds per step at most this ratio to the same GEMMs "
+                  "in bf16 (0.8 = 0.8x; needs --config and --gemm-times)");
+  sub->add_option("--gemm-times", a->gemm_times,
+                  "With --config: measured GEMM-times table (snip doctor --calibrate's RUN/gemm_times.json): the "
+                  "plan predicts its GEMM seconds per step (and --time-budget limits them)")
+      ->type_name("FILE");
   sub->add_option("--cost", a->cost_overrides, "Cost per FLOP of an option, OPTION=COST (repeatable)");
   sub->add_flag("--per-gemm", a->per_gemm, "Choose fprop/dgrad/wgrad separately (needs \"gemms\" costs)");
   sub->add_option("--pin", a->pins, "Force an option: GLOB=OPTION, e.g. '*.down_proj=fp8' (repeatable)");
@@ -78,6 +85,7 @@ void add_plan_commands(CLI::App& app) {
   refuse_empty_numbers(*sub);
   CLI::Option* budget_opt = sub->get_option("--budget");
   CLI::Option* cost_budget_opt = sub->get_option("--cost-budget");
+  CLI::Option* time_budget_opt = sub->get_option("--time-budget");
   CLI::Option* low_opt = sub->get_option("--low-option");
   CLI::Option* tokens_opt = sub->get_option("--tokens-per-step");
   CLI::Option* stats_batch_opt = sub->get_option("--stats-batch");
@@ -120,10 +128,11 @@ void add_plan_commands(CLI::App& app) {
     }
   });
 
-  sub->callback([a, budget_opt, cost_budget_opt, low_opt, tokens_opt, stats_batch_opt, show] {
+  sub->callback([a, budget_opt, cost_budget_opt, time_budget_opt, low_opt, tokens_opt, stats_batch_opt, show] {
     if (show->parsed()) return;  // `snip plan show` ran instead
     a->has_budget = budget_opt->count() > 0;
     a->has_cost_budget = cost_budget_opt->count() > 0;
+    a->has_time_budget = time_budget_opt->count() > 0;
     a->low_given = low_opt->count() > 0;
     a->tokens_given = tokens_opt->count() > 0;
     a->stats_batch_given = stats_batch_opt->count() > 0;

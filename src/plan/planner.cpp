@@ -315,7 +315,7 @@ void check_feasible(const Prepared& p, const PlanOptions& options) {
       fail("time budget ", fmt_g(b.value), " is infeasible", where, ": the fastest plan",
            n_pinned ? str_cat(" the pins allow (", n_pinned, " pinned items)") : std::string(),
            " takes ", fmt_side(m, b.value, false), " of the ", b.time_reference,
-           " GEMM time (measured; raise precision.budget or allow faster options)");
+           " GEMM time (measured; raise the time budget, precision.budget or --time-budget, or allow faster options)");
     } else if (b.kind == Budget::Kind::fp4_share) {
       const double m = max_share(p, options, stage);
       if (m >= b.value - kBudgetTolerance) continue;

@@ -91,6 +91,67 @@ with tempfile.TemporaryDirectory() as tmp:
     c.check(rc == 0 and "GEMM time:" in out and "ms/step predicted" in out and "measured:" in out,
             "plan show prints predicted and measured times", out[-800:])
 
+    # snip plan --config --stats --gemm-times --time-budget: the plan against
+    # brute force over every assignment of the micro model's 7 layers to
+    # fp4/fp8 (2^7), on a table where FP4 is slower than FP8 for the small
+    # layers (a fixed overhead) and faster for the large ones, so the time
+    # budget, not the FLOPs, decides which layers go FP4.
+    def secs(e):
+        size = e["m"] * e["k"] * e["n"] / (32 * 32 * 32)
+        return {"bf16": 4e-3 * size, "fp8": 2e-3 * size, "fp4": 1e-3 * size + 1.5e-3}[e["option"]]
+    shaped = json.loads(json.dumps(t))
+    for e in shaped["entries"]:
+        e["seconds"] = secs(e)
+    shaped_path = os.path.join(tmp, "shaped.json")
+    json.dump(shaped, open(shaped_path, "w"))
+    stats = os.path.join(run, "stats", sorted(os.listdir(os.path.join(run, "stats")))[0])
+    layers = json.load(open(stats))["layers"]
+    T = 2 * 16
+    dims = {"q_proj": (32, 32), "k_proj": (32, 16), "v_proj": (32, 16), "o_proj": (32, 32), "gate_proj": (32, 64),
+            "up_proj": (32, 64), "down_proj": (64, 32)}
+    look = {(e["gemm"], e["m"], e["k"], e["n"], e["option"]): e["seconds"] for e in shaped["entries"]}
+    def layer_s(name, opt):
+        i, o = dims[name.rsplit(".", 1)[1]]
+        return sum(look[(g, *sh, opt)] for g, sh in (("fprop", (T, i, o)), ("dgrad", (T, o, i)), ("wgrad", (o, T, i))))
+    ref = sum(layer_s(l["name"], "bf16") for l in layers)
+    best = {}
+    for bits in range(2 ** len(layers)):
+        a = ["fp4" if bits >> k & 1 else "fp8" for k in range(len(layers))]
+        tm = sum(layer_s(l["name"], o) for l, o in zip(layers, a)) / ref
+        q = sum(l["q"][o] for l, o in zip(layers, a))
+        best[tm] = min(best.get(tm, float("inf")), q)
+    fastest, all_fp8 = min(best), sum(layer_s(l["name"], "fp8") for l in layers) / ref
+    budget = round((fastest + all_fp8) / 2, 6)
+    optimum = min(q for tm, q in best.items() if tm <= budget + 1e-12)
+    rc, out, err = c.run(["plan", "--config", cfg2, "--stats", stats, "--options", "fp4,fp8", "--gemm-times",
+                          shaped_path, "--time-budget", str(budget), "--json"])
+    j = json.loads(out) if rc == 0 else {}
+    got_a = j.get("assignments", {})
+    got_q = sum(l["q"][got_a.get(l["name"], "fp8")] for l in layers)
+    got_t = sum(layer_s(l["name"], got_a.get(l["name"], "fp8")) for l in layers) / ref
+    c.check(rc == 0 and fastest < budget < all_fp8 and abs(got_q - optimum) <= 1e-12 * max(1.0, optimum)
+            and got_t <= budget + 1e-12 and abs(j.get("time_ratio", -1) - got_t) < 1e-9
+            and "fp4" in got_a.values() and "fp8" in got_a.values(),
+            "snip plan --time-budget: the brute-force optimum, a mix of fp4 and fp8",
+            f"rc={rc} {err[-600:]} budget={budget} fastest={fastest} fp8={all_fp8} q={got_q} opt={optimum} t={got_t}")
+    rc, out, err = c.run(["plan", "--config", cfg2, "--stats", stats, "--options", "fp4,fp8", "--gemm-times",
+                          shaped_path, "--time-budget", str(budget)])
+    c.check(rc == 0 and "budget:    linear-GEMM time <= " in out and "ms/step predicted" in out,
+            "snip plan --time-budget prints the budget and the predicted GEMM time", out[-600:])
+    # (after the note on where Q comes from)
+    rc, out, err = c.run(["plan", "--config", cfg2, "--stats", stats, "--options", "fp4,fp8", "--gemm-times",
+                          shaped_path, "--time-budget", str(round(fastest * 0.9, 6))])
+    c.check(rc == 2 and err.splitlines()[-1].startswith("snip: error: time budget ")
+            and f"is infeasible: the fastest plan takes {fastest:.3f} of the bf16 GEMM time" in err,
+            "snip plan --time-budget below the fastest plan", err[-600:])
+    c.expect_error("snip plan --time-budget without a table",
+                   ["plan", "--config", cfg, "--stats", stats, "--time-budget", "0.9"], "--gemm-times FILE")
+    c.expect_error("snip plan --time-budget without --config",
+                   ["plan", "--stats", stats, "--time-budget", "0.9"], "--time-budget needs --config")
+    c.expect_error("snip plan: two budgets",
+                   ["plan", "--config", cfg2, "--stats", stats, "--gemm-times", shaped_path, "--time-budget", "0.9",
+                    "--budget", "0.5"], "expected one of --budget, --cost-budget or --time-budget")
+
     # no table: calibrate at start (budget 1.0 with bf16 allowed is always feasible)
     run2 = os.path.join(tmp, "run2")
     rc, out, err = c.run(["train", "-c", cfg, "--run-dir", run2], timeout=120)

@@ -219,7 +219,7 @@ TEST(CliPlan, UserErrors) {
             "snip plan: expected --budget B (FP4 FLOPs share in [0,1]) or --cost-budget C, got "
             "neither");
   EXPECT_EQ(run({"--costs", costs, "--budget", "0.5", "--cost-budget", "2"}).error,
-            "snip plan: expected one of --budget or --cost-budget, got both");
+            "snip plan: expected one of --budget, --cost-budget or --time-budget, got --budget and --cost-budget");
   EXPECT_EQ(run({"--budget", "0.5"}).error,
             "snip plan: expected exactly one of --costs FILE, --stats FILE or --config MODEL.toml, got none");
   EXPECT_EQ(run({"--costs", costs, "--budget", "1.5"}).error,

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "snip/plan/gemm_times.h"
+
 namespace snip::app {
 
 /// The options of `snip plan` (docs/planner.md), as src/cli/cmd_plan.cpp
@@ -48,6 +50,17 @@ struct PlanArgs {
   bool allow_other_tokenizer = false;
   bool low_given = false;
   bool tokens_given = false, stats_batch_given = false;
+  // --time-budget T with --gemm-times FILE (or the config's precision.budget_unit
+  // = time and precision.gemm_times): the budget in measured GEMM seconds
+  // (docs/method.md "Budget in measured time"); only with --config.
+  double time_budget = 0;
+  bool has_time_budget = false;
+  std::string gemm_times;
+  // Filled by run_model_plan for plan_table: the layers' shapes, the rows per
+  // micro-batch the table was measured at, micro-batches per step.
+  std::vector<plan::TimedLayer> timed_layers;
+  int64_t timed_rows = 0;
+  double timed_micro_batches = 1;
 };
 
 /// Runs `snip plan` for `a`: prints the plan table (or JSON, or the Pareto
