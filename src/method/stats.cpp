@@ -55,12 +55,18 @@ enum OptField : int {
 
 Tensor sq_sum(const Tensor& t) { return t.pow(2).sum(at::kDouble); }
 Tensor inner_sum(const Tensor& a, const Tensor& b) { return (a * b).sum(at::kDouble); }
-// Non-zero elements of `a` and those of them its quantization `qa` sends to
-// zero (TE's "underflow"), as 0-d float64 counts; an identity quantizer has none.
-std::pair<Tensor, Tensor> underflow_counts(const Tensor& a, const Tensor& qa) {
-  const Tensor nz = a.ne(0);
-  if (qa.is_same(a)) return {torch::zeros({}, a.options().dtype(torch::kDouble)), nz.sum(at::kDouble)};
-  return {nz.logical_and(qa.eq(0)).sum(at::kDouble), nz.sum(at::kDouble)};
+// The non-zero mask of an operand and its count (0-d float64), taken once
+// per layer: every option's underflow reads them (a transposed operand's mask
+// is the mask's transpose, its count the same).
+struct NonZero {
+  Tensor mask, count;
+  explicit NonZero(const Tensor& a) : mask(a.ne(0)), count(mask.sum(at::kDouble)) {}
+};
+// Of the non-zero elements of `a` (nz), those its quantization `qa` sends to
+// zero (TE's "underflow"), as a 0-d float64 count; an identity quantizer has none.
+Tensor underflow_count(const Tensor& a, const Tensor& nz_mask, const Tensor& qa) {
+  if (qa.is_same(a)) return torch::zeros({}, a.options().dtype(torch::kDouble));
+  return nz_mask.logical_and(qa.eq(0)).sum(at::kDouble);
 }
 
 // splitmix64's finaliser (Steele, Lea, Flood 2014): a bijective 64-bit mix.
@@ -275,6 +281,7 @@ LayerSums measure_layer(const torch::Tensor& x, const torch::Tensor& dy, const t
     out.eps_dot_g0.push_back(inner_sum(eps, G));
     f0[kCDen] = f0[kCDen] + sq_sum(eps);
   }
+  const NonZero nzX(X), nzG(G), nzW(W);
   const Tensor dWp = dWl.to(weight.scalar_type());
   // A frozen base has no update: WD stays 0 (StatsOptions::frozen).
   const Tensor u0 = o.frozen ? Tensor() : adam_update(st, dWp * o.grad_scale);  // [OUT, IN], param dtype
@@ -297,33 +304,33 @@ LayerSums measure_layer(const torch::Tensor& x, const torch::Tensor& dy, const t
       return e;
     };
     Tensor* f = &f0[kNumCommon + kNumPerOption * p];
-    // Underflow of one GEMM: both operands' counts summed.
-    auto underflow = [&](const Tensor& a, const Tensor& qa, const Tensor& b, const Tensor& qb, int uf, int nz) {
-      auto [ua, na] = underflow_counts(a, qa);
-      auto [ub, nb] = underflow_counts(b, qb);
-      f[uf] = ua + ub;
-      f[nz] = na + nb;
+    // Underflow of one GEMM: both operands' counts summed; `ta` / `tb` say
+    // whether a / b is the transpose of the operand its NonZero was taken on.
+    auto underflow = [&](const Tensor& a, const NonZero& za, bool ta, const Tensor& qa, const Tensor& b,
+                         const NonZero& zb, bool tb, const Tensor& qb, int uf, int nz) {
+      f[uf] = underflow_count(a, ta ? za.mask.t() : za.mask, qa) + underflow_count(b, tb ? zb.mask.t() : zb.mask, qb);
+      f[nz] = za.count + zb.count;
     };
     {
       const Tensor qx = Q(X, Operand::kFpropX), qw = Q(W, Operand::kFpropW);
       const Tensor ef = gemm_error(X, qx, W, qw, Y);  // [T, OUT]
       f[kGe] = inner_sum(G, ef);
       f[kEfSq] = sq_sum(ef);
-      underflow(X, qx, W, qw, kUfF, kNzF);
+      underflow(X, nzX, false, qx, W, nzW, false, qw, kUfF, kNzF);
     }
     {
       const Tensor Wt = W.t();
       const Tensor qg = Q(G, Operand::kDgradDY), qwt = Q(Wt, Operand::kDgradW);
       const Tensor ed = gemm_error(G, qg, Wt, qwt, dX);  // [T, IN]
       f[kEdSq] = sq_sum(ed);
-      underflow(G, qg, Wt, qwt, kUfD, kNzD);
+      underflow(G, nzG, false, qg, Wt, nzW, true, qwt, kUfD, kNzD);
     }
     {
       const Tensor Gt = G.t(), Xt = X.t();
       const Tensor qgt = Q(Gt, Operand::kWgradDY), qxt = Q(Xt, Operand::kWgradX);
       const Tensor ew = gemm_error(Gt, qgt, Xt, qxt, dWl);  // [OUT, IN]
       f[kEwSq] = sq_sum(ew);
-      underflow(Gt, qgt, Xt, qxt, kUfW, kNzW);
+      underflow(Gt, nzG, true, qgt, Xt, nzX, true, qxt, kUfW, kNzW);
       if (!o.frozen) {
         const Tensor g1 = (dWp + ew.to(weight.scalar_type())) * o.grad_scale;
         f[kDuSq] = sq_sum(adam_update(st, g1) - u0);
