@@ -141,6 +141,11 @@ std::string format_plan_table(const nlohmann::json& pj) {
       os << "solver:    " << pj.value("algorithm", std::string("cbc")) << " " << pj.value("status", std::string("?"))
          << (pj.value("proven_optimal", false) ? " (proven)" : " (NOT proven optimal)") << " in "
          << fmtd("%.3f", pj.value("solve_seconds", 0.0)) << " s\n";
+    else if (pj.value("final_phase_gemms", std::string()) == "fprop" && method.rfind("uniform-", 0) == 0)
+      // The late forward-only raise: the plan file's method names the option
+      // the fprop GEMMs took; dgrad and wgrad are the last plan's.
+      os << "method:    final phase, forward only (precision.final_phase_gemms = fprop): every fprop GEMM at "
+         << method.substr(8) << ", dgrad and wgrad as the last plan\n";
     else
       os << "method:    " << (method.rfind("uniform-", 0) == 0 ? "" : "heuristic ") << method << " in "
          << fmtd("%.3f", pj.value("solve_seconds", 0.0)) << " s\n";

@@ -596,6 +596,12 @@ TEST(Controller, ForwardOnlyFinalPhase) {
     EXPECT_EQ(fin["assignments"][layer + ":wgrad"], option);
   }
   EXPECT_NEAR(fin["fp4_share"].get<double>(), plan["fp4_share"].get<double>() * 2.0 / 3.0, 1e-12);
+  // `snip plan show` says what the forward-only final plan is (its file's
+  // method names the fprop GEMMs' option: uniform-fp8).
+  EXPECT_NE(snip::format_plan_table(fin).find("method:    final phase, forward only (precision.final_phase_gemms = "
+                                              "fprop): every fprop GEMM at fp8, dgrad and wgrad as the last plan"),
+            std::string::npos)
+      << snip::format_plan_table(fin);
   const auto straight = read_metrics(o.run_dir);
   ASSERT_EQ(straight.size(), 12u);
   EXPECT_NEAR(straight[11]["fp4_share"].get<double>(), fin["fp4_share"].get<double>(), 1e-12);
@@ -622,5 +628,6 @@ TEST(Controller, ForwardOnlyFinalPhase) {
   const json all = read_json(a.run_dir + "/plans/step-9.json");
   EXPECT_EQ(all["final_phase_gemms"], "all");
   EXPECT_EQ(all["fp4_share"].get<double>(), 0.0);
+  EXPECT_NE(snip::format_plan_table(all).find("method:    uniform-fp8 in "), std::string::npos);
   for (const auto& d : {o.run_dir, r.run_dir, a.run_dir}) fs::remove_all(d);
 }
