@@ -568,12 +568,26 @@ std::string precision_section(const RunData& r, const RunData* ref) {
   os << figure(svg_line_chart(s, o), "Fraction of the linear layers' GEMM FLOPs that ran in FP4 at each step.");
   os << "</div>";
 
-  // Columns: decision steps; rows: items in model order.
+  // Columns: decision steps; rows: items in model order. When some decision
+  // is per GEMM (precision.granularity = gemm, or a forward-only final phase
+  // after per-layer plans), a per-layer decision fills its layer's three GEMM
+  // rows, so every layer has one set of rows.
+  bool per_gemm = false;
+  for (const auto& [step, col] : r.decisions)
+    for (const auto& kv : col.precision) per_gemm = per_gemm || kv.first.find(':') != std::string::npos;
+  std::map<int64_t, std::map<std::string, std::string>> precision;  // step -> item -> option
+  for (const auto& [step, col] : r.decisions)
+    for (const auto& [item, option] : col.precision) {
+      if (per_gemm && item.find(':') == std::string::npos)
+        for (Gemm g : kAllGemms) precision[step][plan_item_key(item, g)] = option;
+      else
+        precision[step][item] = option;
+    }
   std::vector<std::string> cols, items;
   std::set<std::string> item_set, layer_set;
   for (const auto& [step, col] : r.decisions) {
     cols.push_back(std::to_string(step));
-    for (const auto& kv : col.precision) item_set.insert(kv.first);
+    for (const auto& kv : precision[step]) item_set.insert(kv.first);
     for (const auto& kv : col.rel) layer_set.insert(kv.first);
   }
   items.assign(item_set.begin(), item_set.end());
@@ -583,11 +597,12 @@ std::string precision_section(const RunData& r, const RunData* ref) {
   std::vector<std::vector<std::string>> cells(items.size(), std::vector<std::string>(cols.size()));
   size_t j = 0;
   for (const auto& [step, col] : r.decisions) {
+    const auto& at = precision[step];
     for (size_t i = 0; i < items.size(); ++i) {
-      auto it = col.precision.find(items[i]);
+      auto it = at.find(items[i]);
       // The unquantized option is the recipe "bf16" in plans; with
       // train.gemm_dtype = fp32 its GEMMs ran in FP32: say so.
-      if (it != col.precision.end()) cells[i][j] = it->second == "bf16" && r.gemm_dtype == "fp32" ? "fp32" : it->second;
+      if (it != at.end()) cells[i][j] = it->second == "bf16" && r.gemm_dtype == "fp32" ? "fp32" : it->second;
     }
     ++j;
   }

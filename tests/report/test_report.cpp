@@ -526,6 +526,40 @@ TEST(Report, UnquantizedCellsOfAnFp32RunSayFp32) {
   EXPECT_NE(html.find("A layer left unquantized (fp32 GEMMs) has error 0"), std::string::npos);
 }
 
+// A forward-only final phase (precision.final_phase_gemms = fprop) decides
+// per GEMM after per-layer plans: the map has one set of rows per layer, its
+// three GEMMs, and a per-layer decision fills all three (168 rows became 126
+// on the study model, 3 x 42).
+TEST(Report, PerLayerDecisionsFillTheGemmRowsOfAPerGemmFinalPhase) {
+  TempDir t;
+  write_synthetic_run(t, "run", /*torn_tail=*/false);
+  t.file("run/plans/step-5.json",
+         R"({"step":5,"policy":"snip","phase":"final","final_phase_gemms":"fprop","method":"uniform-fp8",
+             "status":"optimal","fp4_share":0.3,"objective":0.0,"low_option":"fp4","budget":null,
+             "items":[{"name":"model.layers.0.self_attn.q_proj:fprop","flops":100,"option":"fp8","q":{}},
+                      {"name":"model.layers.0.self_attn.q_proj:dgrad","flops":100,"option":"fp4","q":{}},
+                      {"name":"model.layers.0.self_attn.q_proj:wgrad","flops":100,"option":"fp4","q":{}},
+                      {"name":"model.layers.0.mlp.down_proj:fprop","flops":300,"option":"fp8","q":{}},
+                      {"name":"model.layers.0.mlp.down_proj:dgrad","flops":300,"option":"fp8","q":{}},
+                      {"name":"model.layers.0.mlp.down_proj:wgrad","flops":300,"option":"fp8","q":{}},
+                      {"name":"model.layers.1.self_attn.q_proj:fprop","flops":100,"option":"fp8","q":{}},
+                      {"name":"model.layers.1.self_attn.q_proj:dgrad","flops":100,"option":"fp4","q":{}},
+                      {"name":"model.layers.1.self_attn.q_proj:wgrad","flops":100,"option":"fp4","q":{}}]})");
+  const std::string pm = chart(report_html(t.str() + "/run"), "precision-map");
+  EXPECT_NE(pm.find("data-rows=\"9\" data-cols=\"3\""), std::string::npos) << pm.substr(0, 600);
+  EXPECT_EQ(count(pm, "class=\"cell\""), 27u);
+  // Rows in model order: layers.0.q_proj:{fprop,dgrad,wgrad}, layers.0.down_proj:..., layers.1.q_proj:...
+  // At s = 2 (per layer) layer 0's q_proj was fp4: all three of its GEMM rows say so.
+  for (int row : {0, 1, 2})
+    EXPECT_NE(pm.find("data-row=\"" + std::to_string(row) + "\" data-col=\"1\" data-value=\"fp4\""), std::string::npos)
+        << row;
+  // At s = 5 its fprop went fp8, dgrad and wgrad stayed fp4.
+  EXPECT_NE(pm.find("data-row=\"0\" data-col=\"2\" data-value=\"fp8\""), std::string::npos);
+  EXPECT_NE(pm.find("data-row=\"1\" data-col=\"2\" data-value=\"fp4\""), std::string::npos);
+  EXPECT_NE(pm.find(">layers.0.self_attn.q_proj:wgrad<"), std::string::npos);
+  EXPECT_EQ(pm.find(">layers.0.self_attn.q_proj<"), std::string::npos);  // no per-layer row left
+}
+
 TEST(Report, SyntheticRunHasEveryChart) {
   TempDir t;
   write_synthetic_run(t, "run", /*torn_tail=*/true);
