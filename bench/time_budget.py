@@ -69,9 +69,12 @@ def main():
     out = a.keep or tempfile.mkdtemp(prefix="snip-time-budget-")
     os.makedirs(out, exist_ok=True)
     cal = os.path.join(out, "cal")
-    print(f"time_budget: calibrating GEMM times ({a.config}) into {cal}", file=sys.stderr)
-    run([a.snip, "doctor", "--calibrate", "--config", a.config, "--run", cal])
     table_path = os.path.join(cal, "gemm_times.json")
+    if os.path.exists(table_path):  # --keep of an earlier run: its table (doctor never replaces one)
+        print(f"time_budget: reusing {table_path}", file=sys.stderr)
+    else:
+        print(f"time_budget: calibrating GEMM times ({a.config}) into {cal}", file=sys.stderr)
+        run([a.snip, "doctor", "--calibrate", "--config", a.config, "--run", cal])
     table = json.load(open(table_path))
     options = sorted({e["option"] for e in table["entries"]} - {"bf16"})
 

@@ -191,6 +191,18 @@ void run_calibrate(const DoctorOpts& o) {
   if (o.run.empty()) fail("snip doctor --calibrate: expected --run RUN (where gemm_times.json goes), got none");
   if (o.repeats < 1) fail("snip doctor --calibrate: --repeats: expected >= 1, got ", o.repeats);
   if (!(o.max_seconds > 0)) fail("snip doctor --calibrate: --max-seconds: expected > 0, got ", o.max_seconds);
+  // Before the timing (minutes on a large model): RUN must be a folder, and
+  // a run's own table is not replaced (its plans, and a --resume, read it).
+  {
+    std::error_code ec;
+    const fs::path run(o.run);
+    if (fs::exists(run, ec) && !fs::is_directory(run, ec))
+      fail("snip doctor --calibrate: --run ", o.run, ": expected a folder, got a file");
+    if (fs::exists(run / "gemm_times.json", ec))
+      fail("snip doctor --calibrate: ", (run / "gemm_times.json").string(),
+           " exists (a run's table: its plans and a --resume read it); give another --run or remove the file");
+    if (fs::exists(run, ec)) io::ensure_writable_dir(o.run);
+  }
   Config c;
   c.load_toml_file(o.config);
   const std::string rf = c.get_string("precision.recipe_file");

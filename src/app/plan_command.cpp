@@ -152,15 +152,21 @@ void print_plan(std::ostream& os, const PlanProblem& p, const PlanOptions& o,
 void print_sweep(std::ostream& os, const std::vector<ParetoPoint>& pts) {
   const std::string up = pts.empty() ? "FP4" : upper(pts[0].plan.low_option);
   os << "Pareto front: quality loss (sum Q) vs " << up << " FLOPs share\n";
-  char line[160];
-  std::snprintf(line, sizeof line, "%8s  %10s  %14s  %10s  %9s  %-10s %8s\n", "budget",
-                (up + " share").c_str(), "sum Q", "cost/FLOP", "gap %", "status", "seconds");
+  // With --gemm-times each point's predicted GEMM time, as a ratio to bf16.
+  bool timed = false;
+  for (const ParetoPoint& p : pts) timed = timed || std::isfinite(p.plan.time_ratio);
+  char line[192];
+  std::snprintf(line, sizeof line, "%8s  %10s  %14s  %10s  %9s  %-10s %8s%s\n", "budget",
+                (up + " share").c_str(), "sum Q", "cost/FLOP", "gap %", "status", "seconds",
+                timed ? "  GEMM time x bf16" : "");
   os << line;
   for (const ParetoPoint& p : pts) {
-    std::snprintf(line, sizeof line, "%8.4f  %10.4f  %14.6g  %10.4f  %9.3g  %-10s %8.3f\n",
-                  p.budget, p.plan.fp4_share, p.plan.objective, p.plan.cost_per_flop,
-                  100.0 * p.plan.relative_gap, p.plan.status.c_str(), p.plan.solve_seconds);
+    std::snprintf(line, sizeof line, "%8.4f  %10.4f  %14.6g  %10.4f  %9.3g  %-10s %8.3f", p.budget,
+                  p.plan.fp4_share, p.plan.objective, p.plan.cost_per_flop, 100.0 * p.plan.relative_gap,
+                  p.plan.status.c_str(), p.plan.solve_seconds);
     os << line;
+    if (timed) os << "  " << fmt("%17.4f", p.plan.time_ratio);
+    os << "\n";
   }
 }
 
@@ -258,7 +264,7 @@ nlohmann::json plan_table(const PlanArgs& a, const CostTable& table, const std::
         if (o.allowed_options.empty() ||
             std::find(o.allowed_options.begin(), o.allowed_options.end(), kv.first) != o.allowed_options.end())
           opts.insert(kv.first);
-    apply_gemm_times(problem, load_gemm_times(a.gemm_times), a.timed_layers, a.timed_rows, a.timed_micro_batches,
+    apply_gemm_times(problem, *a.timed_table, a.timed_layers, a.timed_rows, a.timed_micro_batches,
                      std::vector<std::string>(opts.begin(), opts.end()));
   }
   for (const std::string& s : a.pins) o.pins.push_back(parse_pin(s));
@@ -331,6 +337,9 @@ nlohmann::json plan_table(const PlanArgs& a, const CostTable& table, const std::
 void run_model_plan(const PlanArgs& given) {
   PlanArgs a = given;
   check_one_budget(a);
+  // The same range as precision.budget under budget_unit = time.
+  if (a.has_time_budget && !(a.time_budget > 0 && a.time_budget <= 1e6))
+    fail("--time-budget: expected a ratio to the bf16 GEMM time in (0, 1e6], got ", a.time_budget);
   if (!a.costs.empty())
     fail("snip plan: expected one of --costs FILE or --config MODEL.toml, got both (a cost table has its own "
          "FLOPs; plan a model with --config and --stats FILE or --init-from HF_DIR --data DIR)");
@@ -430,10 +439,24 @@ void run_model_plan(const PlanArgs& given) {
       llama_linear_layers(int(L), C, F, int(NH), int(NKV), tokens);
   if (!a.gemm_times.empty()) {
     // The table times one micro-batch of batch_size x seq_len rows; a step
-    // runs tokens / (batch_size x seq_len) of them.
+    // runs tokens / (batch_size x seq_len) of them, a whole number.
+    if (tokens % (B * T) != 0)
+      fail("--tokens-per-step ", tokens, ": with --gemm-times, expected a multiple of batch_size x seq_len = ", B * T,
+           " (the rows the table's GEMMs were timed at: whole micro-batches per step)");
+    auto table = std::make_shared<GemmTimes>(load_gemm_times(a.gemm_times));
+    // Planned with the config's GEMM dtype: a table of another dtype times
+    // other GEMMs. Another device is allowed (planning a GPU run here).
+    const std::string dtype = cfg.get_string("train.gemm_dtype");
+    if (table->gemm_dtype != dtype)
+      fail(a.gemm_times, ": gemm_dtype: expected \"", dtype, "\" (train.gemm_dtype of ", a.config, "), got \"",
+           table->gemm_dtype, "\"");
+    std::cerr << "snip: note: GEMM times from " << a.gemm_times << ", measured on " << table->device
+              << (table->machine.empty() ? std::string() : " (" + table->machine + ")") << " at " << B * T
+              << " rows per micro-batch, " << tokens / (B * T) << " micro-batch(es) per step\n";
+    a.timed_table = std::move(table);
     for (const LinearLayerShape& l : shapes) a.timed_layers.push_back({l.name, l.in_features, l.out_features});
     a.timed_rows = B * T;
-    a.timed_micro_batches = double(tokens) / double(B * T);
+    a.timed_micro_batches = double(tokens / (B * T));
   }
   const std::vector<RoleFlops> roles = role_flops(shapes);
   double linear = 0;

@@ -37,6 +37,8 @@ void add_doctor_commands(CLI::App& app) {
                   "with --calibrate: wall-clock cap; past it the remaining GEMMs get one timed call each")
       ->capture_default_str()
       ->needs(calibrate);
+  // The calibration prints its own text (and writes RUN/gemm_times.json).
+  calibrate->excludes(cmd->get_option("--json"))->excludes(cmd->get_option("--min-time"));
   cmd->callback([o, cmd] {
     o->config_given = cmd->count("--config") > 0;
     if (!(o->min_time >= 0)) fail("snip doctor: --min-time: expected seconds in [0, 60], got ", o->min_time);

@@ -300,6 +300,12 @@ json sweep_to_json(const std::vector<ParetoPoint>& points) {
                    {"status", p.plan.status},
                    {"solve_seconds", p.plan.solve_seconds},
                    {"assignments", std::move(a)}});
+    // Predicted GEMM seconds per step when the items carry measured times.
+    if (std::isfinite(p.plan.seconds) && std::isfinite(p.plan.reference_seconds)) {
+      pts.back()["gemm_seconds"] = p.plan.seconds;
+      pts.back()["reference_gemm_seconds"] = p.plan.reference_seconds;
+      pts.back()["time_ratio"] = num_or_null(p.plan.time_ratio);
+    }
   }
   return json{{"low_option", low}, {"points", std::move(pts)}};
 }

@@ -148,6 +148,29 @@ with tempfile.TemporaryDirectory() as tmp:
                    ["plan", "--config", cfg, "--stats", stats, "--time-budget", "0.9"], "--gemm-times FILE")
     c.expect_error("snip plan --time-budget without --config",
                    ["plan", "--stats", stats, "--time-budget", "0.9"], "--time-budget needs --config")
+    # A step of a fraction of a micro-batch, a table of another GEMM dtype,
+    # a bad budget: refused, one line, before the model summary.
+    c.expect_error("snip plan --gemm-times with a partial micro-batch",
+                   ["plan", "--config", cfg2, "--stats", stats, "--gemm-times", shaped_path, "--time-budget", "0.8",
+                    "--tokens-per-step", "48"], "expected a multiple of batch_size x seq_len = 32")
+    fp32 = dict(shaped, gemm_dtype="fp32")
+    fp32_path = os.path.join(tmp, "fp32.json")
+    json.dump(fp32, open(fp32_path, "w"))
+    c.expect_error("snip plan --gemm-times of another GEMM dtype",
+                   ["plan", "--config", cfg2, "--stats", stats, "--gemm-times", fp32_path, "--time-budget", "0.8"],
+                   f'{fp32_path}: gemm_dtype: expected "bf16"')
+    for bad_budget in ("0", "-1", "nan", "1e7"):
+        rc, out, err = c.run(["plan", "--config", cfg2, "--stats", stats, "--gemm-times", shaped_path,
+                              "--time-budget", bad_budget])
+        c.check(rc == 2 and out == "" and "--time-budget: expected a ratio" in err,
+                f"snip plan --time-budget {bad_budget}: refused before printing", f"rc={rc} out={out[:200]!r} {err}")
+    # A sweep over shares: each point's predicted GEMM time with the table.
+    rc, out, err = c.run(["plan", "--config", cfg2, "--stats", stats, "--options", "fp4,fp8", "--gemm-times",
+                          shaped_path, "--sweep", "--steps", "4", "--json"])
+    pts = json.loads(out)["points"] if rc == 0 else []
+    c.check(len(pts) == 5 and all(abs(p["time_ratio"] - sum(layer_s(l["name"], p["assignments"][l["name"]])
+                                                             for l in layers) / ref) < 1e-9 for p in pts),
+            "snip plan --sweep --gemm-times: every point's time ratio is the table's", f"rc={rc} {err[-400:]}")
     c.expect_error("snip plan: two budgets",
                    ["plan", "--config", cfg2, "--stats", stats, "--gemm-times", shaped_path, "--time-budget", "0.9",
                     "--budget", "0.5"], "expected one of --budget, --cost-budget or --time-budget")
@@ -200,6 +223,16 @@ with tempfile.TemporaryDirectory() as tmp:
     dt["gemm_dtype"] = "fp32"
     bad("dtype", json.dumps(dt), "dtype.json: gemm_dtype: expected \"bf16\"")
     c.expect_error("calibrate without --run", ["doctor", "--calibrate", "--config", cfg], "expected --run RUN")
+    # A run's own table is not replaced (its plans and a --resume read it),
+    # and a --run that is a file is refused before the timing.
+    c.expect_error("calibrate over a run's table", ["doctor", "--calibrate", "--config", cfg, "--run", cal],
+                   "gemm_times.json exists", untouched=cal)
+    afile = os.path.join(tmp, "afile")
+    open(afile, "w").write("x")
+    c.expect_error("calibrate into a file", ["doctor", "--calibrate", "--config", cfg, "--run", afile],
+                   "--run " + afile + ": expected a folder, got a file")
+    c.expect_error("calibrate with --json", ["doctor", "--calibrate", "--json", "--config", cfg, "--run",
+                                             os.path.join(tmp, "cal-json")], "excludes")
     # --run, --repeats and --max-seconds mean nothing without --calibrate:
     # refused rather than ignored (the user meant to calibrate).
     for flag in (["--run", os.path.join(tmp, "nocal")], ["--repeats", "3"], ["--max-seconds", "5"]):

@@ -527,11 +527,18 @@ def test_time_budget_calibrates_when_no_table_is_given(tmp_path):
     # No table: the controller times every layer shape on the layers' device
     # (2 shapes x bf16, fp4, fp8 x 3 GEMMs) and plans under the emulated
     # GEMMs' ratio (above 1 on CPUs: a generous 10x fits any plan).
+    # The calibration times with the caller's intra-op threads: one here, as
+    # for tiny GEMMs on a shared 2-core machine two threads time contention.
     T = 24
     model, opt = two_layers()
     x = torch.randn(T, 32, generator=torch.Generator().manual_seed(1))
-    ctl = snip.Controller(model, opt, budget=10.0, budget_unit="time", tokens=T, max_steps=10, warmup_steps=2,
-                          gemm="fp32", curvature_probes=0, run_dir=tmp_path / "run")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ctl = snip.Controller(model, opt, budget=10.0, budget_unit="time", tokens=T, max_steps=10, warmup_steps=2,
+                              gemm="fp32", curvature_probes=0, run_dir=tmp_path / "run")
+    finally:
+        torch.set_num_threads(threads)
     t = json.loads((tmp_path / "run" / "gemm_times.json").read_text())
     assert t["device"] == "cpu" and t["gemm_dtype"] == "fp32"
     got = {(e["gemm"], e["m"], e["k"], e["n"], e["option"]) for e in t["entries"]}

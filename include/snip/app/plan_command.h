@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,7 @@ struct PlanArgs {
   std::string gemm_times;
   // Filled by run_model_plan for plan_table: the layers' shapes, the rows per
   // micro-batch the table was measured at, micro-batches per step.
+  std::shared_ptr<const plan::GemmTimes> timed_table;  // the --gemm-times table, read and checked
   std::vector<plan::TimedLayer> timed_layers;
   int64_t timed_rows = 0;
   double timed_micro_batches = 1;
