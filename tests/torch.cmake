@@ -36,7 +36,8 @@ set_tests_properties(bf16_emulated PROPERTIES ENVIRONMENT SNIP_BF16_GEMM=emulate
 
 # GEMM-time calibration against FLOPs and against the trainer's own module
 # (label timing): meaningful on an idle machine only, so not in the default
-# run, where GemmCalibrate.* checks the table's structure and skips these.
+# run (scripts/test.sh passes -LE timing), where GemmCalibrate.* checks the
+# table's structure and skips these; `ctest --test-dir build -L timing`.
 add_test(NAME gemm_timing COMMAND test_torch --gtest_filter=GemmCalibrate.*)
 set_tests_properties(gemm_timing PROPERTIES ENVIRONMENT SNIP_TIMING_TESTS=1 LABELS timing TIMEOUT 300)
 
