@@ -749,12 +749,20 @@ void write_seeded_results(const std::vector<Arm>& arms, const fs::path& out) {
   std::vector<Paired> cmp;
   // Every arm against the reference; every snip arm against each other arm
   // that plans nothing (uniform) or plans at its budget (the heuristics at
-  // the same FP4 budget); a per-GEMM arm against its per-layer twin.
+  // the same FP4 budget); a per-GEMM arm against its per-layer twin; an arm
+  // with +modifiers (+fprop, +time) against the same arm without them.
   auto is_snip = [](const SeededArm& a) { return a.arm.policy == "snip"; };
   auto same_budget = [](const Arm& x, const Arm& y) {
     return !std::isfinite(y.budget) || (std::isfinite(x.budget) && x.budget == y.budget);
   };
   for (size_t i = 1; i < res.size(); ++i) cmp.push_back(paired(res[i], ref));
+  for (size_t i = 1; i < res.size(); ++i)
+    for (size_t j = 1; j < res.size(); ++j) {
+      const Arm &x = res[i].arm, &y = res[j].arm;
+      const bool same = x.policy == y.policy && x.per_gemm == y.per_gemm &&
+                        (std::isfinite(x.budget) ? x.budget == y.budget : !std::isfinite(y.budget));
+      if (i != j && !x.sets.empty() && y.sets.empty() && same) cmp.push_back(paired(res[i], res[j]));
+    }
   for (size_t i = 1; i < res.size(); ++i)
     for (size_t j = 1; j < res.size(); ++j) {
       const Arm &x = res[i].arm, &y = res[j].arm;

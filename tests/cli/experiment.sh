@@ -126,6 +126,22 @@ for r in rows.values():
     assert r["trained"] and r["steps"] == 16, r
 print("rival arms ok:", {k: round(r["fp4_share"], 4) for k, r in rows.items()})
 PY
+# An arm with a +modifier is compared with the same arm without it (the
+# late forward-only raise against the all-GEMM final phase), per seed, not
+# only with the reference (none).
+"$snip" experiment --config "$tmp/micro.toml" --out "$tmp/twins" --arms none,snip-0.75,snip-0.75+fprop --seeds 2 \
+  >"$tmp/out9" 2>"$tmp/err9" || { cat "$tmp/err9" >&2; exit 1; }
+/usr/bin/python3 - "$tmp/twins" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1] + "/results.json"))
+loss = {a["arm"]: {r["seed"]: r["final_val_loss"] for r in a["runs"]} for a in j["arms"]}
+p = [c for c in j["paired"] if c["a"] == "snip-0.75+fprop" and c["b"] == "snip-0.75"]
+assert len(p) == 1, [(c["a"], c["b"]) for c in j["paired"]]
+want = [loss["snip-0.75+fprop"][s] - loss["snip-0.75"][s] for s in p[0]["seeds"]]
+assert p[0]["seeds"] == [1234, 1235] and p[0]["differences"] == want, (p[0], want)
+assert not [c for c in j["paired"] if c["a"] == "snip-0.75" and c["b"] == "snip-0.75+fprop"]
+print("modifier twins ok:", want)
+PY
 set +e
 "$snip" experiment --config "$tmp/micro.toml" --out "$tmp/exp5" --arms bf16-tail-0.5 >/dev/null 2>"$tmp/err7"
 rc=$?
