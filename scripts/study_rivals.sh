@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The method against its rivals (issue 34; docs/results.md section 9), in the
+# The method against its rivals (issue 34; docs/results.md section 7), in the
 # regime of configs/study.toml (uniform 4-bit costs about +1.1 nats there):
 # 10 seeds (1234-1243) of BF16, uniform 4-bit, SNIP at 0.75, SNIP at 0.75
 # with the late forward-only raise (+fprop), and the rivals' rules
