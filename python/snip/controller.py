@@ -231,13 +231,6 @@ class Controller:
         max_steps = _integer("max_steps", max_steps, 1)
         seed = _integer("seed", seed, 0)
         grad_scale = _number("grad_scale", grad_scale)
-        timed = precision.get("budget_unit") == "time" or precision.get("gemm_times") is not None
-        if timed:
-            if tokens is None:
-                raise PlanError("snip.Controller: tokens: expected the rows per micro-batch (batch x seq_len) with "
-                                "budget_unit='time' or gemm_times (the GEMM shapes the table times), got None")
-            tokens = _integer("tokens", tokens, 1)
-            micro_batches = _integer("micro_batches", micro_batches, 1)
         if "gemm_times" in precision and isinstance(precision["gemm_times"], os.PathLike):
             precision["gemm_times"] = os.fspath(precision["gemm_times"])
         if not (math.isfinite(grad_scale) and grad_scale > 0):
@@ -336,10 +329,16 @@ class Controller:
             text = str(e).strip().splitlines()
             line = (text[0] if text else type(e).__name__).replace("snip.Controller: precision.", "precision.")
             raise PlanError(f"snip.Controller: {line}") from None
-        if timed:
-            # The GEMM-times table (the file, or a calibration on the layers'
-            # device); the budget's feasibility is checked here, before the
-            # model changes.
+        # budget_unit = "time" or a gemm_times table (the C++ controller's
+        # rule, as snip train's): the table, or a calibration on the layers'
+        # device; the budget's feasibility is checked here, before the model
+        # changes.
+        if self._core.needs_gemm_times():
+            if tokens is None:
+                raise PlanError("snip.Controller: tokens: expected the rows per micro-batch (batch x seq_len) with "
+                                "budget_unit='time' or gemm_times (the GEMM shapes the table times), got None")
+            tokens = _integer("tokens", tokens, 1)
+            micro_batches = _integer("micro_batches", micro_batches, 1)
             dev = next((m.weight.device for _, m in found if m.weight is not None), torch.device("cpu"))
             try:
                 self._core.set_gemm_times(tokens, float(micro_batches), str(dev), bool(verbose))
