@@ -387,8 +387,11 @@ void run_model_plan(const PlanArgs& given) {
     budget_from = "precision.budget of " + a.config;
   }
   if (a.gemm_times.empty()) a.gemm_times = cfg.get_string("precision.gemm_times");
+  // Who asked for the time budget, in its errors.
+  const std::string time_from =
+      budget_from == "--budget" ? "--time-budget" : "precision.budget_unit = time (" + a.config + ")";
   if (a.has_time_budget && a.gemm_times.empty())
-    fail(budget_from == "--budget" ? "--time-budget" : "precision.budget_unit = time (" + a.config + ")",
+    fail(time_from,
          ": needs the measured GEMM times: --gemm-times FILE (snip doctor --calibrate --config ", a.config,
          " --run DIR writes DIR/gemm_times.json)");
 
@@ -520,7 +523,7 @@ void run_model_plan(const PlanArgs& given) {
   }
 
   if (source.layers.empty() && a.has_time_budget)
-    fail(budget_from == "--budget" ? "--time-budget" : "precision.budget_unit = time (" + a.config + ")",
+    fail(time_from,
          ": needs Q, per layer and option: add --stats RUN/stats/step-N.json or --init-from HF_DIR --data DIR");
   if (source.layers.empty()) {
     // No Q: what the shapes and pins allow.

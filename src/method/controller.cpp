@@ -809,7 +809,7 @@ void PrecisionController::restore(const json& st, const std::string& what) {
         fail(what, ": precision.budget / smoothing: expected ", time ? "a positive time ratio" : "a fraction in [0, 1]",
              " / a fraction in [0, 1], got ", b, " / ", sm);
       // The more conservative of the two (a time budget is a ceiling).
-      pc_.budget = pc_.budget_unit == "time" ? std::max(pc_.budget, b) : std::min(pc_.budget, b);
+      pc_.budget = time ? std::max(pc_.budget, b) : std::min(pc_.budget, b);
       pc_.smoothing = std::max(pc_.smoothing, sm);
       replan_requested_ = st.at("replan_requested").get<bool>();
     }
