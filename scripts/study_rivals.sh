@@ -2,7 +2,8 @@
 # The method against its rivals (issue 34; docs/results.md section 7), in the
 # regime of configs/study.toml (uniform 4-bit costs about +1.1 nats there):
 # 10 seeds (1234-1243) of BF16, uniform 4-bit, SNIP at 0.75, SNIP at 0.75
-# with the late forward-only raise (+fprop), and the rivals' rules
+# with the late forward-only raise (+fprop) and without a final phase
+# (+nofinal, the raise's control), and the rivals' rules
 # (autoswitch, bf16-tail, first-last-n), then SNIP re-planned at each rival's
 # own FP4 share. One experiment folder, so every paired comparison uses the
 # seeds both arms trained. Two runs at a time (one thread each): about 100
@@ -36,7 +37,7 @@ v = [p["fp4_share"] for p in s if p.get("phase") == "plan"]
 print(f"{round(sum(v) / len(v), 4):g}")
 PY
 }
-fixed=(none uniform-fp4tensor snip-0.75 bf16-tail first-last-n autoswitch snip-0.75+fprop)
+fixed=(none uniform-fp4tensor snip-0.75 bf16-tail first-last-n autoswitch snip-0.75+fprop snip-0.75+nofinal)
 rivals=(bf16-tail first-last-n autoswitch)
 extra=""
 # Half the seeds of every arm first, then the rest, so a stop half-way leaves
@@ -64,7 +65,7 @@ for n in $(( (seeds + 1) / 2 )) "$seeds"; do
     fi
   done
   # Then SNIP at 0.75 (beside autoswitch), the late raise, the references.
-  for arm in snip-0.75 snip-0.75+fprop none uniform-fp4tensor; do jobs+=("exp --arms $arm --seeds $n"); done
+  for arm in snip-0.75 snip-0.75+fprop snip-0.75+nofinal none uniform-fp4tensor; do jobs+=("exp --arms $arm --seeds $n"); done
   run_jobs "${jobs[@]}"
   extra="${matched[*]}"
 done

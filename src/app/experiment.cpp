@@ -65,11 +65,12 @@ struct Arm {
 const std::map<std::string, std::pair<std::string, std::string>> kArmModifiers = {
     {"fprop", {"precision.final_phase_gemms", "fprop"}},  // the late forward-only raise
     {"time", {"precision.budget_unit", "time"}},          // the budget in measured GEMM seconds
+    {"nofinal", {"precision.final_high_precision_fraction", "0"}},  // no final phase (the raise's control)
 };
 
 Arm parse_arm(const std::string& full) {
   Arm a{full, full};
-  // <policy>[-gemm][-<budget>][+fprop][+time]
+  // <policy>[-gemm][-<budget>][+fprop|+nofinal][+time]
   const std::string s = full.substr(0, full.find('+'));
   a.policy = s;
   for (size_t at = full.find('+'); at != std::string::npos;) {
@@ -77,11 +78,13 @@ Arm parse_arm(const std::string& full) {
     const std::string m = full.substr(at + 1, next == std::string::npos ? std::string::npos : next - at - 1);
     const auto it = kArmModifiers.find(m);
     if (it == kArmModifiers.end())
-      fail("--arms: '", full, "': unknown modifier '+", m, "' (expected +fprop or +time)");
+      fail("--arms: '", full, "': unknown modifier '+", m, "' (expected +fprop, +nofinal or +time)");
     if (!a.sets.emplace(it->second.first, it->second.second).second)
       fail("--arms: '", full, "': modifier '+", m, "' given twice");
     at = next;
   }
+  if (a.sets.count("precision.final_phase_gemms") && a.sets.count("precision.final_high_precision_fraction"))
+    fail("--arms: '", full, "': +fprop sets what the final phase raises and +nofinal removes the phase; give one");
   const auto dash = s.rfind('-');
   if (dash != std::string::npos && dash + 1 < s.size()) {
     const std::string tail = s.substr(dash + 1);
@@ -300,10 +303,11 @@ std::string gemm_note(const Arm& arm, const std::string& gemm_dtype) {
   return arm.policy == "none" && !gemm_dtype.empty() ? " (" + gemm_dtype + " GEMMs)" : "";
 }
 
-/// ", fprop-only final phase" / ", budget in GEMM time" for an arm's +modifiers.
+/// ", fprop-only final phase" / ", no final phase" / ", budget in GEMM time" for an arm's +modifiers.
 std::string modifier_note(const Arm& arm) {
   std::string n;
   if (arm.sets.count("precision.final_phase_gemms")) n += ", fprop-only final phase";
+  if (arm.sets.count("precision.final_high_precision_fraction")) n += ", no final phase";
   if (arm.sets.count("precision.budget_unit")) n += ", budget in GEMM time";
   return n;
 }
@@ -750,7 +754,8 @@ void write_seeded_results(const std::vector<Arm>& arms, const fs::path& out) {
   // Every arm against the reference; every snip arm against each other arm
   // that plans nothing (uniform) or plans at its budget (the heuristics at
   // the same FP4 budget); a per-GEMM arm against its per-layer twin; an arm
-  // with +modifiers (+fprop, +time) against the same arm without them.
+  // with +modifiers (+fprop, +nofinal, +time) against the same arm without
+  // them, and two arms of one base with different modifiers against each other.
   auto is_snip = [](const SeededArm& a) { return a.arm.policy == "snip"; };
   auto same_budget = [](const Arm& x, const Arm& y) {
     return !std::isfinite(y.budget) || (std::isfinite(x.budget) && x.budget == y.budget);
@@ -762,6 +767,9 @@ void write_seeded_results(const std::vector<Arm>& arms, const fs::path& out) {
       const bool same = x.policy == y.policy && x.per_gemm == y.per_gemm &&
                         (std::isfinite(x.budget) ? x.budget == y.budget : !std::isfinite(y.budget));
       if (i != j && !x.sets.empty() && y.sets.empty() && same) cmp.push_back(paired(res[i], res[j]));
+      // Two modifier arms of the same base (+fprop against +nofinal: the late
+      // raise against no final phase), in --arms order.
+      if (i < j && !x.sets.empty() && !y.sets.empty() && x.sets != y.sets && same) cmp.push_back(paired(res[i], res[j]));
     }
   for (size_t i = 1; i < res.size(); ++i)
     for (size_t j = 1; j < res.size(); ++j) {

@@ -56,7 +56,7 @@ void add_experiment_commands(CLI::App& app) {
       ex->add_option("--arms", a->arms,
                      "comma-separated arms: <policy> or <policy>-<budget>, e.g. snip-0.75, uniform-fp4, none; "
                      "<policy>-gemm-<budget> plans per GEMM; +fprop raises only the forward GEMMs in the final "
-                     "phase, +time reads the budget in measured GEMM time (e.g. snip-0.75+fprop, snip-0.8+time); "
+                     "phase, +nofinal runs without a final phase, +time reads the budget in measured GEMM time (e.g. snip-0.75+fprop, snip-0.8+time); "
                      "rivals: autoswitch, bf16-tail, first-last-n (no budget) (the first arm is the reference of the gap column; "
                      "with --no-train the default is the arms found in OUT)")
           ->capture_default_str();

@@ -129,7 +129,7 @@ PY
 # An arm with a +modifier is compared with the same arm without it (the
 # late forward-only raise against the all-GEMM final phase), per seed, not
 # only with the reference (none).
-"$snip" experiment --config "$tmp/micro.toml" --out "$tmp/twins" --arms none,snip-0.75,snip-0.75+fprop --seeds 2 \
+"$snip" experiment --config "$tmp/micro.toml" --out "$tmp/twins" --arms none,snip-0.75,snip-0.75+fprop,snip-0.75+nofinal --seeds 2 \
   >"$tmp/out9" 2>"$tmp/err9" || { cat "$tmp/err9" >&2; exit 1; }
 /usr/bin/python3 - "$tmp/twins" <<'PY'
 import json, sys
@@ -140,6 +140,19 @@ assert len(p) == 1, [(c["a"], c["b"]) for c in j["paired"]]
 want = [loss["snip-0.75+fprop"][s] - loss["snip-0.75"][s] for s in p[0]["seeds"]]
 assert p[0]["seeds"] == [1234, 1235] and p[0]["differences"] == want, (p[0], want)
 assert not [c for c in j["paired"] if c["a"] == "snip-0.75" and c["b"] == "snip-0.75+fprop"]
+# +nofinal: no final phase (16 steps, fraction 0.1 would start it at step 14),
+# so no plan says "final"; paired with snip-0.75 and with +fprop (the late raise
+# against no raise), in --arms order.
+import glob
+phases = {json.load(open(f))["phase"] for f in glob.glob(sys.argv[1] + "/snip-0.75+nofinal/seed-*/plans/step-*.json")}
+assert phases and "final" not in phases, phases
+for s in (1234, 1235):
+    assert "final_high_precision_fraction = 0" in open(f"{sys.argv[1]}/snip-0.75+nofinal/seed-{s}/config.toml").read()
+pairs = {(c["a"], c["b"]) for c in j["paired"]}
+assert ("snip-0.75+nofinal", "snip-0.75") in pairs and ("snip-0.75+fprop", "snip-0.75+nofinal") in pairs, pairs
+assert ("snip-0.75+nofinal", "snip-0.75+fprop") not in pairs, pairs
+r = [c for c in j["paired"] if (c["a"], c["b"]) == ("snip-0.75+fprop", "snip-0.75+nofinal")][0]
+assert r["differences"] == [loss["snip-0.75+fprop"][s] - loss["snip-0.75+nofinal"][s] for s in r["seeds"]], r
 print("modifier twins ok:", want)
 PY
 set +e
@@ -153,6 +166,7 @@ rc=$?
 set -e
 test "$rc" -eq 2 && grep -q "unknown modifier '+late'" "$tmp/err8" && test ! -e "$tmp/exp5"
 for bad in "bf16-tail+time:+time does not apply" "snip-0.75+fprop+fprop:given twice" \
+           "snip-0.75+fprop+nofinal:+nofinal removes the phase" \
            "autoswitch-gemm:always plans per GEMM"; do
   set +e
   "$snip" experiment --config "$tmp/micro.toml" --out "$tmp/exp5" --arms "${bad%%:*}" >/dev/null 2>"$tmp/err9"
