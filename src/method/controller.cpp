@@ -2,6 +2,8 @@
 // plans inside the training loop (see controller.h).
 #include "snip/method/controller.h"
 
+#include "snip/dist/broadcast_text.h"
+
 #include "snip/plan/plan_file.h"
 
 #include <spdlog/spdlog.h>
@@ -754,24 +756,12 @@ std::map<PlanKey, std::string> PrecisionController::agree(int64_t s, const std::
     if (!error.empty()) fail("precision plan at step ", s, ": ", error);
     return assign;
   }
-  // Rank 0's payload {"assign": {...}} or {"error": "..."}; then its length
-  // and CRC-32 (one int64 broadcast), then the bytes (one uint8 broadcast).
+  // Rank 0's payload {"assign": {...}} or {"error": "..."} (dist/broadcast_text.h).
   const bool root = comm_->rank() == 0;
   std::string bytes;
   if (root) bytes = (error.empty() ? json{{"assign", PrecisionAssignment{assign, {}, {}}.to_json()}}
                                   : json{{"error", error}}).dump();
-  torch::Tensor head = torch::tensor({int64_t(bytes.size()), int64_t(crc32_of(bytes))}, torch::kLong);
-  comm_->broadcast(head, 0);
-  const int64_t n = head[0].item<int64_t>();
-  const uint32_t crc = uint32_t(head[1].item<int64_t>());
-  SNIP_CHECK(n > 0 && n < (int64_t{1} << 31), "plan broadcast: rank 0 announced ", n, " bytes");
-  torch::Tensor buf = torch::zeros({n}, torch::kUInt8);
-  if (root) std::memcpy(buf.data_ptr<uint8_t>(), bytes.data(), size_t(n));
-  comm_->broadcast(buf, 0);
-  if (!root) bytes.assign(reinterpret_cast<const char*>(buf.data_ptr<uint8_t>()), size_t(n));
-  if (crc32_of(bytes) != crc)
-    fail("dist: the precision plan decided before step ", s, " reached rank ", comm_->rank(),
-         " damaged (CRC-32 ", crc32_of(bytes), ", rank 0 sent ", crc, ")");
+  bytes = dist::broadcast_text(*comm_, bytes, 0, str_cat("the precision plan decided before step ", s));
   const json j = io::parse_json(bytes, "the plan broadcast by rank 0");
   if (j.contains("error")) fail("precision plan at step ", s, ": ", j.at("error").get<std::string>());
   std::map<PlanKey, std::string> got = PrecisionAssignment::options_from_json(j.at("assign"), "the plan broadcast");
