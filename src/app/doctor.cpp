@@ -237,7 +237,26 @@ void run_calibrate(const DoctorOpts& o) {
                  for (const auto& x : co.options) s += (s.empty() ? "" : ",") + x;
                  return s;
                }().c_str());
-  const plan::GemmTimes t = calibrate_gemm_times(ctl.timed_layers(), rc.recipes, co);
+  const std::string how = o.calibration.empty() ? rc.precision.calibration : o.calibration;
+  plan::GemmTimes t;
+  if (how == "in_step") {
+    // The run's model as snip train prepares it (its weights random: times do not depend on them).
+    // The LM head is never in the table; its size only shapes the step around the GEMMs.
+    const int64_t vocab = m.vocab_size > 0 ? m.vocab_size : 32000;
+    const LlamaConfig mc = LlamaConfig::from_run_config(m, vocab);
+    // The forward and backward passes need a training step's memory (not the optimizer's, counted anyway).
+    if (device.is_cpu())
+      check_memory(training_memory(mc, rc.train.batch_size, rc.train.seq_len), hw::available_memory_bytes(),
+                   "snip doctor --calibrate");
+    torch::manual_seed(rc.train.seed);
+    InStepModel whole{LlamaForCausalLM(mc), rc.train.batch_size, rc.train.seq_len, uint64_t(rc.train.seed)};
+    (void)prepare_model(whole.model, rc.train, device);
+    std::fprintf(stderr, "calibrate: in training steps of the model (vocabulary %lld%s), %d timed steps per option\n",
+                 (long long)vocab, m.vocab_size > 0 ? "" : ", 32000 as model.vocab_size is unset", o.repeats);
+    t = calibrate_gemm_times_in_step(whole, rc.recipes, co);
+  } else {
+    t = calibrate_gemm_times(ctl.timed_layers(), rc.recipes, co);
+  }
   io::ensure_writable_dir(o.run);
   const std::string path = (fs::path(o.run) / "gemm_times.json").string();
   plan::save_gemm_times(t, path);

@@ -26,16 +26,24 @@ void add_doctor_commands(CLI::App& app) {
       ->type_name("FILE");
   CLI::Option* calibrate = cmd->add_flag("--calibrate", o->calibrate,
                 "time every distinct GEMM of --config's model under each option it can choose (fprop, dgrad, "
-                "wgrad; median of --repeats) and write RUN/gemm_times.json for precision.budget_unit = time");
+                "wgrad; median of --repeats calls or, in step, training steps) and write RUN/gemm_times.json for precision.budget_unit = time");
   cmd->add_option("--run", o->run, "with --calibrate: the run directory gemm_times.json is written to")
       ->type_name("RUN")
       ->needs(calibrate);
-  cmd->add_option("--repeats", o->repeats, "with --calibrate: timed calls per GEMM (median kept)")
+  cmd->add_option("--repeats", o->repeats,
+                  "with --calibrate: timed training steps per option (in_step) or timed calls per GEMM (isolated); "
+                  "the median is kept")
       ->capture_default_str()
       ->needs(calibrate);
   cmd->add_option("--max-seconds", o->max_seconds,
-                  "with --calibrate: wall-clock cap; past it the remaining GEMMs get one timed call each")
+                  "with --calibrate: wall-clock cap; past it the remaining options get one timed step each "
+                  "(in_step) or the remaining GEMMs one timed call each (isolated)")
       ->capture_default_str()
+      ->needs(calibrate);
+  cmd->add_option("--calibration", o->calibration,
+                  "with --calibrate: in_step (the GEMMs timed inside forward and backward passes of the model, as "
+                  "training runs them) or isolated (each GEMM alone); default: the config's precision.calibration")
+      ->check(CLI::IsMember({"in_step", "isolated"}))
       ->needs(calibrate);
   // The calibration prints its own text (and writes RUN/gemm_times.json).
   calibrate->excludes(cmd->get_option("--json"))->excludes(cmd->get_option("--min-time"));

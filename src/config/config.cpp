@@ -489,6 +489,12 @@ std::vector<OptionSpec> make_table() {
             "wall-clock cap of the GEMM-time calibration at start (past it, the remaining GEMMs get one timed "
             "call each)")
           .in({1e-3, 1e6}),
+      field("precision.calibration", &RunConfig::precision, &PrecisionConfig::calibration, "",
+            "how the calibration at start times the GEMMs: in_step (inside forward and backward passes of the "
+            "model on random tokens, as a training step runs them; snip train without pipeline stages) or "
+            "isolated (each GEMM alone on random operands, as snip.Controller and pipeline stages do; "
+            "under-predicts a CPU step by 11-18%); in_step costs about options x (1 + 5) training steps)")
+          .words({"in_step", "isolated"}),
       field("precision.options", &RunConfig::precision, &PrecisionConfig::options, "list",
             "options a layer may run (comma-separated recipe names or bf16); must contain precision.low_option"),
       field("precision.pins", &RunConfig::precision, &PrecisionConfig::pins, "list",

@@ -3,7 +3,12 @@
 #include "snip/model/linear.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/cuda.h>
 
+#include <atomic>
+#include <chrono>
+
+#include "snip/model/gemm_timer.h"
 #include "snip/model/lora.h"
 #include "snip/model/blas.h"
 #include "snip/model/matmul.h"
@@ -83,6 +88,20 @@ torch::Tensor qgemm(const StepPrecision& sp, const torch::Tensor& a_in, Operand 
   return gemm_nt(gemm_operand_fresh(a.values, dt), gemm_operand_fresh(b.values, dt), dt, out);
 }
 
+// f() (one GEMM of layer `layer`, its operands' quantization included),
+// timed into the installed GemmTimer (model/gemm_timer.h) if any.
+template <class F>
+torch::Tensor timed(const QuantLinearImpl& layer, Gemm g, F&& f) {
+  GemmTimer* t = GemmTimer::active();
+  if (!t) return f();
+  if (t->cuda_sync()) torch::cuda::synchronize();
+  const auto a = std::chrono::steady_clock::now();
+  torch::Tensor r = f();
+  if (t->cuda_sync()) torch::cuda::synchronize();
+  t->add(&layer, g, std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+  return r;
+}
+
 struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunction> {
   // x: [T, IN], w: [OUT, IN] -> y [T, OUT]
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, torch::Tensor w,
@@ -106,16 +125,22 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
       // Identity hook with a narrower GEMM dtype (the BF16 baseline): cast X
       // and W once and keep the casts for dgrad/wgrad, as autograd's own
       // linear on cast operands does (half the saved bytes, no re-casts).
-      const torch::Tensor xc = gemm_operand(x, dt), wc = sp->frozen ? sp->frozen->operand(Operand::kFpropW) : gemm_operand(w, dt);
+      torch::Tensor xc, wc;
+      torch::Tensor y = timed(l, Gemm::kFprop, [&] {
+        xc = gemm_operand(x, dt);
+        wc = sp->frozen ? sp->frozen->operand(Operand::kFpropW) : gemm_operand(w, dt);
+        return gemm_result(fp32_mm(xc, wc.t()), dt, x.scalar_type());
+      });
       ctx->save_for_backward({xc, wc});
       ctx->saved_data["cast"] = true;
-      return gemm_result(fp32_mm(xc, wc.t()), dt, x.scalar_type());
+      return y;
     }
     // With a quantizer, backward re-quantizes the originals along its own
     // reduction dims (blocks differ per GEMM), so the originals are saved.
     ctx->save_for_backward({x, w});
     ctx->saved_data["cast"] = false;
-    return qgemm(*sp, x, Operand::kFpropX, w, Operand::kFpropW, x.scalar_type());
+    return timed(l, Gemm::kFprop,
+                 [&] { return qgemm(*sp, x, Operand::kFpropX, w, Operand::kFpropW, x.scalar_type()); });
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -133,24 +158,32 @@ struct QuantLinearFunction : public torch::autograd::Function<QuantLinearFunctio
     const auto dt = sp->precision.gemm_dtype;
     torch::Tensor dx, dw;
     if (ctx->saved_data["cast"].toBool()) {  // x, w are the GEMM-dtype casts from forward
-      const torch::Tensor dyc = gemm_operand(dy, dt);
+      // dY cast once for both GEMMs (timed with the first that runs).
+      torch::Tensor dyc;
+      auto cast_dy = [&]() -> const torch::Tensor& {
+        if (!dyc.defined()) dyc = gemm_operand(dy, dt);
+        return dyc;
+      };
       if (ctx->needs_input_grad(0)) {
-        dx = gemm_result(fp32_mm(dyc, w), dt, dy.scalar_type());  // dgrad [N, IN]
+        dx = timed(l, Gemm::kDgrad, [&] { return gemm_result(fp32_mm(cast_dy(), w), dt, dy.scalar_type()); });  // dgrad [N, IN]
         if (l.probe && l.probe->input_grad_noise) dx.add_(l.probe->input_grad_noise());
       }
       // wgrad [OUT, IN] as (Xᵀ·dY)ᵀ: oneDNN is faster with the long N dim of X leading.
       if (ctx->needs_input_grad(1) && !(l.probe && l.probe->skip_wgrad))
-        dw = gemm_result(fp32_mm(x.t(), dyc).t().contiguous(), dt, dy.scalar_type());
+        dw = timed(l, Gemm::kWgrad,
+                   [&] { return gemm_result(fp32_mm(x.t(), cast_dy()).t().contiguous(), dt, dy.scalar_type()); });
       return {dx, dw, torch::Tensor()};
     }
     if (ctx->needs_input_grad(0)) {
       // dgrad: dX [N, IN] = dY [N, OUT] · W [OUT, IN]; K = OUT, so W goes in as Wᵀ [IN, OUT].
-      dx = qgemm(*sp, dy, Operand::kDgradDY, w.t(), Operand::kDgradW, dy.scalar_type());
+      dx = timed(l, Gemm::kDgrad,
+                 [&] { return qgemm(*sp, dy, Operand::kDgradDY, w.t(), Operand::kDgradW, dy.scalar_type()); });
       if (l.probe && l.probe->input_grad_noise) dx.add_(l.probe->input_grad_noise());
     }
     if (ctx->needs_input_grad(1) && !(l.probe && l.probe->skip_wgrad)) {
       // wgrad: dW [OUT, IN] = dYᵀ [OUT, N] · X [N, IN]; K = N: dYᵀ [OUT, N], Xᵀ [IN, N].
-      dw = qgemm(*sp, dy.t(), Operand::kWgradDY, x.t(), Operand::kWgradX, dy.scalar_type());
+      dw = timed(l, Gemm::kWgrad,
+                 [&] { return qgemm(*sp, dy.t(), Operand::kWgradDY, x.t(), Operand::kWgradX, dy.scalar_type()); });
     }
     return {dx, dw, torch::Tensor()};
   }
@@ -209,6 +242,28 @@ std::array<formats::ErrorNorms, kNumOperands> OperandErrors::take() {
   std::lock_guard<std::mutex> g(mu_);
   std::array<formats::ErrorNorms, kNumOperands> out = sums_;
   sums_ = {};
+  return out;
+}
+
+namespace {
+std::atomic<GemmTimer*> installed_timer{nullptr};
+}  // namespace
+
+GemmTimer::GemmTimer(bool cuda_sync) : cuda_sync_(cuda_sync) {
+  GemmTimer* none = nullptr;
+  if (!installed_timer.compare_exchange_strong(none, this))
+    throw std::logic_error("GemmTimer: another timer is installed (one at a time)");
+}
+GemmTimer::~GemmTimer() { installed_timer.store(nullptr); }
+GemmTimer* GemmTimer::active() { return installed_timer.load(std::memory_order_acquire); }
+void GemmTimer::add(const void* layer, Gemm gemm, double seconds) {
+  std::lock_guard<std::mutex> g(mu_);
+  seconds_[layer][size_t(gemm)] += seconds;
+}
+std::map<const void*, std::array<double, 3>> GemmTimer::take() {
+  std::lock_guard<std::mutex> g(mu_);
+  std::map<const void*, std::array<double, 3>> out;
+  out.swap(seconds_);
   return out;
 }
 

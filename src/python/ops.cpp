@@ -410,7 +410,7 @@ class ControllerCore : public torch::CustomClassHolder {
   // `device` at `tokens` rows per micro-batch (method/gemm_calibrate.h);
   // progress lines on stderr when `verbose`. The budget's feasibility is
   // checked here (UserError -> ValueError).
-  bool needs_gemm_times() { return ctl_->needs_gemm_times() || !precision_.gemm_times.empty(); }
+  bool needs_gemm_times() { return ctl_->uses_gemm_times(); }  // asked once, before set_gemm_times
   void set_gemm_times(int64_t tokens, double micro_batches, std::string device, bool verbose) {
     user_errors([&] {
       if (tokens < 1) fail("snip.Controller: tokens: expected rows per micro-batch >= 1, got ", tokens);

@@ -5,6 +5,7 @@
 #include "session.h"
 
 #include "snip/data/data_folder.h"
+#include "snip/dist/broadcast_text.h"
 #include "snip/dist/pipeline.h"
 #include "snip/hw/platform.h"
 #include "snip/io/atomic_file.h"
@@ -172,26 +173,42 @@ void build_model(TrainSession& s) {
   // The adaptive precision controller (inactive for policy none). Validates
   // the [precision] options against the layer list, pins and budget included.
   s.ctl = std::make_unique<PrecisionController>(s.rc, s.model->linear_layers(), s.gemm);
-  // precision.budget_unit = time: the measured GEMM seconds (a given table,
-  // or calibrated here; set_output writes it to RUN/gemm_times.json).
-  if (s.ctl->needs_gemm_times() || !s.rc.precision.gemm_times.empty()) {
-    const bool say = s.world.rank == 0;
-    // A resumed run plans with the table its plans so far used (RUN/gemm_times.json,
-    // saved at its start), not a new calibration or a file that may be gone.
-    PrecisionConfig pc = s.rc.precision;
-    const fs::path saved = fs::path(s.opts.run_dir) / "gemm_times.json";
-    if (!s.resume_ckpt.empty() && fs::is_regular_file(saved)) pc.gemm_times = saved.string();
-    s.ctl->set_gemm_times(
-        gemm_times_for_run(pc, s.rc.recipes, s.ctl->timed_layers(), s.ctl->known_options(), s.gemm,
-                           s.device, s.B * s.T, [say](const std::string& line) { if (say) spdlog::info("{}", line); }),
-        s.B * s.T, double(s.accum));
-  }
   // monitor.quant_error = false: the quantizers record no per-step error.
   if (!s.rc.monitor.quant_error) {
     for (QuantLinear l : s.model->linear_layers()) l->operand_errors = nullptr;
     if (s.rc.guard.enabled && s.rc.guard.on_quant_error != GuardAction::kWarn && s.world.rank == 0)
       spdlog::warn("monitor.quant_error = false: the guard's quant_error condition sees no error, so "
                    "guard.on_quant_error = {} never acts", to_string(s.rc.guard.on_quant_error));
+  }
+  // precision.budget_unit = time: the measured GEMM seconds (a given table,
+  // or calibrated here, in training steps of the model as the run will run
+  // them, per-step error measurement included; set_output writes it to
+  // RUN/gemm_times.json).
+  if (s.ctl->uses_gemm_times()) {
+    const bool say = s.world.rank == 0;
+    // A resumed run plans with the table its plans so far used (RUN/gemm_times.json,
+    // saved at its start), not a new calibration or a file that may be gone.
+    PrecisionConfig pc = s.rc.precision;
+    const fs::path saved = fs::path(s.opts.run_dir) / "gemm_times.json";
+    if (!s.resume_ckpt.empty() && fs::is_regular_file(saved)) pc.gemm_times = saved.string();
+    // In step needs the whole model in this process: pipeline stages time each GEMM alone.
+    InStepModel whole{s.model, s.B, s.T, s.seed};
+    if (s.stages && pc.gemm_times.empty() && pc.calibration == "in_step" && say)
+      spdlog::info("calibrate: precision.calibration = in_step needs the whole model in one process; with "
+                   "pipeline stages each GEMM is timed in isolation");
+    plan::GemmTimes table =
+        gemm_times_for_run(pc, s.rc.recipes, s.ctl->timed_layers(), s.ctl->known_options(), s.gemm, s.device,
+                           s.B * s.T, [say](const std::string& line) { if (say) spdlog::info("{}", line); },
+                           s.stages ? nullptr : &whole);
+    // Every rank measured (under the contention of training on this
+    // machine); every rank plans and checks the budget with rank 0's table,
+    // as rank 0 solves the plans they all apply.
+    if (s.comm && s.comm->size() > 1)
+      table = plan::parse_gemm_times(
+          io::parse_json(dist::broadcast_text(*s.comm, plan::to_json(table).dump(), 0, "the GEMM-times table"),
+                         "the GEMM-times table broadcast by rank 0"),
+          table.source);
+    s.ctl->set_gemm_times(std::move(table), s.B * s.T, double(s.accum));
   }
   if (s.stages) s.stages->set_controller_stages();
   if (s.lora.enabled())  // LoRA: loss divergence alone, on the FP32 base read back for the stats step

@@ -2,14 +2,17 @@
 """precision.budget_unit = time through the real binary (docs/method.md
 "Budget in measured time"):
 
-  calibrate    `snip doctor --calibrate --config FILE --run RUN` writes a
+  calibrate    `snip doctor --calibrate --config FILE --run RUN` (in training
+               steps of the model, or --calibration isolated) writes a
                valid RUN/gemm_times.json: every distinct GEMM shape of the
                micro model x each option x {fprop, dgrad, wgrad}, seconds > 0
   train        a time-budget run with that table: its plans carry the
                predicted GEMM seconds beside the BF16 ones and honour the
                budget; `snip plan show` prints them and the measured step
                time; the table is copied to RUN/gemm_times.json; a run with
-               no table calibrates at start and writes one
+               no table calibrates at start (in training steps) and writes
+               one, and trains the same losses and plans bit for bit as a
+               run given that table as a file
   bad tables   missing file, bad JSON, a bad field, a table of another
                model (missing shape), another device or GEMM dtype: one
                line naming the file and the field, exit 2, and no run
@@ -51,8 +54,10 @@ with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(cal, "gemm_times.json")
     c.check(rc == 0 and os.path.isfile(path), "calibrate writes RUN/gemm_times.json", f"rc={rc} {err}")
     t = json.load(open(path))
-    c.check(t["units"] == "seconds" and t["device"] == "cpu" and t["format"] == "snip-gemm-times",
-            "calibrate header", str({k: v for k, v in t.items() if k != "entries"}))
+    c.check(t["units"] == "seconds" and t["device"] == "cpu" and t["format"] == "snip-gemm-times"
+            and "in training steps" in t["machine"] and "3 timed steps per option" in err,
+            "calibrate header (in step: the config's precision.calibration default)",
+            str({k: v for k, v in t.items() if k != "entries"}))
     # Micro model: C = 32, I = 64, NH = 2, NKV = 1 -> (in, out) of q/o 32x32,
     # k/v 32x16, gate/up 32x64, down 64x32: 4 distinct shapes; options bf16,
     # fp4, fp8 (warmup bf16, final fp8): 4 x 3 x 3 = 36 entries at T = 2x16 rows.
@@ -179,6 +184,38 @@ with tempfile.TemporaryDirectory() as tmp:
     run2 = os.path.join(tmp, "run2")
     rc, out, err = c.run(["train", "-c", cfg, "--run-dir", run2], timeout=120)
     c.check(rc == 0 and os.path.isfile(os.path.join(run2, "gemm_times.json")), "calibration at start", err[-1500:])
+    # In step by default (precision.calibration): one progress line per
+    # option, each GEMM timed inside training steps of the run's model.
+    t2 = json.load(open(os.path.join(run2, "gemm_times.json")))
+    c.check("in training steps" in t2["machine"] and err.count("calibrate: option ") == 3
+            and {(e["gemm"], e["m"], e["k"], e["n"], e["option"]) for e in t2["entries"]} == want,
+            "the calibration at start runs in training steps and covers every GEMM x option",
+            t2["machine"] + " " + err[-800:])
+    # It leaves no trace in the run: the same config planning with the same
+    # table given as a file (no calibration) trains bit for bit the same
+    # losses (the passes drew from no run RNG, wrote no gradient, touched no
+    # quantizer state, left every precision as it was).
+    table2 = os.path.join(tmp, "run2-table.json")
+    with open(table2, "w") as f:
+        json.dump(t2, f)
+    run2b = os.path.join(tmp, "run2b")
+    rc, out, err = c.run(["train", "-c", cfg, "--run-dir", run2b, "--set", f"precision.gemm_times={table2}"],
+                         timeout=120)
+    losses = lambda d: [(r["step"], r["loss"]) for r in map(json.loads, open(os.path.join(d, "metrics.jsonl")))
+                        if "loss" in r and "step_s" in r]
+    plans = lambda d: {f: json.load(open(os.path.join(d, "plans", f)))["assignments"]
+                       for f in sorted(os.listdir(os.path.join(d, "plans")))}
+    c.check(rc == 0 and "calibrate:" not in err and losses(run2) == losses(run2b) and len(losses(run2)) == 8
+            and plans(run2) == plans(run2b),
+            "the in-step calibration changes no loss and no plan", f"rc={rc} {losses(run2)} {losses(run2b)}")
+    # --calibration isolated: each GEMM alone, the same entries.
+    cal_iso = os.path.join(tmp, "cal-iso")
+    rc, out, err = c.run(["doctor", "--calibrate", "--config", cfg, "--run", cal_iso, "--calibration", "isolated",
+                          "--repeats", "2"], timeout=120)
+    ti = json.load(open(os.path.join(cal_iso, "gemm_times.json"))) if rc == 0 else {"machine": "", "entries": []}
+    c.check(rc == 0 and "in training steps" not in ti["machine"] and "calibrate: shape 4/4" in err
+            and {(e["gemm"], e["m"], e["k"], e["n"], e["option"]) for e in ti["entries"]} == want,
+            "doctor --calibration isolated times each GEMM alone", err[-800:])
 
     # --resume plans with the run's own RUN/gemm_times.json: no new calibration
     # (run2), and a table file given at the start may be gone since (run).

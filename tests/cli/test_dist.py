@@ -14,6 +14,10 @@ model:
              solves, broadcasts; rank 1 applies rank 0's plan), rank 0 writes
              the plans, at rank 0's budget; the per-step quantization error
              (quant_err) of every operand at every quantized step
+  time       a time budget on 2 ranks, each given another GEMM-times table
+             (rank 1's makes the budget infeasible): every rank plans with
+             rank 0's table (broadcast), so both train and RUN/gemm_times.json
+             is rank 0's
   checksum   a parameter perturbed on rank 1 after step 2
              (SNIP_TEST_PERTURB_RANK/STEP, a test-only hook) stops both ranks
              with one line naming the tensor and rank 1
@@ -71,8 +75,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from clitest import Checks, free_port, micro_toml  # noqa: E402
 
 snip, data = sys.argv[1], sys.argv[2]
-cases = sys.argv[3:] or ["exact", "snip", "checksum", "stop", "errors", "torchrun", "gradcomm", "four", "killed",
-                         "allgather"]
+cases = sys.argv[3:] or ["exact", "snip", "time", "checksum", "stop", "errors", "torchrun", "gradcomm", "four",
+                         "killed", "allgather"]
 tmp = tempfile.mkdtemp(prefix="snip-dist-")
 T = Checks(snip)
 check = T.check
@@ -281,6 +285,40 @@ try:
                                       for ops in q.values()) for st, q in qe if q),
               "snip: quant_err on 2 ranks: 7 layers x 6 operands at every quantized step",
               str([(st, None if q is None else len(q)) for st, q in qe]))
+
+    if "time" in cases:
+        tcfg = os.path.join(tmp, "time.toml")
+        micro_toml(tcfg, data, "max_steps = 6\nlog_interval = 1\n[precision]\npolicy = \"snip\"\n"
+                   "options = \"fp4,fp8\"\nbudget_unit = \"time\"\nbudget = 0.5\nwarmup_steps = 2\n"
+                   "initial_interval = 2\nfinal_high_precision_fraction = 0")
+        cal = os.path.join(tmp, "time-cal")
+        p = subprocess.run([snip, "doctor", "--calibrate", "--config", tcfg, "--run", cal, "--calibration", "isolated",
+                            "--repeats", "1"], capture_output=True, text=True, timeout=120)
+        check(p.returncode == 0, "time: a table of every GEMM of the model", p.stderr[-500:])
+        with open(os.path.join(cal, "gemm_times.json")) as f:
+            table = json.load(f)
+        # Rank 0's table: FP4 100x faster than BF16 (an all-FP4 plan is 0.01x
+        # of the BF16 time: budget 0.5 met); rank 1's: FP4 and FP8 10^4x
+        # slower (no plan under 0.5x: a rank planning with its own table
+        # fails at start).
+        cost = {0: {"fp4": 1e-6, "fp8": 1e-5}, 1: {"fp4": 1.0, "fp8": 1.0}}
+        paths = {}
+        for r in (0, 1):
+            t = json.loads(json.dumps(table))
+            for e in t["entries"]:
+                e["seconds"] = cost[r].get(e["option"], 1e-4)
+            paths[r] = os.path.join(tmp, f"time-table-{r}.json")
+            with open(paths[r], "w") as f:
+                json.dump(t, f)
+        run = os.path.join(tmp, "time")
+        res = launch(2, ["train", "--config", tcfg, "--run-dir", run], timeout=120,
+                     rank_args={r: ["--set", f"precision.gemm_times={paths[r]}"] for r in (0, 1)})
+        check(all(r[0] == 0 for r in res), "time: 2 ranks with different tables train (rank 0's broadcast)",
+              [r[2][-600:] for r in res])
+        saved = json.load(open(os.path.join(run, "gemm_times.json"))) if os.path.isfile(
+            os.path.join(run, "gemm_times.json")) else {"entries": []}
+        check(sorted(e["seconds"] for e in saved["entries"] if e["option"] == "fp4")[-1:] == [1e-6],
+              "time: RUN/gemm_times.json is rank 0's table", str(saved["entries"][:2]))
 
     if "checksum" in cases:
         run = os.path.join(tmp, "corrupt")

@@ -23,13 +23,16 @@ struct DoctorOpts {
   std::string run;            ///< --run RUN: where --calibrate writes RUN/gemm_times.json
   int repeats = 5;            ///< --repeats: timed calls per GEMM (median kept)
   double max_seconds = 120;   ///< --max-seconds: wall-clock cap of --calibrate
+  std::string calibration;    ///< --calibration: in_step | isolated; "" = the config's precision.calibration
 };
 
 /// `snip doctor --calibrate --config FILE --run RUN`: the config's model
 /// shapes (model.*, B·T = train.batch_size x train.seq_len rows) timed under
 /// every option the run can choose (precision.options, warmup, final,
-/// uniform and guard options, bf16) on train.device, GEMM by GEMM
-/// (method/gemm_calibrate.h); progress lines on stderr; writes
+/// uniform and guard options, bf16) on train.device (method/gemm_calibrate.h):
+/// inside forward and backward passes of the config's model (in_step: its
+/// vocabulary model.vocab_size, or 32000 when unset; --repeats timed steps
+/// per option) or GEMM by GEMM (isolated); progress lines on stderr; writes
 /// RUN/gemm_times.json atomically (plan/gemm_times.h) and prints its path
 /// and the BF16 vs low-option totals. Throws UserError for a bad config or
 /// missing --config / --run; nothing is written then.

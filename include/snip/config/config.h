@@ -253,6 +253,7 @@ struct PrecisionConfig {
   std::string budget_unit = "flops";  ///< precision.budget_unit: "flops" (FP4 FLOPs share) | "time" (GEMM seconds / BF16's)
   std::string gemm_times = "";  ///< precision.gemm_times: measured GEMM-times file (plan/gemm_times.h); "" = calibrate at start
   double calibrate_seconds = 60.0;  ///< precision.calibrate_seconds: wall-clock cap of the calibration at start, s
+  std::string calibration = "in_step";  ///< precision.calibration: "in_step" (timed inside training steps) | "isolated"
   std::vector<std::string> options = {"fp4", "fp8"};  ///< precision.options
   std::vector<std::string> pins = {};  ///< precision.pins
   int64_t warmup_steps = -1;  ///< precision.warmup_steps

@@ -25,8 +25,11 @@
 //      {"gemm": "fprop",              // fprop | dgrad | wgrad
 //       "m": 2048, "k": 256, "n": 688,  // the GEMM's shape, integers >= 1
 //       "option": "fp4",              // precision option (recipe name or bf16)
-//       "seconds": 0.00123,           // median seconds of one call, > 0
-//       "repeats": 5},                // timed calls the median is of, >= 1
+//       "seconds": 0.00123,           // median seconds of one call, > 0 (in-step
+//                                     //   calibration: the median over the timed
+//                                     //   steps of the mean over the layers of
+//                                     //   that shape; 1e-9 for a GEMM no step ran)
+//       "repeats": 5},                // timed calls (or steps) the median is of, >= 1
 //      ...]}
 //
 // Other top-level keys are ignored (e.g. "total_seconds", "options");
