@@ -14,11 +14,27 @@
 #include <nlohmann/json.hpp>
 
 #include "snip/config/config.h"
+#include "snip/config/llama_config.h"
 #include "snip/core/error.h"
 
 namespace snip::test {
 
 inline const std::string kKjv512 = std::string(SNIP_BINARY_DIR) + "/test-data/kjv512";
+
+/// A two-block Llama for unit tests that build the model by hand: C=32,
+/// F=48, NH=4, NKV=2 (q/o 32->32, k/v 32->16, gate/up 32->48, down 48->32:
+/// four distinct linear shapes), vocabulary 64, up to 16 positions.
+inline LlamaConfig two_block_llama() {
+  LlamaConfig c;
+  c.vocab_size = 64;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 16;
+  return c;
+}
 
 /// ~0.1M parameters: C=64, L=2, NH=4, NKV=2, F=172; B=8, T=64; one thread.
 inline Config micro_config() {

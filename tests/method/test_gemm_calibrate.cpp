@@ -31,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "micro.h"
 #include "snip/core/error.h"
 #include "snip/method/gemm_calibrate.h"
 #include "snip/model/gemm_timer.h"
@@ -151,17 +152,7 @@ struct SleepQuantizer : OperandQuantizer {
   mutable std::set<int64_t> steps_;
 };
 
-LlamaConfig tiny_llama() {
-  LlamaConfig c;
-  c.vocab_size = 40;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 16;
-  return c;
-}
+
 
 }  // namespace
 
@@ -192,7 +183,7 @@ TEST(GemmTimer, TimesEachGemmOfAStep) {
 
 TEST(GemmCalibrate, InStepTimesEveryGemmOfTheModelsSteps) {
   torch::manual_seed(7);
-  LlamaForCausalLM model(tiny_llama());
+  LlamaForCausalLM model(test::two_block_llama());
   const std::vector<QuantLinear> layers = model->linear_layers();
   // The run's own precision (a quantizer object of its own) must come back.
   const auto run_q = std::make_shared<SleepQuantizer>();
@@ -265,7 +256,7 @@ TEST(GemmCalibrate, InStepTimesEveryGemmOfTheModelsSteps) {
 
 TEST(GemmCalibrate, InStepRefusesAnEmptyMicroBatch) {
   torch::manual_seed(7);
-  LlamaForCausalLM model(tiny_llama());
+  LlamaForCausalLM model(test::two_block_llama());
   CalibrateOptions o;
   o.options = {"bf16"};
   EXPECT_THROW(calibrate_gemm_times_in_step(InStepModel{model, 0, 8, 5}, recipes::RecipeSet(), o), UserError);
@@ -273,7 +264,7 @@ TEST(GemmCalibrate, InStepRefusesAnEmptyMicroBatch) {
 
 TEST(GemmCalibrate, InStepRestoresTheRunOnAnException) {
   torch::manual_seed(7);
-  LlamaForCausalLM model(tiny_llama());
+  LlamaForCausalLM model(test::two_block_llama());
   const auto run_q = std::make_shared<SleepQuantizer>();
   model->set_precision(LinearPrecision{run_q, at::kBFloat16});
   for (QuantLinear l : model->linear_layers()) l->key_base.step = 3;

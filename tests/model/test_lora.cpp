@@ -26,17 +26,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-LlamaConfig tiny_cfg() {
-  LlamaConfig c;
-  c.vocab_size = 64;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 16;
-  return c;
-}
+LlamaConfig tiny_cfg() { return test::two_block_llama(); }
 
 LoraConfig lora_cfg(int64_t r = 4, double alpha = 8) {
   LoraConfig l;
