@@ -230,8 +230,13 @@ void run_calibrate(const DoctorOpts& o) {
   co.tokens = tokens;
   co.repeats = o.repeats;
   co.max_seconds = o.max_seconds;
-  co.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
-  std::fprintf(stderr, "calibrate: %s on %s: %zu layers, T=%lld rows, options %s\n", o.config.c_str(),
+  // Progress on stderr unless -q / --log-level warning (src/cli/run_app.h).
+  const bool say = spdlog::should_log(spdlog::level::info);
+  co.progress = [say](const std::string& line) {
+    if (say) std::fprintf(stderr, "%s\n", line.c_str());
+  };
+  if (say)
+    std::fprintf(stderr, "calibrate: %s on %s: %zu layers, T=%lld rows, options %s\n", o.config.c_str(),
                device.str().c_str(), shapes.size(), (long long)tokens, [&] {
                  std::string s;
                  for (const auto& x : co.options) s += (s.empty() ? "" : ",") + x;
@@ -251,7 +256,8 @@ void run_calibrate(const DoctorOpts& o) {
     torch::manual_seed(rc.train.seed);
     InStepModel whole{LlamaForCausalLM(mc), rc.train.batch_size, rc.train.seq_len, uint64_t(rc.train.seed)};
     (void)prepare_model(whole.model, rc.train, device);
-    std::fprintf(stderr, "calibrate: in training steps of the model (vocabulary %lld%s), %d timed steps per option\n",
+    if (say)
+      std::fprintf(stderr, "calibrate: in training steps of the model (vocabulary %lld%s), %d timed steps per option\n",
                  (long long)vocab, m.vocab_size > 0 ? "" : ", 32000 as model.vocab_size is unset", o.repeats);
     t = calibrate_gemm_times_in_step(whole, rc.recipes, co);
   } else {

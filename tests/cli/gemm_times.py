@@ -208,6 +208,11 @@ with tempfile.TemporaryDirectory() as tmp:
     c.check(rc == 0 and "calibrate:" not in err and losses(run2) == losses(run2b) and len(losses(run2)) == 8
             and plans(run2) == plans(run2b),
             "the in-step calibration changes no loss and no plan", f"rc={rc} {losses(run2)} {losses(run2b)}")
+    # -q: the table, no progress lines.
+    rc, out, err = c.run(["doctor", "--calibrate", "-q", "--config", cfg, "--run", os.path.join(tmp, "cal-q"),
+                          "--repeats", "1"], timeout=120)
+    c.check(rc == 0 and os.path.isfile(os.path.join(tmp, "cal-q", "gemm_times.json")) and "calibrate:" not in err,
+            "doctor --calibrate -q prints no progress", err[-500:])
     # --calibration isolated: each GEMM alone, the same entries.
     cal_iso = os.path.join(tmp, "cal-iso")
     rc, out, err = c.run(["doctor", "--calibrate", "--config", cfg, "--run", cal_iso, "--calibration", "isolated",
