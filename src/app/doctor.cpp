@@ -246,8 +246,18 @@ void run_calibrate(const DoctorOpts& o) {
   plan::GemmTimes t;
   if (how == "in_step") {
     // The run's model as snip train prepares it (its weights random: times do not depend on them).
-    // The LM head is never in the table; its size only shapes the step around the GEMMs.
-    const int64_t vocab = m.vocab_size > 0 ? m.vocab_size : 32000;
+    // The LM head is never in the table; its size only shapes the step around
+    // the GEMMs: model.vocab_size, else the prepared data's, else 32000.
+    int64_t vocab = m.vocab_size;
+    std::string vocab_from = "model.vocab_size";
+    if (vocab <= 0) {
+      try {
+        vocab = data::verify_data_folder(rc.data.dir, "data.dir").vocab_size;
+        vocab_from = "the vocabulary of " + rc.data.dir;
+      } catch (const UserError&) {
+        vocab = 32000, vocab_from = "32000: model.vocab_size unset and data.dir unreadable";
+      }
+    }
     const LlamaConfig mc = LlamaConfig::from_run_config(m, vocab);
     // The forward and backward passes need a training step's memory (not the optimizer's, counted anyway).
     if (device.is_cpu())
@@ -256,9 +266,12 @@ void run_calibrate(const DoctorOpts& o) {
     torch::manual_seed(rc.train.seed);
     InStepModel whole{LlamaForCausalLM(mc), rc.train.batch_size, rc.train.seq_len, uint64_t(rc.train.seed)};
     (void)prepare_model(whole.model, rc.train, device);
+    // monitor.quant_error = false: the run's quantizers record no per-step error, so neither do these.
+    if (!rc.monitor.quant_error)
+      for (QuantLinear l : whole.model->linear_layers()) l->operand_errors = nullptr;
     if (say)
-      std::fprintf(stderr, "calibrate: in training steps of the model (vocabulary %lld%s), %d timed steps per option\n",
-                 (long long)vocab, m.vocab_size > 0 ? "" : ", 32000 as model.vocab_size is unset", o.repeats);
+      std::fprintf(stderr, "calibrate: in training steps of the model (vocabulary %lld, %s), %d timed steps per option\n",
+                   (long long)vocab, vocab_from.c_str(), o.repeats);
     t = calibrate_gemm_times_in_step(whole, rc.recipes, co);
   } else {
     t = calibrate_gemm_times(ctl.timed_layers(), rc.recipes, co);

@@ -91,7 +91,11 @@ Arm parse_arm(const std::string& full) {
     char* end = nullptr;
     const double b = std::strtod(tail.c_str(), &end);
     if (end && *end == '\0' && (std::isdigit(static_cast<unsigned char>(tail[0])) || tail[0] == '.')) {
-      if (!(b >= 0 && b <= 1)) fail("--arms: '", s, "': expected a budget in [0, 1] after the last '-'");
+      // Under +time the budget is a ratio to the BF16 GEMM time (above 1 where low precision is slower).
+      if (a.sets.count("precision.budget_unit") ? !(b > 0 && b <= 1e6) : !(b >= 0 && b <= 1))
+        fail("--arms: '", s, "': expected a budget in ",
+             a.sets.count("precision.budget_unit") ? "(0, 1e6] (+time: a ratio to the BF16 GEMM time)" : "[0, 1]",
+             " after the last '-'");
       a.policy = s.substr(0, dash);
       a.budget = b;
     }

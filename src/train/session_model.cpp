@@ -190,7 +190,20 @@ void build_model(TrainSession& s) {
     // saved at its start), not a new calibration or a file that may be gone.
     PrecisionConfig pc = s.rc.precision;
     const fs::path saved = fs::path(s.opts.run_dir) / "gemm_times.json";
-    if (!s.resume_ckpt.empty() && fs::is_regular_file(saved)) pc.gemm_times = saved.string();
+    const bool have = fs::is_regular_file(saved);
+    if (!s.resume_ckpt.empty()) {
+      if (have && !pc.gemm_times.empty() && fs::absolute(pc.gemm_times) != fs::absolute(saved) && say)
+        spdlog::warn("precision.gemm_times = {} is not read on --resume: the run plans with its own {} as before",
+                     pc.gemm_times, saved.string());
+      if (!have && say)
+        spdlog::warn("{} is gone: {} (the resumed run may plan differently from its start)", saved.string(),
+                     pc.gemm_times.empty() ? "calibrating again" : "reading precision.gemm_times = " + pc.gemm_times);
+      if (have) pc.gemm_times = saved.string();
+    } else if (have && pc.gemm_times.empty()) {
+      // A new run in the folder `snip doctor --calibrate --run RUN` wrote: its table, not a new calibration.
+      pc.gemm_times = saved.string();
+      if (say) spdlog::info("calibrate: planning with {} (snip doctor --calibrate)", saved.string());
+    }
     // In step needs the whole model in this process: pipeline stages time each GEMM alone.
     InStepModel whole{s.model, s.B, s.T, s.seed};
     if (s.stages && pc.gemm_times.empty() && pc.calibration == "in_step" && say)

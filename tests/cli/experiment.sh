@@ -166,7 +166,7 @@ rc=$?
 set -e
 test "$rc" -eq 2 && grep -q "unknown modifier '+late'" "$tmp/err8" && test ! -e "$tmp/exp5"
 for bad in "bf16-tail+time:+time does not apply" "snip-0.75+fprop+fprop:given twice" \
-           "snip-0.75+fprop+nofinal:+nofinal removes the phase" \
+           "snip-0.75+fprop+nofinal:+nofinal removes the phase" "snip-0+time:expected a budget in (0, 1e6\]" \
            "autoswitch-gemm:always plans per GEMM"; do
   set +e
   "$snip" experiment --config "$tmp/micro.toml" --out "$tmp/exp5" --arms "${bad%%:*}" >/dev/null 2>"$tmp/err9"
@@ -174,6 +174,13 @@ for bad in "bf16-tail+time:+time does not apply" "snip-0.75+fprop+fprop:given tw
   set -e
   test "$rc" -eq 2 && grep -q "${bad#*:}" "$tmp/err9" && test ! -e "$tmp/exp5"
 done
+# Under +time the budget is a ratio to the BF16 GEMM time, above 1 allowed
+# (emulated FP4/FP8 are slower than BF16 on CPUs): 1000x admits any plan.
+"$snip" experiment --config "$tmp/micro.toml" --out "$tmp/timearm" --arms snip-1000+time >"$tmp/out10" 2>"$tmp/err10" \
+  || { cat "$tmp/err10" >&2; exit 1; }
+grep -q "budget_unit = 'time'" "$tmp/timearm/snip-1000+time/config.toml"
+grep -q "budget = 1000" "$tmp/timearm/snip-1000+time/config.toml"
+test -s "$tmp/timearm/snip-1000+time/gemm_times.json"
 # Killing the experiment stops its training child too.
 "$snip" experiment --config "$tmp/micro.toml" --out "$tmp/exp3" --arms bf16 --set train.max_steps=100000 \
   >/dev/null 2>&1 &

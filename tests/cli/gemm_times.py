@@ -208,11 +208,24 @@ with tempfile.TemporaryDirectory() as tmp:
     c.check(rc == 0 and "calibrate:" not in err and losses(run2) == losses(run2b) and len(losses(run2)) == 8
             and plans(run2) == plans(run2b),
             "the in-step calibration changes no loss and no plan", f"rc={rc} {losses(run2)} {losses(run2b)}")
+    # A new run in the folder `snip doctor --calibrate --run` wrote plans
+    # with that table (no new calibration; the file unchanged).
+    calq = os.path.join(tmp, "cal-q")
     # -q: the table, no progress lines.
     rc, out, err = c.run(["doctor", "--calibrate", "-q", "--config", cfg, "--run", os.path.join(tmp, "cal-q"),
                           "--repeats", "1"], timeout=120)
     c.check(rc == 0 and os.path.isfile(os.path.join(tmp, "cal-q", "gemm_times.json")) and "calibrate:" not in err,
             "doctor --calibrate -q prints no progress", err[-500:])
+    before = open(os.path.join(calq, "gemm_times.json")).read()
+    rc, out, err = c.run(["train", "-c", cfg, "--run-dir", calq], timeout=120)
+    c.check(rc == 0 and "calibrate: option" not in err and "planning with " + os.path.join(calq, "gemm_times.json") in err
+            and open(os.path.join(calq, "gemm_times.json")).read() == before,
+            "a run in doctor's --run folder plans with doctor's table", err[-800:])
+    # --resume with another precision.gemm_times: the run's own table, and a warning saying so.
+    rc, out, err = c.run(["train", "-c", cfg, "--run-dir", calq, "--resume", "--set", "train.max_steps=10",
+                          "--set", f"precision.gemm_times={table2}"], timeout=120)
+    c.check(rc == 0 and "is not read on --resume" in err and open(os.path.join(calq, "gemm_times.json")).read() == before,
+            "--resume keeps the run's table over a new precision.gemm_times, with a warning", err[-800:])
     # --calibration isolated: each GEMM alone, the same entries.
     cal_iso = os.path.join(tmp, "cal-iso")
     rc, out, err = c.run(["doctor", "--calibrate", "--config", cfg, "--run", cal_iso, "--calibration", "isolated",
