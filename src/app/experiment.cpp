@@ -573,10 +573,18 @@ void check_trained_arms(const std::vector<Arm>& arms, const std::vector<RunSpec>
       fail("--no-train: experiment arm '", arm.name, "' in ", dir.string(),
            " was trained with precision.granularity = ", c.get_string("precision.granularity"),
            ", not gemm; delete it to retrain the arm");
-    for (const auto& [key, value] : arm.sets)
-      if (c.get_string(key) != value)
+    for (const auto& [key, value] : arm.sets) {
+      // Compared as the option's type (+nofinal's "0" is a number).
+      const auto spec = std::find_if(option_table().begin(), option_table().end(),
+                                     [&key = key](const OptionSpec& o) { return o.key == key; });
+      SNIP_CHECK(spec != option_table().end(), "experiment: modifier option ", key, " is not in the option table");
+      Config want;
+      want.set_override(key + "=" + value);
+      const OptionValue got = option_value(c, *spec);
+      if (!(got == option_value(want, *spec)))
         fail("--no-train: experiment arm '", arm.name, "' in ", dir.string(), " was trained with ", key, " = ",
-             c.get_string(key), ", not ", value, "; delete it to retrain the arm");
+             format_option_value(got), ", not ", value, "; delete it to retrain the arm");
+    }
     if (run.seed >= 0 && c.get_int("train.seed") != run.seed)
       fail("--no-train: experiment arm '", arm.name, "' in ", dir.string(), " was trained with train.seed = ",
            c.get_int("train.seed"), ", not its folder's ", run.seed, "; delete it to retrain that seed");

@@ -155,6 +155,11 @@ r = [c for c in j["paired"] if (c["a"], c["b"]) == ("snip-0.75+fprop", "snip-0.7
 assert r["differences"] == [loss["snip-0.75+fprop"][s] - loss["snip-0.75+nofinal"][s] for s in r["seeds"]], r
 print("modifier twins ok:", want)
 PY
+# The same tables again from the trained folders (--no-train reads each
+# arm's config.toml back, +nofinal's number included).
+"$snip" experiment --out "$tmp/twins" --no-train --arms none,snip-0.75,snip-0.75+fprop,snip-0.75+nofinal \
+  >"$tmp/out11" 2>"$tmp/err11" || { cat "$tmp/err11" >&2; exit 1; }
+grep -q "| snip-0.75+fprop | snip-0.75+nofinal | 2 |" "$tmp/twins/results.md"
 set +e
 "$snip" experiment --config "$tmp/micro.toml" --out "$tmp/exp5" --arms bf16-tail-0.5 >/dev/null 2>"$tmp/err7"
 rc=$?
