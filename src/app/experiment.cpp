@@ -464,9 +464,13 @@ std::vector<Arm> arms_in(const fs::path& out, const recipes::RecipeSet& set) {
 /// Whether an option may differ between two arms of one experiment: what
 /// each arm sets (precision.policy, precision.budget), every precision
 /// option when one of them is the unquantized arm, policy none (nothing reads them
-/// there), and train.log_interval (only what is printed).
+/// there), train.log_interval (only what is printed), and where the GEMM-times
+/// table comes from (precision.gemm_times, calibration, calibrate_seconds:
+/// read by a +time arm's plans; a FLOPs-budget plan only records its times).
 bool arm_may_differ(const std::string& key, const Arm& x, const Arm& y) {
   if (key == "train.log_interval" || key == "precision.policy" || key == "precision.budget") return true;
+  if (key == "precision.gemm_times" || key == "precision.calibration" || key == "precision.calibrate_seconds")
+    return true;
   if (key == "precision.granularity" && (x.per_gemm || y.per_gemm)) return true;
   if (x.sets.count(key) || y.sets.count(key)) return true;
   return key.rfind("precision.", 0) == 0 && (x.policy == "none" || y.policy == "none");
@@ -767,7 +771,8 @@ void write_seeded_results(const std::vector<Arm>& arms, const fs::path& out) {
   // that plans nothing (uniform) or plans at its budget (the heuristics at
   // the same FP4 budget); a per-GEMM arm against its per-layer twin; an arm
   // with +modifiers (+fprop, +nofinal, +time) against the same arm without
-  // them, and two arms of one base with different modifiers against each other.
+  // them, two arms of one base with different modifiers against each other,
+  // and a +time arm against the same policy at each FLOPs budget.
   auto is_snip = [](const SeededArm& a) { return a.arm.policy == "snip"; };
   auto same_budget = [](const Arm& x, const Arm& y) {
     return !std::isfinite(y.budget) || (std::isfinite(x.budget) && x.budget == y.budget);
@@ -782,6 +787,11 @@ void write_seeded_results(const std::vector<Arm>& arms, const fs::path& out) {
       // Two modifier arms of the same base (+fprop against +nofinal: the late
       // raise against no final phase), in --arms order.
       if (i < j && !x.sets.empty() && !y.sets.empty() && x.sets != y.sets && same) cmp.push_back(paired(res[i], res[j]));
+      // A budget in GEMM time against the same policy's FLOPs budgets (the
+      // comparison at equal step time: the +time arm's budget chosen so).
+      if (i != j && x.policy == y.policy && x.per_gemm == y.per_gemm && x.sets.count("precision.budget_unit") &&
+          y.sets.empty() && !same)
+        cmp.push_back(paired(res[i], res[j]));
     }
   for (size_t i = 1; i < res.size(); ++i)
     for (size_t j = 1; j < res.size(); ++j) {

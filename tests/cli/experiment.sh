@@ -186,6 +186,19 @@ done
 grep -q "budget_unit = 'time'" "$tmp/timearm/snip-1000+time/config.toml"
 grep -q "budget = 1000" "$tmp/timearm/snip-1000+time/config.toml"
 test -s "$tmp/timearm/snip-1000+time/gemm_times.json"
+# A +time arm planning with a given table sits in one experiment with FLOPs
+# arms (where the table comes from may differ between arms).
+"$snip" experiment --config "$tmp/micro.toml" --out "$tmp/twins" --arms snip-1000+time --seeds 2 \
+  --set "precision.gemm_times=$tmp/timearm/snip-1000+time/gemm_times.json" >"$tmp/out12" 2>"$tmp/err12" \
+  || { cat "$tmp/err12" >&2; exit 1; }
+"$snip" experiment --out "$tmp/twins" --no-train --arms none,snip-0.75,snip-1000+time >"$tmp/out13" 2>"$tmp/err13" \
+  || { cat "$tmp/err13" >&2; exit 1; }
+grep -q "| snip-1000+time | none | 2 |" "$tmp/twins/results.md"
+grep -q "| snip-1000+time | snip-0.75 | 2 |" "$tmp/twins/results.md"
+# With a FLOPs arm as the reference (its precision options are compared).
+"$snip" experiment --out "$tmp/twins" --no-train --arms snip-0.75,snip-1000+time >"$tmp/out14" 2>"$tmp/err14" \
+  || { cat "$tmp/err14" >&2; exit 1; }
+test "$(grep -c "| snip-1000+time | snip-0.75 | 2 |" "$tmp/twins/results.md")" -eq 1
 # Killing the experiment stops its training child too.
 "$snip" experiment --config "$tmp/micro.toml" --out "$tmp/exp3" --arms bf16 --set train.max_steps=100000 \
   >/dev/null 2>&1 &
