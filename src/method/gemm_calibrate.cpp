@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <set>
@@ -289,6 +290,10 @@ plan::GemmTimes gemm_times_for_run(const PrecisionConfig& pc, const recipes::Rec
                                    const std::function<void(const std::string&)>& progress,
                                    const InStepModel* whole) {
   if (!pc.gemm_times.empty()) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(pc.gemm_times, ec))
+      fail("precision.gemm_times: ", pc.gemm_times, ": no such file (a table of snip doctor --calibrate --config "
+           "FILE --run RUN is RUN/gemm_times.json; leave precision.gemm_times empty to calibrate at start)");
     plan::GemmTimes t = plan::load_gemm_times(pc.gemm_times);
     const std::string want = device.is_cuda() ? "cuda" : device.str();
     if (t.device.rfind(want, 0) != 0)

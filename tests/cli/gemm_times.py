@@ -263,7 +263,7 @@ with tempfile.TemporaryDirectory() as tmp:
         rd = os.path.join(tmp, "run-" + name)
         c.expect_error("bad table: " + name, ["train", "-c", cf, "--run-dir", rd], needle, absent=rd)
 
-    bad("missing", None, "missing.json")
+    bad("missing", None, "precision.gemm_times: " + os.path.join(tmp, "missing.json") + ": no such file")
     bad("syntax", "{not json", "syntax.json")
     neg = json.loads(json.dumps(hand))
     neg["entries"][5]["seconds"] = -1
