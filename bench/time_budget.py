@@ -55,6 +55,30 @@ def run(cmd):
     return p.stdout
 
 
+def gemm_seconds(cfg, table, options):
+    """Seconds per training step of every linear GEMM of a Llama config
+    (`cfg`: its parsed TOML) at each of `options`, from a snip-gemm-times
+    table (`table`: its parsed JSON): {"model.layers.L.<proj>:<gemm>":
+    {option: seconds}}. A layer of IN -> OUT on T = batch_size x seq_len
+    rows runs fprop {T, IN, OUT}, dgrad {T, OUT, IN}, wgrad {OUT, T, IN}
+    (docs/method.md), each train.grad_accum times per step. KeyError for a
+    GEMM the table lacks. Also scripts/study_time_budget.sh's."""
+    m, t = cfg["model"], cfg["train"]
+    C, I = m["hidden_size"], m["intermediate_size"]
+    KV = C // m["num_attention_heads"] * m["num_key_value_heads"]
+    T = t["batch_size"] * t["seq_len"]
+    dims = {"self_attn.q_proj": (C, C), "self_attn.k_proj": (C, KV), "self_attn.v_proj": (C, KV),
+            "self_attn.o_proj": (C, C), "mlp.gate_proj": (C, I), "mlp.up_proj": (C, I), "mlp.down_proj": (I, C)}
+    accum = t.get("grad_accum", 1)
+    look = {(e["gemm"], e["m"], e["k"], e["n"], e["option"]): e["seconds"] for e in table["entries"]}
+    secs = {}
+    for layer in range(m["num_hidden_layers"]):
+        for proj, (i, o) in dims.items():
+            for g, shape in (("fprop", (T, i, o)), ("dgrad", (T, o, i)), ("wgrad", (o, T, i))):
+                secs[f"model.layers.{layer}.{proj}:{g}"] = {opt: accum * look[(g, *shape, opt)] for opt in options}
+    return secs
+
+
 def layer_items(plan):
     """{item name: option} of a plan file's items."""
     return {it["name"]: it["option"] for it in plan["items"]}
@@ -95,29 +119,8 @@ def main():
         run([a.snip, "train", "--run-dir", d] + common + [x for s in sets for x in ("--set", s)])
         return d
 
-    # Each GEMM's seconds per option from a table: a layer of IN -> OUT on
-    # T rows runs fprop {T, IN, OUT}, dgrad {T, OUT, IN}, wgrad {OUT, T, IN}
-    # (docs/method.md); the Llama projections' IN and OUT from the config.
     cfg = tomllib.load(open(a.config, "rb"))
-    m, t = cfg["model"], cfg["train"]
-    C, I = m["hidden_size"], m["intermediate_size"]
-    KV = C // m["num_attention_heads"] * m["num_key_value_heads"]
-    T = t["batch_size"] * t["seq_len"]
-    dims = {"self_attn.q_proj": (C, C), "self_attn.k_proj": (C, KV), "self_attn.v_proj": (C, KV),
-            "self_attn.o_proj": (C, C), "mlp.gate_proj": (C, I), "mlp.up_proj": (C, I), "mlp.down_proj": (I, C)}
-    accum = t.get("grad_accum", 1)
-
-    def seconds_of(table):
-        look = {(e["gemm"], e["m"], e["k"], e["n"], e["option"]): e["seconds"] for e in table["entries"]}
-        secs = {}
-        for layer in range(m["num_hidden_layers"]):
-            for proj, (i, o) in dims.items():
-                for g, shape in (("fprop", (T, i, o)), ("dgrad", (T, o, i)), ("wgrad", (o, T, i))):
-                    secs[f"model.layers.{layer}.{proj}:{g}"] = {
-                        opt: accum * look[(g, *shape, opt)] for opt in options + ["bf16"]}
-        return secs
-
-    secs = {c: seconds_of(tables[c][1]) for c in calibrations}
+    secs = {c: gemm_seconds(cfg, tables[c][1], options + ["bf16"]) for c in calibrations}
     ref = {c: sum(s["bf16"] for s in secs[c].values()) for c in calibrations}
     budget = {}
     for c in calibrations:

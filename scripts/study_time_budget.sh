@@ -27,17 +27,12 @@ table="$out/gemm-times/gemm_times.json"
 [ -f "$table" ] || "$snip" doctor --calibrate --config configs/study.toml --run "$out/gemm-times"
 budget=$(python3 - "$table" "$out/experiment/snip-0.75" configs/study.toml <<'PY'
 import glob, json, os, sys, tomllib
-table, arm, cfg = sys.argv[1], sys.argv[2], tomllib.load(open(sys.argv[3], "rb"))
-m, t = cfg["model"], cfg["train"]
-C, I = m["hidden_size"], m["intermediate_size"]
-KV = C // m["num_attention_heads"] * m["num_key_value_heads"]
-T = t["batch_size"] * t["seq_len"]
-dims = {"self_attn.q_proj": (C, C), "self_attn.k_proj": (C, KV), "self_attn.v_proj": (C, KV),
-        "self_attn.o_proj": (C, C), "mlp.gate_proj": (C, I), "mlp.up_proj": (C, I), "mlp.down_proj": (I, C)}
-look = {(e["gemm"], e["m"], e["k"], e["n"], e["option"]): e["seconds"] for e in json.load(open(table))["entries"]}
-def layer_s(name, opt):  # fprop + dgrad + wgrad of one layer (docs/method.md)
-    i, o = dims[name.split(".", 3)[3]]
-    return sum(look[(g, *s, opt)] for g, s in (("fprop", (T, i, o)), ("dgrad", (T, o, i)), ("wgrad", (o, T, i))))
+sys.path.insert(0, "bench")
+from time_budget import gemm_seconds  # noqa: E402  the bench's GEMM shapes and table lookup
+table, arm, cfg = json.load(open(sys.argv[1])), sys.argv[2], tomllib.load(open(sys.argv[3], "rb"))
+secs = gemm_seconds(cfg, table, sorted({e["option"] for e in table["entries"]}))
+def layer_s(name, opt):  # fprop + dgrad + wgrad of one layer
+    return sum(secs[f"{name}:{g}"][opt] for g in ("fprop", "dgrad", "wgrad"))
 ratios = []
 for seed in sorted(glob.glob(os.path.join(arm, "seed-*"))):
     plans = sorted((json.load(open(f)) for f in glob.glob(os.path.join(seed, "plans", "step-*.json"))),
