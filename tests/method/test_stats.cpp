@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <set>
 
+#include "micro.h"
 #include "snip/model/llama.h"
 #include "snip/model/quantizers.h"
 #include "snip/method/stats.h"
@@ -538,13 +539,7 @@ TEST(StatsAllReduce, ARankThatMissedALayerStopsEveryRankNamingIt) {
 
 TEST(StatsLlama, RunsOnATinyModelWithTheRightUpstreamSets) {
   torch::manual_seed(18);
-  LlamaConfig c;
-  c.vocab_size = 64;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
+  LlamaConfig c = test::two_block_llama();
   c.max_position_embeddings = 32;
   LlamaForCausalLM model(c);
   const Tensor ids = torch::randint(0, c.vocab_size, {2, 16}, torch::kLong);
