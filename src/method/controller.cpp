@@ -279,7 +279,7 @@ PrecisionController::PrecisionController(const RunConfig& rc, std::vector<LayerS
       spdlog::warn("precision.policy = {} follows its rule and reads no budget: precision.budget, "
                    "precision.budget_unit and precision.gemm_times have no effect on its plans", policy_);
   }
-  if (pc_.policy == Policy::kNone) return;  // inactive: nothing is quantized
+  if (pc_.policy == Policy::kNone) return;  // inactive: nothing is quantized, planned or timed
   if (rc.guard.enabled) add(rc.guard.raise_option, "guard.raise_option", extra_quant_);
   if (rc.guard.enabled && rc.guard.raise_option != kReference)
     for (const auto& spec : recipes_.find(rc.guard.raise_option).operands)
@@ -776,6 +776,7 @@ json PrecisionController::state() const {
   st["quantizers"] = quantizer_state();
   // The guard's levers (raise_precision), so a resumed run keeps them.
   st["budget"] = pc_.budget;
+  st["budget_unit"] = pc_.budget_unit;
   st["smoothing"] = pc_.smoothing;
   st["replan_requested"] = replan_requested_;
   return st;
@@ -792,7 +793,16 @@ void PrecisionController::restore(const json& st, const std::string& what) {
     phase_ = parse_phase(st.at("phase").get<std::string>(), what + ": precision.phase");
     // Written by the guard's replan (absent before snip had a guard): the
     // lower of the saved and configured budget, the higher smoothing.
-    if (st.contains("budget")) {
+    // A budget saved under the other precision.budget_unit (a ratio of GEMM
+    // time against an FP4 FLOPs share) means nothing now: the configured one
+    // stands. States written before the unit was saved carry no unit.
+    const std::string saved_unit = st.value("budget_unit", std::string());
+    if (st.contains("budget") && !saved_unit.empty() && saved_unit != pc_.budget_unit) {
+      spdlog::warn("{}: the saved precision budget {} is in {} and precision.budget_unit is now {}: planning with "
+                   "the configured budget {} (the guard's raises of the saved one are dropped)",
+                   what, st.at("budget").dump(), saved_unit, pc_.budget_unit, pc_.budget);
+      replan_requested_ = true;  // the plan in force was made under the other unit
+    } else if (st.contains("budget")) {
       const double b = st.at("budget").get<double>(), sm = st.at("smoothing").get<double>();
       const bool time = pc_.budget_unit == "time";
       if (!(time ? b > 0 && std::isfinite(b) : b >= 0 && b <= 1) || !(sm >= 0 && sm <= 1))

@@ -18,6 +18,7 @@ namespace {
 
 constexpr const char* kFormat = "snip-gemm-times";
 constexpr int kVersion = 1;
+constexpr double kMaxGemmSeconds = 86400;  // one day per GEMM call
 
 std::string show(const json& v) { return io::json_excerpt(v, 40); }
 
@@ -97,8 +98,10 @@ GemmTimes parse_gemm_times(const json& j, const std::string& src) {
     x.option = text_field(e, src, w, "option");
     if (x.option.empty()) bad(src, w + ".option", "an option name", e.at("option"));
     const json& s = field(e, src, w, "seconds");
-    if (!s.is_number() || !(s.get<double>() > 0.0) || !std::isfinite(s.get<double>()))
-      bad(src, w + ".seconds", "a finite number > 0", s);
+    // At most a day per call: a larger value is no measurement, and summed
+    // over layers and steps it would overflow the planner's costs.
+    if (!s.is_number() || !(s.get<double>() > 0.0) || !(s.get<double>() <= kMaxGemmSeconds))
+      bad(src, w + ".seconds", "seconds per call in (0, 86400]", s);
     x.seconds = s.get<double>();
     x.repeats = int_field(e, src, w, "repeats");
     if (!seen.insert({int(x.gemm), x.shape.m, x.shape.k, x.shape.n, x.option}).second)

@@ -221,7 +221,16 @@ void build_model(TrainSession& s) {
           io::parse_json(dist::broadcast_text(*s.comm, plan::to_json(table).dump(), 0, "the GEMM-times table"),
                          "the GEMM-times table broadcast by rank 0"),
           table.source);
-    s.ctl->set_gemm_times(std::move(table), s.B * s.T, double(s.accum));
+    // A table calibrated here goes with the run folder when the budget is
+    // infeasible (nothing partial is left): say how to keep one.
+    const bool calibrated_here = pc.gemm_times.empty();
+    try {
+      s.ctl->set_gemm_times(std::move(table), s.B * s.T, double(s.accum));
+    } catch (const UserError& e) {
+      if (!calibrated_here) throw;
+      fail(e.what(), "; this run's calibration is not kept: `snip doctor --calibrate --config FILE --run DIR` "
+                     "measures once, and precision.gemm_times = DIR/gemm_times.json reuses it");
+    }
   }
   if (s.stages) s.stages->set_controller_stages();
   if (s.lora.enabled())  // LoRA: loss divergence alone, on the FP32 base read back for the stats step

@@ -12,7 +12,10 @@
                time; the table is copied to RUN/gemm_times.json; a run with
                no table calibrates at start (in training steps) and writes
                one, and trains the same losses and plans bit for bit as a
-               run given that table as a file
+               run given that table as a file; policy none times nothing;
+               a resume under budget_unit flops warns and plans with the
+               configured budget; an infeasible budget after calibrating
+               leaves no folder and says how to keep a calibration
   bad tables   missing file, bad JSON, a bad field, a table of another
                model (missing shape), another device or GEMM dtype: one
                line naming the file and the field, exit 2, and no run
@@ -242,6 +245,13 @@ with tempfile.TemporaryDirectory() as tmp:
                          timeout=120)
     c.check(rc == 0 and "calibrate:" not in err and open(os.path.join(run2, "gemm_times.json")).read() == saved2,
             "a resumed run keeps its calibrated table", err[-1500:])
+    # --resume under the other budget unit: the saved time ratio means nothing
+    # as an FP4 share, so the configured budget stands, with a warning.
+    rc, out, err = c.run(["train", "-c", cfg, "--run-dir", run2, "--resume", "--set", "train.max_steps=12",
+                          "--set", "precision.budget_unit=flops", "--set", "precision.budget=0.5"], timeout=120)
+    c.check(rc == 0 and "is in time and precision.budget_unit is now flops: planning with the configured budget 0.5"
+            in err, "--resume with budget_unit flops after time warns and plans with the configured budget",
+            err[-1500:])
     gone = os.path.join(tmp, "gone.json")
     json.dump(hand, open(gone, "w"))
     run3 = os.path.join(tmp, "run3")
@@ -252,6 +262,29 @@ with tempfile.TemporaryDirectory() as tmp:
     rc, out, err = c.run(["train", "-c", cfg3, "--run-dir", run3, "--resume", "--set", "train.max_steps=10"],
                          timeout=120)
     c.check(rc == 0, "a resumed run reads RUN/gemm_times.json, not the file it started from", err[-1500:])
+
+    # An infeasible time budget after a calibration at start: the run folder
+    # goes (nothing partial) and the error says how to keep a calibration.
+    tight = os.path.join(tmp, "tight.toml")
+    micro_toml(tight, data, PRECISION.format(budget=0.01, extra=""))
+    run_tight = os.path.join(tmp, "run-tight")
+    rc, out, err = c.run(["train", "-c", tight, "--run-dir", run_tight], timeout=120)
+    last = err.strip().splitlines()[-1] if err.strip() else ""
+    c.check(rc == 2 and last.startswith("snip: error: time budget 0.01 is infeasible")
+            and "calibration is not kept: `snip doctor --calibrate" in last and not os.path.exists(run_tight),
+            "an infeasible time budget after calibrating: one error line saying how to keep one, no folder",
+            f"rc={rc} {err[-1500:]}")
+
+    # policy none makes no plans: a time budget there times nothing (no
+    # calibration, no table in the run folder), and the trainer says the
+    # option has no effect.
+    run_none = os.path.join(tmp, "run-none")
+    rc, out, err = c.run(["train", "-c", cfg, "--run-dir", run_none, "--set", "precision.policy=none",
+                          "--set", "train.max_steps=3"], timeout=120)
+    c.check(rc == 0 and "calibrate:" not in err and "precision.budget_unit = 'time'" in err
+            and "no effect under precision.policy = none" in err
+            and not os.path.exists(os.path.join(run_none, "gemm_times.json")),
+            "policy none with budget_unit time calibrates nothing and warns", err[-1500:])
 
     # bad tables: one line naming file and field, exit 2, no run folder left
     def bad(name, table_text, needle):
@@ -267,7 +300,7 @@ with tempfile.TemporaryDirectory() as tmp:
     bad("syntax", "{not json", "syntax.json")
     neg = json.loads(json.dumps(hand))
     neg["entries"][5]["seconds"] = -1
-    bad("negative", json.dumps(neg), "negative.json: entries[5].seconds: expected a finite number > 0, got -1")
+    bad("negative", json.dumps(neg), "negative.json: entries[5].seconds: expected seconds per call in (0, 86400], got -1")
     other = json.loads(json.dumps(hand))
     other["entries"] = [e for e in other["entries"] if not (e["gemm"] == "wgrad" and e["option"] == "fp4")]
     bad("other-model", json.dumps(other), "other-model.json: no entry for wgrad")

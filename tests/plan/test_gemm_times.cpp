@@ -270,7 +270,14 @@ TEST(GemmTimes, BadTablesNameFileAndField) {
   };
   EXPECT_EQ(with([](auto& j) { j["units"] = "ms"; }), "t.json: units: expected \"seconds\", got \"ms\"");
   EXPECT_EQ(with([](auto& j) { j["entries"][1]["seconds"] = -1; }),
-            "t.json: entries[1].seconds: expected a finite number > 0, got -1");
+            "t.json: entries[1].seconds: expected seconds per call in (0, 86400], got -1");
+  // A day per call is the most a measurement can say; 1e300 would overflow
+  // the planner's sums (42 layers x 3 GEMMs x steps) to inf.
+  EXPECT_EQ(with([](auto& j) { j["entries"][1]["seconds"] = 1e300; }),
+            "t.json: entries[1].seconds: expected seconds per call in (0, 86400], got 1e+300");
+  EXPECT_EQ(with([](auto& j) { j["entries"][1]["seconds"] = 86400.5; }),
+            "t.json: entries[1].seconds: expected seconds per call in (0, 86400], got 86400.5");
+  EXPECT_EQ(with([](auto& j) { j["entries"][1]["seconds"] = 86400; }), "");
   EXPECT_EQ(with([](auto& j) { j["entries"][0].erase("m"); }), "t.json: entries[0].m: expected a value, got nothing");
   EXPECT_EQ(with([](auto& j) { j["entries"][0]["gemm"] = "bprop"; }),
             "t.json: entries[0].gemm: expected fprop, dgrad or wgrad, got \"bprop\"");

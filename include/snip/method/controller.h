@@ -156,9 +156,10 @@ class PrecisionController {
   bool needs_gemm_times() const { return pc_.budget_unit == "time" && !times_; }
   /// True when the run plans with a GEMM-times table at all: budget_unit
   /// time, or a precision.gemm_times file given (then plans record predicted
-  /// GEMM seconds under any budget unit). The trainer and snip.Controller
-  /// load or calibrate a table when this holds.
-  bool uses_gemm_times() const { return pc_.budget_unit == "time" || !pc_.gemm_times.empty(); }
+  /// GEMM seconds under any budget unit), and the policy is not none (it
+  /// makes no plans; snip train warns that the options have no effect). The
+  /// trainer and snip.Controller load or calibrate a table when this holds.
+  bool uses_gemm_times() const { return active_ && (pc_.budget_unit == "time" || !pc_.gemm_times.empty()); }
   /// The measured GEMM seconds (plan/gemm_times.h) for the run's micro-batch
   /// of `tokens` rows (B·T) and `micro_batches` micro-batches per step per
   /// rank (train.grad_accum): every plan item gets PlanItem::seconds for

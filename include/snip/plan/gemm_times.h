@@ -25,7 +25,7 @@
 //      {"gemm": "fprop",              // fprop | dgrad | wgrad
 //       "m": 2048, "k": 256, "n": 688,  // the GEMM's shape, integers >= 1
 //       "option": "fp4",              // precision option (recipe name or bf16)
-//       "seconds": 0.00123,           // median seconds of one call, > 0 (in-step
+//       "seconds": 0.00123,           // median seconds of one call, in (0, 86400] (in-step
 //                                     //   calibration: the median over the timed
 //                                     //   steps of the mean over the layers of
 //                                     //   that shape; 1e-9 for a GEMM no step ran)
@@ -35,8 +35,8 @@
 // Other top-level keys are ignored (e.g. "total_seconds", "options");
 // unknown keys inside an entry are errors, as is an entry repeated (same
 // gemm, shape and option). Every parse error is a one-line snip::UserError
-// naming the file and the field ("t.json: entries[3].seconds: expected a
-// number > 0, got -1").
+// naming the file and the field ("t.json: entries[3].seconds: expected
+// seconds per call in (0, 86400], got -1").
 #pragma once
 
 #include <array>
@@ -71,7 +71,7 @@ struct GemmTimeEntry {
   Gemm gemm = Gemm::kFprop;
   GemmShape shape;
   std::string option;
-  double seconds = 0;  // median of `repeats` calls, s, > 0
+  double seconds = 0;  // median of `repeats` calls, s, in (0, 86400]
   int64_t repeats = 0;
 };
 
