@@ -90,13 +90,22 @@ def main():
     ap.add_argument("--config", default="configs/study.toml")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--json", help="write the rows as JSON here")
-    ap.add_argument("--keep", help="keep the runs in this folder (default: a temporary one)")
+    ap.add_argument("--keep", help="keep the runs in this folder (default: a temporary folder, removed at the end)")
     ap.add_argument("--calibration", choices=["in_step", "isolated", "both"], default="both",
                     help="which GEMM-time table(s) to predict with (snip doctor --calibrate --calibration); both: "
                          "the same BF16 and uniform runs predicted by each table, and one time-budget run per table")
     a = ap.parse_args()
-    out = a.keep or tempfile.mkdtemp(prefix="snip-time-budget-")
-    os.makedirs(out, exist_ok=True)
+    if a.keep:
+        os.makedirs(a.keep, exist_ok=True)
+        measure(a, a.keep)
+    else:  # removed afterwards, failures included
+        with tempfile.TemporaryDirectory(prefix="snip-time-budget-") as out:
+            measure(a, out)
+
+
+def measure(a, out):
+    """Calibrates, trains and prints the tables of main()'s arguments `a`
+    with every run folder under `out`."""
     calibrations = ["in_step", "isolated"] if a.calibration == "both" else [a.calibration]
     tables = {}
     for c in calibrations:
@@ -132,7 +141,7 @@ def main():
 
     first = tables[calibrations[0]][0]
     names = list(secs[calibrations[0]])
-    arms = [("none", ["precision.policy=none", f"precision.gemm_times={first}"], {n: "bf16" for n in names}, None)]
+    arms = [("none", ["precision.policy=none"], {n: "bf16" for n in names}, None)]
     for o in options:
         arms.append((f"uniform-{o}", [f"precision.policy=uniform-{o}", f"precision.gemm_times={first}"],
                      {n: o for n in names}, None))

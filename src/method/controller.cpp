@@ -795,13 +795,21 @@ void PrecisionController::restore(const json& st, const std::string& what) {
     // lower of the saved and configured budget, the higher smoothing.
     // A budget saved under the other precision.budget_unit (a ratio of GEMM
     // time against an FP4 FLOPs share) means nothing now: the configured one
-    // stands. States written before the unit was saved carry no unit.
-    const std::string saved_unit = st.value("budget_unit", std::string());
+    // stands from the next plan on. States written before the unit was saved
+    // carry none: a budget above 1 can only be a time ratio there.
+    std::string saved_unit = st.value("budget_unit", std::string());
+    if (saved_unit.empty() && st.contains("budget") && st.at("budget").is_number() &&
+        st.at("budget").get<double>() > 1)
+      saved_unit = "time";
     if (st.contains("budget") && !saved_unit.empty() && saved_unit != pc_.budget_unit) {
-      spdlog::warn("{}: the saved precision budget {} is in {} and precision.budget_unit is now {}: planning with "
-                   "the configured budget {} (the guard's raises of the saved one are dropped)",
+      const double sm = st.at("smoothing").get<double>();
+      if (!(sm >= 0 && sm <= 1))
+        fail(what, ": precision.smoothing: expected a fraction in [0, 1], got ", sm);
+      spdlog::warn("{}: the saved precision budget {} is in {} and precision.budget_unit is now {}: the next plan "
+                   "uses the configured budget {} (the guard's raises of the saved one are dropped)",
                    what, st.at("budget").dump(), saved_unit, pc_.budget_unit, pc_.budget);
-      replan_requested_ = true;  // the plan in force was made under the other unit
+      pc_.smoothing = std::max(pc_.smoothing, sm);  // a fraction in either unit
+      replan_requested_ = st.at("replan_requested").get<bool>();
     } else if (st.contains("budget")) {
       const double b = st.at("budget").get<double>(), sm = st.at("smoothing").get<double>();
       const bool time = pc_.budget_unit == "time";

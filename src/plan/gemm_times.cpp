@@ -98,8 +98,8 @@ GemmTimes parse_gemm_times(const json& j, const std::string& src) {
     x.option = text_field(e, src, w, "option");
     if (x.option.empty()) bad(src, w + ".option", "an option name", e.at("option"));
     const json& s = field(e, src, w, "seconds");
-    // At most a day per call: a larger value is no measurement, and summed
-    // over layers and steps it would overflow the planner's costs.
+    // At most a day per call: a larger value is no measurement (and near
+    // DBL_MAX the planner's sums over items would overflow to inf).
     if (!s.is_number() || !(s.get<double>() > 0.0) || !(s.get<double>() <= kMaxGemmSeconds))
       bad(src, w + ".seconds", "seconds per call in (0, 86400]", s);
     x.seconds = s.get<double>();

@@ -196,7 +196,8 @@ void build_model(TrainSession& s) {
         spdlog::warn("precision.gemm_times = {} is not read on --resume: the run plans with its own {} as before",
                      pc.gemm_times, saved.string());
       if (!have && say)
-        spdlog::warn("{} is gone: {} (the resumed run may plan differently from its start)", saved.string(),
+        spdlog::warn("{} is not in the run folder (deleted, or the run began under budget_unit flops): {} (the "
+                     "resumed run may plan differently from its start)", saved.string(),
                      pc.gemm_times.empty() ? "calibrating again" : "reading precision.gemm_times = " + pc.gemm_times);
       if (have) pc.gemm_times = saved.string();
     } else if (have && pc.gemm_times.empty()) {
@@ -223,11 +224,11 @@ void build_model(TrainSession& s) {
           table.source);
     // A table calibrated here goes with the run folder when the budget is
     // infeasible (nothing partial is left): say how to keep one.
-    const bool calibrated_here = pc.gemm_times.empty();
+    const bool calibrated_here = pc.gemm_times.empty() && s.resume_ckpt.empty();
     try {
       s.ctl->set_gemm_times(std::move(table), s.B * s.T, double(s.accum));
     } catch (const UserError& e) {
-      if (!calibrated_here) throw;
+      if (!calibrated_here || std::string(e.what()).find(" is infeasible") == std::string::npos) throw;
       fail(e.what(), "; this run's calibration is not kept: `snip doctor --calibrate --config FILE --run DIR` "
                      "measures once, and precision.gemm_times = DIR/gemm_times.json reuses it");
     }

@@ -245,13 +245,21 @@ with tempfile.TemporaryDirectory() as tmp:
                          timeout=120)
     c.check(rc == 0 and "calibrate:" not in err and open(os.path.join(run2, "gemm_times.json")).read() == saved2,
             "a resumed run keeps its calibrated table", err[-1500:])
-    # --resume under the other budget unit: the saved time ratio means nothing
-    # as an FP4 share, so the configured budget stands, with a warning.
+    # --resume under the other budget unit: the saved time ratio (1.5, no
+    # FP4 share) means nothing there, so the configured budget stands, with
+    # a warning, and the next checkpoint holds it with its unit.
     rc, out, err = c.run(["train", "-c", cfg, "--run-dir", run2, "--resume", "--set", "train.max_steps=12",
+                          "--set", "precision.budget=1.5"], timeout=120)
+    c.check(rc == 0, "--resume with a larger time budget", err[-1500:])
+    rc, out, err = c.run(["train", "-c", cfg, "--run-dir", run2, "--resume", "--set", "train.max_steps=14",
                           "--set", "precision.budget_unit=flops", "--set", "precision.budget=0.5"], timeout=120)
-    c.check(rc == 0 and "is in time and precision.budget_unit is now flops: planning with the configured budget 0.5"
-            in err, "--resume with budget_unit flops after time warns and plans with the configured budget",
-            err[-1500:])
+    st_path = os.path.join(run2, "checkpoints", "step-14", "trainer_state.json")
+    pst = json.load(open(st_path))["precision"] if rc == 0 and os.path.isfile(st_path) else {}
+    c.check(rc == 0 and "saved precision budget 1.5 is in time and precision.budget_unit is now flops: the next "
+            "plan uses the configured budget 0.5" in err and pst.get("budget") == 0.5
+            and pst.get("budget_unit") == "flops",
+            "--resume with budget_unit flops after a time budget of 1.5 warns and keeps the configured budget",
+            f"rc={rc} {pst} {err[-1500:]}")
     gone = os.path.join(tmp, "gone.json")
     json.dump(hand, open(gone, "w"))
     run3 = os.path.join(tmp, "run3")

@@ -165,6 +165,37 @@ TEST(Controller, LayersRunThePlannedQuantizer) {
   EXPECT_EQ(ctl.fp4_share(), 0.0);
 }
 
+// A saved budget is read in its own unit: a time ratio saved by a
+// budget_unit = time run means nothing to a flops run (the configured budget
+// stands, the larger smoothing is kept); a state written before the unit was
+// saved is a time ratio when above 1 (no FP4 share is), else in the
+// configured unit as before.
+TEST(Controller, RestoredBudgetKeepsItsUnit) {
+  Config c = policy_config("snip", 40, 2, 10);
+  c.set("precision.budget", 0.75, "test");
+  torch::manual_seed(0);
+  LlamaForCausalLM model(LlamaConfig::from_run_config(c, 512));
+  PrecisionController ctl(c, model->linear_layers(), at::kBFloat16);
+  const json st = ctl.state();
+  EXPECT_EQ(st.at("budget_unit"), "flops");
+  auto restored = [&](const json& budget, const json& unit, double smoothing) {
+    json s = st;
+    s["budget"] = budget;
+    s["smoothing"] = smoothing;
+    if (unit.is_null()) s.erase("budget_unit");
+    else s["budget_unit"] = unit;
+    PrecisionController other(c, model->linear_layers(), at::kBFloat16);
+    other.restore(s, "state");
+    return std::make_pair(other.budget(), other.smoothing());
+  };
+  EXPECT_EQ(restored(0.5, "flops", 0.3), std::make_pair(0.5, 0.3));  // the guard's lower share
+  EXPECT_EQ(restored(0.5, "time", 0.3), std::make_pair(0.75, 0.3));  // a time ratio: the configured share
+  EXPECT_EQ(restored(2.4, nullptr, 0.3), std::make_pair(0.75, 0.3));  // old state, above 1: a time ratio
+  EXPECT_EQ(restored(0.5, nullptr, 0.3), std::make_pair(0.5, 0.3));  // old state, below 1: a share as before
+  EXPECT_NE(test::error_of([&] { restored(0.5, "time", 1.5); }).find("precision.smoothing: expected a fraction"),
+            std::string::npos);
+}
+
 // Every heuristic policy plans at the budget; min-rel-err takes its order from a stats step.
 TEST(Controller, HeuristicPolicies) {
   MicroPlanning m;

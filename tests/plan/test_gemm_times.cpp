@@ -172,8 +172,11 @@ TEST(TimeBudget, HeuristicFillMeetsTheTimeRow) {
   o.allowed_options = {"fp4", "fp8"};
   const PlanResult r = heuristic_random(p, o, 7);
   EXPECT_LE(r.time_ratio, 0.5 + 1e-12);
-  for (const PlanChoice& c : r.items)
-    if (c.name.find("small") != std::string::npos) EXPECT_EQ(c.option, "fp8");
+  for (const PlanChoice& c : r.items) {
+    if (c.name.find("small") != std::string::npos) {
+      EXPECT_EQ(c.option, "fp8");
+    }
+  }
 }
 
 TEST(TimeBudget, ErrorsAreOneLine) {
@@ -271,8 +274,8 @@ TEST(GemmTimes, BadTablesNameFileAndField) {
   EXPECT_EQ(with([](auto& j) { j["units"] = "ms"; }), "t.json: units: expected \"seconds\", got \"ms\"");
   EXPECT_EQ(with([](auto& j) { j["entries"][1]["seconds"] = -1; }),
             "t.json: entries[1].seconds: expected seconds per call in (0, 86400], got -1");
-  // A day per call is the most a measurement can say; 1e300 would overflow
-  // the planner's sums (42 layers x 3 GEMMs x steps) to inf.
+  // A day per call is the most a measurement can say (1e300 is none; near
+  // DBL_MAX the planner's sums over items would overflow to inf).
   EXPECT_EQ(with([](auto& j) { j["entries"][1]["seconds"] = 1e300; }),
             "t.json: entries[1].seconds: expected seconds per call in (0, 86400], got 1e+300");
   EXPECT_EQ(with([](auto& j) { j["entries"][1]["seconds"] = 86400.5; }),

@@ -151,9 +151,10 @@ class PrecisionController {
   /// plan table is printed (stderr) at every decision.
   void set_output(const std::string& run_dir, bool verbose);
   /// precision.budget_unit = time (docs/method.md "Budget in measured
-  /// time"): true until set_gemm_times gave the measured table; the
-  /// constructor then leaves the budget's feasibility to set_gemm_times.
-  bool needs_gemm_times() const { return pc_.budget_unit == "time" && !times_; }
+  /// time") under a policy other than none: true until set_gemm_times gave
+  /// the measured table; the constructor then leaves the budget's
+  /// feasibility to set_gemm_times.
+  bool needs_gemm_times() const { return active_ && pc_.budget_unit == "time" && !times_; }
   /// True when the run plans with a GEMM-times table at all: budget_unit
   /// time, or a precision.gemm_times file given (then plans record predicted
   /// GEMM seconds under any budget unit), and the policy is not none (it
@@ -303,9 +304,11 @@ class PrecisionController {
   double smoothing() const { return pc_.smoothing; }
 
   /// Everything resume needs (phase, last decision step, assignment, smoothed
-  /// stats, the guard's budget and smoothing and a pending re-plan), as JSON;
-  /// restore() makes it the controller's state exactly, and the caller
-  /// installs assignment() on the layers.
+  /// stats, the guard's budget with its unit, smoothing and a pending
+  /// re-plan), as JSON; restore() makes it the controller's state exactly
+  /// (except, with a warning, a state of another policy, which plans afresh,
+  /// or a budget in the other precision.budget_unit, where the configured
+  /// budget stands), and the caller installs assignment() on the layers.
   nlohmann::json state() const;
   /// Throws UserError naming `what` for a malformed state.
   void restore(const nlohmann::json& st, const std::string& what);
