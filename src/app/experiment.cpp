@@ -579,9 +579,8 @@ void check_trained_arms(const std::vector<Arm>& arms, const std::vector<RunSpec>
            ", not gemm; delete it to retrain the arm");
     for (const auto& [key, value] : arm.sets) {
       // Compared as the option's type (+nofinal's "0" is a number).
-      const auto spec = std::find_if(option_table().begin(), option_table().end(),
-                                     [&key = key](const OptionSpec& o) { return o.key == key; });
-      SNIP_CHECK(spec != option_table().end(), "experiment: modifier option ", key, " is not in the option table");
+      const OptionSpec* spec = find_spec(key);
+      SNIP_CHECK(spec, "experiment: modifier option ", key, " is not in the option table");
       Config want;
       want.set_override(key + "=" + value);
       const OptionValue got = option_value(c, *spec);

@@ -585,12 +585,6 @@ std::vector<OptionSpec> make_table() {
   return t;
 }
 
-const OptionSpec* find_spec(const std::string& key) {
-  for (const auto& s : option_table())
-    if (s.key == key) return &s;
-  return nullptr;
-}
-
 
 const char* type_name(OptionType t) {
   switch (t) {
@@ -616,8 +610,13 @@ const char* type_name(OptionType t) {
        "'? `snip train --help` lists every option)");
 }
 
-
 }  // namespace
+
+const OptionSpec* find_spec(const std::string& key) {
+  for (const auto& s : option_table())
+    if (s.key == key) return &s;
+  return nullptr;
+}
 
 const std::vector<OptionSpec>& option_table() {
   static const std::vector<OptionSpec> table = make_table();

@@ -15,7 +15,10 @@
 #include <thread>
 #include <utility>
 
+#include <spdlog/fmt/fmt.h>
+
 #include "snip/core/error.h"
+#include "snip/core/statistics.h"
 #include "snip/model/gemm_timer.h"
 #include "snip/model/linear.h"
 #include "snip/model/quantizers.h"
@@ -39,17 +42,6 @@ std::string machine_text() {
 // "cpu", "cuda:0": the device kind first, so a run can refuse a table
 // measured on another kind of device.
 std::string device_text(const torch::Device& device) { return device.str(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-std::string fixed(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
 
 void check_common(const CalibrateOptions& o) {
   if (o.repeats < 1) fail("calibrate: expected repeats >= 1, got ", o.repeats);
@@ -163,9 +155,9 @@ plan::GemmTimes calibrate_gemm_times(const std::vector<plan::TimedLayer>& layers
     }
     if (o.progress)
       o.progress(str_cat("calibrate: shape ", si + 1, "/", shapes.size(), " (T=", o.tokens, ", IN=", in, ", OUT=", out,
-                         ") x ", precs.size(), " options x 3 GEMMs done, ", fixed(elapsed(), 1), " s"));
+                         ") x ", precs.size(), " options x 3 GEMMs done, ", fmt::format("{:.1f}", elapsed()), " s"));
   }
-  table.machine = str_cat(machine_text(), "; calibrated in ", fixed(elapsed(), 2), " s");
+  table.machine = str_cat(machine_text(), "; calibrated in ", fmt::format("{:.2f}", elapsed()), " s");
   return table;
 }
 
@@ -277,9 +269,9 @@ plan::GemmTimes calibrate_gemm_times_in_step(const InStepModel& m, const recipes
     if (o.progress)
       o.progress(str_cat("calibrate: option ", name, " (", pi + 1, "/", precs.size(), "): ", warm, " + ", reps,
                          " training steps of ", m.batch, " x ", m.seq_len, " tokens, ", shapes.size(),
-                         " layer shapes x 3 GEMMs timed in the step, ", fixed(elapsed(), 1), " s"));
+                         " layer shapes x 3 GEMMs timed in the step, ", fmt::format("{:.1f}", elapsed()), " s"));
   }
-  table.machine = str_cat(machine_text(), "; calibrated in training steps (in_step) in ", fixed(elapsed(), 2), " s");
+  table.machine = str_cat(machine_text(), "; calibrated in training steps (in_step) in ", fmt::format("{:.2f}", elapsed()), " s");
   return table;
 }
 

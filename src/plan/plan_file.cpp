@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "snip/core/error.h"
+#include "snip/core/statistics.h"
 #include "snip/io/atomic_file.h"
 #include "snip/io/toml.h"
 
@@ -230,9 +231,7 @@ double measured_step_seconds(const std::string& run_dir, int64_t plan_step, int6
     if (s > plan_step && s <= next) t.push_back(j["step_s"].get<double>());
   }
   n = int64_t(t.size());
-  if (t.empty()) return std::numeric_limits<double>::quiet_NaN();
-  std::sort(t.begin(), t.end());
-  return t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
+  return median(std::move(t));  // NaN when no step was measured
 }
 
 }  // namespace snip

@@ -222,13 +222,13 @@ void build_model(TrainSession& s) {
           io::parse_json(dist::broadcast_text(*s.comm, plan::to_json(table).dump(), 0, "the GEMM-times table"),
                          "the GEMM-times table broadcast by rank 0"),
           table.source);
-    // A table calibrated here goes with the run folder when the budget is
-    // infeasible (nothing partial is left): say how to keep one.
+    // A table calibrated here goes with the run folder when it cannot be
+    // applied (an infeasible budget; nothing partial is left): say how to keep one.
     const bool calibrated_here = pc.gemm_times.empty() && s.resume_ckpt.empty();
     try {
       s.ctl->set_gemm_times(std::move(table), s.B * s.T, double(s.accum));
     } catch (const UserError& e) {
-      if (!calibrated_here || std::string(e.what()).find(" is infeasible") == std::string::npos) throw;
+      if (!calibrated_here) throw;
       fail(e.what(), "; this run's calibration is not kept: `snip doctor --calibrate --config FILE --run DIR` "
                      "measures once, and precision.gemm_times = DIR/gemm_times.json reuses it");
     }

@@ -152,8 +152,6 @@ struct SleepQuantizer : OperandQuantizer {
   mutable std::set<int64_t> steps_;
 };
 
-
-
 }  // namespace
 
 TEST(GemmTimer, TimesEachGemmOfAStep) {
@@ -222,7 +220,9 @@ TEST(GemmCalibrate, InStepTimesEveryGemmOfTheModelsSteps) {
         EXPECT_EQ(e->repeats, 3);
         EXPECT_GT(e->seconds, 0.0);
         // Two sleeping operands per GEMM in every timed step.
-        if (opt == "slow") EXPECT_GE(e->seconds, 2 * kSleep) << l->name << " " << gemm_name(g);
+        if (opt == "slow") {
+          EXPECT_GE(e->seconds, 2 * kSleep) << l->name << " " << gemm_name(g);
+        }
       }
   ASSERT_EQ(lines.size(), 2u);
   EXPECT_NE(lines[1].find("option slow (2/2): 1 + 3 training steps of 2 x 8 tokens"), std::string::npos) << lines[1];

@@ -437,6 +437,11 @@ TEST(Report, SeedStatistics) {
   EXPECT_NEAR(s.se(), std::sqrt(14.0 / 3.0) / 2, 1e-15);
   EXPECT_TRUE(std::isnan(snip::summarize({5}).sd));
   EXPECT_TRUE(std::isnan(snip::summarize({}).mean));
+  // Median: the middle value, or the mean of the two middle ones; input order irrelevant.
+  EXPECT_EQ(snip::median({3, 1, 2}), 2.0);
+  EXPECT_EQ(snip::median({4, 1, 3, 2}), 2.5);
+  EXPECT_EQ(snip::median({7}), 7.0);
+  EXPECT_TRUE(std::isnan(snip::median({})));
   // Student t quantiles from the published tables (e.g. NIST/SEMATECH e-Handbook 1.3.6.7.2).
   EXPECT_NEAR(snip::t_quantile(0.975, 1), 12.706, 5e-4);
   EXPECT_NEAR(snip::t_quantile(0.975, 2), 4.303, 5e-4);

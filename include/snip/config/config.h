@@ -70,6 +70,8 @@ struct OptionSpec {
 
 /// All options snip knows, sorted by key.
 const std::vector<OptionSpec>& option_table();
+/// The option_table() entry of dotted `key`, or nullptr when snip has no such option.
+const OptionSpec* find_spec(const std::string& key);
 
 /// Renders a value as TOML would write it (strings quoted).
 std::string format_option_value(const OptionValue& v);

@@ -1,7 +1,7 @@
 // snip/core/statistics.h: correlation coefficients (the correlation study,
 // the report's scatter plots, `snip correlate`), and the statistics of
 // repeated runs (`snip experiment --seeds`, `snip correlate --repeats`):
-// mean and sample standard deviation, Student-t intervals of a mean
+// median, mean and sample standard deviation, Student-t intervals of a mean
 // (Boost.Math's t quantile), percentile-bootstrap intervals of a
 // correlation. Header-only; Boost.Math (headers) is the only dependency.
 #pragma once
@@ -71,6 +71,14 @@ inline double spearman(const std::vector<double>& x, const std::vector<double>& 
   std::vector<double> a, b;
   finite_pairs(x, y, a, b);
   return pearson(ranks(a), ranks(b));
+}
+
+/// The median of v (the mean of the two middle values for an even count),
+/// in v's units; NaN when v is empty. Takes v by value: it sorts a copy.
+inline double median(std::vector<double> v) {
+  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
 /// Mean and spread of repeated measurements (e.g. one arm's final

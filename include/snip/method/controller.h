@@ -150,16 +150,13 @@ class PrecisionController {
   /// Where plans/ and stats/ go ("" = nowhere, e.g. tests), and whether the
   /// plan table is printed (stderr) at every decision.
   void set_output(const std::string& run_dir, bool verbose);
-  /// precision.budget_unit = time (docs/method.md "Budget in measured
-  /// time") under a policy other than none: true until set_gemm_times gave
-  /// the measured table; the constructor then leaves the budget's
-  /// feasibility to set_gemm_times.
-  bool needs_gemm_times() const { return active_ && pc_.budget_unit == "time" && !times_; }
   /// True when the run plans with a GEMM-times table at all: budget_unit
-  /// time, or a precision.gemm_times file given (then plans record predicted
-  /// GEMM seconds under any budget unit), and the policy is not none (it
-  /// makes no plans; snip train warns that the options have no effect). The
-  /// trainer and snip.Controller load or calibrate a table when this holds.
+  /// time (docs/method.md "Budget in measured time"; the constructor then
+  /// leaves the budget's feasibility to set_gemm_times), or a
+  /// precision.gemm_times file given (then plans record predicted GEMM
+  /// seconds under any budget unit), and the policy is not none (it makes no
+  /// plans; snip train warns that the options have no effect). The trainer
+  /// and snip.Controller load or calibrate a table when this holds.
   bool uses_gemm_times() const { return active_ && (pc_.budget_unit == "time" || !pc_.gemm_times.empty()); }
   /// The measured GEMM seconds (plan/gemm_times.h) for the run's micro-batch
   /// of `tokens` rows (B·T) and `micro_batches` micro-batches per step per
